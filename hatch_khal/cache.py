@@ -1,0 +1,138 @@
+"""A content-addressed compile cache, safe under concurrent builds.
+
+Layout: ``<dir>/v1/<key[:2]>/<key>/{artifact.bin,meta.json}``. An entry is
+written into a temporary directory and renamed into place, so a build killed
+mid-write leaves no partial entry; a per-key file lock keeps two builds from
+compiling the same thing twice; every hit is re-hashed, and a damaged entry is
+dropped and rebuilt. A cache location that cannot be written degrades to no
+cache, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from filelock import FileLock, Timeout
+
+from hatch_khal.hashing import sha256_bytes
+
+__all__ = ["Cache", "CachedArtifact", "default_cache_dir"]
+
+_LAYOUT = "v1"
+
+
+def default_cache_dir() -> Path | None:
+    """``KHAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/hatch-khal``, else ``~/.cache/hatch-khal``.
+
+    ``KHAL_NO_CACHE`` (any non-empty value) turns the cache off.
+    """
+    if os.environ.get("KHAL_NO_CACHE"):
+        return None
+    explicit = os.environ.get("KHAL_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hatch-khal"
+
+
+@dataclass(frozen=True)
+class CachedArtifact:
+    data: bytes
+    log: str
+    hit: bool
+
+
+class Cache:
+    def __init__(self, root: Path | None, warn: Callable[[str], None] = lambda m: None) -> None:
+        self.warn = warn
+        self.root: Path | None = None
+        if root is not None:
+            try:
+                (root / _LAYOUT).mkdir(parents=True, exist_ok=True)
+                probe = tempfile.NamedTemporaryFile(dir=root / _LAYOUT, prefix=".probe-", delete=True)
+                probe.close()
+                self.root = root / _LAYOUT
+            except OSError as exc:
+                warn(f"khal cache at {root} is not writable ({exc.strerror or exc}); building without a cache")
+
+    @property
+    def enabled(self) -> bool:
+        return self.root is not None
+
+    def _dir(self, key: str) -> Path:
+        assert self.root is not None
+        return self.root / key[:2] / key
+
+    def _read(self, key: str) -> CachedArtifact | None:
+        d = self._dir(key)
+        try:
+            meta = json.loads((d / "meta.json").read_text("utf-8"))
+            data = (d / "artifact.bin").read_bytes()
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            self._drop(key, "unreadable")
+            return None
+        if not isinstance(meta, dict) or meta.get("sha256") != sha256_bytes(data) or meta.get("size") != len(data):
+            self._drop(key, "corrupted (sha256 mismatch)")
+            return None
+        return CachedArtifact(data=data, log=str(meta.get("log", "")), hit=True)
+
+    def _drop(self, key: str, why: str) -> None:
+        self.warn(f"khal cache entry {key[:12]} is {why}; rebuilding it")
+        shutil.rmtree(self._dir(key), ignore_errors=True)
+
+    def _write(self, key: str, data: bytes, log: str) -> None:
+        final = self._dir(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=final.parent))
+        try:
+            (tmp / "artifact.bin").write_bytes(data)
+            meta = {"sha256": sha256_bytes(data), "size": len(data), "log": log}
+            (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True), "utf-8")
+            if final.exists():
+                shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        except OSError as exc:
+            self.warn(f"could not store khal cache entry {key[:12]} ({exc.strerror or exc})")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    @contextmanager
+    def _lock(self, key: str) -> Iterator[None]:
+        lock_path = self._dir(key).parent / f"{key}.lock"
+        try:
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(str(lock_path), timeout=600)
+            lock.acquire()
+        except (OSError, Timeout) as exc:
+            self.warn(f"khal cache lock {lock_path} unavailable ({exc}); compiling without it")
+            yield
+            return
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def get_or_build(self, key: str, build: Callable[[], tuple[bytes, str]]) -> CachedArtifact:
+        """Return the cached artifact for ``key`` or build, store and return it."""
+        if self.root is None:
+            data, log = build()
+            return CachedArtifact(data, log, hit=False)
+        hit = self._read(key)
+        if hit is not None:
+            return hit
+        with self._lock(key):
+            hit = self._read(key)  # another build may have finished it meanwhile
+            if hit is not None:
+                return hit
+            data, log = build()
+            self._write(key, data, log)
+            return CachedArtifact(data, log, hit=False)

@@ -1,0 +1,265 @@
+"""Finding and parsing ``KHAL_ENTRY`` markers in kernel sources.
+
+The grammar is deliberately small so it can be read without a C++ parser::
+
+    entry   := KHAL_ENTRY ( IDENT , INT , ( param { , param } ) )
+    param   := KHAL_STORAGE ( type , IDENT )
+             | KHAL_STORAGE_ARRAY ( type , INT , IDENT )
+             | KHAL_STORAGE_VALUE ( type , IDENT )
+             | KHAL_UNIFORM ( type , IDENT )
+             | KHAL_SCALAR ( scalar_type , IDENT )
+    type    := [ const ] IDENT { :: IDENT }
+
+Comments and string literals are blanked first (line numbers kept), and
+preprocessor lines are skipped, so a ``#define`` that mentions the marker is
+not an entry.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hatch_khal.errors import EntryParseError
+
+__all__ = ["SCALAR_TYPES", "EntryDecl", "ParamDecl", "find_entries", "strip_comments"]
+
+#: C type name -> (manifest element_type, size in bytes). Exact widths only.
+SCALAR_TYPES: dict[str, tuple[str, int]] = {
+    "int8_t": ("int8", 1),
+    "int16_t": ("int16", 2),
+    "int32_t": ("int32", 4),
+    "int64_t": ("int64", 8),
+    "uint8_t": ("uint8", 1),
+    "uint16_t": ("uint16", 2),
+    "uint32_t": ("uint32", 4),
+    "uint64_t": ("uint64", 8),
+    "int": ("int32", 4),
+    "unsigned": ("uint32", 4),
+    "float": ("float32", 4),
+    "double": ("float64", 8),
+    "bool": ("bool", 1),
+    "__half": ("float16", 2),
+    "half": ("float16", 2),
+    "__nv_bfloat16": ("bfloat16", 2),
+}
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_IDENT_RE = re.compile(rf"^{_IDENT}$")
+_TYPE_RE = re.compile(rf"^(?P<const>const\s+)?(?P<name>(?:::)?{_IDENT}(?:\s*::\s*{_IDENT})*)$")
+_INT_RE = re.compile(r"^(0|[1-9][0-9]*)$")
+_MARKER_RE = re.compile(r"\bKHAL_ENTRY\b")
+
+_PARAM_ARITY = {
+    "KHAL_STORAGE": 2,
+    "KHAL_STORAGE_ARRAY": 3,
+    "KHAL_STORAGE_VALUE": 2,
+    "KHAL_UNIFORM": 2,
+    "KHAL_SCALAR": 2,
+}
+_MAX_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class ParamDecl:
+    name: str
+    kind: str  # storage | uniform | scalar
+    ctype: str  # C type name as written, without const
+    const: bool
+    shape: str | None = None  # storage: slice | array | value
+    length: int | None = None
+
+    def signature(self) -> dict[str, object]:
+        """What of this parameter feeds the entry hash (no source positions)."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "ctype": self.ctype,
+            "const": self.const,
+            "shape": self.shape,
+            "length": self.length,
+        }
+
+
+@dataclass(frozen=True)
+class EntryDecl:
+    name: str
+    block_size: int
+    params: tuple[ParamDecl, ...]
+    file: str  # display path
+    line: int
+
+    def signature(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "block_size": self.block_size,
+            "params": [p.signature() for p in self.params],
+        }
+
+
+def strip_comments(text: str) -> str:
+    """Blank comments, string and char literals; keep newlines so line numbers hold."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        nxt = text[i + 1] if i + 1 < n else ""
+        if c == "/" and nxt == "/":
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif c == "/" and nxt == "*":
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append("".join(ch if ch == "\n" else " " for ch in text[i:j]))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+            out.append(c + " " * max(0, j - i - 2) + (c if j - i >= 2 else ""))
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _blank_preprocessor(text: str) -> str:
+    lines = text.split("\n")
+    out = []
+    cont = False
+    for line in lines:
+        if cont or line.lstrip().startswith("#"):
+            cont = line.rstrip().endswith("\\")
+            out.append(" " * len(line))
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def _split_top(args: str) -> list[str]:
+    """Split on commas not inside parentheses."""
+    parts, depth, cur = [], 0, []
+    for ch in args:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur).strip())
+    return parts
+
+
+def _balanced(text: str, start: int) -> int:
+    """Index just past the ')' matching the '(' at ``start``; -1 if unbalanced."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return -1
+
+
+def _parse_type(raw: str, where: str, what: str) -> tuple[str, bool]:
+    m = _TYPE_RE.match(" ".join(raw.split()))
+    if not m:
+        raise EntryParseError(
+            f"{where}: {what}: type {raw!r} is not supported; use a type name, optionally "
+            "'const' and '::'-qualified (no templates, pointers or references)"
+        )
+    return re.sub(r"\s+", "", m.group("name")), bool(m.group("const"))
+
+
+def _parse_param(raw: str, where: str, entry: str) -> ParamDecl:
+    m = re.match(rf"^({_IDENT})\s*\(", raw)
+    if not m or m.group(1) not in _PARAM_ARITY:
+        raise EntryParseError(
+            f"{where}: entry {entry!r}: parameter {raw!r} is not one of "
+            + ", ".join(f"{k}(...)" for k in _PARAM_ARITY)
+        )
+    macro = m.group(1)
+    end = _balanced(raw, m.end() - 1)
+    if end != len(raw):
+        raise EntryParseError(f"{where}: entry {entry!r}: malformed parameter {raw!r}")
+    args = _split_top(raw[m.end() : end - 1])
+    if len(args) != _PARAM_ARITY[macro]:
+        raise EntryParseError(
+            f"{where}: entry {entry!r}: {macro} takes {_PARAM_ARITY[macro]} arguments, got {len(args)} in {raw!r}"
+        )
+    name = args[-1]
+    if not _IDENT_RE.match(name):
+        raise EntryParseError(f"{where}: entry {entry!r}: parameter name {name!r} is not an identifier")
+    what = f"entry {entry!r} parameter {name!r}"
+    ctype, const = _parse_type(args[0], where, what)
+    if macro == "KHAL_SCALAR":
+        if ctype not in SCALAR_TYPES:
+            raise EntryParseError(
+                f"{where}: {what}: KHAL_SCALAR type {ctype!r} has no exact-width ABI; use one of "
+                + ", ".join(sorted(SCALAR_TYPES))
+                + " (pass structs as KHAL_UNIFORM)"
+            )
+        return ParamDecl(name, "scalar", ctype, const)
+    if macro == "KHAL_UNIFORM":
+        return ParamDecl(name, "uniform", ctype, True)
+    if macro == "KHAL_STORAGE_ARRAY":
+        if not _INT_RE.match(args[1]) or int(args[1]) == 0:
+            raise EntryParseError(
+                f"{where}: {what}: array length {args[1]!r} must be a positive integer literal"
+            )
+        return ParamDecl(name, "storage", ctype, const, "array", int(args[1]))
+    shape = "value" if macro == "KHAL_STORAGE_VALUE" else "slice"
+    return ParamDecl(name, "storage", ctype, const, shape, 1 if shape == "value" else None)
+
+
+def find_entries(text: str, display_path: str) -> list[EntryDecl]:
+    """Every KHAL_ENTRY marker in ``text``; raises EntryParseError with file:line."""
+    clean = _blank_preprocessor(strip_comments(text))
+    entries: list[EntryDecl] = []
+    for m in _MARKER_RE.finditer(clean):
+        line = clean.count("\n", 0, m.start()) + 1
+        where = f"{display_path}:{line}"
+        open_at = m.end()
+        while open_at < len(clean) and clean[open_at].isspace():
+            open_at += 1
+        if open_at >= len(clean) or clean[open_at] != "(":
+            raise EntryParseError(f"{where}: KHAL_ENTRY must be followed by '(name, block_size, (params...))'")
+        end = _balanced(clean, open_at)
+        if end < 0:
+            raise EntryParseError(f"{where}: KHAL_ENTRY( has no matching ')'")
+        args = _split_top(clean[open_at + 1 : end - 1])
+        if len(args) != 3:
+            raise EntryParseError(
+                f"{where}: KHAL_ENTRY takes 3 arguments (name, block_size, (params...)), got {len(args)}"
+            )
+        name, block, params = args
+        if not _IDENT_RE.match(name):
+            raise EntryParseError(f"{where}: entry name {name!r} is not an identifier")
+        if "_khal_" in name or name.endswith("_khal"):
+            raise EntryParseError(f"{where}: entry name {name!r} must not contain '_khal_' (reserved for symbols)")
+        if not _INT_RE.match(block) or not 1 <= int(block) <= _MAX_BLOCK:
+            raise EntryParseError(
+                f"{where}: entry {name!r}: block_size {block!r} must be an integer literal in 1..{_MAX_BLOCK}"
+            )
+        if not (params.startswith("(") and params.endswith(")") and _balanced(params, 0) == len(params)):
+            raise EntryParseError(f"{where}: entry {name!r}: parameters must be one parenthesised list")
+        inner = params[1:-1].strip()
+        if not inner:
+            raise EntryParseError(f"{where}: entry {name!r} has no parameters; the ABI needs at least one")
+        decls = tuple(_parse_param(p, where, name) for p in _split_top(inner))
+        seen: set[str] = set()
+        for d in decls:
+            if d.name in seen:
+                raise EntryParseError(f"{where}: entry {name!r}: duplicate parameter name {d.name!r}")
+            seen.add(d.name)
+        entries.append(EntryDecl(name, int(block), decls, display_path, line))
+    return entries

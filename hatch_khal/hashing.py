@@ -1,0 +1,58 @@
+"""Content hashes: of a crate, of each entry, and cache keys.
+
+Everything hashed is canonical JSON (sorted keys) of content and of paths
+relative to the project root, so a hash does not depend on where the project
+lives, on dict order or on the time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Iterable
+
+from khal_runtime.manifest import ABI_VERSION, HASH_LEN
+
+from hatch_khal.entries import EntryDecl
+from hatch_khal.sources import SourceFile
+
+__all__ = ["canonical", "crate_content_hash", "entry_hash", "khal_header_sha256", "sha256_bytes"]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+@lru_cache(maxsize=1)
+def khal_header_sha256() -> str:
+    """The hook's own header is part of every hash: it defines how entries are called."""
+    return sha256_bytes((resources.files("hatch_khal") / "include" / "khal.h").read_bytes())
+
+
+def crate_content_hash(
+    files: Iterable[SourceFile], defines: dict[str, str], options: list[str], extra: dict[str, Any] | None = None
+) -> str:
+    """Hash over every source and local header (path + bytes), the defines and options."""
+    return sha256_bytes(
+        canonical(
+            {
+                "abi": ABI_VERSION,
+                "khal_h": khal_header_sha256(),
+                "files": sorted((f.rel, sha256_bytes(f.data)) for f in files),
+                "defines": dict(sorted(defines.items())),
+                "options": list(options),
+                "extra": extra or {},
+            }
+        )
+    )
+
+
+def entry_hash(content_hash: str, entry: EntryDecl) -> str:
+    """16 hex digits: changes with the entry's signature or any input of its crate."""
+    return sha256_bytes(canonical({"crate": content_hash, "entry": entry.signature()}))[:HASH_LEN]

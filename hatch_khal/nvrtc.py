@@ -1,0 +1,113 @@
+"""NVRTC through ``cuda.bindings.nvrtc``: no CUDA toolkit, no GPU, no driver.
+
+NVRTC itself comes from the ``nvidia-cuda-nvrtc`` wheel, found by
+cuda-bindings (through cuda-pathfinder). PTX is produced here rather than by
+``cuda.core.Program``, whose PTX path asks for a driver.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from hatch_khal.errors import CompileError, ConfigError, KhalBuildError
+
+__all__ = ["CompileResult", "compile_unit", "nvrtc_version", "supported_archs"]
+
+
+def _nvrtc():  # type: ignore[no-untyped-def]
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as exc:  # pragma: no cover - cuda-bindings is a dependency
+        raise KhalBuildError(
+            f"cuda-bindings is not importable ({exc}); install hatch-khal's dependencies"
+        ) from None
+    return nvrtc
+
+
+def _check(result: object, what: str) -> None:
+    nvrtc = _nvrtc()
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        err, msg = nvrtc.nvrtcGetErrorString(result)
+        raise KhalBuildError(f"NVRTC {what} failed: {msg.decode() if isinstance(msg, bytes) else msg}")
+
+
+@lru_cache(maxsize=1)
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the NVRTC library in use; a clear error when there is none."""
+    nvrtc = _nvrtc()
+    try:
+        err, major, minor = nvrtc.nvrtcVersion()
+    except Exception as exc:  # cuda-bindings raises when libnvrtc cannot be found
+        raise KhalBuildError(
+            f"NVRTC could not be loaded ({exc}). The khal hook needs the 'nvidia-cuda-nvrtc' wheel "
+            "in the build environment: it is added to the build requirements automatically; for "
+            "--no-build-isolation builds run: pip install nvidia-cuda-nvrtc"
+        ) from None
+    _check(err, "version query")
+    return int(major), int(minor)
+
+
+@lru_cache(maxsize=1)
+def supported_archs() -> tuple[int, ...]:
+    nvrtc = _nvrtc()
+    nvrtc_version()
+    err, archs = nvrtc.nvrtcGetSupportedArchs()
+    _check(err, "supported-architecture query")
+    return tuple(int(a) for a in archs)
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    data: bytes
+    log: str  # warnings (empty when clean)
+
+
+_LOG_NOISE = re.compile(r"^\s*$")
+
+
+def compile_unit(
+    text: str,
+    name: str,
+    arch: str,
+    options: list[str],
+    crate: str,
+) -> CompileResult:
+    """Compile one translation unit for ``arch`` ('sm_90' → cubin, 'compute_75' → PTX)."""
+    nvrtc = _nvrtc()
+    nvrtc_version()
+    err, prog = nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], [])
+    _check(err, "program creation")
+    try:
+        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in options]
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        _check(err, "log query")
+        buf = b" " * size
+        (err,) = nvrtc.nvrtcGetProgramLog(prog, buf)
+        log = buf.rstrip(b"\x00").decode("utf-8", "replace").strip()
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            if result == nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION:
+                raise ConfigError(
+                    f"crate {crate!r}: NVRTC rejected the options {options + ['--gpu-architecture=' + arch]}: "
+                    f"{log or 'invalid option'}; check 'options' of the khal hook"
+                )
+            raise CompileError(f"crate {crate!r} failed to compile for {arch}:\n{log}")
+        if arch.startswith("compute_"):
+            err, size = nvrtc.nvrtcGetPTXSize(prog)
+            _check(err, "PTX size query")
+            out = b" " * size
+            (err,) = nvrtc.nvrtcGetPTX(prog, out)
+            _check(err, "PTX retrieval")
+            data = out.rstrip(b"\x00")
+        else:
+            err, size = nvrtc.nvrtcGetCUBINSize(prog)
+            _check(err, "cubin size query")
+            out = b" " * size
+            (err,) = nvrtc.nvrtcGetCUBIN(prog, out)
+            _check(err, "cubin retrieval")
+            data = bytes(out)
+        return CompileResult(data=data, log=log)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)

@@ -1,0 +1,167 @@
+"""Reading device binaries without a GPU: PTX text and CUDA ELF cubins.
+
+Used by the build hook (checking prebuilt files), ``python -m hatch_khal
+verify`` and the runtime (checking what it is about to load). Parsers return a
+result or raise :class:`BinaryFormatError`; never anything else.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+
+from khal_runtime.errors import ArtifactError
+from khal_runtime.manifest import split_symbol
+
+__all__ = [
+    "BinaryFormatError",
+    "BinaryInfo",
+    "ELF_MAGIC",
+    "EM_CUDA",
+    "is_elf",
+    "khal_symbols",
+    "read_binary",
+    "read_cubin",
+    "scan_ptx",
+]
+
+ELF_MAGIC = b"\x7fELF"
+EM_CUDA = 190
+
+
+class BinaryFormatError(ArtifactError, ValueError):
+    """The bytes are not a PTX module or a CUDA cubin (or are damaged)."""
+
+
+@dataclass(frozen=True)
+class BinaryInfo:
+    kind: str  # "ptx" or "cubin"
+    #: Numeric arch: the cubin's SM, or the PTX ``.target``.
+    arch: int
+    #: Kernel (entry) function names defined in the binary.
+    functions: tuple[str, ...]
+    #: PTX ``.version`` (PTX only).
+    ptx_isa: str | None = None
+    #: Initialised 64-bit integer globals: name -> value. Used for the hook's sizeof probes.
+    globals_u64: tuple[tuple[str, int], ...] = ()
+
+
+def is_elf(data: bytes) -> bool:
+    return data[:4] == ELF_MAGIC
+
+
+_VERSION_RE = re.compile(rb"^\s*\.version\s+(\d+\.\d+)\s*$", re.M)
+_TARGET_RE = re.compile(rb"^\s*\.target\s+(sm_|compute_)(\d+)[a-z]?\b", re.M)
+_ENTRY_RE = re.compile(rb"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([A-Za-z_$][A-Za-z0-9_$]*)\s*\(?", re.M)
+_GLOBAL_U64_RE = re.compile(
+    rb"^\s*(?:\.visible\s+)?\.global\s+(?:\.align\s+\d+\s+)?\.[ub]64\s+([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\d+)\s*;",
+    re.M,
+)
+
+
+def scan_ptx(data: bytes | str, source: str = "PTX") -> BinaryInfo:
+    """Entry names, ``.target`` and ``.version`` of PTX text."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    if is_elf(data):
+        raise BinaryFormatError(f"{source}: is an ELF file, not PTX text")
+    if b"\x00" in data.rstrip(b"\x00"):
+        raise BinaryFormatError(f"{source}: contains NUL bytes; not PTX text")
+    version = _VERSION_RE.search(data)
+    target = _TARGET_RE.search(data)
+    if version is None or target is None:
+        raise BinaryFormatError(
+            f"{source}: not PTX (no '.version' and '.target' directives); "
+            "expected PTX text or a CUDA cubin (ELF)"
+        )
+    functions = tuple(m.group(1).decode("ascii") for m in _ENTRY_RE.finditer(data))
+    globals_u64 = tuple(
+        (m.group(1).decode("ascii"), int(m.group(2))) for m in _GLOBAL_U64_RE.finditer(data)
+    )
+    return BinaryInfo(
+        kind="ptx",
+        arch=int(target.group(2)),
+        functions=functions,
+        ptx_isa=version.group(1).decode("ascii"),
+        globals_u64=globals_u64,
+    )
+
+
+def _cubin_arch(e_flags: int, abi_version: int) -> int:
+    # CUDA ELF ABI >= 8 keeps the SM in bits 8..15; older ones in bits 0..7.
+    return (e_flags >> 8) & 0xFF if abi_version >= 8 else e_flags & 0xFF
+
+
+def read_cubin(data: bytes, source: str = "cubin") -> BinaryInfo:
+    """Arch and kernel symbols of a CUDA ELF cubin (via pyelftools)."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    if not is_elf(data):
+        raise BinaryFormatError(f"{source}: not an ELF file (no \\x7fELF header)")
+    try:
+        elf = ELFFile(io.BytesIO(data))
+        machine = elf["e_machine"]
+        if machine not in ("EM_CUDA", EM_CUDA):
+            raise BinaryFormatError(
+                f"{source}: ELF for machine {machine}, not a CUDA cubin (EM_CUDA); "
+                "point the variable at a .cubin made for a GPU"
+            )
+        arch = _cubin_arch(elf["e_flags"], elf["e_ident"]["EI_ABIVERSION"])
+        symtab = elf.get_section_by_name(".symtab")
+        if symtab is None:
+            raise BinaryFormatError(f"{source}: cubin has no symbol table")
+        functions = tuple(
+            sorted(
+                s.name
+                for s in symtab.iter_symbols()
+                if s["st_info"]["type"] == "STT_FUNC" and s.name
+            )
+        )
+        globals_u64 = _cubin_u64_globals(elf, symtab)
+    except BinaryFormatError:
+        raise
+    except (ELFError, ValueError, KeyError, TypeError, IndexError, AttributeError,
+            UnicodeDecodeError, AssertionError, OverflowError, MemoryError) as exc:
+        raise BinaryFormatError(f"{source}: damaged or truncated ELF ({exc})") from None
+    except Exception as exc:  # pyelftools raises construct errors on truncated data
+        if type(exc).__module__.startswith(("construct", "elftools")):
+            raise BinaryFormatError(f"{source}: damaged or truncated ELF ({exc})") from None
+        raise
+    if arch == 0:
+        raise BinaryFormatError(f"{source}: CUDA ELF with no SM arch in its header")
+    return BinaryInfo(kind="cubin", arch=arch, functions=functions, globals_u64=globals_u64)
+
+
+def _cubin_u64_globals(elf, symtab) -> tuple[tuple[str, int], ...]:  # type: ignore[no-untyped-def]
+    """8-byte initialised objects in ``.nv.global.init`` (the hook's ``khal_*of_*`` probes)."""
+    init = elf.get_section_by_name(".nv.global.init")
+    if init is None:
+        return ()
+    index = next(i for i, s in enumerate(elf.iter_sections()) if s.name == ".nv.global.init")
+    blob = init.data()
+    out = []
+    for s in symtab.iter_symbols():
+        if s["st_info"]["type"] == "STT_OBJECT" and s["st_shndx"] == index and s["st_size"] == 8:
+            off = s["st_value"]
+            if 0 <= off and off + 8 <= len(blob):
+                out.append((s.name, int.from_bytes(blob[off : off + 8], "little")))
+    return tuple(sorted(out))
+
+
+def read_binary(data: bytes, source: str = "binary") -> BinaryInfo:
+    """PTX or cubin, told apart by the ELF magic (as khal-builder does)."""
+    if not data:
+        raise BinaryFormatError(f"{source}: empty file")
+    return read_cubin(data, source) if is_elf(data) else scan_ptx(data, source)
+
+
+def khal_symbols(info: BinaryInfo) -> dict[str, str]:
+    """Entry name -> hash for every khal-generated kernel symbol in the binary."""
+    out: dict[str, str] = {}
+    for fn in info.functions:
+        split = split_symbol(fn)
+        if split is not None:
+            out[split[0]] = split[1]
+    return out

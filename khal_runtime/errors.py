@@ -1,0 +1,89 @@
+"""Every failure the runtime raises, one class per kind of problem.
+
+All derive from :class:`KhalError`; each message names what failed (package,
+crate, entry, parameter, file) and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArgumentError",
+    "ArtifactError",
+    "BackendUnavailableError",
+    "CaptureError",
+    "CudaError",
+    "HashMismatchError",
+    "KhalError",
+    "ManifestError",
+    "NoCompatibleBinaryError",
+    "ParamLayoutError",
+    "PtxTooNewError",
+    "StaleBuildError",
+]
+
+
+class KhalError(Exception):
+    """Base class of every khal_runtime error."""
+
+
+class ManifestError(KhalError, ValueError):
+    """The manifest is missing, not JSON, of a newer schema, or invalid."""
+
+
+class ArtifactError(KhalError):
+    """An artifact is missing, escapes the package, or its sha256/size does not match."""
+
+
+class HashMismatchError(KhalError):
+    """An entry symbol in a binary does not carry the hash the manifest (host) expects."""
+
+    def __init__(self, message: str, *, entry: str = "", expected: str = "", found: str | None = None):
+        super().__init__(message)
+        self.entry = entry
+        self.expected = expected
+        self.found = found
+
+
+class StaleBuildError(KhalError):
+    """An editable install's sources changed after its kernels were built."""
+
+
+class ParamLayoutError(KhalError):
+    """The binary's parameter layout disagrees with the manifest's ABI."""
+
+
+class BackendUnavailableError(KhalError, RuntimeError):
+    """No usable CUDA driver/device (and KHAL_BACKEND asked for CUDA, or a kernel was used)."""
+
+
+class NoCompatibleBinaryError(KhalError):
+    """The package ships no cubin for this GPU and no PTX the driver can JIT."""
+
+
+class PtxTooNewError(NoCompatibleBinaryError):
+    """Only PTX would fit this GPU, and its ISA version is newer than the driver understands."""
+
+
+class CudaError(KhalError, RuntimeError):
+    """A CUDA driver call failed; ``.code`` holds the CUresult name."""
+
+    def __init__(self, message: str, code: str = ""):
+        super().__init__(message)
+        self.code = code
+
+
+class ArgumentError(KhalError, TypeError):
+    """A launch argument has the wrong kind, dtype, element size, or count (raised before launch).
+
+    Subclasses TypeError; value problems (sizes) raise :class:`ArgumentValueError`.
+    """
+
+
+class ArgumentValueError(KhalError, ValueError):
+    """A launch argument has the right type but a wrong size/shape/value (raised before launch)."""
+
+
+class CaptureError(KhalError, RuntimeError):
+    """Something was done during CUDA graph capture that would break the capture."""
+
+__all__.append("ArgumentValueError")
