@@ -1,0 +1,152 @@
+"""``python -m hatch_khal inspect|verify PATH``: look into a built shader package, no GPU needed.
+
+PATH is a wheel (``.whl``), a directory (a package directory holding
+``_khal/manifest.json``, or a tree with such packages below it), or the name of
+an installed package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+from khal_runtime.errors import KhalError
+from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Manifest, load_manifest
+
+__all__ = ["main"]
+
+_MANIFEST_SUFFIX = f"{MANIFEST_DIR}/{MANIFEST_NAME}"
+
+
+class UsageError(Exception):
+    pass
+
+
+@contextmanager
+def _package_dirs(target: str) -> Iterator[list[Path]]:
+    """Yield the package directories (holding _khal/manifest.json) that ``target`` names."""
+    path = Path(target)
+    if path.is_file() and path.suffix == ".whl":
+        with tempfile.TemporaryDirectory(prefix="khal-inspect-") as tmp:
+            try:
+                with zipfile.ZipFile(path) as zf:
+                    names = [n for n in zf.namelist() if n.endswith(_MANIFEST_SUFFIX)]
+                    for member in zf.namelist():
+                        if "/" + MANIFEST_DIR + "/" in "/" + member:
+                            # Extract only our own files, confined to the temp dir.
+                            parts = PurePosixPath(member).parts
+                            if ".." in parts or member.startswith("/"):
+                                raise UsageError(f"{path}: member {member!r} leaves the archive")
+                            zf.extract(member, tmp)
+            except zipfile.BadZipFile as exc:
+                raise UsageError(f"{path}: not a valid wheel ({exc})") from None
+            if not names:
+                raise UsageError(f"{path}: the wheel holds no {_MANIFEST_SUFFIX}; was it built with the khal hook?")
+            yield [Path(tmp, n).parent.parent for n in sorted(names)]
+        return
+    if path.is_dir():
+        if (path / _MANIFEST_SUFFIX).is_file():
+            yield [path]
+            return
+        found = sorted(p.parent.parent for p in path.rglob(_MANIFEST_SUFFIX))
+        if not found:
+            raise UsageError(f"{path}: no {_MANIFEST_SUFFIX} in or below this directory")
+        yield found
+        return
+    if path.exists():
+        raise UsageError(f"{path}: expected a .whl file, a directory or an installed package name")
+    try:
+        spec = importlib.util.find_spec(target)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError(f"{target!r} is neither a file, a directory nor an installed package")
+    dirs = [Path(p) for p in spec.submodule_search_locations if (Path(p) / _MANIFEST_SUFFIX).is_file()]
+    if not dirs:
+        raise UsageError(f"package {target!r} has no {_MANIFEST_SUFFIX}; was it built with the khal hook?")
+    yield dirs
+
+
+def _describe(manifest: Manifest) -> str:
+    lines = [
+        f"package {manifest.package} (schema {manifest.schema_version}, hatch-khal "
+        f"{manifest.toolchain.hatch_khal_version}, NVRTC {manifest.toolchain.nvrtc_version or '-'})"
+    ]
+    if manifest.editable:
+        lines.append(f"  editable install of {manifest.editable.project_root}")
+    for crate in manifest.crates:
+        origin = f"prebuilt from {crate.prebuilt.variable} ({crate.prebuilt.file_name})" if crate.prebuilt else "NVRTC"
+        lines.append(f"  crate {crate.name}: {len(crate.sources)} source file(s), {origin}, "
+                     f"SPIR-V {crate.spirv.status}")
+        for e in crate.entries:
+            params = ", ".join(
+                f"{p.name}: {p.kind} {p.element_type}[{p.element_size}B]"
+                + (f" {p.shape}" if p.shape and p.shape != "slice" else "")
+                + (" rw" if p.writable else "")
+                for p in e.params
+            )
+            lines.append(f"    entry {e.name} hash {e.hash} block {e.block_size[0]}  ({params})")
+        for a in crate.artifacts:
+            lines.append(f"    {a.kind:5} {a.arch or '-':11} {a.size:>9} B  sha256 {a.sha256[:16]}…  "
+                         f"PTX ISA {a.ptx_isa or '-'}  {a.path}")
+    return "\n".join(lines)
+
+
+def _inspect(target: str, as_json: bool) -> int:
+    with _package_dirs(target) as dirs:
+        manifests = [load_manifest(d / _MANIFEST_SUFFIX) for d in dirs]
+    if as_json:
+        data = [m.model_dump(mode="json", exclude_none=True) for m in manifests]
+        print(json.dumps(data[0] if len(data) == 1 else data, indent=2, sort_keys=True))
+    else:
+        print("\n".join(_describe(m) for m in manifests))
+    return 0
+
+
+def _verify(target: str) -> int:
+    from khal_runtime.verify import verify_package
+
+    bad = 0
+    checked = 0
+    with _package_dirs(target) as dirs:
+        for d in dirs:
+            manifest = load_manifest(d / _MANIFEST_SUFFIX)
+            problems = verify_package(d, manifest)
+            checked += sum(len(c.artifacts) for c in manifest.crates)
+            for p in problems:
+                print(f"FAIL {manifest.package}: {p}", file=sys.stderr)
+            bad += len(problems)
+    if bad:
+        print(f"verify: {bad} problem(s) found", file=sys.stderr)
+        return 1
+    print(f"verify: OK ({checked} artifact(s) in {len(dirs)} package(s): sha256 and entry hashes match)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hatch_khal", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_inspect = sub.add_parser("inspect", help="print crates, entries, hashes, parameters and artifacts")
+    p_inspect.add_argument("path", help="a wheel, a directory or an installed package name")
+    p_inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p_verify = sub.add_parser("verify", help="check every sha256 and every entry hash; non-zero exit on mismatch")
+    p_verify.add_argument("path", help="a wheel, a directory or an installed package name")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "inspect":
+            return _inspect(args.path, args.json)
+        return _verify(args.path)
+    except (UsageError, KhalError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Shared fixtures: the example wheel (built once per session), GPU detection.
+
+Tests marked ``gpu`` are skipped, with the reason, where no CUDA driver or
+device is present (CI has none); everything else runs everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "example_shader_pkg"
+
+
+@lru_cache(maxsize=1)
+def gpu_unavailable_reason() -> str | None:
+    """None when a CUDA device is usable, else why not."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        return f"cuda-bindings not importable ({exc})"
+    try:
+        (err,) = driver.cuInit(0)
+    except Exception as exc:  # libcuda missing
+        return f"no CUDA driver ({exc})"
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return f"no CUDA driver/device (cuInit: {err.name})"
+    err, count = driver.cuDeviceGetCount()
+    if err != driver.CUresult.CUDA_SUCCESS or count == 0:
+        return "no CUDA device"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = None
+    for item in items:
+        if "gpu" in item.keywords:
+            reason = reason or gpu_unavailable_reason() or ""
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=f"GPU test: {reason}"))
+
+
+def run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None,
+        check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    """Run a command, capturing output; on failure show it all."""
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"
+            f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def build_env(cache_dir: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["KHAL_CACHE_DIR"] = str(cache_dir)
+    env.pop("KHAL_CUDA_ARCHS", None)
+    env.pop("KHAL_SKIP_SPIRV", None)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("khal-cache")
+
+
+@pytest.fixture(scope="session")
+def example_wheel(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> Path:
+    """The example shader package built once per session (no build isolation: the test
+    environment already holds hatchling, hatch-khal and NVRTC)."""
+    out = tmp_path_factory.mktemp("example-wheel")
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+         "-w", str(out), str(EXAMPLE)],
+        env=build_env(session_cache),
+    )
+    wheels = list(out.glob("example_shader_pkg-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.fixture(scope="session")
+def example_site(tmp_path_factory: pytest.TempPathFactory, example_wheel: Path) -> Path:
+    """The example wheel unpacked as an install target (what pip would put in site-packages)."""
+    site = tmp_path_factory.mktemp("example-site")
+    with zipfile.ZipFile(example_wheel) as zf:
+        zf.extractall(site)
+    return site
+
+
+@pytest.fixture(scope="session")
+def example_pkg(example_site: Path):  # type: ignore[no-untyped-def]
+    """``import example_shader_pkg`` from the built wheel."""
+    sys.path.insert(0, str(example_site))
+    for name in [m for m in sys.modules if m == "example_shader_pkg" or m.startswith("example_shader_pkg.")]:
+        del sys.modules[name]
+    try:
+        pkg = importlib.import_module("example_shader_pkg")
+        importlib.import_module("example_shader_pkg.reference")
+        yield pkg
+    finally:
+        sys.path.remove(str(example_site))

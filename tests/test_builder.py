@@ -1,0 +1,339 @@
+"""The build core in-process: hashing, caching, env variables, errors. CPU only."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hatch_khal.builder import PrintReporter, build_packages
+from hatch_khal.cache import Cache
+from hatch_khal.config import parse_config
+from hatch_khal.errors import CompileError, ConfigError, PrebuiltError, SourceError
+from khal_runtime.binaries import khal_symbols, read_binary
+from khal_runtime.manifest import parse_manifest
+
+from ._projects import make_project
+
+try:  # Python 3.11+
+    import tomllib
+except ImportError:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[no-redef]
+
+
+class Recorder(PrintReporter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.infos: list[str] = []
+        self.warnings: list[str] = []
+
+    def info(self, message: str) -> None:
+        self.infos.append(message)
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+def _crates(root: Path):  # type: ignore[no-untyped-def]
+    data = tomllib.loads((root / "pyproject.toml").read_text())
+    raw = data["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["khal"]
+    return parse_config(raw, default_package="mini_pkg")[1]
+
+
+def build(root: Path, cache_dir: Path | None, **kw):  # type: ignore[no-untyped-def]
+    rep = Recorder()
+    cache = Cache(cache_dir, rep.warn) if cache_dir else Cache(None)
+    result = build_packages(root, _crates(root), rep, cache=cache, **kw)
+    return result, rep
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(os.environ):
+        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")):
+            monkeypatch.delenv(k)
+
+
+def manifest_of(result):  # type: ignore[no-untyped-def]
+    (pkg,) = result.packages
+    return parse_manifest(pkg.files["_khal/manifest.json"]), pkg.files
+
+
+def test_build_produces_hashed_entries_and_valid_artifacts(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    result, _ = build(root, tmp_path / "cache")
+    manifest, files = manifest_of(result)
+    assert [c.name for c in manifest.crates] == ["alpha", "beta"]
+    alpha = manifest.crate("alpha")
+    (scale,) = alpha.entries
+    assert scale.symbol == f"scale_khal_{scale.hash}"
+    assert [(p.name, p.kind, p.element_type, p.element_size) for p in scale.params] == [
+        ("y", "storage", "float32", 4),
+        ("p", "uniform", "Params", 16),  # sizeof from the compiler: float + pad + double
+        ("bias", "scalar", "float32", 4),
+    ]
+    kinds = sorted((a.kind, a.arch) for a in alpha.artifacts)
+    assert kinds == [("cubin", "sm_90"), ("ptx", "compute_75")]
+    for art in alpha.artifacts:
+        data = files[art.path]
+        assert hashlib.sha256(data).hexdigest() == art.sha256 and len(data) == art.size
+        info = read_binary(data)
+        assert khal_symbols(info)["scale"] == scale.hash
+        if art.kind == "cubin":
+            assert info.arch == 90 and data[:4] == b"\x7fELF"
+        else:
+            text = data.decode()
+            # libdevice math is resolved: no external __nv_ calls left
+            assert "__nv_" not in text and ".extern .func" not in text
+    # sources and the local header are recorded with their hashes, relative paths only
+    assert [s.path for s in alpha.sources] == ["kernels/alpha/scale.cu", "kernels/include/common.cuh"]
+    assert str(tmp_path) not in files["_khal/manifest.json"].decode()
+    assert alpha.spirv.status == "not_configured" and alpha.prebuilt is None
+
+
+def test_hashes_do_not_depend_on_location_and_builds_are_identical(tmp_path: Path) -> None:
+    a = make_project(tmp_path / "one")
+    b = make_project(tmp_path / "elsewhere" / "two")
+    ra, _ = build(a, None)
+    rb, _ = build(b, None)
+    assert ra.packages[0].files == rb.packages[0].files
+
+
+def test_hash_changes_with_header_and_signature_only(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    m0, _ = manifest_of(build(root, None)[0])
+    h0 = {e.name: e.hash for c in m0.crates for e in c.entries}
+    # unchanged rebuild: same hashes
+    m1, _ = manifest_of(build(root, None)[0])
+    assert {e.name: e.hash for c in m1.crates for e in c.entries} == h0
+    # header change: alpha's entry changes, beta's does not
+    (root / "kernels/include/common.cuh").write_text("#pragma once\nstruct Params { float a; double b; float c; };\n")
+    m2, _ = manifest_of(build(root, None)[0])
+    h2 = {e.name: e.hash for c in m2.crates for e in c.entries}
+    assert h2["scale"] != h0["scale"] and h2["fill"] == h0["fill"]
+    assert m2.crate("alpha").entries[0].params[1].element_size == 24
+    # signature change
+    (root / "kernels/beta/fill.cu").write_text(
+        (root / "kernels/beta/fill.cu").read_text().replace("KHAL_SCALAR(uint32_t, value)", "KHAL_SCALAR(uint64_t, value)")
+    )
+    m3, _ = manifest_of(build(root, None)[0])
+    assert {e.name: e.hash for c in m3.crates for e in c.entries}["fill"] != h0["fill"]
+
+
+def test_cache_second_build_compiles_nothing_and_header_change_recompiles_one_crate(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    cache = tmp_path / "cache"
+    first, rep = build(root, cache)
+    assert first.compiled == 4 and first.cached == 0
+    second, rep2 = build(root, cache)
+    assert second.compiled == 0 and second.cached == 4
+    assert not rep2.infos  # quiet for cache hits
+    assert manifest_of(first)[1] == manifest_of(second)[1]
+    (root / "kernels/include/common.cuh").write_text("#pragma once\n// touched\nstruct Params { float a; double b; };\n")
+    third, _ = build(root, cache)
+    assert third.compiled == 2 and third.cached == 2  # only crate alpha (ptx + sm_90)
+
+
+def test_corrupted_cache_entry_is_detected_and_rebuilt(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    cache = tmp_path / "cache"
+    first, _ = build(root, cache)
+    for art in (cache / "v1").rglob("artifact.bin"):
+        art.write_bytes(art.read_bytes()[:100])  # truncate every entry
+    second, rep = build(root, cache)
+    assert second.compiled == 4
+    assert any("corrupted" in w for w in rep.warnings)
+    assert manifest_of(first)[1] == manifest_of(second)[1]
+
+
+def test_read_only_cache_degrades_with_warning(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        ro = Path("/proc/khal-cache-cannot-exist")
+    else:  # pragma: no cover
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+    root = make_project(tmp_path / "p")
+    result, rep = build(root, ro)
+    assert result.compiled == 4
+    assert any("not writable" in w for w in rep.warnings)
+
+
+def test_skip_spirv_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_project(tmp_path / "p")
+    monkeypatch.setenv("KHAL_SKIP_SPIRV", "1")
+    m, _ = manifest_of(build(root, None)[0])
+    assert all(c.spirv.status == "skipped" and "KHAL_SKIP_SPIRV" in c.spirv.reason for c in m.crates)
+
+
+def test_spirv_requested_without_skip_is_a_clear_error(tmp_path: Path) -> None:
+    crates = '[[tool.hatch.build.targets.wheel.hooks.khal.crates]]\nname = "alpha"\nsources = ["kernels/alpha/*.cu"]\ninclude-dirs = ["kernels/include"]\nspirv = true\n'
+    root = make_project(tmp_path / "p", crates=crates)
+    with pytest.raises(ConfigError, match="KHAL_SKIP_SPIRV"):
+        build(root, None)
+
+
+def test_env_arch_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_project(tmp_path / "p")
+    monkeypatch.setenv("KHAL_CUDA_ARCHS", "sm_80,sm_86")
+    monkeypatch.setenv("KHAL_PTX_ARCH", "none")
+    m, _ = manifest_of(build(root, None)[0])
+    assert sorted(a.arch for a in m.crate("beta").artifacts) == ["sm_80", "sm_86"]
+
+
+def test_unsupported_arch_names_arch_and_option(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p", hook='archs = ["sm_35"]\n')
+    with pytest.raises(ConfigError, match=r"sm_35.*'archs'.*supports"):
+        build(root, None)
+
+
+def test_compile_error_carries_file_and_line(tmp_path: Path) -> None:
+    bad = "KHAL_ENTRY(fill, 64, (KHAL_STORAGE(uint32_t, out)))\n{\n    out[0] = undefined_thing;\n}\n"
+    root = make_project(tmp_path / "p", files={"kernels/beta/fill.cu": bad})
+    with pytest.raises(CompileError) as err:
+        build(root, None)
+    msg = str(err.value)
+    assert "crate 'beta'" in msg and "fill.cu(3)" in msg and "undefined_thing" in msg
+
+
+def test_missing_source_and_empty_glob(tmp_path: Path) -> None:
+    crates = '[[tool.hatch.build.targets.wheel.hooks.khal.crates]]\nname = "gamma"\nsources = ["kernels/none/*.cu"]\n'
+    root = make_project(tmp_path / "p", crates=crates)
+    with pytest.raises(SourceError, match=r"crate 'gamma'.*kernels/none/\*\.cu.*matches no file"):
+        build(root, None)
+
+
+def test_missing_include_is_reported_with_file_line(tmp_path: Path) -> None:
+    bad = '#include "nope.cuh"\n' + (Path(__file__).parent / "_projects.py").read_text().split('OTHER_CU = """\\\n')[1].split('"""')[0]
+    root = make_project(tmp_path / "p", files={"kernels/beta/fill.cu": bad})
+    with pytest.raises(CompileError, match=r"fill\.cu\(1\).*nope\.cuh"):
+        build(root, None)
+
+
+def test_non_utf8_source(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    (root / "kernels/beta/fill.cu").write_bytes(b"// caf\xe9\nKHAL_ENTRY(fill, 64, (KHAL_STORAGE(float, o))) {}\n")
+    with pytest.raises(SourceError, match=r"kernels/beta/fill\.cu:1.*not valid UTF-8"):
+        build(root, None)
+
+
+def test_crate_without_entries(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p", files={"kernels/beta/fill.cu": "__device__ int x;\n"})
+    with pytest.raises(SourceError, match="crate 'beta': no KHAL_ENTRY"):
+        build(root, None)
+
+
+def test_duplicate_entry_across_crates(tmp_path: Path) -> None:
+    dup = "KHAL_ENTRY(scale, 64, (KHAL_STORAGE(float, o))) { }\n"
+    root = make_project(tmp_path / "p", files={"kernels/beta/fill.cu": dup})
+    with pytest.raises(SourceError, match="entry 'scale' is defined in crate 'alpha' and in crate 'beta'"):
+        build(root, None)
+
+
+# -- the escape hatch: CUDA_OXIDE_SHADERS_PTX_<CRATE> -----------------------------------------
+
+
+def _artifact(result, crate: str, kind: str) -> bytes:  # type: ignore[no-untyped-def]
+    m, files = manifest_of(result)
+    art = next(a for a in m.crate(crate).artifacts if a.kind == kind)
+    return files[art.path]
+
+
+@pytest.mark.parametrize("kind", ["ptx", "cubin"])
+def test_prebuilt_is_embedded_and_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    root = make_project(tmp_path / "p")
+    normal, _ = build(root, None)
+    pre = tmp_path / f"alpha.{kind}"
+    pre.write_bytes(_artifact(normal, "alpha", kind))
+    monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_ALPHA", str(pre))
+    result, _ = build(root, None)
+    m, files = manifest_of(result)
+    alpha = m.crate("alpha")
+    assert alpha.prebuilt is not None and alpha.prebuilt.variable == "CUDA_OXIDE_SHADERS_PTX_ALPHA"
+    assert alpha.prebuilt.kind == kind and alpha.prebuilt.file_name == pre.name
+    assert [a.kind for a in alpha.artifacts] == [kind]
+    assert files[alpha.artifacts[0].path] == pre.read_bytes()
+    assert alpha.entries == manifest_of(normal)[0].crate("alpha").entries
+    # the variable of crate alpha does not leak into crate beta
+    assert m.crate("beta").prebuilt is None and len(m.crate("beta").artifacts) == 2
+
+
+def test_prebuilt_variable_name_follows_khal_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    crates = '[[tool.hatch.build.targets.wheel.hooks.khal.crates]]\nname = "my-crate"\nsources = ["kernels/beta/*.cu"]\n'
+    root = make_project(tmp_path / "p", crates=crates)
+    normal, _ = build(root, None)
+    pre = tmp_path / "x.ptx"
+    pre.write_bytes(_artifact(normal, "my-crate", "ptx"))
+    monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_MY_CRATE", str(pre))
+    m, _ = manifest_of(build(root, None)[0])
+    assert m.crate("my-crate").prebuilt.variable == "CUDA_OXIDE_SHADERS_PTX_MY_CRATE"  # type: ignore[union-attr]
+
+
+def test_prebuilt_with_stale_hash_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_project(tmp_path / "p")
+    old, _ = build(root, None)
+    pre = tmp_path / "alpha.cubin"
+    pre.write_bytes(_artifact(old, "alpha", "cubin"))
+    (root / "kernels/alpha/scale.cu").write_text((root / "kernels/alpha/scale.cu").read_text() + "\n// edit\n")
+    monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_ALPHA", str(pre))
+    with pytest.raises(PrebuiltError) as err:
+        build(root, None)
+    msg = str(err.value)
+    old_hash = manifest_of(old)[0].crate("alpha").entries[0].hash
+    assert "entry 'scale'" in msg and old_hash in msg and "CUDA_OXIDE_SHADERS_PTX_ALPHA" in msg
+    assert "current sources give" in msg
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (None, "no such file"),
+        ("dir", "is a directory"),
+        (b"", "empty"),
+        (b"\x7fELF\x02\x01\x01" + b"\x00" * 20, "damaged or truncated ELF"),
+        (b"random bytes \x01\x02\x03" * 50, "not PTX"),
+        (b".version 9.0\n.target sm_90\n.address_size 64\n", "has no kernel for entry 'scale'"),
+    ],
+)
+def test_bad_prebuilt_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content, match) -> None:  # type: ignore[no-untyped-def]
+    root = make_project(tmp_path / "p")
+    pre = tmp_path / "pre.bin"
+    if content == "dir":
+        pre.mkdir()
+    elif content is not None:
+        pre.write_bytes(content)
+    monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_ALPHA", str(pre))
+    with pytest.raises(PrebuiltError, match=match):
+        build(root, None)
+
+
+def test_prebuilt_x86_elf_is_not_a_cubin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_project(tmp_path / "p")
+    monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_ALPHA", os.path.realpath("/bin/true"))
+    with pytest.raises(PrebuiltError, match="not a CUDA cubin"):
+        build(root, None)
+
+
+def test_prebuilt_of_another_crate_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_project(tmp_path / "p")
+    normal, _ = build(root, None)
+    pre = tmp_path / "beta.ptx"
+    pre.write_bytes(_artifact(normal, "beta", "ptx"))
+    monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_ALPHA", str(pre))
+    with pytest.raises(PrebuiltError, match="no kernel for entry 'scale'"):
+        build(root, None)
+
+
+def test_all_prebuilt_needs_no_nvrtc_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_project(tmp_path / "p")
+    normal, _ = build(root, None)
+    for crate in ("alpha", "beta"):
+        pre = tmp_path / f"{crate}.ptx"
+        pre.write_bytes(_artifact(normal, crate, "ptx"))
+        monkeypatch.setenv(f"CUDA_OXIDE_SHADERS_PTX_{crate.upper()}", str(pre))
+    result, _ = build(root, None)
+    m, _ = manifest_of(result)
+    assert m.toolchain.nvrtc_version is None and result.compiled == 0
