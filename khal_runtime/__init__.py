@@ -1,0 +1,116 @@
+"""khal_runtime: load and launch the kernels a hatch-khal build embedded in a package.
+
+    import khal_runtime
+    kernels = khal_runtime.load("my_shaders")      # reads the manifest; no GPU work yet
+    x = khal_runtime.DeviceBuffer.from_numpy(a)
+    kernels.saxpy(len(a), x, y, params)            # n threads, on the owned stream
+
+Importing this package is cheap: it imports neither cuda.bindings, pydantic,
+NVRTC nor hatch_khal; those come on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from khal_runtime import errors
+from khal_runtime.errors import (
+    ArgumentError,
+    ArgumentValueError,
+    ArtifactError,
+    BackendUnavailableError,
+    CudaError,
+    HashMismatchError,
+    KhalError,
+    ManifestError,
+    NoCompatibleBinaryError,
+    ParamLayoutError,
+    PtxTooNewError,
+    StaleBuildError,
+)
+
+if TYPE_CHECKING:
+    from khal_runtime.buffers import DeviceBuffer
+    from khal_runtime.device import Device
+    from khal_runtime.kernels import Kernel, KernelSet
+    from khal_runtime.launching import LaunchConfig
+    from khal_runtime.stream import Stream
+    from khal_runtime.verify import Problem
+
+__all__ = [
+    "ArgumentError",
+    "ArgumentValueError",
+    "ArtifactError",
+    "BackendUnavailableError",
+    "CudaError",
+    "Device",
+    "DeviceBuffer",
+    "HashMismatchError",
+    "Kernel",
+    "KernelSet",
+    "KhalError",
+    "LaunchConfig",
+    "ManifestError",
+    "NoCompatibleBinaryError",
+    "ParamLayoutError",
+    "Problem",
+    "PtxTooNewError",
+    "StaleBuildError",
+    "Stream",
+    "backend_status",
+    "check_package",
+    "default_stream",
+    "driver_version",
+    "errors",
+    "launch",
+    "load",
+    "verify_package",
+]
+
+_LAZY = {
+    "DeviceBuffer": "khal_runtime.buffers",
+    "Device": "khal_runtime.device",
+    "Kernel": "khal_runtime.kernels",
+    "KernelSet": "khal_runtime.kernels",
+    "LaunchConfig": "khal_runtime.launching",
+    "Stream": "khal_runtime.stream",
+    "default_stream": "khal_runtime.stream",
+    "Problem": "khal_runtime.verify",
+    "verify_package": "khal_runtime.verify",
+    "check_package": "khal_runtime.verify",
+    "backend_status": "khal_runtime._cuda",
+}
+
+
+def load(package: Any) -> KernelSet:
+    """The kernels of a shader package, by import name (``load(__name__)``) or directory."""
+    from khal_runtime.kernels import load as _load
+
+    return _load(package)
+
+
+def launch(stream: Any, config: LaunchConfig, kernel: Kernel, *args: Any) -> None:
+    """``launch(stream, LaunchConfig(grid, block, shmem), kernels.entry, *args)``."""
+    kernel.launch(config.grid, config.block, *args, stream=stream, shared_mem=config.shmem)
+
+
+def driver_version() -> tuple[int, int]:
+    """The CUDA version of the installed driver, e.g. (13, 0)."""
+    from khal_runtime._cuda import driver_version as _dv
+
+    return _dv()
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'khal_runtime' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,100 @@
+"""Element types of the kernel ABI and how foreign dtypes map onto them.
+
+Pure Python, no GPU: used by argument checking and the launch-plan builder.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Hashable
+
+__all__ = [
+    "SCALAR_TYPES",
+    "STRUCT_CODES",
+    "bf16_bits",
+    "dtype_info",
+    "element_type_of_numpy",
+]
+
+#: element type -> itemsize in bytes.
+SCALAR_TYPES: dict[str, int] = {
+    "int8": 1, "int16": 2, "int32": 4, "int64": 8,
+    "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "bool": 1,
+}
+
+#: element type -> struct format code (little-endian standard sizes, used with '<').
+#: bfloat16 is packed as its 16 raw bits (see :func:`bf16_bits`).
+STRUCT_CODES: dict[str, str] = {
+    "int8": "b", "int16": "h", "int32": "i", "int64": "q",
+    "uint8": "B", "uint16": "H", "uint32": "I", "uint64": "Q",
+    "float16": "e", "bfloat16": "H", "float32": "f", "float64": "d", "bool": "?",
+}
+
+_F32 = struct.Struct("<f")
+_U32 = struct.Struct("<I")
+
+
+def bf16_bits(value: Any) -> int:
+    """Round-to-nearest-even bfloat16 bits of a number (NaN stays NaN)."""
+    bits = _U32.unpack(_F32.pack(float(value)))[0]
+    if (bits & 0x7F800000) == 0x7F800000 and (bits & 0x007FFFFF):
+        return ((bits >> 16) | 0x0040) & 0xFFFF
+    bits += 0x7FFF + ((bits >> 16) & 1)
+    return (bits >> 16) & 0xFFFF
+
+
+_TORCH_NAMES = {
+    "torch.float32": "float32", "torch.float": "float32", "torch.float64": "float64",
+    "torch.double": "float64", "torch.float16": "float16", "torch.half": "float16",
+    "torch.bfloat16": "bfloat16", "torch.int8": "int8", "torch.int16": "int16",
+    "torch.int32": "int32", "torch.int64": "int64", "torch.uint8": "uint8",
+    "torch.uint16": "uint16", "torch.uint32": "uint32", "torch.uint64": "uint64",
+    "torch.bool": "bool",
+}
+
+# DLPack type codes: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool.
+_DLPACK = {(0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64",
+           (1, 8): "uint8", (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64",
+           (2, 16): "float16", (2, 32): "float32", (2, 64): "float64",
+           (4, 16): "bfloat16", (6, 8): "bool", (1, 1): "bool"}
+
+
+def element_type_of_numpy(dt: Any) -> tuple[str, int]:
+    """(element type name or "struct"/"other", itemsize) of a NumPy dtype."""
+    name = getattr(dt, "name", str(dt))
+    size = int(getattr(dt, "itemsize", 0))
+    if getattr(dt, "fields", None) or name.startswith("void"):
+        return "struct", size
+    if name in SCALAR_TYPES:
+        return name, size
+    if name == "bfloat16":  # ml_dtypes
+        return "bfloat16", size
+    return name, size
+
+
+def dtype_info(key: Hashable) -> tuple[str, int]:
+    """Map a dtype key (element type name, NumPy/CuPy dtype, torch dtype, DLPack triple)
+    to (element type name, itemsize). Unknown -> (repr, 0)."""
+    if isinstance(key, str):
+        if key in SCALAR_TYPES:
+            return key, SCALAR_TYPES[key]
+        try:
+            import numpy as np
+
+            return element_type_of_numpy(np.dtype(key))
+        except Exception:
+            return key, 0
+    if isinstance(key, tuple) and len(key) == 3 and all(isinstance(k, int) for k in key):
+        code, bits, lanes = key
+        name = _DLPACK.get((code, bits))
+        if name is None or lanes != 1:
+            return f"dlpack(code={code}, bits={bits}, lanes={lanes})", (bits * lanes + 7) // 8
+        return name, SCALAR_TYPES[name]
+    mod = type(key).__module__
+    if mod.startswith("torch"):
+        name = _TORCH_NAMES.get(str(key), str(key))
+        return name, int(getattr(key, "itemsize", SCALAR_TYPES.get(name, 0)))
+    if hasattr(key, "itemsize") and hasattr(key, "kind"):
+        return element_type_of_numpy(key)
+    return repr(key), 0

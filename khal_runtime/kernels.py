@@ -1,0 +1,248 @@
+"""A loaded shader package: :func:`load` -> :class:`KernelSet` of :class:`Kernel`.
+
+``load`` reads and validates the manifest (and, for editable installs, checks
+the sources are unchanged) but does no GPU work: the binary is chosen, verified
+and loaded per device on a kernel's first use, so importing a shader package
+works on a machine with no GPU or driver.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+from khal_runtime import _cuda
+from khal_runtime.device import _tls, ensure_current
+from khal_runtime.errors import KhalError
+from khal_runtime.launching import LaunchPlan, dim3
+from khal_runtime.loader import CrateRuntime
+from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
+from khal_runtime.stream import Stream, as_stream, default_stream
+
+__all__ = ["CrateKernels", "Kernel", "KernelSet", "find_package_dir", "load"]
+
+
+class Kernel:
+    """One entry point. ``k(n, *args, stream=None)`` runs ``n`` threads (grid = ceil(n / block.x));
+    ``k.launch(grid, block, *args, stream=None, shared_mem=0)`` takes explicit dimensions."""
+
+    __slots__ = ("entry", "name", "crate", "_runtime", "_plans", "_bx", "_by", "_bz", "_lock")
+
+    def __init__(self, runtime: CrateRuntime, entry: Entry) -> None:
+        self.entry = entry
+        self.name = entry.name
+        self.crate = runtime.crate.name
+        self._runtime = runtime
+        self._plans: dict[int, LaunchPlan] = {}
+        self._bx, self._by, self._bz = (int(x) for x in entry.block_size)
+        self._lock = threading.Lock()
+
+    @property
+    def block_size(self) -> tuple[int, int, int]:
+        return (self._bx, self._by, self._bz)
+
+    @property
+    def params(self) -> tuple[Any, ...]:
+        return self.entry.params
+
+    def plan(self, device_id: int) -> LaunchPlan:
+        """The launch plan on a device (loads the crate there on first use)."""
+        p = self._plans.get(device_id)
+        if p is None:
+            with self._lock:
+                p = self._plans.get(device_id)
+                if p is None:
+                    from khal_runtime.uniforms import cache_for
+
+                    mod = self._runtime.module(device_id)
+                    p = LaunchPlan(self.entry, self.crate, device_id, mod.functions[self.name],
+                                   cache_for(device_id), mod.indirect.get(self.name))
+                    self._plans[device_id] = p
+        return p
+
+    def __call__(self, n: int, *args: Any, stream: Any = None) -> None:
+        if stream is None:
+            try:
+                st = _tls.stream
+            except AttributeError:
+                st = _first_stream()
+        elif type(stream) is Stream:
+            st = stream
+        else:
+            st = as_stream(stream)
+        d = st.device_id
+        plan = self._plans.get(d) or self.plan(d)
+        if getattr(_tls, "dev", -1) != d:
+            ensure_current(d)
+        if n > 0:
+            bx = self._bx
+            plan.run((n + bx - 1) // bx, 1, 1, bx, self._by, self._bz, 0, st, args)
+        elif n < 0:
+            raise ValueError(f"{self.name}(): thread count must be >= 0, got {n}")
+        else:
+            _check_only(plan, args)
+
+    def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int = 0) -> None:
+        st = stream if type(stream) is Stream else as_stream(stream)
+        d = st.device_id
+        plan = self._plans.get(d) or self.plan(d)
+        if getattr(_tls, "dev", -1) != d:
+            ensure_current(d)
+        gx, gy, gz = dim3(grid, "grid")
+        bx, by, bz = dim3(block, "block") if block is not None else self.block_size
+        plan.run(gx, gy, gz, bx, by, bz, int(shared_mem), st, args)
+
+    def check_args(self, *args: Any) -> None:
+        """Validate arguments without launching (no GPU needed)."""
+        from khal_runtime.launching import diagnose_args
+
+        diagnose_args(self.entry, args)
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.crate}.{self.name} block={self.block_size} hash={self.entry.hash}>"
+
+
+def _check_only(plan: LaunchPlan, args: tuple[Any, ...]) -> None:
+    from khal_runtime.launching import diagnose_args
+
+    diagnose_args(plan.entry, args)
+
+
+def _first_stream() -> Stream:
+    """This thread's default stream (BackendUnavailableError, saying why, without CUDA)."""
+    return default_stream()
+
+
+class CrateKernels:
+    """The entries of one crate, as attributes."""
+
+    def __init__(self, runtime: CrateRuntime) -> None:
+        self._runtime = runtime
+        self._kernels = {e.name: Kernel(runtime, e) for e in runtime.crate.entries}
+
+    @property
+    def crate(self) -> Crate:
+        return self._runtime.crate
+
+    def __getattr__(self, name: str) -> Kernel:
+        try:
+            return self.__dict__["_kernels"][name]
+        except KeyError:
+            raise AttributeError(f"crate {self.crate.name!r} has no entry {name!r}; it has "
+                                 f"{', '.join(self._kernels) or 'none'}") from None
+
+    def __getitem__(self, name: str) -> Kernel:
+        return self._kernels[name]
+
+    def __iter__(self) -> Iterator[Kernel]:
+        return iter(self._kernels.values())
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._kernels))
+
+    def load(self, device: int | None = None) -> None:
+        """Load the crate now (on ``device``, default this thread's) instead of at first use."""
+        from khal_runtime.device import current_device_id
+
+        self._runtime.module(current_device_id() if device is None else int(device))
+
+
+class KernelSet:
+    """Every entry of a shader package: ``ks.<entry>`` (unique names), ``ks.crates[<crate>].<entry>``."""
+
+    def __init__(self, package: str, package_dir: Path, manifest: Manifest) -> None:
+        self.package = package
+        self.package_dir = package_dir
+        self.manifest = manifest
+        self.crates: dict[str, CrateKernels] = {
+            c.name: CrateKernels(CrateRuntime(package, package_dir, manifest, c)) for c in manifest.crates
+        }
+        by_name: dict[str, list[Kernel]] = {}
+        for ck in self.crates.values():
+            for k in ck:
+                by_name.setdefault(k.name, []).append(k)
+        self._kernels = {n: ks[0] for n, ks in by_name.items() if len(ks) == 1}
+        self._ambiguous = {n: [k.crate for k in ks] for n, ks in by_name.items() if len(ks) > 1}
+
+    def __getattr__(self, name: str) -> Kernel:
+        d = self.__dict__
+        k = d.get("_kernels", {}).get(name)
+        if k is not None:
+            return k
+        if name in d.get("_ambiguous", {}):
+            raise AttributeError(f"entry {name!r} exists in crates {d['_ambiguous'][name]}; "
+                                 f"use kernels.crates[<crate>].{name}")
+        if name in d.get("crates", {}):
+            return d["crates"][name]  # type: ignore[no-any-return]
+        raise AttributeError(f"package {d.get('package')!r} has no entry {name!r}; it has "
+                             f"{', '.join(sorted(d.get('_kernels', {}))) or 'none'}")
+
+    def __getitem__(self, name: str) -> Kernel:
+        return self._kernels[name]
+
+    def __iter__(self) -> Iterator[Kernel]:
+        return iter(self._kernels.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._kernels
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._kernels) | set(self.crates))
+
+    @property
+    def entries(self) -> list[str]:
+        return sorted(self._kernels)
+
+    def __repr__(self) -> str:
+        return f"<KernelSet {self.package} entries={self.entries}>"
+
+
+def find_package_dir(package: str | os.PathLike[str]) -> tuple[str, Path]:
+    """(package name, directory) of an importable package name or a package directory path."""
+    if isinstance(package, os.PathLike) or (isinstance(package, str) and os.sep in package):
+        p = Path(package)
+        return p.name, p
+    mod = sys.modules.get(package)
+    locations = None
+    if mod is not None:
+        locations = list(getattr(mod, "__path__", []) or [])
+        if not locations and getattr(mod, "__file__", None):
+            locations = [str(Path(mod.__file__).parent)]
+    if not locations:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError) as exc:
+            raise KhalError(f"cannot find package {package!r}: {exc}") from None
+        if spec is None:
+            raise KhalError(f"cannot find package {package!r}; is it installed?")
+        locations = list(spec.submodule_search_locations or [])
+        if not locations and spec.origin:
+            locations = [str(Path(spec.origin).parent)]
+    for loc in locations:
+        if (Path(loc) / MANIFEST_DIR / MANIFEST_NAME).is_file():
+            return package, Path(loc)
+    return package, Path(locations[0])
+
+
+def load(package: str | os.PathLike[str]) -> KernelSet:
+    """The kernels of a shader package (by import name, or its directory).
+
+    Reads the manifest; checks editable-install sources (StaleBuildError); honours
+    ``KHAL_BACKEND`` ("cuda": CUDA must be usable now). GPU work happens at first use."""
+    from khal_runtime.errors import StaleBuildError
+    from khal_runtime.verify import check_sources
+
+    mode = _cuda.backend_mode()
+    name, pkg_dir = find_package_dir(package)
+    manifest = load_manifest(pkg_dir / MANIFEST_DIR / MANIFEST_NAME)
+    stale = check_sources(manifest)
+    if stale:
+        more = f" (and {len(stale) - 1} more file(s))" if len(stale) > 1 else ""
+        raise StaleBuildError(f"package {name!r}: {stale[0].message}{more}")
+    if mode == "cuda":
+        _cuda.require_cuda()
+    return KernelSet(manifest.package or name, pkg_dir, manifest)

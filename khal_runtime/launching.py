@@ -1,0 +1,338 @@
+"""Launching (module ``launching``, so it does not shadow ``khal_runtime.launch``): per-(entry, device) launch plans with a precompiled argument path.
+
+A :class:`LaunchPlan` is built once per entry and device. It holds the
+``CUfunction``, a ``struct.Struct`` for the whole kernel-argument block (laid out
+at the C ABI offsets the binary was checked against), per-thread packing
+buffers with a ``void*[]`` already pointing into them, and a generated Python
+function that, per call, reads each argument through the per-type extractor
+cache, checks its dtype against a learned set, packs everything with one
+``pack_into`` and calls ``cuLaunchKernel`` with the ``void**`` as an int.
+Anything unexpected falls to :func:`_diagnose`, which re-checks the arguments
+one by one and raises a named ArgumentError / ArgumentValueError; nothing is
+launched then.
+
+Seams: ``hooks`` (tracing / profiling, installed from ``KHAL_CUDA_TRACE`` /
+``KHAL_CUDA_PROFILE`` by ``khal_runtime.tracing`` if present) is checked with one
+attribute read per launch; graph capture works on any :class:`Stream`
+(``khal_runtime.graphs``); ``LaunchPlan.indirect_function`` holds the
+persistent-grid variant of entries that declare ``indirect_symbol``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from khal_runtime import _cuda
+from khal_runtime.buffers import EXTRACTORS, BadArgument, extractor_for
+from khal_runtime.dtypes import SCALAR_TYPES, STRUCT_CODES, bf16_bits, dtype_info
+from khal_runtime.errors import ArgumentError, ArgumentValueError, CudaError
+from khal_runtime.manifest import Entry, Param
+from khal_runtime.uniforms import _CONVERTERS, UniformCache, uniform_converter
+
+__all__ = ["LaunchConfig", "LaunchPlan", "hooks", "launch", "dim3"]
+
+
+def dim3(v: int | Sequence[int], what: str = "grid") -> tuple[int, int, int]:
+    if isinstance(v, int):
+        t = (v, 1, 1)
+    else:
+        t = tuple(int(x) for x in v) + (1,) * (3 - len(v))  # type: ignore[assignment]
+        if len(t) != 3:
+            raise ValueError(f"{what}: expected up to 3 dimensions, got {v!r}")
+    if any(x < 1 for x in t):
+        raise ValueError(f"{what}: every dimension must be >= 1, got {t}")
+    return t  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Grid (blocks), block (threads per block; None = the entry's block size), dynamic shared memory."""
+
+    grid: int | tuple[int, ...]
+    block: int | tuple[int, ...] | None = None
+    shmem: int = 0
+
+
+class _Hooks:
+    """Launch hooks. ``active`` is read once per launch; when set, ``dispatch`` runs the launch:
+    ``dispatch(plan, grid, block, shmem, stream, args, do_launch)`` must call ``do_launch()``."""
+
+    active: bool = False
+    dispatch: Callable[..., Any] | None = None
+
+    def install(self, dispatch: Callable[..., Any]) -> None:
+        self.dispatch = dispatch
+        self.active = True
+
+    def uninstall(self) -> None:
+        self.active = False
+        self.dispatch = None
+
+
+hooks = _Hooks()
+
+
+class _Short(Exception):
+    """Internal: fast path noticed a problem; _diagnose names it."""
+
+
+def _param_desc(p: Param) -> str:
+    if p.kind == "storage":
+        shape = p.shape or "slice"
+        extra = f"[{p.length}]" if shape == "array" and p.length else ""
+        return f"storage {p.element_type}{extra}"
+    if p.kind == "uniform":
+        return f"uniform {p.element_type} ({p.element_size} bytes)"
+    return f"scalar {p.element_type}"
+
+
+def _dtype_ok(p: Param, key: Any) -> tuple[bool, str]:
+    name, itemsize = dtype_info(key)
+    if p.element_type in SCALAR_TYPES:
+        return name == p.element_type, name
+    # a struct element: any dtype of the same item size (structured dtypes, raw void)
+    return itemsize == p.element_size and name not in SCALAR_TYPES, f"{name} ({itemsize} bytes)"
+
+
+class LaunchPlan:
+    """Everything needed to launch one entry on one device, precomputed."""
+
+    def __init__(self, entry: Entry, crate: str, device_id: int, function: Any,
+                 uniforms: UniformCache, indirect_function: Any = None) -> None:
+        from khal_runtime.loader import expected_param_layout
+
+        self.entry = entry
+        self.crate = crate
+        self.device_id = device_id
+        self.function = function
+        self.indirect_function = indirect_function
+        self.uniforms = uniforms
+        self.block = tuple(entry.block_size)
+        layout = expected_param_layout(entry)
+        self.layout = layout
+        self.args_size = (layout[-1][1] + layout[-1][2]) if layout else 0
+        fmt = ["<"]
+        pos = 0
+        codes: list[str] = []
+        for p in entry.params:
+            if p.kind == "storage":
+                codes += ["Q", "Q"]
+            elif p.kind == "uniform":
+                codes.append("Q")
+            else:
+                codes.append(STRUCT_CODES.get(p.element_type, "B" * p.element_size))
+        for (_, off, size), code in zip(layout, codes):
+            if off > pos:
+                fmt.append(f"{off - pos}x")
+            fmt.append(code)
+            pos = off + size
+        self.struct = struct.Struct("".join(fmt))
+        assert self.struct.size == self.args_size, (self.struct.format, layout)
+        self._offsets = [off for _, off, _ in layout]
+        self._tls = threading.local()
+        self._keep: list[Any] = []
+        self._keep_lock = threading.Lock()
+        self.accepted: list[set[Any]] = [set() for _ in entry.params]
+        self.run = self._generate()
+
+    # per-thread argument block ----------------------------------------------------------------
+    def _new_slot(self) -> tuple[Any, int]:
+        buf = ctypes.create_string_buffer(max(self.args_size, 8))
+        base = ctypes.addressof(buf)
+        n = len(self._offsets)
+        if n:
+            ptrs = (ctypes.c_void_p * n)(*[base + off for off in self._offsets])
+            addr = ctypes.addressof(ptrs)
+        else:
+            ptrs, addr = None, 0
+        with self._keep_lock:
+            self._keep.append((buf, ptrs))
+        self._tls.s = (buf, addr)
+        return buf, addr
+
+    # dtype learning ---------------------------------------------------------------------------
+    def _learn(self, i: int, key: Any) -> None:
+        ok, _ = _dtype_ok(self.entry.params[i], key)
+        if not ok:
+            raise _Short()
+        self.accepted[i].add(key)
+
+    # code generation --------------------------------------------------------------------------
+    def _generate(self) -> Callable[..., None]:
+        entry = self.entry
+        n = len(entry.params)
+        names = [f"a{i}" for i in range(n)]
+        lines = ["def run(gx, gy, gz, bx, by, bz, shmem, st, args):", "    try:"]
+        if n == 1:
+            lines.append(f"        {names[0]}, = args")
+        elif n:
+            lines.append(f"        {', '.join(names)} = args")
+        else:
+            lines.append("        if args: raise _Short()")
+        pack_args: list[str] = []
+        ns: dict[str, Any] = {
+            "_X": EXTRACTORS, "_xf": extractor_for, "_U": _CONVERTERS, "_uf": uniform_converter,
+            "_ucache": self.uniforms.entries, "_ufetch": self.uniforms.fetch, "_Short": _Short,
+            "_learn": self._learn, "_tls": self._tls, "_newslot": self._new_slot,
+            "_pack": self.struct.pack_into, "_bf16": bf16_bits, "_H": hooks,
+            "_launch": _cuda.driver().cuLaunchKernel, "_f": self.function, "_plan": self,
+            "_diagnose": self._diagnose, "_failed": self._launch_failed, "bytes": bytes,
+        }
+        for i, p in enumerate(entry.params):
+            a = names[i]
+            if p.kind == "storage":
+                ns[f"_ok{i}"] = self.accepted[i]
+                lines += [
+                    f"        p{i}, c{i}, k{i} = (_X.get(type({a})) or _xf({a}))({a})",
+                    f"        if k{i} not in _ok{i}: _learn({i}, k{i})",
+                ]
+                if p.shape == "array" and p.length:
+                    lines.append(f"        if c{i} < {int(p.length)}: raise _Short()")
+                elif p.shape == "value":
+                    lines.append(f"        if c{i} < 1: raise _Short()")
+                pack_args += [f"p{i}", f"c{i}"]
+            elif p.kind == "uniform":
+                size = int(p.element_size)
+                lines += [
+                    f"        u = (_U.get(type({a})) or _uf({a}))({a})",
+                    "        if u.__class__ is bytes:",
+                    f"            if len(u) != {size}: raise _Short()",
+                    "            e = _ucache.get(u)",
+                    f"            u{i} = e[0] if e is not None and e[1] is None else _ufetch(u, st)",
+                    "        else:",
+                    f"            if u[1] < {size}: raise _Short()",
+                    f"            u{i} = u[0]",
+                ]
+                pack_args.append(f"u{i}")
+            else:
+                pack_args.append(f"_bf16({a})" if p.element_type == "bfloat16" else a)
+        if n:
+            lines += [
+                "        try:",
+                "            buf, addr = _tls.s",
+                "        except AttributeError:",
+                "            buf, addr = _newslot()",
+                f"        _pack(buf, 0, {', '.join(pack_args)})",
+            ]
+        else:
+            lines.append("        addr = 0")
+        lines += [
+            "    except Exception as exc:",
+            "        _diagnose(args, exc)",
+            "        raise",
+            "    if _H.active:",
+            "        return _H.dispatch(_plan, (gx, gy, gz), (bx, by, bz), shmem, st, args,",
+            "                           lambda: _failed(_launch(_f, gx, gy, gz, bx, by, bz, shmem, st._cu, addr, 0)[0], gx, gy, gz, bx, by, bz))",
+            "    r = _launch(_f, gx, gy, gz, bx, by, bz, shmem, st._cu, addr, 0)",
+            "    if r[0]:",
+            "        _failed(r[0], gx, gy, gz, bx, by, bz)",
+        ]
+        src = "\n".join(lines) + "\n"
+        self.source = src
+        exec(compile(src, f"<khal launch {entry.name}>", "exec"), ns)
+        return ns["run"]  # type: ignore[no-any-return]
+
+    # failures ---------------------------------------------------------------------------------
+    def _launch_failed(self, err: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int) -> None:
+        if not err:
+            return
+        name = getattr(err, "name", str(err))
+        raise CudaError(
+            f"cuLaunchKernel({self.entry.symbol}) failed: {name} "
+            f"(grid {(gx, gy, gz)}, block {(bx, by, bz)}, device {self.device_id})",
+            code=name,
+        )
+
+    def _diagnose(self, args: tuple[Any, ...], exc: BaseException) -> None:
+        """Re-check every argument slowly; raise a named error for the first bad one."""
+        diagnose_args(self.entry, args, exc)
+
+
+def diagnose_args(entry: Entry, args: Sequence[Any], exc: BaseException | None = None) -> None:
+    """Check ``args`` against ``entry`` without a GPU; raise ArgumentError/ArgumentValueError.
+
+    Returns normally if every argument is acceptable."""
+    params = entry.params
+    where = f"{entry.name}()"
+    if len(args) != len(params):
+        sig = ", ".join(p.name for p in params)
+        raise ArgumentError(
+            f"{where} takes {len(params)} argument(s) ({sig}) after the thread count, got {len(args)}"
+        )
+    for p, obj in zip(params, args):
+        arg = f"{where}: argument {p.name!r} ({_param_desc(p)})"
+        if p.kind == "storage":
+            try:
+                ptr, count, key = extractor_for(obj)(obj)
+            except BadArgument as bad:
+                raise bad.cls(f"{arg} {bad}") from None
+            ok, got = _dtype_ok(p, key)
+            if not ok:
+                if got == "<freed buffer>":
+                    raise ArgumentValueError(f"{arg}: the DeviceBuffer was freed")
+                raise ArgumentError(f"{arg}: expected element type {p.element_type} "
+                                    f"({p.element_size} bytes), got {got}")
+            if p.shape == "array" and p.length and count < p.length:
+                raise ArgumentValueError(f"{arg}: needs {p.length} elements, got {count}")
+            if p.shape == "value" and count < 1:
+                raise ArgumentValueError(f"{arg}: needs 1 element, got an empty array")
+        elif p.kind == "uniform":
+            try:
+                u = uniform_converter(obj)(obj)
+            except BadArgument as bad:
+                raise bad.cls(f"{arg}: {bad}") from None
+            if isinstance(u, bytes):
+                if len(u) != p.element_size:
+                    raise ArgumentValueError(
+                        f"{arg}: expected {p.element_size} bytes, got {len(u)} "
+                        f"({type(obj).__name__})")
+            elif u[1] < p.element_size:
+                raise ArgumentValueError(
+                    f"{arg}: the device buffer holds {u[1]} bytes, the struct needs {p.element_size}")
+        else:
+            code = STRUCT_CODES.get(p.element_type)
+            if code is None:
+                raise ArgumentError(f"{arg}: unsupported scalar type")
+            if isinstance(obj, (bytes, str)) or not _is_number(obj):
+                raise ArgumentError(f"{arg}: expected a number, got {type(obj).__name__}")
+            if code in "bBhHiIqQ" and p.element_type != "bfloat16" and isinstance(obj, float):
+                raise ArgumentError(f"{arg}: expected an integer, got float {obj!r}")
+            try:
+                struct.pack("<" + code, bf16_bits(obj) if p.element_type == "bfloat16" else obj)
+            except (struct.error, OverflowError, TypeError, ValueError) as e:
+                cls = ArgumentValueError if isinstance(e, (OverflowError,)) or "range" in str(e) \
+                    or "format requires" in str(e) else ArgumentError
+                raise cls(f"{arg}: cannot pass {obj!r}: {e}") from None
+    if isinstance(exc, _Short):
+        raise ArgumentError(f"{where}: the arguments do not match the entry's parameters")
+    # nothing wrong with the arguments: the caller re-raises the original error
+
+
+def _is_number(x: Any) -> bool:
+    if isinstance(x, (int, float, bool)):
+        return True
+    return hasattr(x, "__index__") or hasattr(x, "__float__")
+
+
+def launch(stream: Any, config: LaunchConfig, kernel: Any, *args: Any) -> None:
+    """``cuda.core``-style launch: ``launch(stream, LaunchConfig(grid, block, shmem), kernels.k, *args)``."""
+    kernel.launch(config.grid, config.block, *args, stream=stream, shared_mem=config.shmem)
+
+
+def _install_env_hooks() -> None:
+    if os.environ.get("KHAL_CUDA_TRACE") or os.environ.get("KHAL_CUDA_PROFILE"):
+        try:
+            from khal_runtime import tracing  # type: ignore[attr-defined]
+        except ImportError:
+            return
+        install = getattr(tracing, "install_from_env", None)
+        if install is not None:
+            install(hooks)
+
+
+_install_env_hooks()
