@@ -348,7 +348,9 @@ _capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
 def _x_dlpack(obj: Any) -> tuple[int, int, Hashable]:
     dev_type, _dev_id = obj.__dlpack_device__()
     if int(dev_type) not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
-        raise BadArgument(ArgumentError, f"is not device memory (DLPack device type {int(dev_type)})")
+        what = {1: "host memory (DLPack CPU)", 3: "pinned host memory (DLPack CUDAHost)"}.get(
+            int(dev_type), f"not device memory (DLPack device type {int(dev_type)})")
+        raise BadArgument(ArgumentError, f"is {what}")
     try:
         cap = obj.__dlpack__(stream=-1)
     except TypeError:
@@ -414,10 +416,10 @@ def _choose(obj: Any) -> Extractor:
             return _x_cupy
     if hasattr(tp, "__cuda_array_interface__"):
         return _x_cai
-    if hasattr(tp, "__dlpack__") and hasattr(tp, "__dlpack_device__"):
-        return _x_dlpack
     if hasattr(obj, "__array_interface__") or isinstance(obj, (bytes, bytearray, memoryview)):
         return _host_rejector(f"{tp.__module__}.{tp.__qualname__}")
+    if hasattr(tp, "__dlpack__") and hasattr(tp, "__dlpack_device__"):
+        return _x_dlpack
     if isinstance(obj, (list, tuple)):
         return _host_rejector(tp.__name__)
     return _not_an_array
