@@ -1,0 +1,57 @@
+"""example-shader-pkg: a shader package built by hatch-khal.
+
+Two crates are compiled at wheel-build time and embedded here:
+
+* ``core``: ``saxpy``, ``reduce_sum``, ``gelu``, ``gelu_tanh``,
+  ``histogram_digits``, ``exclusive_scan``, ``scatter_digits``;
+* ``particles``: ``integrate``, ``collide_ground``, ``count_active``,
+  ``compact_alive``, ``kinetic_energy``.
+
+``kernels`` holds every entry point, e.g.
+``kernels.saxpy(elementwise_threads(n), x, y, SaxpyParams(a=2.0))``; the
+first argument is a thread count, and every kernel is correct for any count
+(see each helper below for the fast one).
+``reference`` has a NumPy reference for each kernel.
+"""
+
+from __future__ import annotations
+
+import khal_runtime
+
+from .structs import PARTICLE_DTYPE, Particle, SaxpyParams, SimParams
+
+__all__ = [
+    "kernels",
+    "SaxpyParams",
+    "SimParams",
+    "Particle",
+    "PARTICLE_DTYPE",
+    "elementwise_threads",
+    "reduce_sum_threads",
+    "EXCLUSIVE_SCAN_THREADS",
+]
+
+#: Thread count that runs ``exclusive_scan``: it works in one group of 1024.
+EXCLUSIVE_SCAN_THREADS = 1024
+
+
+def elementwise_threads(n: int) -> int:
+    """Thread count for ``saxpy``, ``gelu`` and ``gelu_tanh`` over ``n`` elements.
+
+    Any count >= 1 is correct; ``ceil(n / 4)`` lets every thread move a float4,
+    which is what reaches copy bandwidth (``n`` threads gets about 80% of it).
+    """
+    return max(1, (int(n) + 3) // 4)
+
+
+def reduce_sum_threads(n: int) -> int:
+    """A good thread count for ``reduce_sum`` over ``n`` floats.
+
+    The kernel is correct for any count >= 1 and never uses more than 1024
+    groups of 256; this launches at most that many, each thread reading at
+    least one float4.
+    """
+    return max(1, min((int(n) + 3) // 4, 1 << 18))
+
+
+kernels = khal_runtime.load(__name__)
