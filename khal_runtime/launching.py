@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from khal_runtime import _cuda
-from khal_runtime.buffers import EXTRACTORS, BadArgument, extractor_for
+from khal_runtime.buffers import EXTRACTORS, BadArgument, DeviceBuffer, extractor_for
 from khal_runtime.dtypes import SCALAR_TYPES, STRUCT_CODES, bf16_bits, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError, CudaError
 from khal_runtime.manifest import Entry, Param
@@ -182,13 +182,17 @@ class LaunchPlan:
             "_pack": self.struct.pack_into, "_bf16": bf16_bits, "_H": hooks,
             "_launch": _cuda.driver().cuLaunchKernel, "_f": self.function, "_plan": self,
             "_diagnose": self._diagnose, "_failed": self._launch_failed, "bytes": bytes,
+            "_DB": DeviceBuffer,
         }
         for i, p in enumerate(entry.params):
             a = names[i]
             if p.kind == "storage":
                 ns[f"_ok{i}"] = self.accepted[i]
                 lines += [
-                    f"        p{i}, c{i}, k{i} = (_X.get(type({a})) or _xf({a}))({a})",
+                    f"        if type({a}) is _DB:",
+                    f"            p{i} = {a}.ptr; c{i} = {a}.size; k{i} = {a}._et",
+                    "        else:",
+                    f"            p{i}, c{i}, k{i} = (_X.get(type({a})) or _xf({a}))({a})",
                     f"        if k{i} not in _ok{i}: _learn({i}, k{i})",
                 ]
                 if p.shape == "array" and p.length:

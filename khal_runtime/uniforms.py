@@ -141,7 +141,7 @@ def _c_buffer(obj: Any) -> bytes:
 
 
 def _c_ctypes(obj: Any) -> bytes:
-    return ctypes.string_at(ctypes.addressof(obj), ctypes.sizeof(obj))
+    return bytes(obj)  # buffer protocol: sizeof(obj) bytes
 
 
 def _c_numpy(obj: Any) -> bytes:
