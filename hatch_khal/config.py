@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -64,7 +64,7 @@ def _check_compute(v: str | None) -> str | None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, strict=True)
 
 
 class CrateConfig(_Strict):
@@ -75,7 +75,7 @@ class CrateConfig(_Strict):
     archs: Optional[list[str]] = None
     ptx_arch: Optional[str] = Field(default="default", alias="ptx-arch")
     options: list[str] = Field(default_factory=list)
-    defines: dict[str, str] = Field(default_factory=dict)
+    defines: dict[str, Union[str, int]] = Field(default_factory=dict)
     spirv: bool = False
 
     @field_validator("name")
@@ -101,11 +101,11 @@ class CrateConfig(_Strict):
 
     @field_validator("defines")
     @classmethod
-    def _defines(cls, v: dict[str, str]) -> dict[str, str]:
+    def _defines(cls, v: dict[str, str | int]) -> dict[str, str]:
         for k in v:
             if not _DEFINE.match(k):
                 raise ValueError(f"define name {k!r} is not a C identifier")
-        return v
+        return {k: str(val) for k, val in v.items()}
 
 
 class HookConfig(_Strict):
@@ -114,7 +114,7 @@ class HookConfig(_Strict):
     archs: Optional[list[str]] = None
     ptx_arch: Optional[str] = Field(default=DEFAULT_PTX_ARCH, alias="ptx-arch")
     options: list[str] = Field(default_factory=list)
-    defines: dict[str, str] = Field(default_factory=dict)
+    defines: dict[str, Union[str, int]] = Field(default_factory=dict)
     include_dirs: list[str] = Field(default_factory=list, alias="include-dirs")
     nvrtc_requirement: str = Field(default=DEFAULT_NVRTC_REQUIREMENT, alias="nvrtc-requirement")
 
@@ -127,6 +127,11 @@ class HookConfig(_Strict):
     @classmethod
     def _ptx(cls, v: str | None) -> str | None:
         return _check_compute(v)
+
+    @field_validator("defines")
+    @classmethod
+    def _defines(cls, v: dict[str, str | int]) -> dict[str, str]:
+        return CrateConfig._defines(v)  # type: ignore[operator]
 
     @field_validator("nvrtc_requirement")
     @classmethod

@@ -1,0 +1,100 @@
+"""The KHAL_ENTRY grammar: accepted forms, errors with file:line, and fuzzing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hatch_khal.entries import find_entries, strip_comments
+from hatch_khal.errors import EntryParseError
+
+
+def test_all_parameter_kinds() -> None:
+    src = """
+    struct P { float a; };
+    KHAL_ENTRY(k, 256, (KHAL_STORAGE(const float, x), KHAL_STORAGE(::ns::Item, items),
+                        KHAL_STORAGE_ARRAY(float, 16, lut), KHAL_STORAGE_VALUE(uint32_t, count),
+                        KHAL_UNIFORM(P, params), KHAL_SCALAR(double, scale)))
+    { }
+    """
+    (e,) = find_entries(src, "k.cu")
+    assert (e.name, e.block_size, e.line) == ("k", 256, 3)
+    got = [(p.name, p.kind, p.ctype, p.const, p.shape, p.length) for p in e.params]
+    assert got == [
+        ("x", "storage", "float", True, "slice", None),
+        ("items", "storage", "::ns::Item", False, "slice", None),
+        ("lut", "storage", "float", False, "array", 16),
+        ("count", "storage", "uint32_t", False, "value", 1),
+        ("params", "uniform", "P", True, None, None),
+        ("scale", "scalar", "double", False, None, None),
+    ]
+
+
+def test_comments_strings_and_defines_are_not_entries() -> None:
+    src = """
+    // KHAL_ENTRY(a, 1, (KHAL_SCALAR(int, x)))
+    /* KHAL_ENTRY(b, 1, (KHAL_SCALAR(int, x))) */
+    const char* s = "KHAL_ENTRY(c, 1, (KHAL_SCALAR(int, x)))";
+    #define KHAL_ENTRY_ALIAS KHAL_ENTRY(d, 1, (KHAL_SCALAR(int, x))) \\
+        continued KHAL_ENTRY(e, 1, (x))
+    KHAL_ENTRY(real, 32, (KHAL_SCALAR(int, x))) {}
+    """
+    assert [e.name for e in find_entries(src, "f.cu")] == ["real"]
+
+
+def test_line_numbers_survive_block_comments() -> None:
+    src = "/*\n\n\n*/\nKHAL_ENTRY(k, 1, (KHAL_SCALAR(int, x))) {}\n"
+    assert find_entries(src, "f.cu")[0].line == 5
+
+
+@pytest.mark.parametrize(
+    "marker, match",
+    [
+        ("KHAL_ENTRY(k, 256, ())", "has no parameters"),
+        ("KHAL_ENTRY(k, 0, (KHAL_SCALAR(int, x)))", "block_size"),
+        ("KHAL_ENTRY(k, 2048, (KHAL_SCALAR(int, x)))", "block_size"),
+        ("KHAL_ENTRY(k, N, (KHAL_SCALAR(int, x)))", "block_size"),
+        ("KHAL_ENTRY(k, 32, (KHAL_SCALAR(long double, x)))", "type 'long double' is not supported"),
+        ("KHAL_ENTRY(k, 32, (KHAL_SCALAR(size_t, x)))", "no exact-width ABI"),
+        ("KHAL_ENTRY(k, 32, (KHAL_SCALAR(P, x)))", "pass structs as KHAL_UNIFORM"),
+        ("KHAL_ENTRY(k, 32, (KHAL_STORAGE(float*, x)))", "no templates, pointers"),
+        ("KHAL_ENTRY(k, 32, (KHAL_STORAGE(Vec<float, 3>, x)))", "takes 2 arguments"),
+        ("KHAL_ENTRY(k, 32, (float* x))", "is not one of KHAL_STORAGE"),
+        ("KHAL_ENTRY(k, 32, (KHAL_STORAGE_ARRAY(float, n, x)))", "positive integer literal"),
+        ("KHAL_ENTRY(k, 32, (KHAL_SCALAR(int, x), KHAL_SCALAR(int, x)))", "duplicate parameter"),
+        ("KHAL_ENTRY(k_khal_x, 32, (KHAL_SCALAR(int, x)))", "reserved"),
+        ("KHAL_ENTRY(k, 32)", "takes 3 arguments"),
+        ("KHAL_ENTRY(k, 32, (KHAL_SCALAR(int, x))", "no matching"),
+        ("KHAL_ENTRY k", "must be followed by"),
+    ],
+)
+def test_grammar_errors_name_file_line_and_entry(marker: str, match: str) -> None:
+    with pytest.raises(EntryParseError, match=match) as err:
+        find_entries("\n\n" + marker + "\n{}\n", "dir/bad.cu")
+    assert str(err.value).startswith("dir/bad.cu:3:")
+
+
+def test_strip_comments_keeps_length_of_lines() -> None:
+    src = 'a // x\n/* y\n z */ "s//" b\n'
+    out = strip_comments(src)
+    assert out.count("\n") == src.count("\n") and "b" in out and "x" not in out and "y" not in out
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("KHAL_ENTRY(),/*\"'\n #:<>STORAGEUNIFMCflo0123456789 ")), max_size=200))
+def test_parser_fuzz_only_documented_errors(text: str) -> None:
+    try:
+        find_entries(text, "fuzz.cu")
+    except EntryParseError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_parser_fuzz_arbitrary_text(text: str) -> None:
+    try:
+        find_entries("KHAL_ENTRY(" + text, "fuzz.cu")
+        find_entries(text, "fuzz.cu")
+    except EntryParseError:
+        pass
