@@ -75,13 +75,18 @@ class Kernel:
         else:
             st = as_stream(stream)
         d = st.device_id
-        plan = self._plans.get(d) or self.plan(d)
+        try:
+            run = self._plans[d].run
+        except KeyError:
+            run = self.plan(d).run
         if getattr(_tls, "dev", -1) != d:
             ensure_current(d)
         if n > 0:
             bx = self._bx
-            plan.run((n + bx - 1) // bx, 1, 1, bx, self._by, self._bz, 0, st, args)
-        elif n < 0:
+            run((n + bx - 1) // bx, 1, 1, bx, self._by, self._bz, 0, st, args)
+            return
+        plan = self._plans[d]
+        if n < 0:
             raise ValueError(f"{self.name}(): thread count must be >= 0, got {n}")
         else:
             _check_only(plan, args)
@@ -123,6 +128,9 @@ class CrateKernels:
     def __init__(self, runtime: CrateRuntime) -> None:
         self._runtime = runtime
         self._kernels = {e.name: Kernel(runtime, e) for e in runtime.crate.entries}
+        for n, k in self._kernels.items():
+            if not hasattr(type(self), n):
+                self.__dict__[n] = k
 
     @property
     def crate(self) -> Crate:
@@ -167,6 +175,10 @@ class KernelSet:
                 by_name.setdefault(k.name, []).append(k)
         self._kernels = {n: ks[0] for n, ks in by_name.items() if len(ks) == 1}
         self._ambiguous = {n: [k.crate for k in ks] for n, ks in by_name.items() if len(ks) > 1}
+        # plain instance attributes: ``ks.entry`` then costs a dict lookup, not __getattr__
+        for n, k in self._kernels.items():
+            if not hasattr(type(self), n) and n not in self.__dict__:
+                self.__dict__[n] = k
 
     def __getattr__(self, name: str) -> Kernel:
         d = self.__dict__
