@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -303,6 +303,77 @@ def _jobs(plan: _CratePlan, root: Path, archs: list[str], ptx: str | None) -> li
     return jobs
 
 
+def _compile_job(job: _Job) -> tuple[bytes, str, float]:
+    t0 = time.perf_counter()
+    r = compile_unit(job.text, job.name, job.arch, job.options, job.crate)
+    return r.data, r.log, time.perf_counter() - t0
+
+
+_POOL: tuple[int, ProcessPoolExecutor] | None = None
+
+
+def _process_pool(workers: int) -> ProcessPoolExecutor:
+    """One pool of compile workers per build process, reused by later builds in it."""
+    global _POOL
+    if _POOL is not None and _POOL[0] >= workers:
+        return _POOL[1]
+    import atexit
+    import multiprocessing
+
+    if _POOL is not None:
+        _POOL[1].shutdown()
+    ctx = multiprocessing.get_context("spawn")  # never fork a (possibly threaded) build backend
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    if _POOL is None:
+        atexit.register(lambda: _POOL and _POOL[1].shutdown(cancel_futures=True))
+    _POOL = (workers, pool)
+    return pool
+
+
+def _compile_all(
+    todo: list[_Job], jobs: int | None, reporter: Reporter
+) -> list[tuple[_Job, bytes, str, float]]:
+    """Compile ``todo``, in parallel worker processes when there is more than one job.
+
+    Processes, not threads: NVRTC releases the GIL but serialises much of its
+    front end internally, so threads gain little on header-heavy crates.
+    """
+    if not todo:
+        return []
+    workers = jobs or int(os.environ.get("KHAL_JOBS", "0") or 0) or os.cpu_count() or 1
+    workers = max(1, min(workers, len(todo)))
+    outcomes: list[tuple[_Job, object]] = []
+    if workers == 1:
+        for job in todo:
+            try:
+                outcomes.append((job, _compile_job(job)))
+            except KhalBuildError as exc:
+                outcomes.append((job, exc))
+    else:
+        pool = _process_pool(workers)
+        futures = [(job, pool.submit(_compile_job, job)) for job in todo]
+        for job, fut in futures:
+            try:
+                outcomes.append((job, fut.result()))
+            except KhalBuildError as exc:
+                outcomes.append((job, exc))
+    # All archs of a crate fail alike: report each crate's first failure once.
+    failures: dict[str, KhalBuildError] = {}
+    done = []
+    for job, out in outcomes:
+        if isinstance(out, KhalBuildError):
+            failures.setdefault(job.crate, out)
+        else:
+            data, log, secs = out  # type: ignore[misc]
+            done.append((job, data, log, secs))
+    if failures:
+        first = next(iter(failures.values()))
+        if len(failures) == 1:
+            raise first
+        raise type(first)("\n\n".join(str(e) for e in failures.values()))
+    return done
+
+
 def build_packages(
     root: Path,
     crates: list[ResolvedCrate],
@@ -342,44 +413,32 @@ def build_packages(
     cache = cache if cache is not None else Cache(default_cache_dir(), reporter.warn)
     all_jobs = [j for p in to_compile for j in p.jobs]
     results: dict[tuple[str, str], tuple[bytes, bool]] = {}
-    compiled = cached = 0
-    if all_jobs:
-        workers = jobs or int(os.environ.get("KHAL_JOBS", "0") or 0) or os.cpu_count() or 1
-
-        def run(job: _Job) -> tuple[_Job, bytes, bool, float]:
-            t0 = time.perf_counter()
-
-            def build() -> tuple[bytes, str]:
-                r = compile_unit(job.text, job.name, job.arch, job.options, job.crate)
-                return r.data, r.log
-
-            art = cache.get_or_build(job.key, build)  # type: ignore[union-attr]
-            if art.log and not art.hit:
-                reporter.warn(f"crate {job.crate!r} ({job.arch}): NVRTC says:\n{art.log}")
-            return job, art.data, art.hit, time.perf_counter() - t0
-
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(all_jobs)))) as pool:
-            futures = [(j, pool.submit(run, j)) for j in all_jobs]
-            failures: dict[str, KhalBuildError] = {}
-            for job, fut in futures:
-                try:
-                    _, data, hit, secs = fut.result()
-                except KhalBuildError as exc:
-                    # All archs of a crate fail alike: report each crate's first failure once.
-                    failures.setdefault(job.crate, exc)
-                    continue
-                results[(job.crate, job.arch)] = (data, hit)
-                if hit:
-                    cached += 1
-                    reporter.debug(f"khal: {job.crate} {job.arch}: cached")
+    misses: list[_Job] = []
+    for job in all_jobs:
+        hit = cache.lookup(job.key)
+        if hit is None:
+            misses.append(job)
+        else:
+            results[(job.crate, job.arch)] = (hit.data, True)
+            reporter.debug(f"khal: {job.crate} {job.arch}: cached")
+    cached = len(all_jobs) - len(misses)
+    if misses:
+        with cache.locked(j.key for j in misses):
+            todo = []
+            for job in misses:  # another build may have stored them while we waited
+                hit = cache.lookup(job.key)
+                if hit is None:
+                    todo.append(job)
                 else:
-                    compiled += 1
-                    reporter.info(f"khal: compiled crate {job.crate!r} for {job.arch} in {secs:.2f}s")
-            if failures:
-                first = next(iter(failures.values()))
-                if len(failures) == 1:
-                    raise first
-                raise type(first)("\n\n".join(str(e) for e in failures.values()))
+                    results[(job.crate, job.arch)] = (hit.data, True)
+                    cached += 1
+            for job, data, log, secs in _compile_all(todo, jobs, reporter):
+                cache.store(job.key, data, log)
+                results[(job.crate, job.arch)] = (data, False)
+                if log:
+                    reporter.warn(f"crate {job.crate!r} ({job.arch}): NVRTC says:\n{log}")
+                reporter.info(f"khal: compiled crate {job.crate!r} for {job.arch} in {secs:.2f}s")
+    compiled = len(all_jobs) - cached
 
     toolchain = Toolchain(
         nvrtc_version=".".join(map(str, nvrtc_version())) if to_compile else None,

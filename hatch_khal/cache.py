@@ -14,10 +14,10 @@ import json
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from filelock import FileLock, Timeout
 
@@ -121,18 +121,24 @@ class Cache:
         finally:
             lock.release()
 
-    def get_or_build(self, key: str, build: Callable[[], tuple[bytes, str]]) -> CachedArtifact:
-        """Return the cached artifact for ``key`` or build, store and return it."""
-        if self.root is None:
-            data, log = build()
-            return CachedArtifact(data, log, hit=False)
-        hit = self._read(key)
-        if hit is not None:
-            return hit
-        with self._lock(key):
-            hit = self._read(key)  # another build may have finished it meanwhile
-            if hit is not None:
-                return hit
-            data, log = build()
+    def lookup(self, key: str) -> CachedArtifact | None:
+        """The verified cached artifact for ``key``, or None (a damaged entry is dropped)."""
+        return None if self.root is None else self._read(key)
+
+    def store(self, key: str, data: bytes, log: str) -> None:
+        if self.root is not None:
             self._write(key, data, log)
-            return CachedArtifact(data, log, hit=False)
+
+    @contextmanager
+    def locked(self, keys: Iterable[str]) -> Iterator[None]:
+        """Hold the per-key locks of ``keys`` (taken in sorted order, so builds cannot deadlock).
+
+        A second build that wants the same keys waits here, then finds them cached.
+        """
+        if self.root is None:
+            yield
+            return
+        with ExitStack() as stack:
+            for key in sorted(set(keys)):
+                stack.enter_context(self._lock(key))
+            yield
