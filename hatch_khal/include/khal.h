@@ -24,16 +24,17 @@
 #define KHAL_ABI_VERSION 1
 
 #ifndef KHAL_NO_STDINT
-// NVRTC ships no <stdint.h>; these match glibc's LP64 definitions so that a
-// later toolkit header redeclaring them names the very same types.
+// NVRTC ships no <stdint.h>; these are exactly CCCL's definitions under NVRTC
+// (<cuda/std/cstdint>), so including CCCL or the CUDA headers later redeclares
+// the very same types. Define KHAL_NO_STDINT to provide your own.
 typedef signed char int8_t;
-typedef short int16_t;
-typedef int int32_t;
-typedef long int64_t;
+typedef signed short int16_t;
+typedef signed int int32_t;
+typedef signed long long int64_t;
 typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
-typedef unsigned long uint64_t;
+typedef unsigned long long uint64_t;
 #endif
 
 namespace khal {
