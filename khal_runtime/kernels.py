@@ -62,7 +62,24 @@ class Kernel:
                     p = LaunchPlan(self.entry, self.crate, device_id, mod.functions[self.name],
                                    cache_for(device_id), mod.indirect.get(self.name))
                     self._plans[device_id] = p
+                    if type(self) is Kernel:
+                        self._install_fast(p)
         return p
+
+    def _install_fast(self, plan: LaunchPlan) -> None:
+        """Give this kernel a ``__call__`` generated for its entry on ``plan``'s device.
+
+        The generated code goes in a one-kernel subclass (``__slots__ = ()``), so a call
+        costs no extra indirection; it is regenerated when the plan inlines a new array type."""
+        cls = type(f"Kernel_{self.name}", (Kernel,), {"__slots__": (), "__module__": __name__,
+                                                     "__qualname__": f"Kernel[{self.name}]"})
+
+        def regenerate(p: LaunchPlan) -> None:
+            cls.__call__ = p.make_call(_slow_call)  # type: ignore[method-assign]
+
+        regenerate(plan)
+        plan.on_regenerate.append(regenerate)
+        self.__class__ = cls
 
     def __call__(self, n: int, *args: Any, stream: Any = None) -> None:
         if stream is None:
@@ -74,32 +91,36 @@ class Kernel:
             st = stream
         else:
             st = as_stream(stream)
-        d = st.device_id
-        try:
-            run = self._plans[d].run
-        except KeyError:
-            run = self.plan(d).run
-        if getattr(_tls, "dev", -1) != d:
-            ensure_current(d)
-        if n > 0:
-            bx = self._bx
-            run((n + bx - 1) // bx, 1, 1, bx, self._by, self._bz, 0, st, args)
-            return
-        plan = self._plans[d]
-        if n < 0:
-            raise ValueError(f"{self.name}(): thread count must be >= 0, got {n}")
-        else:
-            _check_only(plan, args)
+        _slow_call(self, n, args, st)
 
     def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int = 0) -> None:
-        st = stream if type(stream) is Stream else as_stream(stream)
+        if stream is None:
+            try:
+                st = _tls.stream
+            except AttributeError:
+                st = _first_stream()
+        elif type(stream) is Stream:
+            st = stream
+        else:
+            st = as_stream(stream)
         d = st.device_id
-        plan = self._plans.get(d) or self.plan(d)
+        try:
+            plan = self._plans[d]
+        except KeyError:
+            plan = self.plan(d)
         if getattr(_tls, "dev", -1) != d:
             ensure_current(d)
-        gx, gy, gz = dim3(grid, "grid")
-        bx, by, bz = dim3(block, "block") if block is not None else self.block_size
-        plan.run(gx, gy, gz, bx, by, bz, int(shared_mem), st, args)
+        if type(grid) is int and grid > 0:
+            gx, gy, gz = grid, 1, 1
+        else:
+            gx, gy, gz = dim3(grid, "grid")
+        if block is None:
+            bx, by, bz = self._bx, self._by, self._bz
+        elif type(block) is int and block > 0:
+            bx, by, bz = block, 1, 1
+        else:
+            bx, by, bz = dim3(block, "block")
+        plan.run(gx, gy, gz, bx, by, bz, shared_mem if type(shared_mem) is int else int(shared_mem), st, args)
 
     def check_args(self, *args: Any) -> None:
         """Validate arguments without launching (no GPU needed)."""
@@ -109,6 +130,24 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<Kernel {self.crate}.{self.name} block={self.block_size} hash={self.entry.hash}>"
+
+
+def _slow_call(self: Kernel, n: Any, args: tuple[Any, ...], st: Stream) -> None:
+    """``Kernel.__call__`` with the stream resolved: any device, any thread count."""
+    d = st.device_id
+    try:
+        plan = self._plans[d]
+    except KeyError:
+        plan = self.plan(d)
+    if getattr(_tls, "dev", -1) != d:
+        ensure_current(d)
+    if n > 0:
+        bx = self._bx
+        plan.run((n + bx - 1) // bx, 1, 1, bx, self._by, self._bz, 0, st, args)
+        return
+    if n < 0:
+        raise ValueError(f"{self.name}(): thread count must be >= 0, got {n}")
+    _check_only(plan, args)
 
 
 def _check_only(plan: LaunchPlan, args: tuple[Any, ...]) -> None:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from khal_runtime import _cuda
-from khal_runtime.buffers import EXTRACTORS, BadArgument, DeviceBuffer, extractor_for
+from khal_runtime.buffers import (EXTRACTORS, BadArgument, DeviceBuffer, _x_cupy, _x_cupy_fast, _x_torch,
+                                  extractor_for)
 from khal_runtime.dtypes import SCALAR_TYPES, STRUCT_CODES, bf16_bits, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError, CudaError
 from khal_runtime.manifest import Entry, Param
@@ -79,6 +80,21 @@ hooks = _Hooks()
 
 class _Short(Exception):
     """Internal: fast path noticed a problem; _diagnose names it."""
+
+
+# Array kinds whose extraction the generated launch code inlines once a type of that kind is
+# seen for a parameter (same checks as the extractor; anything off them raises _Short and
+# _diagnose names the problem). ``{a}`` is the argument, ``{i}`` its index.
+_INLINE_KIND: dict[Any, str] = {_x_torch: "torch", _x_cupy_fast: "cupy_fast", _x_cupy: "cupy"}
+_INLINE_CODE: dict[str, list[str]] = {
+    "torch": ["if not ({a}.is_cuda and {a}.is_contiguous()): raise _Short()",
+              "p{i} = {a}.data_ptr(); c{i} = {a}.numel(); k{i} = {a}.dtype"],
+    "cupy_fast": ["if not {a}._c_contiguous: raise _Short()",
+                  "p{i} = {a}.data.ptr; c{i} = {a}.size; k{i} = {a}.dtype"],
+    "cupy": ["if not {a}.flags.c_contiguous: raise _Short()",
+             "p{i} = {a}.data.ptr; c{i} = {a}.size; k{i} = {a}.dtype"],
+}
+_MAX_INLINE = 3
 
 
 def _param_desc(p: Param) -> str:
@@ -138,6 +154,12 @@ class LaunchPlan:
         self._keep: list[Any] = []
         self._keep_lock = threading.Lock()
         self.accepted: list[set[Any]] = [set() for _ in entry.params]
+        #: per storage parameter: array types whose extraction is inlined (type -> kind)
+        self._inline: list[dict[type, str]] = [{} for _ in entry.params]
+        #: called with the plan after the launch code was regenerated (a new type inlined)
+        self.on_regenerate: list[Callable[[LaunchPlan], None]] = []
+        self.source = ""
+        self.call_source = ""
         self.run = self._generate()
 
     # per-thread argument block ----------------------------------------------------------------
@@ -156,25 +178,34 @@ class LaunchPlan:
         return buf, addr
 
     # dtype learning ---------------------------------------------------------------------------
-    def _learn(self, i: int, key: Any) -> None:
+    def _learn(self, i: int, key: Any, obj: Any = None) -> None:
         ok, _ = _dtype_ok(self.entry.params[i], key)
         if not ok:
             raise _Short()
         self.accepted[i].add(key)
+        if obj is not None:
+            self._maybe_inline(i, type(obj))
+
+    def _maybe_inline(self, i: int, tp: type) -> None:
+        """Inline the extraction for a newly seen array type of a known kind (torch, CuPy)."""
+        kind = _INLINE_KIND.get(EXTRACTORS.get(tp))  # type: ignore[arg-type]
+        seen = self._inline[i]
+        if kind is None or tp in seen or len(seen) >= _MAX_INLINE:
+            return
+        with self._keep_lock:
+            if tp in seen:
+                return
+            seen[tp] = kind
+            self.run = self._generate()
+            for cb in list(self.on_regenerate):
+                cb(self)
 
     # code generation --------------------------------------------------------------------------
-    def _generate(self) -> Callable[..., None]:
-        entry = self.entry
-        n = len(entry.params)
-        names = [f"a{i}" for i in range(n)]
-        lines = ["def run(gx, gy, gz, bx, by, bz, shmem, st, args):", "    try:"]
-        if n == 1:
-            lines.append(f"        {names[0]}, = args")
-        elif n:
-            lines.append(f"        {', '.join(names)} = args")
-        else:
-            lines.append("        if args: raise _Short()")
-        pack_args: list[str] = []
+    def _namespace(self) -> dict[str, Any]:
+        from khal_runtime.device import _tls as dev_tls
+        from khal_runtime.device import ensure_current
+        from khal_runtime.stream import Stream, as_stream, default_stream
+
         ns: dict[str, Any] = {
             "_X": EXTRACTORS, "_xf": extractor_for, "_U": _CONVERTERS, "_uf": uniform_converter,
             "_ucache": self.uniforms.entries, "_ufetch": self.uniforms.fetch, "_Short": _Short,
@@ -182,64 +213,141 @@ class LaunchPlan:
             "_pack": self.struct.pack_into, "_bf16": bf16_bits, "_H": hooks,
             "_launch": _cuda.driver().cuLaunchKernel, "_f": self.function, "_plan": self,
             "_diagnose": self._diagnose, "_failed": self._launch_failed, "bytes": bytes,
-            "_DB": DeviceBuffer,
+            "_DB": DeviceBuffer, "_ktls": dev_tls, "_ensure": ensure_current, "_Stream": Stream,
+            "_as_stream": as_stream, "_first_stream": default_stream,
         }
-        for i, p in enumerate(entry.params):
-            a = names[i]
+        for i, p in enumerate(self.entry.params):
             if p.kind == "storage":
                 ns[f"_ok{i}"] = self.accepted[i]
+                for j, tp in enumerate(self._inline[i]):
+                    ns[f"_T{i}_{j}"] = tp
+        return ns
+
+    def _arg_lines(self) -> tuple[list[str], list[str]]:
+        """Body lines (indented for a ``try:`` inside a function) that read ``a0..`` into
+        packed values and ``addr``; generated only from parameter kinds and validated ints."""
+        entry = self.entry
+        n = len(entry.params)
+        I = "        "
+        lines: list[str] = []
+        pack_args: list[str] = []
+        for i, p in enumerate(entry.params):
+            a = f"a{i}"
+            if p.kind == "storage":
                 lines += [
-                    f"        if type({a}) is _DB:",
-                    f"            p{i} = {a}.ptr; c{i} = {a}.size; k{i} = {a}._et",
-                    "        else:",
-                    f"            p{i}, c{i}, k{i} = (_X.get(type({a})) or _xf({a}))({a})",
-                    f"        if k{i} not in _ok{i}: _learn({i}, k{i})",
+                    f"{I}t = type({a})",
+                    f"{I}if t is _DB:",
+                    f"{I}    p{i} = {a}.ptr; c{i} = {a}.size; k{i} = {a}._et",
+                ]
+                for j, kind in enumerate(self._inline[i].values()):
+                    lines.append(f"{I}elif t is _T{i}_{j}:")
+                    lines += [f"{I}    " + ln.format(a=a, i=i) for ln in _INLINE_CODE[kind]]
+                lines += [
+                    f"{I}else:",
+                    f"{I}    p{i}, c{i}, k{i} = (_X.get(t) or _xf({a}))({a})",
+                    f"{I}if k{i} not in _ok{i}: _learn({i}, k{i}, {a})",
                 ]
                 if p.shape == "array" and p.length:
-                    lines.append(f"        if c{i} < {int(p.length)}: raise _Short()")
+                    lines.append(f"{I}if c{i} < {int(p.length)}: raise _Short()")
                 elif p.shape == "value":
-                    lines.append(f"        if c{i} < 1: raise _Short()")
+                    lines.append(f"{I}if c{i} < 1: raise _Short()")
                 pack_args += [f"p{i}", f"c{i}"]
             elif p.kind == "uniform":
                 size = int(p.element_size)
                 lines += [
-                    f"        u = (_U.get(type({a})) or _uf({a}))({a})",
-                    "        if u.__class__ is bytes:",
-                    f"            if len(u) != {size}: raise _Short()",
-                    "            e = _ucache.get(u)",
-                    f"            u{i} = e[0] if e is not None and e[1] is None else _ufetch(u, st)",
-                    "        else:",
-                    f"            if u[1] < {size}: raise _Short()",
-                    f"            u{i} = u[0]",
+                    f"{I}u = (_U.get(type({a})) or _uf({a}))({a})",
+                    f"{I}if u.__class__ is bytes:",
+                    f"{I}    if len(u) != {size}: raise _Short()",
+                    f"{I}    e = _ucache.get(u)",
+                    f"{I}    u{i} = e[0] if e is not None and e[1] is None else _ufetch(u, st)",
+                    f"{I}else:",
+                    f"{I}    if u[1] < {size}: raise _Short()",
+                    f"{I}    u{i} = u[0]",
                 ]
                 pack_args.append(f"u{i}")
             else:
                 pack_args.append(f"_bf16({a})" if p.element_type == "bfloat16" else a)
         if n:
             lines += [
-                "        try:",
-                "            buf, addr = _tls.s",
-                "        except AttributeError:",
-                "            buf, addr = _newslot()",
-                f"        _pack(buf, 0, {', '.join(pack_args)})",
+                f"{I}try:",
+                f"{I}    buf, addr = _tls.s",
+                f"{I}except AttributeError:",
+                f"{I}    buf, addr = _newslot()",
+                f"{I}_pack(buf, 0, {', '.join(pack_args)})",
             ]
         else:
-            lines.append("        addr = 0")
-        lines += [
-            "    except Exception as exc:",
-            "        _diagnose(args, exc)",
-            "        raise",
+            lines.append(f"{I}addr = 0")
+        unpack = []
+        names = [f"a{i}" for i in range(n)]
+        if n == 1:
+            unpack.append(f"{I}{names[0]}, = args")
+        elif n:
+            unpack.append(f"{I}{', '.join(names)} = args")
+        else:
+            unpack.append(f"{I}if args: raise _Short()")
+        return unpack, lines
+
+    @staticmethod
+    def _launch_lines(g: str, b: str, shmem: str) -> list[str]:
+        return [
             "    if _H.active:",
-            "        return _H.dispatch(_plan, (gx, gy, gz), (bx, by, bz), shmem, st, args,",
-            "                           lambda: _failed(_launch(_f, gx, gy, gz, bx, by, bz, shmem, st._cu, addr, 0)[0], gx, gy, gz, bx, by, bz))",
-            "    r = _launch(_f, gx, gy, gz, bx, by, bz, shmem, st._cu, addr, 0)",
+            f"        return _H.dispatch(_plan, ({g}), ({b}), {shmem}, st, args,",
+            f"                           lambda: _failed(_launch(_f, {g}, {b}, {shmem}, st._cu, addr, 0)[0], {g}, {b}))",
+            f"    r = _launch(_f, {g}, {b}, {shmem}, st._cu, addr, 0)",
             "    if r[0]:",
-            "        _failed(r[0], gx, gy, gz, bx, by, bz)",
+            f"        _failed(r[0], {g}, {b})",
         ]
+
+    def _generate(self) -> Callable[..., None]:
+        unpack, body = self._arg_lines()
+        lines = ["def run(gx, gy, gz, bx, by, bz, shmem, st, args):", "    try:"]
+        lines += unpack + body
+        lines += ["    except Exception as exc:", "        _diagnose(args, exc)", "        raise"]
+        lines += self._launch_lines("gx, gy, gz", "bx, by, bz", "shmem")
         src = "\n".join(lines) + "\n"
         self.source = src
-        exec(compile(src, f"<khal launch {entry.name}>", "exec"), ns)
+        ns = self._namespace()
+        exec(compile(src, f"<khal launch {self.entry.name}>", "exec"), ns)
         return ns["run"]  # type: ignore[no-any-return]
+
+    def make_call(self, slow: Callable[..., None]) -> Callable[..., None]:
+        """A ``Kernel.__call__`` specialised for this entry on this device: ``(self, n, *args,
+        stream=None)``; anything off the fast path (another device, a non-positive or non-int
+        thread count) goes to ``slow(self, n, args, st)``."""
+        D = int(self.device_id)
+        bx, by, bz = (int(v) for v in self.block)
+        unpack, body = self._arg_lines()
+        lines = [
+            "def __call__(self, n, *args, stream=None):",
+            "    if stream is None:",
+            "        try:",
+            "            st = _ktls.stream",
+            "        except AttributeError:",
+            "            st = _first_stream()",
+            "    elif type(stream) is _Stream:",
+            "        st = stream",
+            "    else:",
+            "        st = _as_stream(stream)",
+            f"    if st.device_id != {D} or type(n) is not int or n <= 0:",
+            "        return _slow(self, n, args, st)",
+            "    try:",
+            "        cur = _ktls.dev",
+            "    except AttributeError:",
+            "        cur = -1",
+            f"    if cur != {D}:",
+            f"        _ensure({D})",
+            f"    gx = (n + {bx - 1}) // {bx}",
+            "    try:",
+        ]
+        lines += unpack + body
+        lines += ["    except Exception as exc:", "        _diagnose(args, exc)", "        raise"]
+        lines += self._launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0")
+        src = "\n".join(lines) + "\n"
+        self.call_source = src
+        ns = self._namespace()
+        ns["_slow"] = slow
+        exec(compile(src, f"<khal call {self.entry.name}>", "exec"), ns)
+        return ns["__call__"]  # type: ignore[no-any-return]
 
     # failures ---------------------------------------------------------------------------------
     def _launch_failed(self, err: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int) -> None:
