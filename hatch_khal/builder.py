@@ -8,6 +8,7 @@ stages the files for the wheel, editable builds write them in place.
 from __future__ import annotations
 
 import os
+import re
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from hatch_khal.codegen import generate_unit, indirect_symbol_for, probe_names
 from hatch_khal.config import ResolvedCrate, env_var_for_crate
 from hatch_khal.entries import SCALAR_TYPES, EntryDecl, find_entries
 from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, PrebuiltError, SourceError
+from hatch_khal.headers import HeaderSet, header_hint, resolve_headers
 from hatch_khal.hashing import canonical, crate_content_hash, entry_hash, khal_header_sha256, sha256_bytes
 from hatch_khal.nvrtc import compile_unit, nvrtc_version, supported_archs
 from hatch_khal.sources import CrateSources, collect_sources
@@ -97,6 +99,7 @@ class _Job:
     name: str
     options: list[str]
     key: str
+    header_mode: str = "wheels"
 
 
 @dataclass
@@ -106,9 +109,28 @@ class _CratePlan:
     content_hash: str
     entries: list[tuple[EntryDecl, str]]
     spirv: SpirvStatus
+    headers: HeaderSet
     prebuilt_var: str | None = None
     prebuilt_path: Path | None = None
     jobs: list[_Job] = field(default_factory=list)
+
+
+def _nvrtc_major_or_none() -> int | None:
+    try:
+        return nvrtc_version()[0]
+    except KhalBuildError:
+        return None  # prebuilt-only builds may have no NVRTC
+
+
+_MISSING_HEADER = re.compile(r'(?:could not|cannot) open source file "([^"]+)"')
+
+
+def _with_header_hints(exc: KhalBuildError, mode: str) -> KhalBuildError:
+    names = sorted(set(_MISSING_HEADER.findall(str(exc))))
+    if not names:
+        return exc
+    hints = "\n".join(f"hint: {header_hint(n, mode)}" for n in names)
+    return type(exc)(f"{exc}\n{hints}")
 
 
 def _spirv_status(cfg: ResolvedCrate) -> SpirvStatus:
@@ -175,9 +197,17 @@ def _plan_crate(root: Path, cfg: ResolvedCrate) -> _CratePlan:
                 f"(first at {first.file}:{first.line})"
             )
         by_name[d.name] = d
-    content = crate_content_hash(sources.all_files, cfg.defines, cfg.options)
+    headers = HeaderSet(cfg.cuda_headers)
+    extra: dict[str, object] = {}
+    if sources.system_includes:
+        # CUDA/CCCL headers are not hashed file by file: their package versions are.
+        headers = resolve_headers(cfg.cuda_headers, _nvrtc_major_or_none())
+        extra = {"cuda_headers": [cfg.cuda_headers, [list(f) for f in headers.fingerprint]]}
+    content = crate_content_hash(sources.all_files, cfg.defines, cfg.options, extra)
     entries = [(d, entry_hash(content, d)) for d in sorted(decls, key=lambda e: e.name)]
-    return _CratePlan(cfg=cfg, sources=sources, content_hash=content, entries=entries, spirv=_spirv_status(cfg))
+    return _CratePlan(
+        cfg=cfg, sources=sources, content_hash=content, entries=entries, spirv=_spirv_status(cfg), headers=headers
+    )
 
 
 def _params(crate: str, decl: EntryDecl, probes: dict[str, int]) -> tuple[Param, ...]:
@@ -280,6 +310,7 @@ def _jobs(plan: _CratePlan, root: Path, archs: list[str], ptx: str | None) -> li
     cfg = plan.cfg
     unit = generate_unit(cfg.name, [s.path for s in plan.sources.sources], plan.entries)
     include = [f"-I{khal_include_dir()}"] + [f"-I{(root / d).resolve()}" for d in cfg.include_dirs]
+    include += [f"-I{d}" for d in plan.headers.include_dirs]
     defines = [f"-D{k}={v}" if v != "" else f"-D{k}" for k, v in sorted(cfg.defines.items())]
     options = _BASE_OPTIONS + include + defines + list(cfg.options)
     major, minor = nvrtc_version()
@@ -292,6 +323,7 @@ def _jobs(plan: _CratePlan, root: Path, archs: list[str], ptx: str | None) -> li
                     "generated": unit.generated,
                     "order": [s.rel for s in plan.sources.sources],
                     "options": _BASE_OPTIONS + defines + list(cfg.options),
+                    "headers": [cfg.cuda_headers, [list(f) for f in plan.headers.fingerprint]],
                     "arch": arch,
                     "nvrtc": [major, minor],
                     "hatch_khal": __version__,
@@ -299,7 +331,7 @@ def _jobs(plan: _CratePlan, root: Path, archs: list[str], ptx: str | None) -> li
                 }
             )
         )
-        jobs.append(_Job(cfg.name, arch, unit.text, f"{cfg.name}.khal.cu", options, key))
+        jobs.append(_Job(cfg.name, arch, unit.text, f"{cfg.name}.khal.cu", options, key, cfg.cuda_headers))
     return jobs
 
 
@@ -362,7 +394,7 @@ def _compile_all(
     done = []
     for job, out in outcomes:
         if isinstance(out, KhalBuildError):
-            failures.setdefault(job.crate, out)
+            failures.setdefault(job.crate, _with_header_hints(out, job.header_mode))
         else:
             data, log, secs = out  # type: ignore[misc]
             done.append((job, data, log, secs))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -76,6 +76,7 @@ class CrateConfig(_Strict):
     ptx_arch: Optional[str] = Field(default="default", alias="ptx-arch")
     options: list[str] = Field(default_factory=list)
     defines: dict[str, Union[str, int]] = Field(default_factory=dict)
+    cuda_headers: Optional[Literal["wheels", "system", "none"]] = Field(default=None, alias="cuda-headers")
     spirv: bool = False
 
     @field_validator("name")
@@ -116,6 +117,7 @@ class HookConfig(_Strict):
     options: list[str] = Field(default_factory=list)
     defines: dict[str, Union[str, int]] = Field(default_factory=dict)
     include_dirs: list[str] = Field(default_factory=list, alias="include-dirs")
+    cuda_headers: Literal["wheels", "system", "none"] = Field(default="wheels", alias="cuda-headers")
     nvrtc_requirement: str = Field(default=DEFAULT_NVRTC_REQUIREMENT, alias="nvrtc-requirement")
 
     @field_validator("archs")
@@ -174,6 +176,7 @@ class ResolvedCrate(BaseModel):
     ptx_arch: Optional[str]
     options: list[str]
     defines: dict[str, str]
+    cuda_headers: str
     spirv: bool
 
 
@@ -240,6 +243,7 @@ def parse_config(
                 ptx_arch=ptx,
                 options=list(cfg.options) + list(c.options),
                 defines={**cfg.defines, **c.defines},
+                cuda_headers=c.cuda_headers or cfg.cuda_headers,
                 spirv=c.spirv,
             )
         )

@@ -24,6 +24,7 @@ from khal_runtime.manifest import MANIFEST_DIR
 from hatch_khal.builder import BuildResult, build_packages, write_package_output
 from hatch_khal.config import HookConfig, ResolvedCrate, env_var_for_crate, parse_config
 from hatch_khal.errors import ConfigError
+from hatch_khal.headers import header_requirements
 
 __all__ = ["KhalBuildHook"]
 
@@ -90,7 +91,10 @@ class KhalBuildHook(BuildHookInterface):
         _, crates = self._parsed
         if crates and all(os.environ.get(env_var_for_crate(c.name)) for c in crates):
             return []
-        return [self.hook_config.nvrtc_requirement]
+        deps = [self.hook_config.nvrtc_requirement]
+        if any(c.cuda_headers == "wheels" for c in crates):
+            deps += header_requirements(self.hook_config.nvrtc_requirement)
+        return deps
 
     def clean(self, versions: list[str]) -> None:  # noqa: ARG002
         for c in self.crates:

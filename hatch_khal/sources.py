@@ -32,6 +32,8 @@ class SourceFile:
 class CrateSources:
     sources: list[SourceFile]  # the translation units, in sorted order
     headers: list[SourceFile] = field(default_factory=list)  # local headers, sorted
+    #: Includes that resolve nowhere in the crate (CUDA / CCCL headers, or missing ones).
+    system_includes: list[str] = field(default_factory=list)
 
     @property
     def all_files(self) -> list[SourceFile]:
@@ -96,6 +98,7 @@ def collect_sources(root: Path, crate: str, patterns: list[str], include_dirs: l
     sources = [_read(p, root, crate, "source") for p in paths]
     source_paths = {s.path for s in sources}
     headers: dict[Path, SourceFile] = {}
+    unresolved: set[str] = set()
     todo = list(sources)
     while todo:
         f = todo.pop()
@@ -110,4 +113,11 @@ def collect_sources(root: Path, crate: str, patterns: list[str], include_dirs: l
                         headers[resolved] = hdr
                         todo.append(hdr)
                     break
-    return CrateSources(sources=sources, headers=sorted(headers.values(), key=lambda h: h.rel))
+            else:
+                if name != "khal.h":
+                    unresolved.add(name)
+    return CrateSources(
+        sources=sources,
+        headers=sorted(headers.values(), key=lambda h: h.rel),
+        system_includes=sorted(unresolved),
+    )

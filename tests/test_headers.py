@@ -1,0 +1,92 @@
+"""CUDA headers from PyPI wheels: include path, hashing by package version, clear errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hatch_khal import builder as builder_mod
+from hatch_khal.errors import CompileError
+from hatch_khal.headers import HeaderSet, header_requirements, resolve_headers
+
+from ._projects import make_project
+from .test_builder import build, manifest_of
+
+HALF_CU = """\
+#include <cuda_fp16.h>
+#include <cooperative_groups.h>
+#include <cub/warp/warp_reduce.cuh>
+#include <cuda/std/cstdint>
+KHAL_ENTRY(halve, 32, (KHAL_STORAGE(__half, x), KHAL_SCALAR(__half, s)))
+{
+    using WR = cub::WarpReduce<float>;
+    __shared__ typename WR::TempStorage tmp;
+    cuda::std::uint64_t i = KHAL_GLOBAL_ID;
+    float v = i < x.len ? __half2float(x[i]) : 0.0f;
+    float total = WR(tmp).Sum(v);
+    if (i < x.len) x[i] = __float2half(__half2float(x[i]) * __half2float(s) + total * 0.0f);
+}
+"""
+
+ONE_ARCH = 'archs = ["sm_90"]\nptx-arch = "none"\n'
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(os.environ):
+        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")):
+            monkeypatch.delenv(k)
+
+
+def test_header_requirements_follow_nvrtc() -> None:
+    assert header_requirements("nvidia-cuda-nvrtc~=13.0.0") == [
+        "nvidia-cuda-runtime~=13.0.0", "nvidia-cuda-crt~=13.0.0", "nvidia-cuda-cccl~=13.0.0"]
+
+
+def test_wheel_headers_are_found() -> None:
+    hs = resolve_headers("wheels", None)
+    assert any((d / "cuda_fp16.h").is_file() for d in hs.include_dirs)
+    assert any((d / "cub" / "cub.cuh").is_file() for d in hs.include_dirs)
+    assert dict(hs.fingerprint).keys() >= {"nvidia-cuda-runtime", "nvidia-cuda-cccl"}
+
+
+def test_fp16_cub_and_cooperative_groups_compile_from_wheels(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p", hook=ONE_ARCH, files={"kernels/beta/fill.cu": HALF_CU})
+    m, _ = manifest_of(build(root, None)[0])
+    (halve,) = m.crate("beta").entries
+    assert [(p.element_type, p.element_size) for p in halve.params] == [("float16", 2), ("float16", 2)]
+
+
+def test_header_versions_enter_the_hash_of_including_crates_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_project(tmp_path / "p", hook=ONE_ARCH, files={"kernels/beta/fill.cu": HALF_CU})
+    before, _ = manifest_of(build(root, None)[0])
+    real = builder_mod.resolve_headers
+
+    def upgraded(mode: str, major: int | None) -> HeaderSet:
+        hs = real(mode, major)
+        return HeaderSet(hs.mode, hs.include_dirs, tuple((p, "99.0") for p, _ in hs.fingerprint))
+
+    monkeypatch.setattr(builder_mod, "resolve_headers", upgraded)
+    after, _ = manifest_of(build(root, None)[0])
+    assert after.crate("beta").entries[0].hash != before.crate("beta").entries[0].hash  # includes CCCL
+    assert after.crate("alpha").entries[0].hash == before.crate("alpha").entries[0].hash  # local headers only
+
+
+@pytest.mark.parametrize(
+    "include, hook, expect",
+    [
+        ("<cub/not_a_header.cuh>", "", "nvidia-cuda-cccl"),
+        ("<cuda_fp16.h>", 'cuda-headers = "none"\n', "'cuda-headers' is \"none\""),
+        ("<stdint.h>", "", "NVRTC does not have"),
+        ('"missing_local.cuh"', "", "include-dirs"),
+    ],
+)
+def test_missing_header_names_header_and_provider(tmp_path: Path, include: str, hook: str, expect: str) -> None:
+    src = f"#include {include}\nKHAL_ENTRY(fill, 64, (KHAL_STORAGE(float, o))) {{ }}\n"
+    root = make_project(tmp_path / "p", hook=ONE_ARCH + hook, files={"kernels/beta/fill.cu": src})
+    with pytest.raises(CompileError) as err:
+        build(root, None)
+    msg = str(err.value)
+    assert include.strip('<>"') in msg and expect in msg and "fill.cu(1)" in msg
