@@ -5,7 +5,10 @@ Two crates are compiled at wheel-build time and embedded here:
 * ``core``: ``saxpy``, ``reduce_sum``, ``gelu``, ``gelu_tanh``,
   ``histogram_digits``, ``exclusive_scan``, ``scatter_digits``;
 * ``particles``: ``integrate``, ``collide_ground``, ``count_active``,
-  ``compact_alive``, ``kinetic_energy``.
+  ``compact_alive``, ``kinetic_energy``;
+* ``cccl``: ``bias_gelu_bf16`` (cuda_bf16.h), ``sum_cub`` (cub::BlockReduce),
+  ``sort_tiles`` (cub::BlockRadixSort), ``tile_max`` (cooperative groups) — built
+  against the CUDA header wheels the hook adds to the build.
 
 ``kernels`` holds every entry point, e.g.
 ``kernels.saxpy(elementwise_threads(n), x, y, SaxpyParams(a=2.0))``; the
@@ -29,6 +32,8 @@ __all__ = [
     "elementwise_threads",
     "reduce_sum_threads",
     "EXCLUSIVE_SCAN_THREADS",
+    "SORT_TILE",
+    "sort_tiles_threads",
 ]
 
 #: Thread count that runs ``exclusive_scan``: it works in one group of 1024.
@@ -52,6 +57,15 @@ def reduce_sum_threads(n: int) -> int:
     least one float4.
     """
     return max(1, min((int(n) + 3) // 4, 1 << 18))
+
+
+#: Keys sorted together by ``sort_tiles``: one group of 128 threads x 4 keys.
+SORT_TILE = 512
+
+
+def sort_tiles_threads(n: int) -> int:
+    """Thread count for ``sort_tiles`` over ``n`` keys: one 128-thread group per tile."""
+    return max(1, -(-int(n) // SORT_TILE)) * 128
 
 
 kernels = khal_runtime.load(__name__)

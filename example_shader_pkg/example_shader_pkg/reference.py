@@ -248,3 +248,44 @@ def kinetic_energy(particles: np.ndarray, indices: np.ndarray) -> float:
     )
     return float(np.sum(0.5 * q["mass"].astype(np.float64) * v2))
 
+
+# ------------------------------------------------------------------ cccl crate
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """float32 -> nearest bfloat16 (ties to even), returned as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def bias_gelu_bf16(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """gelu(x + bias[col]) with bf16 inputs, float math, bf16 output (as float32 values).
+
+    ``x`` is (rows, cols) or flat with ``len(bias)`` columns; inputs are taken as
+    already bf16-representable float32 values.
+    """
+    cols = bias.shape[0]
+    flat = np.asarray(x, dtype=np.float32).reshape(-1)
+    v = flat + np.tile(np.asarray(bias, dtype=np.float32), -(-flat.size // cols))[: flat.size]
+    return bf16_round(gelu(v.astype(np.float32)))
+
+
+def sum_cub(x: np.ndarray) -> float:
+    return reduce_sum(x)
+
+
+def sort_tiles(keys: np.ndarray, tile: int = 512) -> np.ndarray:
+    """Each tile of ``tile`` consecutive keys sorted ascending (the last may be partial)."""
+    out = np.array(keys, dtype=np.uint32, copy=True)
+    for start in range(0, out.size, tile):
+        out[start : start + tile].sort()
+    return out
+
+
+def tile_max(x: np.ndarray, tile: int = 32) -> np.ndarray:
+    """max over each tile of 32 consecutive elements (the last may be partial)."""
+    x = np.asarray(x, dtype=np.float32)
+    pad = (-x.size) % tile
+    padded = np.concatenate([x, np.full(pad, -np.inf, dtype=np.float32)])
+    return padded.reshape(-1, tile).max(axis=1)
