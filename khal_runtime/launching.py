@@ -33,7 +33,7 @@ from khal_runtime.buffers import (EXTRACTORS, BadArgument, DeviceBuffer, _x_cupy
 from khal_runtime.dtypes import SCALAR_TYPES, STRUCT_CODES, bf16_bits, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError, CudaError
 from khal_runtime.manifest import Entry, Param
-from khal_runtime.uniforms import _CONVERTERS, UniformCache, uniform_converter
+from khal_runtime.uniforms import _CONVERTERS, UniformCache, _c_ctypes, uniform_converter
 
 __all__ = ["LaunchConfig", "LaunchPlan", "hooks", "launch", "dim3"]
 
@@ -95,6 +95,7 @@ _INLINE_CODE: dict[str, list[str]] = {
              "p{i} = {a}.data.ptr; c{i} = {a}.size; k{i} = {a}.dtype"],
 }
 _MAX_INLINE = 3
+_MISSING = object()  # default of the generated __call__'s parameters: "not passed"
 
 
 def _param_desc(p: Param) -> str:
@@ -156,6 +157,8 @@ class LaunchPlan:
         self.accepted: list[set[Any]] = [set() for _ in entry.params]
         #: per storage parameter: array types whose extraction is inlined (type -> kind)
         self._inline: list[dict[type, str]] = [{} for _ in entry.params]
+        #: per uniform parameter: host struct types converted inline (type -> "ctypes"/"bytes")
+        self._uinline: list[dict[type, str]] = [{} for _ in entry.params]
         #: called with the plan after the launch code was regenerated (a new type inlined)
         self.on_regenerate: list[Callable[[LaunchPlan], None]] = []
         self.source = ""
@@ -178,27 +181,26 @@ class LaunchPlan:
         return buf, addr
 
     # dtype learning ---------------------------------------------------------------------------
-    def _learn(self, i: int, key: Any, obj: Any = None) -> None:
+    def _learn(self, i: int, key: Any) -> None:
         ok, _ = _dtype_ok(self.entry.params[i], key)
         if not ok:
             raise _Short()
         self.accepted[i].add(key)
-        if obj is not None:
-            self._maybe_inline(i, type(obj))
 
-    def _maybe_inline(self, i: int, tp: type) -> None:
-        """Inline the extraction for a newly seen array type of a known kind (torch, CuPy)."""
-        kind = _INLINE_KIND.get(EXTRACTORS.get(tp))  # type: ignore[arg-type]
+    def _storage_seen(self, i: int, obj: Any) -> tuple[int, int, Any]:
+        """Extract a storage argument off the inlined types; inline known kinds (torch, CuPy)
+        the first time one is seen for this parameter."""
+        tp = type(obj)
+        fn = EXTRACTORS.get(tp) or extractor_for(obj)
+        out = fn(obj)
+        kind = _INLINE_KIND.get(fn)
         seen = self._inline[i]
-        if kind is None or tp in seen or len(seen) >= _MAX_INLINE:
-            return
-        with self._keep_lock:
-            if tp in seen:
-                return
-            seen[tp] = kind
-            self.run = self._generate()
-            for cb in list(self.on_regenerate):
-                cb(self)
+        if kind is not None and tp not in seen and len(seen) < _MAX_INLINE:
+            with self._keep_lock:
+                if tp not in seen:
+                    seen[tp] = kind
+                    self._regenerate()
+        return out
 
     # code generation --------------------------------------------------------------------------
     def _namespace(self) -> dict[str, Any]:
@@ -221,7 +223,31 @@ class LaunchPlan:
                 ns[f"_ok{i}"] = self.accepted[i]
                 for j, tp in enumerate(self._inline[i]):
                     ns[f"_T{i}_{j}"] = tp
+            elif p.kind == "uniform":
+                for j, tp in enumerate(self._uinline[i]):
+                    ns[f"_UT{i}_{j}"] = tp
+        ns["_useen"] = self._uniform_seen
+        ns["_sseen"] = self._storage_seen
         return ns
+
+    def _uniform_seen(self, i: int, obj: Any) -> Any:
+        """Convert a uniform argument off the inlined types; inline ctypes / bytes types."""
+        tp = type(obj)
+        conv = _CONVERTERS.get(tp) or uniform_converter(obj)
+        u = conv(obj)
+        kind = "ctypes" if conv is _c_ctypes else "bytes" if tp is bytes else None
+        seen = self._uinline[i]
+        if kind is not None and tp not in seen and len(seen) < _MAX_INLINE:
+            with self._keep_lock:
+                if tp not in seen:
+                    seen[tp] = kind
+                    self._regenerate()
+        return u
+
+    def _regenerate(self) -> None:
+        self.run = self._generate()
+        for cb in list(self.on_regenerate):
+            cb(self)
 
     def _arg_lines(self) -> tuple[list[str], list[str]]:
         """Body lines (indented for a ``try:`` inside a function) that read ``a0..`` into
@@ -244,8 +270,8 @@ class LaunchPlan:
                     lines += [f"{I}    " + ln.format(a=a, i=i) for ln in _INLINE_CODE[kind]]
                 lines += [
                     f"{I}else:",
-                    f"{I}    p{i}, c{i}, k{i} = (_X.get(t) or _xf({a}))({a})",
-                    f"{I}if k{i} not in _ok{i}: _learn({i}, k{i}, {a})",
+                    f"{I}    p{i}, c{i}, k{i} = _sseen({i}, {a})",
+                    f"{I}if k{i} not in _ok{i}: _learn({i}, k{i})",
                 ]
                 if p.shape == "array" and p.length:
                     lines.append(f"{I}if c{i} < {int(p.length)}: raise _Short()")
@@ -254,8 +280,13 @@ class LaunchPlan:
                 pack_args += [f"p{i}", f"c{i}"]
             elif p.kind == "uniform":
                 size = int(p.element_size)
+                lines.append(f"{I}t = type({a})")
+                for j, kind in enumerate(self._uinline[i].values()):
+                    lines.append(f"{I}{'if' if j == 0 else 'elif'} t is _UT{i}_{j}:")
+                    lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
                 lines += [
-                    f"{I}u = (_U.get(type({a})) or _uf({a}))({a})",
+                    f"{I}{'else:' if self._uinline[i] else 'if True:'}",
+                    f"{I}    u = _useen({i}, {a})",
                     f"{I}if u.__class__ is bytes:",
                     f"{I}    if len(u) != {size}: raise _Short()",
                     f"{I}    e = _ucache.get(u)",
@@ -317,8 +348,12 @@ class LaunchPlan:
         D = int(self.device_id)
         bx, by, bz = (int(v) for v in self.block)
         unpack, body = self._arg_lines()
+        n_params = len(self.entry.params)
+        names = [f"a{i}" for i in range(n_params)]
+        sig = "".join(f"{a}=_M, " for a in names)
+        tup = "(" + "".join(f"{a}, " for a in names) + ")"
         lines = [
-            "def __call__(self, n, *args, stream=None):",
+            f"def __call__(self, n, {sig}*_more, stream=None):",
             "    if stream is None:",
             "        try:",
             "            st = _ktls.stream",
@@ -328,8 +363,9 @@ class LaunchPlan:
             "        st = stream",
             "    else:",
             "        st = _as_stream(stream)",
-            f"    if st.device_id != {D} or type(n) is not int or n <= 0:",
-            "        return _slow(self, n, args, st)",
+            f"    if st.device_id != {D} or type(n) is not int or n <= 0 or _more"
+            + (f" or {names[-1]} is _M" if names else "") + ":",
+            f"        return _slow(self, n, tuple(a for a in {tup} if a is not _M) + _more, st)",
             "    try:",
             "        cur = _ktls.dev",
             "    except AttributeError:",
@@ -339,13 +375,14 @@ class LaunchPlan:
             f"    gx = (n + {bx - 1}) // {bx}",
             "    try:",
         ]
-        lines += unpack + body
-        lines += ["    except Exception as exc:", "        _diagnose(args, exc)", "        raise"]
-        lines += self._launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0")
+        lines += body
+        lines += ["    except Exception as exc:", f"        _diagnose({tup}, exc)", "        raise"]
+        lines += [ln.replace(" args,", f" {tup},") for ln in self._launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0")]
         src = "\n".join(lines) + "\n"
         self.call_source = src
         ns = self._namespace()
         ns["_slow"] = slow
+        ns["_M"] = _MISSING
         exec(compile(src, f"<khal call {self.entry.name}>", "exec"), ns)
         return ns["__call__"]  # type: ignore[no-any-return]
 

@@ -1,0 +1,123 @@
+"""The generated per-entry ``Kernel.__call__``: same packing and the same named errors as the
+generic path, on CPU with a fake driver (see test_runtime_args)."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from khal_runtime import DeviceBuffer, _cuda
+from khal_runtime.device import _tls
+from khal_runtime.errors import ArgumentError, ArgumentValueError
+from khal_runtime.kernels import Kernel
+from khal_runtime.launching import LaunchPlan
+from khal_runtime.manifest import Entry, Param, symbol_for
+from khal_runtime.stream import Stream
+from tests.test_runtime_args import FakeDriver, FakeUniforms
+
+
+class P(ctypes.Structure):
+    _fields_ = [("a", ctypes.c_float), ("b", ctypes.c_float)]
+
+
+def _kernel(fake: FakeDriver) -> tuple[Kernel, Any]:
+    st = Stream.__new__(Stream)
+    st.device_id, st.handle, st._cu, st._owned, st._keep = 0, 7, "STREAM", False, None
+    f32 = dict(element_type="float32", element_size=4, element_align=4)
+    params = (Param(name="x", kind="storage", shape="slice", **f32),
+              Param(name="y", kind="storage", shape="slice", writable=True, **f32),
+              Param(name="z", kind="storage", shape="array", length=4, **f32),
+              Param(name="p", kind="uniform", element_type="P", element_size=8, element_align=4),
+              Param(name="s", kind="scalar", **f32))
+    h = "00112233445566ff"
+    e = Entry(name="five", symbol=symbol_for("five", h), hash=h, block_size=(128, 1, 1), params=params)
+    k = Kernel(SimpleNamespace(crate=SimpleNamespace(name="c")), e)  # type: ignore[arg-type]
+    plan = LaunchPlan(e, "c", 0, "FUNC", FakeUniforms())  # type: ignore[arg-type]
+    fake.layout = plan.layout
+    k._plans[0] = plan
+    k._install_fast(plan)
+    return k, st
+
+
+class Tensor:
+    def __init__(self, ptr: int, n: int, contiguous: bool = True) -> None:
+        self.ptr, self.n, self.contiguous = ptr, n, contiguous
+        self.dtype = "float32"
+        self.is_cuda = True
+
+    def is_contiguous(self) -> bool:
+        return self.contiguous
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def numel(self) -> int:
+        return self.n
+
+
+Tensor.__module__ = "torch"
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    drv = FakeDriver()
+    monkeypatch.setattr(_cuda, "_driver", drv)
+    return drv
+
+
+def test_generated_call_packs_like_the_abi(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    k, st = _kernel(fake)
+    assert type(k).__name__ == "Kernel_five" and isinstance(k, Kernel)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    x, y, z = (DeviceBuffer(0x1000 * (i + 1), 300 + i, "float32", 0) for i in range(3))
+    for u in (P(2.0, 3.0), bytes(P(2.0, 3.0)), P(2.0, 3.0)):
+        k(300, x, y, z, u, 0.25, stream=st)
+    t = Tensor(0x9000, 50)
+    k(300, t, y, z, P(2.0, 3.0), 0.25, stream=st)  # torch-like: learned, then inlined
+    k(300, t, y, z, P(2.0, 3.0), 0.25, stream=st)
+    assert "_T0_0" in k._plans[0].call_source and "_UT3_0" in k._plans[0].call_source
+    assert len(fake.launches) == 5
+    for l in fake.launches:
+        assert l["grid"] == (3, 1, 1) and l["block"] == (128, 1, 1) and l["stream"] == "STREAM"
+        s = l["slots"]
+        assert struct.unpack("<Q", s[2])[0] == 0x2000 and struct.unpack("<Q", s[3])[0] == 301
+        assert struct.unpack("<f", s[7])[0] == 0.25
+    assert struct.unpack("<Q", fake.launches[-1]["slots"][0])[0] == 0x9000
+    assert struct.unpack("<Q", fake.launches[-1]["slots"][1])[0] == 50
+
+
+def test_generated_call_names_bad_arguments(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    x = DeviceBuffer(0x1000, 10, "float32", 0)
+    i32 = DeviceBuffer(0x1000, 10, "int32", 0)
+    p = P(1, 2)
+    with pytest.raises(ArgumentError, match=r"five\(\): argument 'y'.*element type float32"):
+        k(10, x, i32, x, p, 1.0, stream=st)
+    with pytest.raises(ArgumentValueError, match=r"argument 'z'.*needs 4 elements, got 2"):
+        k(10, x, x, x[:2], p, 1.0, stream=st)
+    with pytest.raises(ArgumentValueError, match=r"argument 'p'.*expected 8 bytes, got 4"):
+        k(10, x, x, x, b"abcd", 1.0, stream=st)
+    with pytest.raises(ArgumentError, match=r"argument 's'.*expected a number"):
+        k(10, x, x, x, p, "1.0", stream=st)
+    with pytest.raises(ArgumentError, match=r"takes 5 argument\(s\).*got 4"):
+        k(10, x, x, x, p, stream=st)
+    with pytest.raises(ArgumentError, match=r"takes 5 argument\(s\).*got 6"):
+        k(10, x, x, x, p, 1.0, 2.0, stream=st)
+    k(10, Tensor(0x9000, 10), x, x, p, 1.0, stream=st)
+    with pytest.raises(ArgumentValueError, match=r"argument 'x'.*non-contiguous tensor"):
+        k(10, Tensor(0x9000, 10, contiguous=False), x, x, p, 1.0, stream=st)
+    with pytest.raises(ArgumentError, match=r"argument 'x'.*host memory"):
+        k(10, bytearray(40), x, x, p, 1.0, stream=st)
+    dead = DeviceBuffer(0, 10, "float32", 0)
+    dead.free()
+    with pytest.raises(ArgumentValueError, match="freed"):
+        k(10, dead, x, x, p, 1.0, stream=st)
+    k(0, x, x, x, p, 1.0, stream=st)  # n == 0: checked, not launched
+    with pytest.raises(ValueError, match=">= 0"):
+        k(-1, x, x, x, p, 1.0, stream=st)
+    assert len(fake.launches) == 1
