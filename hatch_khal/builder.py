@@ -294,6 +294,12 @@ def _read_prebuilt(plan: _CratePlan, root: Path) -> tuple[bytes, BinaryInfo]:
     except BinaryFormatError as exc:
         raise PrebuiltError(str(exc)) from None
     _check_binary(plan, info, f"prebuilt {info.kind} {path.name}", PrebuiltError)
+    if info.kind == "cubin" and f"sm_{info.arch}" not in plan.cfg.archs:
+        raise PrebuiltError(
+            f"{var}={raw}: the cubin is for sm_{info.arch}, but crate {plan.cfg.name!r} targets "
+            f"{', '.join(plan.cfg.archs)}; build it for one of those, add sm_{info.arch} to 'archs', "
+            "or give PTX instead"
+        )
     return data, info
 
 

@@ -337,3 +337,15 @@ def test_all_prebuilt_needs_no_nvrtc_version(tmp_path: Path, monkeypatch: pytest
     result, _ = build(root, None)
     m, _ = manifest_of(result)
     assert m.toolchain.nvrtc_version is None and result.compiled == 0
+
+
+def test_prebuilt_cubin_for_another_arch_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_project(tmp_path / "p")  # archs = ["sm_90"]
+    monkeypatch.setenv("KHAL_CUDA_ARCHS", "sm_80")
+    sm80, _ = build(root, None)
+    monkeypatch.delenv("KHAL_CUDA_ARCHS")
+    pre = tmp_path / "alpha.cubin"
+    pre.write_bytes(_artifact(sm80, "alpha", "cubin"))
+    monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_ALPHA", str(pre))
+    with pytest.raises(PrebuiltError, match=r"cubin is for sm_80, but crate 'alpha' targets sm_90"):
+        build(root, None)
