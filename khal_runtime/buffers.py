@@ -21,7 +21,7 @@ from typing import Any, Callable, Hashable
 from khal_runtime import _cuda
 from khal_runtime._cuda import check
 from khal_runtime.dtypes import dtype_info, element_type_of_numpy
-from khal_runtime.errors import ArgumentError, ArgumentValueError
+from khal_runtime.errors import ArgumentError, ArgumentValueError, CudaError
 
 __all__ = ["DeviceBuffer", "Extractor", "extractor_for", "extract", "register_extractor"]
 
@@ -77,7 +77,17 @@ class DeviceBuffer:
         Device(dev)
         ensure_current(dev)
         nbytes = max(count * np.dtype(dtype).itemsize, 1)
-        dptr = check(_cuda.driver().cuMemAlloc(nbytes), "cuMemAlloc")
+        _no_alloc_in_capture(nbytes, dev)
+        try:
+            dptr = check(_cuda.driver().cuMemAlloc(nbytes), "cuMemAlloc")
+        except CudaError as exc:
+            if exc.code != "CUDA_ERROR_OUT_OF_MEMORY":
+                raise
+            raise CudaError(
+                f"DeviceBuffer.alloc: out of device memory allocating {nbytes} bytes ({count} x "
+                f"{np.dtype(dtype)}) on device {dev}; free unused buffers or allocate less",
+                code=exc.code,
+            ) from None
         return cls(int(dptr), count, dtype, dev, alloc=dptr)
 
     @classmethod
@@ -139,6 +149,7 @@ class DeviceBuffer:
         self._check_live("to_numpy")
         out = np.empty(self.size, dtype=self.dtype)
         st = as_stream(stream) if stream is not None else self._stream()
+        _no_host_read_in_capture(st)
         if out.nbytes:
             ensure_current(self.device_id)
             check(_cuda.driver().cuMemcpyDtoHAsync(out.ctypes.data, self.ptr, out.nbytes, st._cu),
@@ -228,6 +239,28 @@ class DeviceBuffer:
     def __repr__(self) -> str:
         state = "freed" if self._et == FREED else f"0x{self.ptr:x}"
         return f"<DeviceBuffer {state} count={self.size} dtype={self.dtype} device={self.device_id}>"
+
+
+def _no_alloc_in_capture(nbytes: int, device_id: int) -> None:
+    # graph capture (khal_runtime.graphs): an allocation would invalidate the capture;
+    # KHAL_CUDA_ALLOC_TRACE=1 logs every allocation with its caller (khal_runtime.tracing)
+    import os
+
+    from khal_runtime.graphs import forbid_in_capture
+
+    if os.environ.get("KHAL_CUDA_ALLOC_TRACE"):
+        from khal_runtime.tracing import trace_alloc
+
+        trace_alloc(nbytes, device_id)
+    forbid_in_capture("DeviceBuffer allocation", "allocate every buffer before begin_capture() "
+                      "and reuse it in the captured work (KHAL_CUDA_ALLOC_TRACE=1 shows where)")
+
+
+def _no_host_read_in_capture(st: Any) -> None:
+    from khal_runtime.graphs import forbid_in_capture
+
+    forbid_in_capture("DeviceBuffer.to_numpy() (a host read)", "captured work does not run until the "
+                      "graph is launched; read results after graph.launch() and a synchronize", st)
 
 
 def _device_ordinal(device: Any, default: Callable[[], int]) -> int:
