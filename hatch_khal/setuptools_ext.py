@@ -1,0 +1,274 @@
+"""The setuptools front-end: a ``build_khal`` command, a thin adapter over the shared build core.
+
+Registered through two entry points (see hatch-khal's ``pyproject.toml``):
+
+* ``distutils.commands``: ``build_khal`` -> :class:`BuildKhal`;
+* ``setuptools.finalize_distribution_options``: :func:`finalize_distribution_options`,
+  which adds ``build_khal`` to ``build``'s sub-commands (after ``build_py``), so it runs in
+  every ``build`` (``pip wheel``, ``python -m build``, ``bdist_wheel``) and in setuptools'
+  PEP 660 editable builds (``editable_wheel`` runs the same sub-commands).
+
+The configuration is the ``[tool.khal]`` table of ``pyproject.toml`` (same keys as the
+hatchling hook table; ``parse_config`` validates both). Being installed, this plugin fires
+for *every* setuptools build in the environment: a project without ``[tool.khal]`` costs one
+read of its ``pyproject.toml`` and nothing else (no pydantic, no NVRTC, no cuda import).
+
+Wheel builds write ``<package>/_khal/`` under ``build_lib`` (source layouts mapped through
+``package_dir``); editable builds write it into the source package in place, with the
+manifest's ``editable`` record, exactly as the hatchling hook does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from setuptools import Command
+
+from hatch_khal.errors import ConfigError, KhalBuildError  # dependency-free, cheap
+
+if TYPE_CHECKING:
+    from setuptools.dist import Distribution
+
+    from hatch_khal.builder import BuildResult
+    from hatch_khal.config import HookConfig, ResolvedCrate
+
+__all__ = ["BuildKhal", "finalize_distribution_options", "read_khal_table"]
+
+COMMAND = "build_khal"
+_TABLE = "[tool.khal]"
+_HATCH_TABLE = "[tool.hatch.build.targets.wheel.hooks.khal]"
+_MANIFEST_DIR = "_khal"  # khal_runtime.manifest.MANIFEST_DIR, without importing pydantic here
+
+
+def _project_root(dist: Distribution) -> Path:
+    return Path(getattr(dist, "src_root", None) or os.curdir).resolve()
+
+
+def read_khal_table(dist: Distribution) -> dict[str, Any] | None:
+    """``[tool.khal]`` of the project's ``pyproject.toml``, or None when there is none.
+
+    Read once per distribution: ``build`` asks its sub-command predicates several times.
+    """
+    cached = dist.__dict__.get("_khal_table", _UNREAD)
+    if cached is _UNREAD:
+        cached = _read(_project_root(dist))
+        dist.__dict__["_khal_table"] = cached
+    return cached  # type: ignore[no-any-return]
+
+
+_UNREAD = object()
+
+
+def _read(root: Path) -> dict[str, Any] | None:
+    path = root / "pyproject.toml"
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None  # setup.py-only project: nothing to do
+    if b"khal" not in raw:  # the common case for every other setuptools project: no TOML parse
+        return None
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    data = tomllib.loads(raw.decode("utf-8"))
+    tool = data.get("tool", {})
+    table = tool.get("khal")
+    if table is None:
+        hooks = tool.get("hatch", {}).get("build", {}).get("targets", {}).get("wheel", {}).get("hooks", {})
+        if "khal" in hooks:
+            _log_warn(
+                f"khal: {path} has {_HATCH_TABLE} but no {_TABLE}; the setuptools command reads "
+                f"{_TABLE} only (the hatch table is for the hatchling backend), so no kernels are built"
+            )
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: {_TABLE} must be a table")
+    return table
+
+
+def _log_warn(message: str) -> None:
+    logging.getLogger("hatch_khal").warning(message)
+
+
+def _has_khal(cmd: Command) -> bool:
+    """The ``build`` sub-command predicate: only projects with ``[tool.khal]``."""
+    return read_khal_table(cmd.distribution) is not None
+
+
+def finalize_distribution_options(dist: Distribution) -> None:
+    """Make ``build`` (and so ``editable_wheel``) run ``build_khal`` when configured."""
+    build = dist.get_command_class("build")
+    if COMMAND not in {name for name, _ in build.sub_commands}:
+        build.sub_commands.append((COMMAND, _has_khal))
+
+
+class _CommandReporter:
+    """Build messages through the command's logging (``pip -v`` shows them)."""
+
+    def __init__(self, cmd: Command) -> None:
+        self.cmd = cmd
+
+    def info(self, message: str) -> None:
+        self.cmd.announce(message, level=logging.INFO)
+
+    def warn(self, message: str) -> None:
+        self.cmd.warn(message)
+
+    def debug(self, message: str) -> None:
+        self.cmd.announce(message, level=logging.DEBUG)
+
+
+class BuildKhal(Command):
+    """Compile the ``[tool.khal]`` kernel crates (build_lib, or in place for editable builds)."""
+
+    command_name = COMMAND  # what setuptools' warnings call it
+    description = "compile kernel crates from [tool.khal] to PTX/cubins with NVRTC (hatch-khal)"
+    user_options: ClassVar[list[tuple[str, str | None, str]]] = [
+        ("build-lib=", "b", "directory to write the kernels into (default: build's build-lib)"),
+    ]
+
+    build_lib: str | None
+    editable_mode: bool
+
+    def initialize_options(self) -> None:
+        self.build_lib = None
+        self.editable_mode = False  # set by setuptools' editable_wheel (PEP 660)
+        self._outputs: list[str] = []
+
+    def finalize_options(self) -> None:
+        self.set_undefined_options("build", ("build_lib", "build_lib"))
+
+    # -- configuration -------------------------------------------------------
+
+    def _config(self, root: Path) -> tuple[HookConfig, list[ResolvedCrate]] | None:
+        table = read_khal_table(self.distribution)
+        if table is None:
+            return None
+        from hatch_khal.config import parse_config
+
+        hook, crates = parse_config(
+            table, default_package=self._default_package(root), where=f"{_TABLE} (setuptools command {COMMAND})"
+        )
+        for c in crates:
+            if not (root / c.package).is_dir():
+                raise ConfigError(
+                    f"{_TABLE}: crate {c.name!r}: option `package` = {c.package!r} is not a directory under {root}"
+                )
+        return hook, crates
+
+    def _default_package(self, root: Path) -> str | None:
+        name = (self.distribution.get_name() or "").replace("-", "_").replace(".", "_").lower()
+        for candidate in (name, f"src/{name}"):
+            if name and (root / candidate / "__init__.py").is_file():
+                return candidate
+        return None
+
+    def _dist_package(self, root: Path, package: str) -> str:
+        """The import path (``a/b``) of the distribution package whose source directory is ``package``."""
+        build_py = self.get_finalized_command("build_py")
+        want = (root / package).resolve()
+        names = list(self.distribution.packages or [])
+        for name in names:
+            if (root / build_py.get_package_dir(name)).resolve() == want:  # type: ignore[attr-defined]
+                return name.replace(".", "/")
+        raise ConfigError(
+            f"{_TABLE}: package directory {package!r} is not one of the distribution's packages "
+            f"({', '.join(sorted(names)) or 'none'}); list it in [tool.setuptools] packages "
+            "(or set `package` in [tool.khal] to a directory that is one)"
+        )
+
+    # -- setuptools API --------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except KhalBuildError as exc:
+            # setuptools reports its own errors as "error: ..." without a traceback
+            raise _setup_error(f"khal: {exc}") from exc
+
+    def _run(self) -> None:
+        root = _project_root(self.distribution)
+        parsed = self._config(root)
+        if parsed is None:
+            return
+        hook, crates = parsed
+        from hatch_khal.builder import build_packages, write_package_output
+
+        # where each package's kernels go in build_lib: checked before anything is compiled
+        assert self.build_lib is not None
+        dests = {c.package: Path(self.build_lib) / self._dist_package(root, c.package) for c in crates}
+        reporter = _CommandReporter(self)
+        self._check_nvrtc(hook, crates)
+        result = build_packages(root, crates, reporter, editable=self.editable_mode)
+        for out in result.packages:
+            if self.editable_mode:
+                # In place: lenient editable installs (the default) import the source package.
+                write_package_output(out, root / out.package)
+                reporter.info(f"khal: editable install: kernels written to {out.package}/{_MANIFEST_DIR}/")
+            # build_lib: the wheel; for editable builds, what strict mode copies into its link tree
+            # (copies, not links: the runtime refuses artifacts that resolve outside the package)
+            self._outputs.extend(str(p) for p in write_package_output(out, dests[out.package]))
+        self._summary(result, reporter)
+
+    def get_outputs(self) -> list[str]:
+        return list(self._outputs)
+
+    def get_output_mapping(self) -> dict[str, str]:
+        return {}  # nothing in build_lib stands for a source file
+
+    def get_source_files(self) -> list[str]:
+        return []
+
+    # -- helpers -------------------------------------------------------------
+
+    def _check_nvrtc(self, hook: HookConfig, crates: list[ResolvedCrate]) -> None:
+        """setuptools has no way to add build requirements: NVRTC must be in build-system.requires."""
+        from hatch_khal.config import env_var_for_crate
+        from hatch_khal.nvrtc import nvrtc_version
+
+        if all(os.environ.get(env_var_for_crate(c.name)) for c in crates):
+            return  # every crate prebuilt: no compiler needed
+        requirement = hook.nvrtc_requirement
+        try:
+            nvrtc_version()
+        except KhalBuildError as exc:
+            raise _setup_error(
+                f"khal: {exc}\nsetuptools cannot add build requirements: list the compiler in the project's "
+                f'pyproject.toml, e.g. [build-system] requires = ["setuptools>=70", "hatch-khal", "{requirement}"]'
+                        ) from exc
+        self._warn_unmet_requirement(requirement)
+
+    def _warn_unmet_requirement(self, requirement: str) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from packaging.requirements import Requirement
+
+        req = Requirement(requirement)
+        try:
+            have = version(req.name)
+        except PackageNotFoundError:
+            return  # NVRTC found some other way (a toolkit on the library path)
+        if not req.specifier.contains(have, prereleases=True):
+            self.warn(
+                f"{_TABLE} nvrtc-requirement is {requirement!r} but {req.name} {have} is installed; "
+                "setuptools does not install it for you: pin it in [build-system] requires"
+            )
+
+    def _summary(self, result: BuildResult, reporter: _CommandReporter) -> None:
+        n_crates = sum(len(p.manifest.crates) for p in result.packages)
+        n_art = sum(len(c.artifacts) for p in result.packages for c in p.manifest.crates)
+        reporter.info(
+            f"khal: {n_crates} crate(s), {n_art} artifact(s): {result.compiled} compiled, "
+            f"{result.cached} from cache, in {result.seconds:.2f}s"
+        )
+
+
+def _setup_error(message: str) -> Exception:
+    from setuptools.errors import SetupError
+
+    return SetupError(message)
