@@ -42,8 +42,9 @@ def nvrtc_version() -> tuple[int, int]:
     except Exception as exc:  # cuda-bindings raises when libnvrtc cannot be found
         raise KhalBuildError(
             f"NVRTC could not be loaded ({exc}). The khal hook needs the 'nvidia-cuda-nvrtc' wheel "
-            "in the build environment: it is added to the build requirements automatically; for "
-            "--no-build-isolation builds run: pip install nvidia-cuda-nvrtc"
+            "in the build environment (the hatchling hook adds it to the build requirements itself; "
+            "setuptools projects list it in [build-system] requires); for --no-build-isolation builds "
+            "run: pip install nvidia-cuda-nvrtc"
         ) from None
     _check(err, "version query")
     return int(major), int(minor)
