@@ -204,7 +204,10 @@ class BuildKhal(Command):
         dests = {c.package: Path(self.build_lib) / self._dist_package(root, c.package) for c in crates}
         reporter = _CommandReporter(self)
         self._check_nvrtc(hook, crates)
-        result = build_packages(root, crates, reporter, editable=self.editable_mode)
+        try:
+            result = build_packages(root, crates, reporter, editable=self.editable_mode)
+        except KhalBuildError as exc:
+            raise type(exc)(f"{exc}{self._header_note(hook, crates)}") from exc
         for out in result.packages:
             if self.editable_mode:
                 # In place: lenient editable installs (the default) import the source package.
@@ -242,6 +245,29 @@ class BuildKhal(Command):
                 f'pyproject.toml, e.g. [build-system] requires = ["setuptools>=70", "hatch-khal", "{requirement}"]'
                         ) from exc
         self._warn_unmet_requirement(requirement)
+
+    def _header_note(self, hook: HookConfig, crates: list[ResolvedCrate]) -> str:
+        """After a failed build: the CUDA header wheels the hatch hook would have added, if absent."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        from hatch_khal.headers import HEADER_PACKAGES, header_requirements
+
+        if not any(c.cuda_headers == "wheels" for c in crates):
+            return ""
+        missing = []
+        for pkg in HEADER_PACKAGES:
+            try:
+                version(pkg)
+            except PackageNotFoundError:
+                missing.append(pkg)
+        if not missing:
+            return ""
+        wanted = [r for r in header_requirements(hook.nvrtc_requirement) if any(r.startswith(m) for m in missing)]
+        return (
+            f"\nnote: setuptools builds get no CUDA header wheels of their own ({', '.join(missing)} "
+            f"missing here); if the kernels include CUDA/CCCL headers, add {', '.join(map(repr, wanted))} "
+            "to [build-system] requires"
+        )
 
     def _warn_unmet_requirement(self, requirement: str) -> None:
         from importlib.metadata import PackageNotFoundError, version

@@ -298,6 +298,34 @@ def test_missing_nvrtc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None
     cmd._check_nvrtc(hook, crates)
 
 
+def test_failed_build_names_missing_header_wheels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hatch hook adds the CUDA header wheels to the build; setuptools cannot, so say so."""
+    import importlib.metadata
+
+    from setuptools.dist import Distribution
+
+    from hatch_khal.config import parse_config
+    from hatch_khal.setuptools_ext import BuildKhal
+
+    real = importlib.metadata.version
+
+    def version(name: str) -> str:
+        if name == "nvidia-cuda-cccl":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    cmd = BuildKhal(Distribution())
+    _, crates = parse_config({"crates": [{"name": "a", "sources": ["k/*.cu"]}]}, default_package="p")
+    hook, _ = parse_config({"crates": [{"name": "a", "sources": ["k/*.cu"]}], "nvrtc-requirement": "nvidia-cuda-nvrtc~=13.0.0"},
+                           default_package="p")
+    note = cmd._header_note(hook, crates)
+    assert "nvidia-cuda-cccl~=13.0.0" in note and "[build-system] requires" in note
+    _, no_headers = parse_config({"crates": [{"name": "a", "sources": ["k/*.cu"]}], "cuda-headers": "none"},
+                                 default_package="p")
+    assert cmd._header_note(hook, no_headers) == ""
+
+
 @pytest.mark.slow
 def test_isolated_pip_wheel(tmp_path: Path, session_cache: Path) -> None:
     """A user's build: pip installs setuptools, hatch-khal (a wheel of this checkout) and NVRTC."""
