@@ -19,6 +19,7 @@ from khal_runtime.errors import (
     ArgumentValueError,
     ArtifactError,
     BackendUnavailableError,
+    CaptureError,
     CudaError,
     HashMismatchError,
     KhalError,
@@ -42,7 +43,9 @@ __all__ = [
     "ArgumentValueError",
     "ArtifactError",
     "BackendUnavailableError",
+    "CaptureError",
     "CudaError",
+    "Graph",
     "Device",
     "DeviceBuffer",
     "HashMismatchError",
@@ -58,12 +61,14 @@ __all__ = [
     "StaleBuildError",
     "Stream",
     "backend_status",
+    "capture_graph",
     "check_package",
     "default_stream",
     "driver_version",
     "errors",
     "launch",
     "load",
+    "profile",
     "verify_package",
 ]
 
@@ -79,6 +84,10 @@ _LAZY = {
     "verify_package": "khal_runtime.verify",
     "check_package": "khal_runtime.verify",
     "backend_status": "khal_runtime._cuda",
+    # graph capture, tracing / profiling (khal_runtime.graphs, khal_runtime.tracing)
+    "Graph": "khal_runtime.graphs",
+    "capture_graph": "khal_runtime.graphs",
+    "profile": "khal_runtime.tracing",
 }
 
 

@@ -82,6 +82,16 @@ def check(result: Any, call: str) -> Any:
     err = result[0]
     if err:
         name = _name(err)
+        if name.startswith("CUDA_ERROR_STREAM_CAPTURE") or name == "CUDA_ERROR_CAPTURED_EVENT":
+            from khal_runtime.errors import CaptureError
+
+            exc = CaptureError(
+                f"{call} failed: {name}: the call is not allowed while a stream captures a CUDA "
+                "graph (thread-local mode forbids allocations and synchronisation on this thread; "
+                "the legacy NULL stream cannot be captured); do it before begin_capture() or "
+                "after end_capture()")
+            exc.code = name  # type: ignore[attr-defined]
+            raise exc
         raise CudaError(f"{call} failed: {name}", code=name)
     if len(result) == 1:
         return None

@@ -131,6 +131,10 @@ class Device:
         return s
 
     def synchronize(self) -> None:
+        from khal_runtime.graphs import forbid_in_capture
+
+        forbid_in_capture("Device.synchronize()", "a host synchronisation cannot be captured; "
+                          "synchronise after end_capture()")
         ensure_current(self._ordinal)
         check(_cuda.driver().cuCtxSynchronize(), "cuCtxSynchronize")
 

@@ -122,6 +122,15 @@ class Kernel:
             bx, by, bz = dim3(block, "block")
         plan.run(gx, gy, gz, bx, by, bz, shared_mem if type(shared_mem) is int else int(shared_mem), st, args)
 
+    def dispatch_indirect(self, count: Any, *args: Any, stream: Any = None, grid: Any = None,
+                          threads: bool = False, host_read: bool | None = None) -> None:
+        """Launch with the workgroup count (``threads=True``: thread count) read from ``count``,
+        a device uint32 buffer written by earlier work. See :mod:`khal_runtime.indirect`."""
+        from khal_runtime.indirect import dispatch_indirect
+
+        dispatch_indirect(self, count, *args, stream=stream, grid=grid, threads=threads,
+                          host_read=host_read)
+
     def check_args(self, *args: Any) -> None:
         """Validate arguments without launching (no GPU needed)."""
         from khal_runtime.launching import diagnose_args

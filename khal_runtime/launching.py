@@ -474,7 +474,7 @@ def launch(stream: Any, config: LaunchConfig, kernel: Any, *args: Any) -> None:
 
 
 def _install_env_hooks() -> None:
-    if os.environ.get("KHAL_CUDA_TRACE") or os.environ.get("KHAL_CUDA_PROFILE"):
+    if os.environ.get("KHAL_CUDA_TRACE") or os.environ.get("KHAL_CUDA_PROFILE") or os.environ.get("KHAL_CUDA_NVTX"):
         try:
             from khal_runtime import tracing  # type: ignore[attr-defined]
         except ImportError:

@@ -218,6 +218,14 @@ class CrateRuntime:
         return self._blobs
 
     def _load(self, device_id: int) -> LoadedModule:
+        from khal_runtime.graphs import relaxed_capture_mode
+
+        # a first launch may come inside a graph capture: loading a module is allowed there
+        # only in relaxed mode
+        with relaxed_capture_mode():
+            return self._load_now(device_id)
+
+    def _load_now(self, device_id: int) -> LoadedModule:
         from khal_runtime.device import Device, ensure_current
         from khal_runtime.verify import check_symbols
 

@@ -64,6 +64,10 @@ class Stream:
         return Device(self.device_id)
 
     def synchronize(self) -> None:
+        from khal_runtime.graphs import forbid_in_capture
+
+        forbid_in_capture("Stream.synchronize()", "a host synchronisation cannot be captured; "
+                          "synchronise after end_capture() (or after graph.launch())", self)
         ensure_current(self.device_id)
         check(_cuda.driver().cuStreamSynchronize(self._cu), "cuStreamSynchronize")
 
@@ -72,6 +76,25 @@ class Stream:
         drv = _cuda.driver()
         status = check(drv.cuStreamIsCapturing(self._cu), "cuStreamIsCapturing")
         return bool(status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
+
+    # -- graph capture (khal_runtime.graphs) ------------------------------------------------------
+    def begin_capture(self, mode: str = "thread_local", label: str | None = None) -> Any:
+        """Start capturing this stream into a CUDA graph (``cuStreamBeginCapture``)."""
+        from khal_runtime.graphs import begin_capture
+
+        return begin_capture(self, mode=mode, label=label)
+
+    def end_capture(self) -> Any:
+        """End the capture: the instantiated :class:`khal_runtime.graphs.Graph`."""
+        from khal_runtime.graphs import end_capture
+
+        return end_capture(self)
+
+    def capture(self, mode: str = "thread_local", label: str | None = None) -> Any:
+        """``with stream.capture() as cap: ...`` then ``cap.graph``."""
+        from khal_runtime.graphs import capture
+
+        return capture(self, mode=mode, label=label)
 
     def wait_event(self, event: Any) -> None:
         check(_cuda.driver().cuStreamWaitEvent(self._cu, event, 0), "cuStreamWaitEvent")

@@ -45,6 +45,10 @@ class UniformCache:
         self._offset = _SLAB
         self._lock = threading.Lock()
         self.uploads = 0
+        #: live CUDA graphs of this device (graphs.py): while > 0 slab memory is never reused
+        self.pins = 0
+        #: refuse new uploads while capturing (graphs.py); a test may turn it off
+        self._capture_guard = True
 
     def _alloc(self, nbytes: int) -> int:
         size = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
@@ -72,8 +76,22 @@ class UniformCache:
             if e[1] is not None:
                 drv.cuEventDestroy(e[1])
         self.entries.clear()
+        if self.pins:
+            return  # a live CUDA graph may hold pointers into the slabs: never rewrite them
         self._slab_index = 0
         self._offset = 0 if self._slabs else _SLAB
+
+    def settle(self) -> None:
+        """Wait for every upload still in flight (before a graph capture begins, so that no
+        captured launch has to wait on an upload event)."""
+        drv = _cuda.driver()
+        with self._lock:
+            for e in self.entries.values():
+                if e[1] is not None:
+                    check(drv.cuEventSynchronize(e[1]), "cuEventSynchronize")
+                    drv.cuEventDestroy(e[1])
+                    e[1] = None
+                    e[3] = None
 
     def fetch(self, data: bytes, stream: Any) -> int:
         """Device pointer holding ``data`` (slow path: upload or cross-stream wait)."""
@@ -84,6 +102,8 @@ class UniformCache:
         with self._lock:
             e = self.entries.get(data)
             if e is None:
+                if self._capture_guard:
+                    _refuse_in_capture(stream)
                 if len(self.entries) >= self.max_entries:
                     self._flush()
                 ptr = self._alloc(len(data))
@@ -112,6 +132,18 @@ class UniformCache:
             for s in self._slabs:
                 drv.cuMemFree(s)
             self._slabs.clear()
+
+
+def _refuse_in_capture(stream: Any) -> None:
+    from khal_runtime.graphs import forbid_in_capture
+
+    forbid_in_capture(
+        "a uniform struct with contents not uploaded yet was passed",
+        "uploading it would allocate and copy from host memory inside the graph. Launch once "
+        "with the same uniform values before capture (a warm-up step caches them), or pass a "
+        "device buffer holding the struct",
+        stream,
+    )
 
 
 _caches: dict[int, UniformCache] = {}

@@ -1,0 +1,322 @@
+"""Indirect dispatch: launch a kernel whose workgroup count lives in device memory.
+
+    kernels.compact_alive(n, particles, params, alive_indices, alive_count)   # writes alive_count
+    kernels.kinetic_energy.dispatch_indirect(alive_count, particles, alive_indices,
+                                             alive_count, energy, threads=True)
+
+``count`` is a device buffer (DeviceBuffer, tensor, CuPy array, ...) of uint32
+(or int32) whose first element holds the number of **workgroups**, or, with
+``threads=True``, the number of **threads** (rounded up to whole groups of the
+entry's block size, as ``kernels.k(n, ...)`` does).
+
+Default path, no host synchronisation, capturable into a CUDA graph: the
+entry's generated ``<entry>_indirect_khal_<hash>`` variant is launched on a
+persistent grid (SM count x blocks per SM: the occupancy limit of the kernel,
+or ``KHAL_CUDA_INDIRECT_BLOCKS_PER_SM``; ``grid=`` overrides it) and loops
+``for g = blockIdx.x; g < *count; g += gridDim.x`` over the device-side count,
+with ``KHAL_GROUP_ID`` / ``KHAL_NUM_GROUPS`` / ``KHAL_GLOBAL_ID`` taking the
+values a direct launch of ``*count`` groups would give. With ``threads=True`` a
+one-thread helper kernel (hand-written PTX shipped here, JIT-compiled by the
+driver once per device) first turns the thread count into a group count in a
+per-stream scratch word.
+
+Host-read path (``host_read=True``, or ``KHAL_CUDA_INDIRECT_SYNC=1`` for every
+call that does not say): the count is copied to pinned host memory, the stream
+is drained, and the direct kernel is launched on exactly that many groups
+(nothing when it is 0). It costs a full stream synchronisation per dispatch, and
+raises CaptureError inside a graph capture. ``KHAL_TRACE_INDIRECT=1`` prints one
+line per dispatch that paid that synchronisation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+import time
+from typing import Any
+
+from khal_runtime import _cuda
+from khal_runtime._cuda import check
+from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
+
+__all__ = ["HELPER_PTX", "dispatch_indirect", "persistent_grid", "threads_to_groups", "prepare"]
+
+_TRUE = ("1", "true", "yes", "on")
+
+#: ``groups[0] = ceil(threads[0] / block)`` without overflow, one thread. PTX ISA 7.0 / sm_75 so
+#: every driver since CUDA 11.0 can JIT it (checked with nvJitLink in the tests).
+HELPER_PTX = b"""//
+// khal_runtime indirect-dispatch helper (hand-written PTX)
+//
+.version 7.0
+.target sm_75
+.address_size 64
+
+.visible .entry khal_threads_to_groups(
+    .param .u64 p_threads,
+    .param .u64 p_groups,
+    .param .u32 p_block
+)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<7>;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [p_threads];
+    ld.param.u64 %rd2, [p_groups];
+    ld.param.u32 %r1, [p_block];
+    cvta.to.global.u64 %rd3, %rd1;
+    cvta.to.global.u64 %rd4, %rd2;
+    ld.global.u32 %r2, [%rd3];
+    div.u32 %r3, %r2, %r1;
+    mul.lo.u32 %r4, %r3, %r1;
+    setp.ne.u32 %p1, %r4, %r2;
+    selp.u32 %r5, 1, 0, %p1;
+    add.u32 %r6, %r3, %r5;
+    st.global.u32 [%rd4], %r6;
+    ret;
+}
+\x00"""
+HELPER_NAME = b"khal_threads_to_groups"
+
+_lock = threading.Lock()
+_helpers: dict[int, Any] = {}           # device -> CUfunction
+_iplans: dict[Any, Any] = {}            # direct LaunchPlan -> LaunchPlan of the indirect variant
+_grids: dict[Any, int] = {}             # direct LaunchPlan -> persistent grid size
+_scratch: dict[tuple[int, int], Any] = {}  # (device, stream handle) -> DeviceBuffer (1 x uint32)
+_helper_args: dict[tuple[int, int, int], tuple[Any, Any, int]] = {}
+_tls = threading.local()
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+# ---------------------------------------------------------------------------------------------
+# pieces
+# ---------------------------------------------------------------------------------------------
+def _helper(device_id: int) -> Any:
+    f = _helpers.get(device_id)
+    if f is None:
+        from khal_runtime.device import ensure_current
+        from khal_runtime.graphs import relaxed_capture_mode
+
+        with _lock:
+            f = _helpers.get(device_id)
+            if f is None:
+                drv = _cuda.driver()
+                ensure_current(device_id)
+                with relaxed_capture_mode():
+                    mod = check(drv.cuModuleLoadData(HELPER_PTX), "cuModuleLoadData(indirect helper)")
+                    f = check(drv.cuModuleGetFunction(mod, HELPER_NAME), "cuModuleGetFunction")
+                _helpers[device_id] = f
+    return f
+
+
+def prepare(device: int = 0) -> None:
+    """Load the thread-count helper on ``device`` now (it is loaded on first use otherwise)."""
+    _helper(int(device))
+
+
+def _indirect_plan(kernel: Any, plan: Any) -> Any:
+    ip = _iplans.get(plan)
+    if ip is None:
+        from khal_runtime.launching import LaunchPlan
+        from khal_runtime.manifest import Entry, Param
+
+        e = plan.entry
+        if not e.indirect_symbol or plan.indirect_function is None:
+            raise KhalError(
+                f"entry {kernel.crate}.{e.name} has no indirect (persistent-grid) variant in its "
+                "binary (built by an older hatch-khal?): rebuild the package, or pass "
+                "host_read=True to read the count on the host")
+        entry = Entry(
+            name=f"{e.name}_indirect", symbol=e.indirect_symbol, hash=e.hash,
+            block_size=e.block_size,
+            params=tuple(e.params) + (Param(name="khal_group_count", kind="uniform",
+                                            element_type="uint32", element_size=4,
+                                            element_align=4),),
+        )
+        ip = LaunchPlan(entry, plan.crate, plan.device_id, plan.indirect_function, plan.uniforms)
+        with _lock:
+            ip = _iplans.setdefault(plan, ip)
+    return ip
+
+
+def persistent_grid(kernel: Any, device_id: int | None = None) -> int:
+    """Blocks of the persistent grid for ``kernel``'s indirect variant: SM count x blocks per SM
+    (``KHAL_CUDA_INDIRECT_BLOCKS_PER_SM``, else the kernel's occupancy limit, else 4)."""
+    from khal_runtime.device import Device, current_device_id
+
+    d = current_device_id() if device_id is None else int(device_id)
+    plan = kernel.plan(d)
+    g = _grids.get(plan)
+    if g is None:
+        dev = Device(d)
+        raw = os.environ.get("KHAL_CUDA_INDIRECT_BLOCKS_PER_SM", "").strip()
+        per_sm = 0
+        if raw:
+            try:
+                per_sm = int(raw)
+            except ValueError:
+                per_sm = 0
+            if per_sm < 1:
+                raise ValueError(f"KHAL_CUDA_INDIRECT_BLOCKS_PER_SM={raw!r}: expected an integer >= 1")
+        if not per_sm:
+            bx, by, bz = kernel.block_size
+            fn = plan.indirect_function if plan.indirect_function is not None else plan.function
+            try:
+                res = _cuda.driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, bx * by * bz, 0)
+                per_sm = int(res[1]) if not res[0] else 0
+            except Exception:
+                per_sm = 0
+            per_sm = per_sm if per_sm > 0 else 4
+        g = max(1, dev.sm_count * per_sm)
+        _grids[plan] = g
+    return g
+
+
+def _scratch_for(device_id: int, stream: Any) -> Any:
+    key = (device_id, stream.handle)
+    buf = _scratch.get(key)
+    if buf is None:
+        from khal_runtime.buffers import DeviceBuffer
+        from khal_runtime.device import ensure_current
+        from khal_runtime.graphs import relaxed_capture_mode
+
+        ensure_current(device_id)
+        with relaxed_capture_mode():  # an internal word, allocated once per stream
+            dptr = check(_cuda.driver().cuMemAlloc(4), "cuMemAlloc")
+        buf = DeviceBuffer(int(dptr), 1, "uint32", device_id, alloc=dptr)
+        with _lock:
+            buf = _scratch.setdefault(key, buf)
+    return buf
+
+
+def _helper_block(src: int, dst: int, block: int) -> int:
+    key = (src, dst, block)
+    e = _helper_args.get(key)
+    if e is None:
+        raw = ctypes.create_string_buffer(struct.pack("<QQI", src, dst, block), 24)
+        base = ctypes.addressof(raw)
+        ptrs = (ctypes.c_void_p * 3)(base, base + 8, base + 16)
+        e = (raw, ptrs, ctypes.addressof(ptrs))
+        with _lock:
+            if len(_helper_args) > 4096:
+                _helper_args.clear()
+            _helper_args[key] = e
+    return e[2]
+
+
+def threads_to_groups(threads: Any, block: int, out: Any = None, stream: Any = None) -> Any:
+    """Enqueue ``out[0] = ceil(threads[0] / block)`` on ``stream`` (device-side, capturable).
+
+    ``out`` defaults to a per-stream scratch word (valid until the next call on that stream)."""
+    from khal_runtime.stream import as_stream
+
+    st = as_stream(stream)
+    src = _count_ptr(threads, "threads")
+    if out is None:
+        out = _scratch_for(st.device_id, st)
+    dst = _count_ptr(out, "out")
+    if not 1 <= int(block) <= 1024:
+        raise ArgumentValueError(f"threads_to_groups: block must be 1..1024, got {block}")
+    f = _helper(st.device_id)
+    addr = _helper_block(src, dst, int(block))
+    err = _cuda.driver().cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, st._cu, addr, 0)[0]
+    if err:
+        check((err,), "cuLaunchKernel(khal_threads_to_groups)")
+    return out
+
+
+def _count_ptr(count: Any, what: str = "count") -> int:
+    from khal_runtime.buffers import BadArgument, extract
+    from khal_runtime.dtypes import dtype_info
+
+    try:
+        ptr, n, key = extract(count)
+    except BadArgument as bad:
+        raise bad.cls(f"dispatch_indirect: {what} {bad}") from None
+    name, _ = dtype_info(key)
+    if name not in ("uint32", "int32"):
+        raise ArgumentError(f"dispatch_indirect: {what} must be a device buffer of uint32, got {name}")
+    if n < 1:
+        raise ArgumentValueError(f"dispatch_indirect: {what} is empty; it must hold the count")
+    return int(ptr)
+
+
+def _pinned_word() -> int:
+    p = getattr(_tls, "pinned", None)
+    if p is None:
+        p = int(check(_cuda.driver().cuMemHostAlloc(8, 0), "cuMemHostAlloc"))
+        _tls.pinned = p
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch
+# ---------------------------------------------------------------------------------------------
+def dispatch_indirect(kernel: Any, count: Any, *args: Any, stream: Any = None, grid: Any = None,
+                      threads: bool = False, host_read: bool | None = None) -> None:
+    """``kernel`` over the workgroup (``threads=True``: thread) count in device buffer ``count``.
+
+    ``grid``: blocks of the persistent grid (device-side path only; default
+    :func:`persistent_grid`). ``host_read``: read the count on the host and launch the
+    direct kernel (None: ``KHAL_CUDA_INDIRECT_SYNC``)."""
+    from khal_runtime.device import _tls as _dtls
+    from khal_runtime.device import ensure_current
+    from khal_runtime.stream import as_stream
+
+    st = as_stream(stream)
+    d = st.device_id
+    plan = kernel.plan(d)
+    if getattr(_dtls, "dev", -1) != d:
+        ensure_current(d)
+    if host_read is None:
+        host_read = _env_true("KHAL_CUDA_INDIRECT_SYNC")
+    if host_read:
+        _dispatch_host_read(kernel, count, args, st, threads)
+        return
+    ip = _indirect_plan(kernel, plan)
+    _count_ptr(count)
+    groups = threads_to_groups(count, kernel.block_size[0], stream=st) if threads else count
+    if grid is None:
+        gx = persistent_grid(kernel, d)
+    else:
+        from khal_runtime.launching import dim3
+
+        gx = dim3(grid, "grid")[0]
+    bx, by, bz = kernel.block_size
+    ip.run(gx, 1, 1, bx, by, bz, 0, st, args + (groups,))
+
+
+def _dispatch_host_read(kernel: Any, count: Any, args: tuple[Any, ...], st: Any, threads: bool) -> None:
+    from khal_runtime.graphs import forbid_in_capture
+
+    name = f"{kernel.crate}.{kernel.name}"
+    forbid_in_capture(
+        f"indirect dispatch of {name} with a host read of its count "
+        "(host_read=True / KHAL_CUDA_INDIRECT_SYNC=1)",
+        "the host cannot read a count that captured work has not produced; use the device-side "
+        "path (host_read=False, unset KHAL_CUDA_INDIRECT_SYNC), which is capturable", st)
+    src = _count_ptr(count)
+    kernel.check_args(*args)  # before paying the synchronisation
+    drv = _cuda.driver()
+    host = _pinned_word()
+    t0 = time.perf_counter()
+    check(drv.cuMemcpyDtoHAsync(host, src, 4, st._cu), "cuMemcpyDtoHAsync")
+    check(drv.cuStreamSynchronize(st._cu), "cuStreamSynchronize")
+    waited = time.perf_counter() - t0
+    value = ctypes.c_uint32.from_address(host).value
+    bx = kernel.block_size[0]
+    groups = (value + bx - 1) // bx if threads else value
+    if _env_true("KHAL_TRACE_INDIRECT"):
+        from khal_runtime.tracing import write_line
+
+        unit = "threads" if threads else "groups"
+        launched = f"grid={groups}" if groups else "nothing launched"
+        write_line(f"khal: indirect {name} host read count={value} {unit} -> {launched} "
+                   f"(stream 0x{st.handle:x} drained, {waited * 1e6:.0f} us)")
+    if groups:
+        kernel.launch(groups, None, *args, stream=st)
