@@ -38,15 +38,26 @@ class HeaderSet:
 
 
 def header_requirements(nvrtc_requirement: str) -> list[str]:
-    """Header wheels for the build environment, with NVRTC's own version specifier.
+    """Header wheels for the build environment, matched to NVRTC.
 
-    The three wheels are versioned with the CUDA release, as NVRTC is, so the same
-    specifier (``~=13.0.0``, ``>=12.8``, ...) selects headers of NVRTC's release.
+    ``nvidia-cuda-runtime`` and ``nvidia-cuda-crt`` are released with NVRTC and take
+    its own version specifier (``~=13.0.0``, ``>=12.8``, ``==13.5.37``, ...); CCCL has
+    its own release numbers, so it is pinned to NVRTC's CUDA major only.
     """
     from packaging.requirements import Requirement
 
-    spec = str(Requirement(nvrtc_requirement).specifier)
-    return [f"{p}{spec}" for p in HEADER_PACKAGES]
+    spec = Requirement(nvrtc_requirement).specifier
+    pinned = sorted({int(sp.version.split(".")[0]) for sp in spec if sp.operator in ("==", "~=", "===")})
+    majors = pinned or [
+        m for m in range(12, 40) if any(spec.contains(f"{m}.{n}.0", prereleases=True) for n in range(10))
+    ]
+    if not majors:
+        cccl = "nvidia-cuda-cccl"
+    elif majors[-1] == 39:  # no upper bound
+        cccl = f"nvidia-cuda-cccl>={max(majors[0], 13)}"
+    else:
+        cccl = f"nvidia-cuda-cccl>={max(majors[0], 13)},<{majors[-1] + 1}"
+    return [f"nvidia-cuda-runtime{spec}", f"nvidia-cuda-crt{spec}", cccl]
 
 
 def _dist_version(name: str) -> str | None:
@@ -59,27 +70,30 @@ def _dist_version(name: str) -> str | None:
 
 
 def _locate(lib: str, marker: str) -> Path | None:
-    """A header folder from the wheels in this environment (cuda-pathfinder, else a scan)."""
-    try:
-        from cuda.pathfinder import locate_nvidia_header_directory
-    except ImportError:  # older cuda-pathfinder
-        locate_nvidia_header_directory = None
-    if locate_nvidia_header_directory is not None:
-        try:
-            located = locate_nvidia_header_directory(lib)
-        except Exception:  # pathfinder raises for setups it does not know
-            located = None
-        if located is not None and located.found_via == "site-packages":
-            return Path(located.abs_path)
-        return None
-    import site
+    """A header folder from the wheels in this environment.
+
+    sys.path first (an isolated build environment's packages are only there), then
+    cuda-pathfinder, which searches the interpreter's site-packages.
+    """
     import sys
 
-    for base in [*site.getsitepackages(), *sys.path]:
+    for base in sys.path:
+        if not base or not Path(base).is_dir():
+            continue
         for inc in sorted(Path(base).glob("nvidia/cu*/include"), reverse=True):
             d = inc / "cccl" if lib == "cccl" else inc
             if (d / marker).is_file():
                 return d
+    try:
+        from cuda.pathfinder import locate_nvidia_header_directory
+    except ImportError:  # older cuda-pathfinder
+        return None
+    try:
+        located = locate_nvidia_header_directory(lib)
+    except Exception:  # pathfinder raises for setups it does not know
+        return None
+    if located is not None and located.found_via == "site-packages":
+        return Path(located.abs_path)
     return None
 
 

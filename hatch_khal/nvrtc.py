@@ -7,9 +7,12 @@ cuda-bindings (through cuda-pathfinder). PTX is produced here rather than by
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from hatch_khal.errors import CompileError, ConfigError, KhalBuildError
 
@@ -33,10 +36,42 @@ def _check(result: object, what: str) -> None:
         raise KhalBuildError(f"NVRTC {what} failed: {msg.decode() if isinstance(msg, bytes) else msg}")
 
 
+def _find_wheel_nvrtc() -> Path | None:
+    """libnvrtc from an nvidia-cuda-nvrtc wheel anywhere on sys.path.
+
+    cuda-pathfinder looks in the interpreter's site-packages; an isolated build
+    environment (pip, build, uv) installs the wheel in a directory that is only on
+    sys.path, so look there too.
+    """
+    found: list[Path] = []
+    for base in sys.path:
+        if not base or not os.path.isdir(base):
+            continue
+        for pattern in ("nvidia/cu*/lib/libnvrtc.so.*", "nvidia/cuda_nvrtc/lib/libnvrtc.so.*",
+                        "nvidia/cu*/bin/nvrtc64_*.dll", "nvidia/cuda_nvrtc/bin/nvrtc64_*.dll"):
+            found += [p for p in Path(base).glob(pattern) if "builtins" not in p.name and "alt" not in p.name]
+    return max(found, key=lambda p: (p.parent.parent.name, p.name)) if found else None
+
+
+@lru_cache(maxsize=1)
+def _preload_nvrtc() -> None:
+    """Load the wheel's libnvrtc first, so cuda-bindings (via cuda-pathfinder) uses it."""
+    lib = _find_wheel_nvrtc()
+    if lib is None:
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(str(lib), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+    except OSError:
+        pass  # leave the search to cuda-pathfinder, which reports what it tried
+
+
 @lru_cache(maxsize=1)
 def nvrtc_version() -> tuple[int, int]:
     """(major, minor) of the NVRTC library in use; a clear error when there is none."""
     nvrtc = _nvrtc()
+    _preload_nvrtc()
     try:
         err, major, minor = nvrtc.nvrtcVersion()
     except Exception as exc:  # cuda-bindings raises when libnvrtc cannot be found

@@ -42,7 +42,8 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_header_requirements_follow_nvrtc() -> None:
     assert header_requirements("nvidia-cuda-nvrtc~=13.0.0") == [
-        "nvidia-cuda-runtime~=13.0.0", "nvidia-cuda-crt~=13.0.0", "nvidia-cuda-cccl~=13.0.0"]
+        "nvidia-cuda-runtime~=13.0.0", "nvidia-cuda-crt~=13.0.0", "nvidia-cuda-cccl>=13,<14"]
+    assert header_requirements("nvidia-cuda-nvrtc==13.5.37")[2] == "nvidia-cuda-cccl>=13,<14"
 
 
 def test_wheel_headers_are_found() -> None:

@@ -57,9 +57,21 @@ def check_wheel(whl: Path) -> None:
     assert {c["name"] for c in m["crates"]} == {"alpha", "beta"}
 
 
-def test_pip_wheel_isolated(tmp_path: Path, wheelhouse: Path, session_cache: Path) -> None:
-    proj = make_project(tmp_path / "proj", nvrtc_requirement=_nvrtc_pin())
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(proj)],
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An interpreter with nothing installed: NVRTC and the headers exist only in pip's build env."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    run([sys.executable, "-m", "venv", str(venv)])
+    return venv / "bin" / "python"
+
+
+def test_pip_wheel_isolated(tmp_path: Path, wheelhouse: Path, session_cache: Path, bare_python: Path) -> None:
+    # pip's isolated environment is an overlay on sys.path, not a site-packages:
+    # the hook must find NVRTC and the header wheels there.
+    files = {"kernels/beta/fill.cu": '#include <cuda_fp16.h>\n' + (Path(__file__).parent / "_projects.py")
+             .read_text().split('OTHER_CU = """\\\n')[1].split('"""')[0]}
+    proj = make_project(tmp_path / "proj", nvrtc_requirement=_nvrtc_pin(), files=files)
+    run([str(bare_python), "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(proj)],
         env=isolated_env(session_cache, wheelhouse))
     (whl,) = (tmp_path / "dist").glob("*.whl")
     check_wheel(whl)
