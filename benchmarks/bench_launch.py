@@ -1,0 +1,220 @@
+"""Section 1, launch overhead: host us per launch after warm-up (median of batches).
+
+An empty 1-binding kernel and a 5-binding kernel (3 storage + 1 uniform + 1 scalar) through
+(a) the runtime's typed call, (b) its explicit launch, (c) raw cuLaunchKernel with a prepacked
+void**, (d) cuda.core.launch, (e) CuPy RawKernel compiled from the same translation unit; then
+the typed call with torch tensors and CuPy arrays as the buffers. Ratios to (c).
+
+Also section ``pycost`` (CPU, runs anywhere): the Python-side cost of the same calls with a
+no-op driver (benchmarks/cpu_launch_cost.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from _common import BenchPackage, Row, build_bench_package, guarded, import_bench_package, median_per_call_us
+
+SECTION = "launch"
+N = 256  # one block: the kernels do (almost) nothing; the host cost is what is measured
+
+
+class BenchParams(ctypes.Structure):
+    _fields_ = [("a", ctypes.c_float), ("b", ctypes.c_float)]
+
+
+def _cuda_core_kernel(pkg: BenchPackage, symbol: str) -> Any:
+    try:
+        from cuda.core import ObjectCode
+    except ImportError:
+        from cuda.core.experimental import ObjectCode  # type: ignore[no-redef]
+    from khal_runtime.manifest import load_manifest
+
+    man = load_manifest(pkg.package_dir / "_khal" / "manifest.json")
+    art = man.crates[0].artifact("cubin", pkg.arch)
+    data = (pkg.package_dir / art.path).read_bytes()
+    return ObjectCode.from_cubin(data).get_kernel(symbol)
+
+
+def _cuda_core_api() -> tuple[Any, Any, Any]:
+    try:
+        from cuda.core import Device, LaunchConfig, launch
+    except ImportError:
+        from cuda.core.experimental import Device, LaunchConfig, launch  # type: ignore[no-redef]
+    return Device, LaunchConfig, launch
+
+
+def run(args: Any) -> list[Row]:
+    import numpy as np
+
+    from khal_runtime import Device, DeviceBuffer
+    from khal_runtime import _cuda
+
+    rows: list[Row] = []
+    drv = _cuda.driver()
+    pkg = build_bench_package()
+    ks = import_bench_package(pkg).kernels
+    dev = Device(0)
+    dev.use()
+    st = dev.default_stream
+    n = N
+    x, y, z = (DeviceBuffer.zeros(n, np.float32) for _ in range(3))
+    p = BenchParams(2.0, 1.0)
+    ks.empty1(n, x)
+    ks.five(n, x, y, z, p, 0.5)
+    st.synchronize()
+    sync = st.synchronize
+    upt = ks.five.plan(0).uniforms.fetch(bytes(p), st)
+    st.synchronize()
+    calls, batches = args.calls, args.batches
+
+    def t(fn: Any) -> dict[str, float]:
+        return median_per_call_us(fn, calls=calls, batches=batches, sync=sync)
+
+    results: dict[tuple[str, str], dict[str, float]] = {}
+    kern_args = {
+        "empty1": ((x,), [ctypes.c_uint64(x.ptr), ctypes.c_uint64(n)]),
+        "five": ((x, y, z, p, 0.5), [ctypes.c_uint64(x.ptr), ctypes.c_uint64(n), ctypes.c_uint64(y.ptr),
+                                     ctypes.c_uint64(n), ctypes.c_uint64(z.ptr), ctypes.c_uint64(n),
+                                     ctypes.c_uint64(upt), ctypes.c_float(0.5)]),
+    }
+    keep: list[Any] = []
+    for kname, (kargs, raw_vals) in kern_args.items():
+        k = getattr(ks, kname)
+        plan = k.plan(0)
+        f, cu, L = plan.function, st._cu, drv.cuLaunchKernel
+        arr = (ctypes.c_void_p * len(raw_vals))(*[ctypes.addressof(v) for v in raw_vals])
+        keep += [arr, raw_vals]
+        addr = ctypes.addressof(arr)
+        bx = k.block_size[0]
+        gx = (n + bx - 1) // bx
+
+        def raw() -> None:
+            L(f, gx, 1, 1, bx, 1, 1, 0, cu, addr, 0)
+
+        def typed(k: Any = k, kargs: tuple[Any, ...] = kargs) -> None:
+            k(n, *kargs)
+
+        if kname == "five":
+            def typed() -> None:  # noqa: F811 - spelled out: what a user writes
+                ks.five(n, x, y, z, p, 0.5)
+        else:
+            def typed() -> None:  # noqa: F811
+                ks.empty1(n, x)
+
+        def explicit(k: Any = k, kargs: tuple[Any, ...] = kargs) -> None:
+            k.launch(gx, bx, *kargs, stream=st)
+
+        results[(kname, "c")] = guarded(SECTION, f"{kname} (c) raw cuLaunchKernel", rows, lambda: t(raw))
+        results[(kname, "a")] = guarded(SECTION, f"{kname} (a) khal typed call", rows, lambda: t(typed))
+        results[(kname, "b")] = guarded(SECTION, f"{kname} (b) khal explicit launch", rows, lambda: t(explicit))
+
+        def cc() -> dict[str, float]:
+            Dev, LaunchConfig, launch = _cuda_core_api()
+            cdev = Dev(0)
+            cdev.set_current()
+            cst = cdev.create_stream(st)
+            kern = _cuda_core_kernel(pkg, pkg.symbols[kname])
+            cfg = LaunchConfig(grid=gx, block=bx)
+            if kname == "five":
+                ca = (np.uint64(x.ptr), np.uint64(n), np.uint64(y.ptr), np.uint64(n), np.uint64(z.ptr),
+                      np.uint64(n), np.uint64(upt), np.float32(0.5))
+            else:
+                ca = (np.uint64(x.ptr), np.uint64(n))
+            launch(cst, cfg, kern, *ca)
+            sync()
+            return t(lambda: launch(cst, cfg, kern, *ca))
+
+        results[(kname, "d")] = guarded(SECTION, f"{kname} (d) cuda.core.launch", rows, cc)
+
+        def cupy_raw() -> dict[str, float]:
+            import cupy as cp
+
+            rk = cp.RawKernel(pkg.unit_text, pkg.symbols[kname], options=tuple(pkg.unit_options))
+            xs = cp.zeros(n, cp.float32)
+            ys, zs = cp.zeros(n, cp.float32), cp.zeros(n, cp.float32)
+            keep.extend([xs, ys, zs])
+            if kname == "five":
+                ca = (xs, np.uint64(n), ys, np.uint64(n), zs, np.uint64(n), np.uint64(upt), np.float32(0.5))
+            else:
+                ca = (xs, np.uint64(n))
+            with cp.cuda.ExternalStream(st.handle):
+                rk((gx,), (bx,), ca)
+                sync()
+                return t(lambda: rk((gx,), (bx,), ca))
+
+        results[(kname, "e")] = guarded(SECTION, f"{kname} (e) CuPy RawKernel", rows, cupy_raw)
+
+    def torch_typed() -> dict[str, float]:
+        import torch
+
+        tx, ty, tz = (torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3))
+        keep.extend([tx, ty, tz])
+        ks.five(n, tx, ty, tz, p, 0.5)
+        sync()
+        return t(lambda: ks.five(n, tx, ty, tz, p, 0.5))
+
+    def cupy_typed() -> dict[str, float]:
+        import cupy as cp
+
+        cx, cy, cz = (cp.zeros(n, cp.float32) for _ in range(3))
+        keep.extend([cx, cy, cz])
+        ks.five(n, cx, cy, cz, p, 0.5)
+        sync()
+        return t(lambda: ks.five(n, cx, cy, cz, p, 0.5))
+
+    results[("five", "torch")] = guarded(SECTION, "five (a) typed call, torch tensors", rows, torch_typed)
+    results[("five", "cupy")] = guarded(SECTION, "five (a) typed call, CuPy arrays", rows, cupy_typed)
+
+    labels = {"a": "(a) khal typed call", "b": "(b) khal explicit launch", "c": "(c) raw cuLaunchKernel",
+              "d": "(d) cuda.core.launch", "e": "(e) CuPy RawKernel", "torch": "(a) typed call, torch tensors",
+              "cupy": "(a) typed call, CuPy arrays"}
+    for (kname, key), r in results.items():
+        if r is None:
+            continue
+        raw_r = results.get((kname, "c"))
+        ratio = r["median"] / raw_r["median"] if raw_r else None
+        bar, ok, note = "", None, ""
+        if key == "a" and kname == "five":
+            bar = "<= 1.15x (c); < (d), (e)"
+            d_r, e_r = results.get((kname, "d")), results.get((kname, "e"))
+            ok = ratio is not None and ratio <= 1.15
+            if d_r:
+                ok = ok and r["median"] < d_r["median"]
+            if e_r:
+                ok = ok and r["median"] < e_r["median"]
+        elif key == "a":
+            bar, ok = "<= 1.15x (c)", ratio is not None and ratio <= 1.15
+        elif key in ("torch", "cupy"):
+            bar, ok = "<= 1.25x (c)", ratio is not None and ratio <= 1.25
+        rows.append(Row(SECTION, f"{kname} {labels[key]}", r["median"], "us/launch", ratio, "(c) raw",
+                        bar, ok, f"min {r['min']:.2f}", extra=r))
+    order = {lab: i for i, lab in enumerate(labels.values())}
+    rows.sort(key=lambda r: (r.name.split()[0], order.get(r.name.split(" ", 1)[-1], 99)))
+    del keep
+    return rows
+
+
+def run_pycost(args: Any) -> list[Row]:
+    """Python-side cost per call with a no-op driver (a subprocess: it swaps the driver out)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    code = ("import json, sys; sys.path.insert(0, %r); import cpu_launch_cost as c; "
+            "print(json.dumps(c.measure()))" % str(here))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if r.returncode:
+        raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "failed")
+    data = json.loads(r.stdout.strip().splitlines()[-1])
+    base = data.get("no-op driver call (raw equivalent)")
+    rows = []
+    for name, us in data.items():
+        extra = us - base if base is not None and not name.startswith(("no-op", "python")) else None
+        rows.append(Row("pycost", name, us, "us/call", None, "", "", None,
+                        f"Python cost over the raw call: {extra:.2f} us" if extra is not None else
+                        "CPU only: the driver call is a no-op"))
+    return rows

@@ -1,0 +1,189 @@
+"""Python-side host cost of a khal launch, on CPU: the driver call is a no-op.
+
+On the GPU the real ``cuLaunchKernel`` adds a roughly constant few microseconds;
+everything else khal does per launch is plain Python and shows here. Used by
+``bench_launch`` (section ``pycost``) and runnable by itself::
+
+    python benchmarks/cpu_launch_cost.py
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import timeit
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+class BenchParams(ctypes.Structure):
+    _fields_ = [("a", ctypes.c_float), ("b", ctypes.c_float)]
+
+
+class _NoopDriver:
+    """Stands in for cuda.bindings.driver: cuLaunchKernel returns success at once."""
+
+    class CUstream(int):
+        pass
+
+    _OK = (0,)
+
+    def cuLaunchKernel(self, *a: Any) -> tuple[int]:  # noqa: N802
+        return self._OK
+
+
+def _fake_torch_type() -> type:
+    class Tensor:  # what the extractor cache sees as torch: module "torch", data_ptr/is_cuda
+        __slots__ = ("_p", "_n", "dtype")
+        is_cuda = True
+
+        def __init__(self, p: int, n: int) -> None:
+            self._p, self._n, self.dtype = p, n, _FakeTorchDtype()
+
+        def is_contiguous(self) -> bool:
+            return True
+
+        def data_ptr(self) -> int:
+            return self._p
+
+        def numel(self) -> int:
+            return self._n
+
+    Tensor.__module__ = "torch"
+    return Tensor
+
+
+class _FakeTorchDtype:
+    __module__ = "torch"
+    itemsize = 4
+
+    def __str__(self) -> str:
+        return "torch.float32"
+
+    def __hash__(self) -> int:
+        return 1234
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _FakeTorchDtype)
+
+
+def _fake_cupy_type() -> type:
+    import numpy as np
+
+    class ndarray:  # noqa: N801
+        __slots__ = ("data", "size", "dtype", "_c_contiguous")
+
+        def __init__(self, p: int, n: int) -> None:
+            self.data = SimpleNamespace(ptr=p)
+            self.size = n
+            self.dtype = np.dtype(np.float32)
+            self._c_contiguous = True
+
+    ndarray.__module__ = "cupy"
+    return ndarray
+
+
+def _entry(name: str, params: list[tuple[str, str]]) -> Any:
+    from khal_runtime.manifest import Entry, Param, symbol_for
+
+    ps = []
+    for pname, kind in params:
+        if kind == "storage":
+            ps.append(Param(name=pname, kind="storage", element_type="float32", element_size=4,
+                            element_align=4, shape="slice", writable=True))
+        elif kind == "uniform":
+            ps.append(Param(name=pname, kind="uniform", element_type="BenchParams", element_size=8,
+                            element_align=4))
+        else:
+            ps.append(Param(name=pname, kind="scalar", element_type="float32", element_size=4,
+                            element_align=4))
+    h = "0123456789abcdef"
+    return Entry(name=name, symbol=symbol_for(name, h), hash=h, block_size=(256, 1, 1), params=tuple(ps))
+
+
+class _Uniforms:
+    def __init__(self) -> None:
+        self.entries: dict[bytes, list[Any]] = {}
+
+    def fetch(self, data: bytes, stream: Any) -> int:
+        e = self.entries.setdefault(bytes(data), [0xD000_0000, None])
+        return int(e[0])
+
+
+def make_kernels() -> tuple[Any, Any, Any]:
+    """(empty1 kernel, five-binding kernel, stream) wired to a no-op driver, device 0."""
+    from khal_runtime import _cuda
+    from khal_runtime.device import _tls
+    from khal_runtime.kernels import Kernel
+    from khal_runtime.launching import LaunchPlan
+    from khal_runtime.stream import Stream
+
+    _cuda._driver = _NoopDriver()  # type: ignore[assignment]
+    st = Stream.__new__(Stream)
+    st.device_id, st.handle, st._cu, st._owned, st._keep = 0, 0x1234, 0x1234, False, None
+    _tls.stream = st
+    _tls.dev = 0
+    runtime = SimpleNamespace(crate=SimpleNamespace(name="bench"))
+    out = []
+    for name, params in (("empty1", [("x", "storage")]),
+                         ("five", [("x", "storage"), ("y", "storage"), ("z", "storage"),
+                                   ("p", "uniform"), ("s", "scalar")])):
+        e = _entry(name, params)
+        k = Kernel(runtime, e)  # type: ignore[arg-type]
+        plan = LaunchPlan(e, "bench", 0, object(), _Uniforms())  # type: ignore[arg-type]
+        k._plans[0] = plan
+        _install = getattr(k, "_install_fast", None)
+        if _install is not None:
+            _install(plan)
+        out.append(k)
+    return out[0], out[1], st
+
+
+def _cuda_launch() -> Any:
+    from khal_runtime import _cuda
+
+    return _cuda.driver().cuLaunchKernel
+
+
+def per_call_us(fn: Callable[[], Any], number: int = 2000, repeat: int = 60) -> float:
+    fn()
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+
+
+def measure() -> dict[str, float]:
+    from khal_runtime import DeviceBuffer
+
+    empty1, five, st = make_kernels()
+    n = 1 << 20
+    bufs = [DeviceBuffer(0x1000_0000 * (i + 1), n, "float32", 0) for i in range(3)]
+    T, C = _fake_torch_type(), _fake_cupy_type()
+    tens = [T(0x1000_0000 * (i + 1), n) for i in range(3)]
+    cps = [C(0x1000_0000 * (i + 1), n) for i in range(3)]
+    p = BenchParams(2.0, 1.0)
+    rows: dict[str, float] = {}
+    rows["python no-op call"] = per_call_us(lambda: None)
+    L, f, cu = _cuda_launch(), object(), st._cu
+    rows["no-op driver call (raw equivalent)"] = per_call_us(lambda: L(f, 4096, 1, 1, 256, 1, 1, 0, cu, 0, 0))
+    rows["empty1 typed call (DeviceBuffer)"] = per_call_us(lambda: empty1(n, bufs[0]))
+    rows["five typed call (DeviceBuffer)"] = per_call_us(lambda: five(n, bufs[0], bufs[1], bufs[2], p, 0.5))
+    rows["five typed call (torch-like)"] = per_call_us(lambda: five(n, tens[0], tens[1], tens[2], p, 0.5))
+    rows["five typed call (cupy-like)"] = per_call_us(lambda: five(n, cps[0], cps[1], cps[2], p, 0.5))
+    rows["five explicit launch (DeviceBuffer)"] = per_call_us(
+        lambda: five.launch(4096, 256, bufs[0], bufs[1], bufs[2], p, 0.5, stream=st))
+    return rows
+
+
+def main() -> None:
+    rows = measure()
+    base = rows["no-op driver call (raw equivalent)"]
+    for k, v in rows.items():
+        extra = "" if k.startswith(("python", "no-op")) else f"   (+{v - base:5.2f} over the raw call)"
+        print(f"{k:40s} {v:6.2f} us{extra}")
+
+
+if __name__ == "__main__":
+    main()
