@@ -61,10 +61,12 @@ def _preload_nvrtc() -> None:
         return
     import ctypes
 
-    try:
-        ctypes.CDLL(str(lib), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
-    except OSError:
-        pass  # leave the search to cuda-pathfinder, which reports what it tried
+    # libnvrtc dlopens its builtins library by soname: load that first from the same folder.
+    for dep in sorted(lib.parent.glob("libnvrtc-builtins.so.*")) + [lib]:
+        try:
+            ctypes.CDLL(str(dep), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+        except OSError:
+            pass  # leave the search to cuda-pathfinder, which reports what it tried
 
 
 @lru_cache(maxsize=1)
