@@ -77,7 +77,16 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def example_wheel(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> Path:
     """The example shader package built once per session (no build isolation: the test
-    environment already holds hatchling, hatch-khal and NVRTC)."""
+    environment already holds hatchling, hatch-khal and NVRTC).
+
+    ``KHAL_TEST_EXAMPLE_WHEEL=path/to.whl`` uses a wheel built beforehand instead (the GPU
+    machine runs the tests against the wheel the README's first command made).
+    """
+    given = os.environ.get("KHAL_TEST_EXAMPLE_WHEEL")
+    if given:
+        path = Path(given)
+        assert path.is_file(), f"KHAL_TEST_EXAMPLE_WHEEL={given}: no such wheel"
+        return path
     out = tmp_path_factory.mktemp("example-wheel")
     run(
         [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
