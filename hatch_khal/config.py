@@ -14,6 +14,8 @@ from typing import Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from khal_runtime.manifest import prebuilt_env_var
+
 from hatch_khal.errors import ConfigError
 
 __all__ = [
@@ -44,9 +46,8 @@ _COMPUTE = re.compile(r"^compute_(\d+)[af]?$")
 _DEFINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def env_var_for_crate(crate: str) -> str:
-    """khal-builder's rule: upper-case, '-' to '_'."""
-    return "CUDA_OXIDE_SHADERS_PTX_" + crate.upper().replace("-", "_")
+#: khal-builder's rule (upper-case, '-' to '_'); one definition, in the shared manifest module.
+env_var_for_crate = prebuilt_env_var
 
 
 def _check_sm(v: str) -> str:

@@ -36,6 +36,7 @@ __all__ = [
     "Toolchain",
     "load_manifest",
     "parse_manifest",
+    "prebuilt_env_var",
     "symbol_for",
     "split_symbol",
 ]
@@ -53,6 +54,13 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SYMBOL_RE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*?)_khal_(?P<hash>[0-9a-f]{16})$")
 _ARCH_RE = re.compile(r"^(sm|compute)_\d+[a-z]?$")
+
+
+def prebuilt_env_var(crate: str) -> str:
+    """``CUDA_OXIDE_SHADERS_PTX_<CRATE>``: khal-builder's name for a crate's prebuilt binary
+    (upper-cased, ``-`` to ``_``). Shared by the build (which reads it) and the runtime
+    (which names it in its hints)."""
+    return "CUDA_OXIDE_SHADERS_PTX_" + crate.upper().replace("-", "_")
 
 
 def symbol_for(entry: str, entry_hash: str) -> str:

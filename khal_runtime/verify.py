@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterable
 
 from khal_runtime.errors import ArtifactError, HashMismatchError, KhalError, StaleBuildError
-from khal_runtime.manifest import Artifact, Crate, Manifest
+from khal_runtime.manifest import Artifact, Crate, Manifest, prebuilt_env_var
 
 __all__ = [
     "Problem",
@@ -56,9 +56,7 @@ class Problem:
         return self.message
 
 
-def crate_env_var(crate: str) -> str:
-    """``CUDA_OXIDE_SHADERS_PTX_<CRATE>``, as khal-builder names it."""
-    return "CUDA_OXIDE_SHADERS_PTX_" + crate.upper().replace("-", "_")
+crate_env_var = prebuilt_env_var
 
 
 def rebuild_hint(crate: Crate) -> str:
