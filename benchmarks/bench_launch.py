@@ -93,14 +93,11 @@ def run(args: Any) -> list[Row]:
         def raw() -> None:
             L(f, gx, 1, 1, bx, 1, 1, 0, cu, addr, 0)
 
-        def typed(k: Any = k, kargs: tuple[Any, ...] = kargs) -> None:
-            k(n, *kargs)
-
         if kname == "five":
-            def typed() -> None:  # noqa: F811 - spelled out: what a user writes
+            def typed() -> None:  # spelled out: what a user writes
                 ks.five(n, x, y, z, p, 0.5)
         else:
-            def typed() -> None:  # noqa: F811
+            def typed() -> None:
                 ks.empty1(n, x)
 
         def explicit(k: Any = k, kargs: tuple[Any, ...] = kargs) -> None:
