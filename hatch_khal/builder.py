@@ -579,6 +579,9 @@ def write_package_output(out: PackageOutput, package_dir: Path) -> list[Path]:
     target = package_dir / MANIFEST_DIR
     package_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".khal-", dir=package_dir))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the package's files are not
     written = []
     try:
         for rel, data in sorted(out.files.items()):
