@@ -60,6 +60,28 @@ def gpu_status() -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {exc}"
 
 
+def interleaved_per_call_us(fns: dict[str, Callable[[], Any]], *, calls: int = 200, batches: int = 60,
+                            sync: Callable[[], Any] | None = None, warmup: int = 3) -> dict[str, dict[str, float]]:
+    """Like :func:`median_per_call_us` for several ways of doing the same launch, measured in
+    turns: round r times one batch of each, in an order rotated every round. Clock and power
+    drift over the run then weighs on every method alike, so their ratios are fair."""
+    names = list(fns)
+    per: dict[str, list[float]] = {k: [] for k in names}
+    for b in range(warmup + batches):
+        order = names[b % len(names):] + names[: b % len(names)]
+        for name in order:
+            fn = fns[name]
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            t1 = time.perf_counter()
+            if sync is not None:
+                sync()
+            if b >= warmup:
+                per[name].append((t1 - t0) / calls * 1e6)
+    return {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in per.items()}
+
+
 def median_per_call_us(fn: Callable[[], Any], *, calls: int = 200, batches: int = 60,
                        sync: Callable[[], Any] | None = None, warmup: int = 3) -> dict[str, float]:
     """Host time per call (us): ``batches`` batches of ``calls`` calls, the device synchronised

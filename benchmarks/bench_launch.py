@@ -1,4 +1,5 @@
-"""Section 1, launch overhead: host us per launch after warm-up (median of batches).
+"""Section 1, launch overhead: host us per launch after warm-up (median of batches, the
+methods measured in turns so that drift over the run weighs on all of them alike).
 
 An empty 1-binding kernel and a 5-binding kernel (3 storage + 1 uniform + 1 scalar) through
 (a) the runtime's typed call, (b) its explicit launch, (c) raw cuLaunchKernel with a prepacked
@@ -14,7 +15,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from _common import BenchPackage, Row, build_bench_package, guarded, import_bench_package, median_per_call_us
+from _common import BenchPackage, Row, build_bench_package, guarded, import_bench_package, interleaved_per_call_us
 
 SECTION = "launch"
 N = 256  # one block: the kernels do (almost) nothing; the host cost is what is measured
@@ -69,9 +70,6 @@ def run(args: Any) -> list[Row]:
     st.synchronize()
     calls, batches = args.calls, args.batches
 
-    def t(fn: Any) -> dict[str, float]:
-        return median_per_call_us(fn, calls=calls, batches=batches, sync=sync)
-
     results: dict[tuple[str, str], dict[str, float]] = {}
     kern_args = {
         "empty1": ((x,), [ctypes.c_uint64(x.ptr), ctypes.c_uint64(n)]),
@@ -89,25 +87,19 @@ def run(args: Any) -> list[Row]:
         addr = ctypes.addressof(arr)
         bx = k.block_size[0]
         gx = (n + bx - 1) // bx
+        fns: dict[str, Any] = {}
 
         def raw() -> None:
             L(f, gx, 1, 1, bx, 1, 1, 0, cu, addr, 0)
 
+        fns["c"] = raw
         if kname == "five":
-            def typed() -> None:  # spelled out: what a user writes
-                ks.five(n, x, y, z, p, 0.5)
+            fns["a"] = lambda: ks.five(n, x, y, z, p, 0.5)  # spelled out: what a user writes
         else:
-            def typed() -> None:
-                ks.empty1(n, x)
+            fns["a"] = lambda: ks.empty1(n, x)
+        fns["b"] = lambda k=k, kargs=kargs: k.launch(gx, bx, *kargs, stream=st)
 
-        def explicit(k: Any = k, kargs: tuple[Any, ...] = kargs) -> None:
-            k.launch(gx, bx, *kargs, stream=st)
-
-        results[(kname, "c")] = guarded(SECTION, f"{kname} (c) raw cuLaunchKernel", rows, lambda: t(raw))
-        results[(kname, "a")] = guarded(SECTION, f"{kname} (a) khal typed call", rows, lambda: t(typed))
-        results[(kname, "b")] = guarded(SECTION, f"{kname} (b) khal explicit launch", rows, lambda: t(explicit))
-
-        def cc() -> dict[str, float]:
+        def cc() -> Any:
             Dev, LaunchConfig, launch = _cuda_core_api()
             cdev = Dev(0)
             cdev.set_current()
@@ -121,48 +113,63 @@ def run(args: Any) -> list[Row]:
                 ca = (np.uint64(x.ptr), np.uint64(n))
             launch(cst, cfg, kern, *ca)
             sync()
-            return t(lambda: launch(cst, cfg, kern, *ca))
+            keep.extend([cst, kern, cfg])
+            return lambda: launch(cst, cfg, kern, *ca)
 
-        results[(kname, "d")] = guarded(SECTION, f"{kname} (d) cuda.core.launch", rows, cc)
-
-        def cupy_raw() -> dict[str, float]:
+        def cupy_raw() -> Any:
             import cupy as cp
 
             rk = cp.RawKernel(pkg.unit_text, pkg.symbols[kname], options=tuple(pkg.unit_options))
             xs = cp.zeros(n, cp.float32)
             ys, zs = cp.zeros(n, cp.float32), cp.zeros(n, cp.float32)
-            keep.extend([xs, ys, zs])
             if kname == "five":
                 ca = (xs, np.uint64(n), ys, np.uint64(n), zs, np.uint64(n), np.uint64(upt), np.float32(0.5))
             else:
                 ca = (xs, np.uint64(n))
-            with cp.cuda.ExternalStream(st.handle):
-                rk((gx,), (bx,), ca)
+            ext = cp.cuda.ExternalStream(st.handle)
+            keep.extend([xs, ys, zs, rk, ext])
+            ext.use()  # CuPy launches on its current stream: make it the runtime's stream
+            rk((gx,), (bx,), ca)
+            sync()
+            return lambda: rk((gx,), (bx,), ca)
+
+        for key, label, setup in (("d", "(d) cuda.core.launch", cc), ("e", "(e) CuPy RawKernel", cupy_raw)):
+            fn = guarded(SECTION, f"{kname} {label}", rows, setup)
+            if fn is not None:
+                fns[key] = fn
+
+        if kname == "five":
+            def torch_typed() -> Any:
+                import torch
+
+                tx, ty, tz = (torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3))
+                keep.extend([tx, ty, tz])
+                ks.five(n, tx, ty, tz, p, 0.5)
                 sync()
-                return t(lambda: rk((gx,), (bx,), ca))
+                return lambda: ks.five(n, tx, ty, tz, p, 0.5)
 
-        results[(kname, "e")] = guarded(SECTION, f"{kname} (e) CuPy RawKernel", rows, cupy_raw)
+            def cupy_typed() -> Any:
+                import cupy as cp
 
-    def torch_typed() -> dict[str, float]:
-        import torch
+                cx, cy, cz = (cp.zeros(n, cp.float32) for _ in range(3))
+                keep.extend([cx, cy, cz])
+                ks.five(n, cx, cy, cz, p, 0.5)
+                sync()
+                return lambda: ks.five(n, cx, cy, cz, p, 0.5)
 
-        tx, ty, tz = (torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3))
-        keep.extend([tx, ty, tz])
-        ks.five(n, tx, ty, tz, p, 0.5)
+            for key, label, setup in (("torch", "(a) typed call, torch tensors", torch_typed),
+                                      ("cupy", "(a) typed call, CuPy arrays", cupy_typed)):
+                fn = guarded(SECTION, f"{kname} {label}", rows, setup)
+                if fn is not None:
+                    fns[key] = fn
+
+        for key in fns:  # warm every path (first calls generate code, learn dtypes)
+            fns[key]()
         sync()
-        return t(lambda: ks.five(n, tx, ty, tz, p, 0.5))
-
-    def cupy_typed() -> dict[str, float]:
-        import cupy as cp
-
-        cx, cy, cz = (cp.zeros(n, cp.float32) for _ in range(3))
-        keep.extend([cx, cy, cz])
-        ks.five(n, cx, cy, cz, p, 0.5)
-        sync()
-        return t(lambda: ks.five(n, cx, cy, cz, p, 0.5))
-
-    results[("five", "torch")] = guarded(SECTION, "five (a) typed call, torch tensors", rows, torch_typed)
-    results[("five", "cupy")] = guarded(SECTION, "five (a) typed call, CuPy arrays", rows, cupy_typed)
+        timed = guarded(SECTION, f"{kname} interleaved timing", rows,
+                        lambda fns=fns: interleaved_per_call_us(fns, calls=calls, batches=batches, sync=sync))
+        for key, r in (timed or {}).items():
+            results[(kname, key)] = r
 
     labels = {"a": "(a) khal typed call", "b": "(b) khal explicit launch", "c": "(c) raw cuLaunchKernel",
               "d": "(d) cuda.core.launch", "e": "(e) CuPy RawKernel", "torch": "(a) typed call, torch tensors",

@@ -157,8 +157,9 @@ def header_hint(header: str, mode: str) -> str:
     for pattern, pkg in _PROVIDERS:
         if pattern.search(header):
             if mode == "wheels":
-                return (f"<{header}> comes from the {pkg} wheel; it is added to isolated builds "
-                        f"automatically — for --no-build-isolation builds run: pip install {pkg}")
+                return (f"<{header}> comes from the {pkg} wheel: the hatchling hook adds it to isolated "
+                        f"builds (setuptools projects list it in [build-system] requires); for "
+                        f"--no-build-isolation builds run: pip install {pkg}")
             if mode == "none":
                 return (f"<{header}> comes from the {pkg} wheel, but option 'cuda-headers' is \"none\"; "
                         "set it to \"wheels\" (the default) or \"system\"")

@@ -131,6 +131,29 @@ def table(results: list[Result], n: int, steps: int, device: str) -> str:
     return "\n".join(lines)
 
 
+#: benchmarks/ names the three ways by what they launch; the demo by how they dispatch.
+_ALIASES = {"direct": "sync", "indirect": "device", "graph": "graph"}
+
+
+def benchmark(mode: str, steps: int = 200, particles: int = 1 << 16, seed: int = 0) -> dict[str, Any]:
+    """One mode (``sync``/``direct``, ``device``/``indirect``, ``graph``) for the benchmark
+    runner: steps/s, checked against the NumPy reference like the demo itself."""
+    import khal_runtime as rt
+
+    from example_shader_pkg import SimParams, kernels
+    from example_shader_pkg import reference as R
+
+    mode = _ALIASES.get(mode, mode)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES + tuple(_ALIASES)}, got {mode!r}")
+    p = R.make_particles(particles, seed=seed)
+    params = SimParams(dt=1e-3, gravity=-9.81, restitution=0.5, n=particles)
+    r = run_mode(mode, kernels, R, rt, p, params, steps, reference(R, p, params, steps))
+    if not r.ok:
+        raise AssertionError(f"demo mode {mode}: {r.detail}")
+    return {"steps_per_s": r.steps_per_s, "particles": particles, "steps": steps, "mode": mode}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m example_shader_pkg.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--particles", "-n", type=int, default=1 << 20, help="number of particles (default 2^20)")
