@@ -96,6 +96,8 @@ _INLINE_CODE: dict[str, list[str]] = {
 }
 _MAX_INLINE = 3
 _MISSING = object()  # default of the generated __call__'s parameters: "not passed"
+_NOMEMO = object()  # a prepacked-path memo slot that no argument is identical to
+_PACK_U64 = struct.Struct("<Q").pack_into
 
 
 def _param_desc(p: Param) -> str:
@@ -175,10 +177,11 @@ class LaunchPlan:
             addr = ctypes.addressof(ptrs)
         else:
             ptrs, addr = None, 0
+        memo = [_NOMEMO] * (2 * len(self.entry.params))
         with self._keep_lock:
             self._keep.append((buf, ptrs))
-        self._tls.s = (buf, addr)
-        return buf, addr
+        self._tls.s = (buf, addr, memo)
+        return buf, addr, memo
 
     # dtype learning ---------------------------------------------------------------------------
     def _learn(self, i: int, key: Any) -> None:
@@ -227,6 +230,8 @@ class LaunchPlan:
                 for j, tp in enumerate(self._uinline[i]):
                     ns[f"_UT{i}_{j}"] = tp
         ns["_useen"] = self._uniform_seen
+        ns["_NOMEMO"] = _NOMEMO
+        ns["_pq"] = _PACK_U64
         ns["_sseen"] = self._storage_seen
         return ns
 
@@ -249,7 +254,77 @@ class LaunchPlan:
         for cb in list(self.on_regenerate):
             cb(self)
 
-    def _arg_lines(self) -> tuple[list[str], list[str]]:
+    def _memo_store_lines(self, I: str) -> list[str]:  # noqa: E741
+        """Remember a fully packed launch for the prepacked fast path, two items per parameter:
+        a DeviceBuffer and its element-type tag (``free()`` changes the tag), a scalar object,
+        or ``_NOMEMO`` (never identical to an argument). Only when every buffer is a
+        DeviceBuffer: other array objects (torch, CuPy, ...) can change under the same identity.
+        The full path clears the memo before packing (``m[0] = _NOMEMO``), so a launch that
+        fails half-way through packing never leaves a memo describing a half-written block."""
+        items: list[str] = []
+        dbs: list[str] = []
+        for i, p in enumerate(self.entry.params):
+            if p.kind == "storage":
+                items += [f"a{i}", f"k{i}"]
+                dbs.append(f"t{i} is _DB")
+            elif p.kind == "scalar":
+                items += [f"a{i}", "_NOMEMO"]
+            else:
+                items += ["_NOMEMO", "_NOMEMO"]
+        store = f"m[:] = ({''.join(x + ', ' for x in items)})"
+        if not dbs:
+            return [f"{I}{store}"]
+        return [f"{I}if {' and '.join(dbs)}:", f"{I}    {store}"]
+
+    def _memo_hit(self) -> str:
+        """The condition under which the packed block of this thread's last launch still holds
+        every storage and scalar argument: the same DeviceBuffer objects, none freed since (their
+        pointer, count and dtype never change otherwise), the same scalar objects."""
+        conds: list[str] = []
+        for i, p in enumerate(self.entry.params):
+            if p.kind == "storage":
+                conds.append(f"a{i} is m[{2 * i}] and a{i}._et is m[{2 * i + 1}]")
+            elif p.kind == "scalar":
+                conds.append(f"a{i} is m[{2 * i}]")
+        return " and ".join(conds) or "True"
+
+    def _uniform_slots(self) -> list[tuple[int, int]]:
+        """(parameter index, byte offset in the argument block) of each uniform."""
+        out, slot = [], 0
+        for i, p in enumerate(self.entry.params):
+            if p.kind == "uniform":
+                out.append((i, self._offsets[slot]))
+            slot += p.abi_slots
+        return out
+
+    def _uniform_param_lines(self, i: int, I: str) -> list[str]:  # noqa: E741
+        """Lines reading uniform ``a{i}`` into ``u{i}``, a device pointer to its bytes."""
+        a, size = f"a{i}", int(self.entry.params[i].element_size)
+        lines = [f"{I}t = type({a})"]
+        for j, kind in enumerate(self._uinline[i].values()):
+            lines.append(f"{I}{'if' if j == 0 else 'elif'} t is _UT{i}_{j}:")
+            lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
+        return lines + [
+            f"{I}{'else:' if self._uinline[i] else 'if True:'}",
+            f"{I}    u = _useen({i}, {a})",
+            f"{I}if u.__class__ is bytes:",
+            f"{I}    if len(u) != {size}: raise _Short()",
+            f"{I}    e = _ucache.get(u)",
+            f"{I}    u{i} = e[0] if e is not None and e[1] is None else _ufetch(u, st)",
+            f"{I}else:",
+            f"{I}    if u[1] < {size}: raise _Short()",
+            f"{I}    u{i} = u[0]",
+        ]
+
+    def _uniform_lines(self) -> list[str]:
+        I = "        "  # noqa: E741
+        out: list[str] = []
+        for i, p in enumerate(self.entry.params):
+            if p.kind == "uniform":
+                out += self._uniform_param_lines(i, I)
+        return out
+
+    def _arg_lines(self, memo: bool = False) -> tuple[list[str], list[str]]:
         """Body lines (indented for a ``try:`` inside a function) that read ``a0..`` into
         packed values and ``addr``; generated only from parameter kinds and validated ints."""
         entry = self.entry
@@ -261,12 +336,12 @@ class LaunchPlan:
             a = f"a{i}"
             if p.kind == "storage":
                 lines += [
-                    f"{I}t = type({a})",
-                    f"{I}if t is _DB:",
+                    f"{I}t{i} = type({a})",
+                    f"{I}if t{i} is _DB:",
                     f"{I}    p{i} = {a}.ptr; c{i} = {a}.size; k{i} = {a}._et",
                 ]
                 for j, kind in enumerate(self._inline[i].values()):
-                    lines.append(f"{I}elif t is _T{i}_{j}:")
+                    lines.append(f"{I}elif t{i} is _T{i}_{j}:")
                     lines += [f"{I}    " + ln.format(a=a, i=i) for ln in _INLINE_CODE[kind]]
                 lines += [
                     f"{I}else:",
@@ -279,33 +354,21 @@ class LaunchPlan:
                     lines.append(f"{I}if c{i} < 1: raise _Short()")
                 pack_args += [f"p{i}", f"c{i}"]
             elif p.kind == "uniform":
-                size = int(p.element_size)
-                lines.append(f"{I}t = type({a})")
-                for j, kind in enumerate(self._uinline[i].values()):
-                    lines.append(f"{I}{'if' if j == 0 else 'elif'} t is _UT{i}_{j}:")
-                    lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
-                lines += [
-                    f"{I}{'else:' if self._uinline[i] else 'if True:'}",
-                    f"{I}    u = _useen({i}, {a})",
-                    f"{I}if u.__class__ is bytes:",
-                    f"{I}    if len(u) != {size}: raise _Short()",
-                    f"{I}    e = _ucache.get(u)",
-                    f"{I}    u{i} = e[0] if e is not None and e[1] is None else _ufetch(u, st)",
-                    f"{I}else:",
-                    f"{I}    if u[1] < {size}: raise _Short()",
-                    f"{I}    u{i} = u[0]",
-                ]
+                lines += self._uniform_param_lines(i, I)
                 pack_args.append(f"u{i}")
             else:
                 pack_args.append(f"_bf16({a})" if p.element_type == "bfloat16" else a)
         if n:
-            lines += [
-                f"{I}try:",
-                f"{I}    buf, addr = _tls.s",
-                f"{I}except AttributeError:",
-                f"{I}    buf, addr = _newslot()",
-                f"{I}_pack(buf, 0, {', '.join(pack_args)})",
-            ]
+            if not memo:  # with the memo, the caller has read the slot already
+                lines += [
+                    f"{I}try:",
+                    f"{I}    buf, addr, m = _tls.s",
+                    f"{I}except AttributeError:",
+                    f"{I}    buf, addr, m = _newslot()",
+                ]
+            lines.append(f"{I}_pack(buf, 0, {', '.join(pack_args)})")
+            if memo:
+                lines += self._memo_store_lines(I)
         else:
             lines.append(f"{I}addr = 0")
         unpack = []
@@ -347,7 +410,7 @@ class LaunchPlan:
         thread count) goes to ``slow(self, n, args, st)``."""
         D = int(self.device_id)
         bx, by, bz = (int(v) for v in self.block)
-        unpack, body = self._arg_lines()
+        unpack, body = self._arg_lines(memo=True)
         n_params = len(self.entry.params)
         names = [f"a{i}" for i in range(n_params)]
         sig = "".join(f"{a}=_M, " for a in names)
@@ -375,7 +438,24 @@ class LaunchPlan:
             f"    gx = (n + {bx - 1}) // {bx}",
             "    try:",
         ]
-        lines += body
+        if n_params:
+            # Prepacked fast path: this thread's last launch of the entry packed the same
+            # DeviceBuffers and scalars, so only the uniforms are re-read (their bytes may have
+            # changed) and re-packed in place. Anything else takes the full path below.
+            ulines = self._uniform_lines()
+            lines += [
+                "        try:",
+                "            buf, addr, m = _tls.s",
+                "        except AttributeError:",
+                "            buf, addr, m = _newslot()",
+                f"        if {self._memo_hit()}:",
+            ]
+            lines += ["    " + ln for ln in ulines] if ulines else ["            pass"]
+            lines += [f"            _pq(buf, {off}, u{i})" for i, off in self._uniform_slots()]
+            lines += ["        else:", "            m[0] = _NOMEMO"]
+            lines += ["    " + ln for ln in body]
+        else:
+            lines += body
         lines += ["    except Exception as exc:", f"        _diagnose({tup}, exc)", "        raise"]
         lines += [ln.replace(" args,", f" {tup},") for ln in self._launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0")]
         src = "\n".join(lines) + "\n"

@@ -121,3 +121,49 @@ def test_generated_call_names_bad_arguments(fake: FakeDriver, monkeypatch: pytes
     with pytest.raises(ValueError, match=">= 0"):
         k(-1, x, x, x, p, 1.0, stream=st)
     assert len(fake.launches) == 1
+
+
+def _u64(launch: dict[str, Any], slot: int) -> int:
+    return struct.unpack("<Q", launch["slots"][slot])[0]
+
+
+def test_prepacked_path_repacks_whatever_changed(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memo of the last launch (same DeviceBuffers and scalars: skip re-packing them) must
+    never launch stale values: a freed buffer, another array type in between, a mutated
+    uniform, a new scalar and a launch that failed half-way each force the full path."""
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    x, y, z = (DeviceBuffer(0x1000 * (i + 1), 300 + i, "float32", 0) for i in range(3))
+    p = P(2.0, 3.0)
+    s = 0.25
+    k(300, x, y, z, p, s, stream=st)
+    k(300, x, y, z, p, s, stream=st)  # memo hit
+    assert fake.launches[0]["slots"] == fake.launches[1]["slots"]
+    ptr_p = _u64(fake.launches[1], 6)
+
+    p.a = 5.0  # same ctypes object, new bytes: the uniform is re-read on the fast path too
+    k(300, x, y, z, p, s, stream=st)
+    assert _u64(fake.launches[-1], 6) != ptr_p
+    assert _u64(fake.launches[-1], 6) == k._plans[0].uniforms.entries[bytes(p)][0]
+    assert fake.launches[-1]["slots"][:6] == fake.launches[0]["slots"][:6]
+
+    k(300, Tensor(0x9000, 77), y, z, p, s, stream=st)  # another array type in between
+    assert _u64(fake.launches[-1], 0) == 0x9000 and _u64(fake.launches[-1], 1) == 77
+    k(300, x, y, z, p, s, stream=st)  # must not reuse the tensor's packed pointer
+    assert _u64(fake.launches[-1], 0) == 0x1000 and _u64(fake.launches[-1], 1) == 300
+
+    k(300, x, y, z, p, 0.5, stream=st)  # a new scalar object
+    assert struct.unpack("<f", fake.launches[-1]["slots"][7])[0] == 0.5
+
+    n = len(fake.launches)
+    with pytest.raises(ArgumentValueError, match="'s'"):  # fails in pack, after the buffers
+        k(300, x, y, z, p, 1e300, stream=st)
+    k(300, x, y, z, p, 0.5, stream=st)
+    assert len(fake.launches) == n + 1
+    assert struct.unpack("<f", fake.launches[-1]["slots"][7])[0] == 0.5
+    assert _u64(fake.launches[-1], 4) == 0x3000 and _u64(fake.launches[-1], 5) == 302
+
+    x.free()  # same object, now freed: refused before launch
+    with pytest.raises(ArgumentValueError, match="freed"):
+        k(300, x, y, z, p, 0.5, stream=st)
+    assert len(fake.launches) == n + 1
