@@ -78,6 +78,7 @@ class DeviceBuffer:
         ensure_current(dev)
         nbytes = max(count * np.dtype(dtype).itemsize, 1)
         _no_alloc_in_capture(nbytes, dev)
+        flush_deferred_frees()
         try:
             dptr = check(_cuda.driver().cuMemAlloc(nbytes), "cuMemAlloc")
         except CudaError as exc:
@@ -221,10 +222,7 @@ class DeviceBuffer:
         alloc = root._alloc
         root._alloc = None
         if alloc is not None:
-            from khal_runtime.device import ensure_current
-
-            ensure_current(root.device_id)
-            check(_cuda.driver().cuMemFree(alloc), "cuMemFree")
+            _release(alloc, root.device_id)
         for b in (self, root):
             b._et = FREED
             b.ptr = 0
@@ -239,6 +237,38 @@ class DeviceBuffer:
     def __repr__(self) -> str:
         state = "freed" if self._et == FREED else f"0x{self.ptr:x}"
         return f"<DeviceBuffer {state} count={self.size} dtype={self.dtype} device={self.device_id}>"
+
+
+#: Frees asked for while this process had a capture open in the freeing thread: cuMemFree
+#: there would invalidate the capture, so they wait for the capture to end.
+_DEFERRED: list[tuple[Any, int]] = []
+_DEFERRED_LOCK = threading.Lock()
+
+
+def _release(alloc: Any, device_id: int) -> None:
+    """cuMemFree now, or after the capture this thread has open (a buffer dropped or freed
+    inside ``capture()`` — a temporary, or one the launch memo let go of — must not break it)."""
+    from khal_runtime.graphs import capturing
+
+    if capturing():
+        with _DEFERRED_LOCK:
+            _DEFERRED.append((alloc, device_id))
+        return
+    from khal_runtime.device import ensure_current
+
+    ensure_current(device_id)
+    check(_cuda.driver().cuMemFree(alloc), "cuMemFree")
+
+
+def flush_deferred_frees() -> None:
+    """Free what was released during a capture; called when a capture ends (and on alloc)."""
+    if not _DEFERRED:
+        return
+    with _DEFERRED_LOCK:
+        pending = _DEFERRED[:]
+        _DEFERRED.clear()
+    for alloc, dev in pending:
+        _release(alloc, dev)
 
 
 def _no_alloc_in_capture(nbytes: int, device_id: int) -> None:

@@ -181,6 +181,9 @@ class Capture:
             _open.pop(st.handle, None)
         drv = _cuda.driver()
         res = drv.cuStreamEndCapture(st._cu)
+        from khal_runtime.buffers import flush_deferred_frees
+
+        flush_deferred_frees()  # buffers released while capturing
         if res[0]:
             name = getattr(res[0], "name", str(res[0]))
             raise CaptureError(

@@ -247,3 +247,29 @@ def test_demo_small(example_pkg, rt) -> None:
     body = {ln.split()[0]: ln.split() for ln in lines[2:]}
     assert set(body) == {"sync", "device", "graph"}
     assert all(row[3] == "same" for row in body.values()), r.stdout
+
+
+def test_buffer_dropped_inside_capture_is_freed_after_it(rt, example_pkg, K, R) -> None:
+    """cuMemFree inside a capture would invalidate it: a buffer released there (a temporary,
+    or one the launch memo lets go of) is freed when the capture ends."""
+    from khal_runtime import buffers
+
+    n = 2048
+    st = rt.default_stream()
+    params = _params(example_pkg, n)
+    a0 = R.make_particles(n, seed=6)
+    tmp = rt.DeviceBuffer.from_numpy(a0, st)
+    _step(K, tmp, params, n, st)  # the memo of integrate/collide_ground now holds tmp
+    p = rt.DeviceBuffer.from_numpy(a0, st)
+    st.synchronize()
+    extra = rt.DeviceBuffer.from_numpy(a0, st)
+    st.synchronize()
+    with st.capture(label="drop") as cap:
+        del tmp  # the memo still holds it ...
+        _step(K, p, params, n, st)  # ... until this launch replaces the memo
+        extra.free()  # explicit free inside the capture
+        assert buffers._DEFERRED  # waiting for the capture to end
+    assert not buffers._DEFERRED
+    cap.graph.launch()
+    assert p.to_numpy().tobytes() == R.collide_ground(R.integrate(a0, params), params).tobytes()
+    cap.graph.close()
