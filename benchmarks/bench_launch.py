@@ -98,6 +98,8 @@ def run(args: Any) -> list[Row]:
         else:
             fns["a"] = lambda: ks.empty1(n, x)
         fns["b"] = lambda k=k, kargs=kargs: k.launch(gx, bx, *kargs, stream=st)
+        bound = k.bind(*kargs, stream=st)
+        fns["bound"] = lambda bound=bound: bound(n)
 
         def cc() -> Any:
             Dev, LaunchConfig, launch = _cuda_core_api()
@@ -171,7 +173,8 @@ def run(args: Any) -> list[Row]:
         for key, r in (timed or {}).items():
             results[(kname, key)] = r
 
-    labels = {"a": "(a) khal typed call", "b": "(b) khal explicit launch", "c": "(c) raw cuLaunchKernel",
+    labels = {"a": "(a) khal typed call", "bound": "(a') khal bound launch (bind once)",
+              "b": "(b) khal explicit launch", "c": "(c) raw cuLaunchKernel",
               "d": "(d) cuda.core.launch", "e": "(e) CuPy RawKernel", "torch": "(a) typed call, torch tensors",
               "cupy": "(a) typed call, CuPy arrays"}
     for (kname, key), r in results.items():

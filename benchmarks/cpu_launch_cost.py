@@ -172,6 +172,8 @@ def measure() -> dict[str, float]:
     rows["five typed call (DeviceBuffer)"] = per_call_us(lambda: five(n, bufs[0], bufs[1], bufs[2], p, 0.5))
     rows["five typed call (torch-like)"] = per_call_us(lambda: five(n, tens[0], tens[1], tens[2], p, 0.5))
     rows["five typed call (cupy-like)"] = per_call_us(lambda: five(n, cps[0], cps[1], cps[2], p, 0.5))
+    bound = five.bind(bufs[0], bufs[1], bufs[2], DeviceBuffer(0x7000, 8, "uint8", 0), 0.5, stream=st)
+    rows["five bound launch (bind once)"] = per_call_us(lambda: bound(n))
     rows["five explicit launch (DeviceBuffer)"] = per_call_us(
         lambda: five.launch(4096, 256, bufs[0], bufs[1], bufs[2], p, 0.5, stream=st))
     return rows

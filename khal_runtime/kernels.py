@@ -122,6 +122,22 @@ class Kernel:
             bx, by, bz = dim3(block, "block")
         plan.run(gx, gy, gz, bx, by, bz, shared_mem if type(shared_mem) is int else int(shared_mem), st, args)
 
+    def bind(self, *args: Any, stream: Any = None) -> Any:
+        """A :class:`~khal_runtime.bound.BoundLaunch`: ``args`` checked and packed once, then
+        ``b(n)`` launches ``n`` threads at about the cost of a raw ``cuLaunchKernel``."""
+        from khal_runtime.bound import BoundLaunch
+
+        if stream is None:
+            try:
+                st = _tls.stream
+            except AttributeError:
+                st = _first_stream()
+        elif type(stream) is Stream:
+            st = stream
+        else:
+            st = as_stream(stream)
+        return BoundLaunch(self, args, st)
+
     def dispatch_indirect(self, count: Any, *args: Any, stream: Any = None, grid: Any = None,
                           threads: bool = False, host_read: bool | None = None) -> None:
         """Launch with the workgroup count (``threads=True``: thread count) read from ``count``,
