@@ -86,17 +86,7 @@ def median_per_call_us(fn: Callable[[], Any], *, calls: int = 200, batches: int 
                        sync: Callable[[], Any] | None = None, warmup: int = 3) -> dict[str, float]:
     """Host time per call (us): ``batches`` batches of ``calls`` calls, the device synchronised
     between batches (untimed) so the launch queue never fills. Median and min of the batches."""
-    per: list[float] = []
-    for b in range(warmup + batches):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        if sync is not None:
-            sync()
-        if b >= warmup:
-            per.append((t1 - t0) / calls * 1e6)
-    return {"median": statistics.median(per), "min": min(per), "max": max(per)}
+    return interleaved_per_call_us({"fn": fn}, calls=calls, batches=batches, sync=sync, warmup=warmup)["fn"]
 
 
 def device_info() -> dict[str, Any]:

@@ -26,6 +26,19 @@ from khal_runtime.stream import Stream, as_stream, default_stream
 __all__ = ["CrateKernels", "Kernel", "KernelSet", "find_package_dir", "load"]
 
 
+def _stream_of(stream: Any) -> Stream:
+    """``stream=`` of a launch: None (this thread's owned stream), a Stream, or anything
+    :func:`khal_runtime.stream.as_stream` takes."""
+    if stream is None:
+        try:
+            return _tls.stream  # type: ignore[no-any-return]
+        except AttributeError:
+            return _first_stream()
+    if type(stream) is Stream:
+        return stream
+    return as_stream(stream)
+
+
 class Kernel:
     """One entry point. ``k(n, *args, stream=None)`` runs ``n`` threads (grid = ceil(n / block.x));
     ``k.launch(grid, block, *args, stream=None, shared_mem=0)`` takes explicit dimensions."""
@@ -82,27 +95,11 @@ class Kernel:
         self.__class__ = cls
 
     def __call__(self, n: int, *args: Any, stream: Any = None) -> None:
-        if stream is None:
-            try:
-                st = _tls.stream
-            except AttributeError:
-                st = _first_stream()
-        elif type(stream) is Stream:
-            st = stream
-        else:
-            st = as_stream(stream)
+        st = _stream_of(stream)
         _slow_call(self, n, args, st)
 
     def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int = 0) -> None:
-        if stream is None:
-            try:
-                st = _tls.stream
-            except AttributeError:
-                st = _first_stream()
-        elif type(stream) is Stream:
-            st = stream
-        else:
-            st = as_stream(stream)
+        st = _stream_of(stream)
         d = st.device_id
         try:
             plan = self._plans[d]
@@ -127,15 +124,7 @@ class Kernel:
         ``b(n)`` launches ``n`` threads at about the cost of a raw ``cuLaunchKernel``."""
         from khal_runtime.bound import BoundLaunch
 
-        if stream is None:
-            try:
-                st = _tls.stream
-            except AttributeError:
-                st = _first_stream()
-        elif type(stream) is Stream:
-            st = stream
-        else:
-            st = as_stream(stream)
+        st = _stream_of(stream)
         return BoundLaunch(self, args, st)
 
     def dispatch_indirect(self, count: Any, *args: Any, stream: Any = None, grid: Any = None,
