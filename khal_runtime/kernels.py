@@ -79,6 +79,16 @@ class Kernel:
                         self._install_fast(p)
         return p
 
+    def _ready(self, device_id: int) -> LaunchPlan:
+        """The plan on ``device_id``, with that device's context current in this thread."""
+        try:
+            plan = self._plans[device_id]
+        except KeyError:
+            plan = self.plan(device_id)
+        if getattr(_tls, "dev", -1) != device_id:
+            ensure_current(device_id)
+        return plan
+
     def _install_fast(self, plan: LaunchPlan) -> None:
         """Give this kernel a ``__call__`` generated for its entry on ``plan``'s device.
 
@@ -100,13 +110,7 @@ class Kernel:
 
     def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int = 0) -> None:
         st = _stream_of(stream)
-        d = st.device_id
-        try:
-            plan = self._plans[d]
-        except KeyError:
-            plan = self.plan(d)
-        if getattr(_tls, "dev", -1) != d:
-            ensure_current(d)
+        plan = self._ready(st.device_id)
         if type(grid) is int and grid > 0:
             gx, gy, gz = grid, 1, 1
         else:
@@ -148,13 +152,7 @@ class Kernel:
 
 def _slow_call(self: Kernel, n: Any, args: tuple[Any, ...], st: Stream) -> None:
     """``Kernel.__call__`` with the stream resolved: any device, any thread count."""
-    d = st.device_id
-    try:
-        plan = self._plans[d]
-    except KeyError:
-        plan = self.plan(d)
-    if getattr(_tls, "dev", -1) != d:
-        ensure_current(d)
+    plan = self._ready(st.device_id)
     if n > 0:
         bx = self._bx
         plan.run((n + bx - 1) // bx, 1, 1, bx, self._by, self._bz, 0, st, args)
