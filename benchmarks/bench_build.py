@@ -147,6 +147,23 @@ def run(args: Any) -> list[Row]:
                 os.environ.pop("KHAL_CUDA_ARCHS", None)
                 os.environ.pop("KHAL_PTX_ARCH", None)
 
+        def cub_crate() -> None:
+            # The header-heavy crate (CUB, cooperative groups, bf16) with every default arch + PTX:
+            # cold (empty cache: parsed once per arch, archs in parallel processes), then warm.
+            cs = [c for c in _crates(proj) if c.name == "cccl"]
+            cache = Path(tempfile.mkdtemp(prefix="khal-bench-cub-"))
+            try:
+                cold_r = _inproc(proj, cache, cs)
+                warm_r = _inproc(proj, cache, cs)
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
+            archs = ", ".join(cs[0].archs) if cs else "?"
+            rows.append(Row(SECTION, "CUB crate 'cccl', default archs + PTX, cold", cold_r.seconds, "s", 1.0,
+                            "cold", note=f"{cold_r.compiled} compiles ({archs})"))
+            rows.append(Row(SECTION, "CUB crate 'cccl', default archs + PTX, warm", warm_r.seconds, "s",
+                            warm_r.seconds / cold_r.seconds, "cold",
+                            note=f"{warm_r.compiled} compiles, {warm_r.cached} from cache"))
+
         def nvcc_vs_nvrtc() -> None:
             nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
             if not Path(nvcc).exists():
@@ -198,6 +215,7 @@ def run(args: Any) -> list[Row]:
 
         guarded(SECTION, "archs scaling", rows, archs_scaling)
         guarded(SECTION, "crates scaling", rows, crates_scaling)
+        guarded(SECTION, "CUB crate cold/warm", rows, cub_crate)
         guarded(SECTION, "nvcc vs NVRTC", rows, nvcc_vs_nvrtc)
     finally:
         os.environ.update(saved)

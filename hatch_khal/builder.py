@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -100,6 +100,8 @@ class _Job:
     options: list[str]
     key: str
     header_mode: str = "wheels"
+    #: includes CUDA / CCCL headers: seconds per arch, compiled in worker processes
+    heavy: bool = False
 
 
 @dataclass
@@ -337,7 +339,8 @@ def _jobs(plan: _CratePlan, root: Path, archs: list[str], ptx: str | None) -> li
                 }
             )
         )
-        jobs.append(_Job(cfg.name, arch, unit.text, f"{cfg.name}.khal.cu", options, key, cfg.cuda_headers))
+        jobs.append(_Job(cfg.name, arch, unit.text, f"{cfg.name}.khal.cu", options, key, cfg.cuda_headers,
+                         heavy=bool(plan.sources.system_includes)))
     return jobs
 
 
@@ -347,54 +350,78 @@ def _compile_job(job: _Job) -> tuple[bytes, str, float]:
     return r.data, r.log, time.perf_counter() - t0
 
 
-_POOL: tuple[int, ProcessPoolExecutor] | None = None
+def _in_processes(todo: list[_Job], workers: int) -> list[object]:
+    """Compile ``todo`` in ``workers`` child processes (``python -m hatch_khal._worker``)."""
+    import pickle
+    import subprocess
+    import sys
 
+    from hatch_khal import errors
 
-def _process_pool(workers: int) -> ProcessPoolExecutor:
-    """One pool of compile workers per build process, reused by later builds in it."""
-    global _POOL
-    if _POOL is not None and _POOL[0] >= workers:
-        return _POOL[1]
-    import atexit
-    import multiprocessing
-
-    if _POOL is not None:
-        _POOL[1].shutdown()
-    ctx = multiprocessing.get_context("spawn")  # never fork a (possibly threaded) build backend
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
-    if _POOL is None:
-        atexit.register(lambda: _POOL and _POOL[1].shutdown(cancel_futures=True))
-    _POOL = (workers, pool)
-    return pool
+    chunks = [todo[i::workers] for i in range(workers)]
+    env = dict(os.environ)
+    # the child sees what this process sees (an isolated build env is only on sys.path)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    procs = []
+    for chunk in chunks:
+        proc = subprocess.Popen([sys.executable, "-m", "hatch_khal._worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        assert proc.stdin is not None
+        proc.stdin.write(pickle.dumps([(j.text, j.name, j.arch, j.options, j.crate) for j in chunk]))
+        proc.stdin.close()
+        procs.append(proc)
+    results: dict[int, object] = {}
+    for chunk, proc in zip(chunks, procs):
+        assert proc.stdout is not None and proc.stderr is not None
+        raw = proc.stdout.read()
+        err = proc.stderr.read()
+        proc.wait()
+        try:
+            outs = pickle.loads(raw) if proc.returncode == 0 else None
+        except Exception:  # noqa: BLE001 - a broken worker is reported below
+            outs = None
+        if outs is None or len(outs) != len(chunk):
+            tail = err.decode("utf-8", "replace")[-2000:]
+            raise KhalBuildError(f"a compile worker process failed (exit {proc.returncode}):\n{tail}")
+        for job, out in zip(chunk, outs):
+            if out[0] == "ok":
+                results[id(job)] = out[1:]
+            else:
+                cls = getattr(errors, out[1], KhalBuildError)
+                results[id(job)] = cls(out[2]) if isinstance(cls, type) and issubclass(cls, KhalBuildError) \
+                    else KhalBuildError(out[2])
+    return [results[id(j)] for j in todo]
 
 
 def _compile_all(
     todo: list[_Job], jobs: int | None, reporter: Reporter
 ) -> list[tuple[_Job, bytes, str, float]]:
-    """Compile ``todo``, in parallel worker processes when there is more than one job.
+    """Compile ``todo``: one job in this process; light crates in threads; header-heavy
+    crates in worker processes.
 
-    Processes, not threads: NVRTC releases the GIL but serialises much of its
-    front end internally, so threads gain little on header-heavy crates.
+    NVRTC releases the GIL but serialises much of its front end internally: threads overlap
+    well for small translation units, while crates that include the CUDA headers or CCCL
+    (seconds of parsing per arch) only scale in separate processes.
     """
     if not todo:
         return []
     workers = jobs or int(os.environ.get("KHAL_JOBS", "0") or 0) or os.cpu_count() or 1
     workers = max(1, min(workers, len(todo)))
-    outcomes: list[tuple[_Job, object]] = []
+
+    def attempt(job: _Job) -> object:
+        try:
+            return _compile_job(job)
+        except KhalBuildError as exc:
+            return exc
+
     if workers == 1:
-        for job in todo:
-            try:
-                outcomes.append((job, _compile_job(job)))
-            except KhalBuildError as exc:
-                outcomes.append((job, exc))
+        results = [attempt(j) for j in todo]
+    elif any(j.heavy for j in todo):
+        results = _in_processes(todo, workers)
     else:
-        pool = _process_pool(workers)
-        futures = [(job, pool.submit(_compile_job, job)) for job in todo]
-        for job, fut in futures:
-            try:
-                outcomes.append((job, fut.result()))
-            except KhalBuildError as exc:
-                outcomes.append((job, exc))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(attempt, todo))
+    outcomes = list(zip(todo, results))
     # All archs of a crate fail alike: report each crate's first failure once.
     failures: dict[str, KhalBuildError] = {}
     done = []

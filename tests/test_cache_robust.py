@@ -85,3 +85,19 @@ def test_two_builds_at_once_share_one_cache_and_give_identical_wheels(tmp_path: 
     (wb,) = (tmp_path / "b" / "dist").glob("*.whl")
     assert wa.read_bytes() == wb.read_bytes()
     assert _entries_are_whole(cache) == 4  # each key compiled and stored once: 2 crates x (ptx + sm_90)
+
+
+def test_parallel_build_from_a_script_without_main_guard(tmp_path: Path) -> None:
+    """Worker processes must not re-run the caller's __main__ (a setup.py, a user's script):
+    a multiprocessing 'spawn' pool would, and every worker would start the build again."""
+    if sys.version_info < (3, 11):  # the script uses tomllib
+        import pytest
+
+        pytest.skip("needs Python 3.11")
+    root = make_project(tmp_path / "p", hook='archs = ["sm_80", "sm_90"]\n', files={"kernels/beta/fill.cu": HALF_CU})
+    script = tmp_path / "build_script.py"
+    script.write_text(BUILD_SCRIPT)  # module-level code, no `if __name__ == "__main__":`
+    out = subprocess.run([sys.executable, str(script), str(root), str(tmp_path / "cache")], capture_output=True,
+                         text=True, env=build_env(tmp_path / "cache", KHAL_JOBS="2"), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("start") == 1 and out.stdout.count("done") == 1
