@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from _common import ROOT, Row, crate_unit, guarded
 
@@ -53,6 +54,18 @@ def _inproc(proj: Path, cache_dir: Path | None, crates: list[Any] | None = None)
 
     cache = Cache(cache_dir, lambda m: None) if cache_dir else Cache(None)
     return build_packages(proj, crates if crates is not None else _crates(proj), Quiet(), cache=cache)
+
+
+@contextlib.contextmanager
+def _cubins_only(archs: list[str]) -> Iterator[None]:
+    """Build these cubin archs and no PTX (KHAL_CUDA_ARCHS / KHAL_PTX_ARCH) for the block."""
+    os.environ["KHAL_CUDA_ARCHS"] = ",".join(archs)
+    os.environ["KHAL_PTX_ARCH"] = "none"
+    try:
+        yield
+    finally:
+        os.environ.pop("KHAL_CUDA_ARCHS", None)
+        os.environ.pop("KHAL_PTX_ARCH", None)
 
 
 def _wheel(proj: Path, out: Path, env: dict[str, str]) -> float:
@@ -111,31 +124,19 @@ def run(args: Any) -> list[Row]:
         crates_all = _crates(proj)
 
         def archs_scaling() -> None:
-            os.environ["KHAL_CUDA_ARCHS"] = "sm_90"
-            os.environ["KHAL_PTX_ARCH"] = "none"
-            try:
-                _inproc(proj, None, _crates(proj))  # warm-up: compile pool, file cache
-            finally:
-                os.environ.pop("KHAL_CUDA_ARCHS", None)
-                os.environ.pop("KHAL_PTX_ARCH", None)
+            with _cubins_only(["sm_90"]):
+                _inproc(proj, None, _crates(proj))  # warm-up: compile workers, file cache
             base = None
             for label, archs in (("1 arch", ["sm_90"]), ("4 archs", FOUR_ARCHS), (f"all {len(all_archs)} archs", all_archs)):
-                os.environ["KHAL_CUDA_ARCHS"] = ",".join(archs)
-                os.environ["KHAL_PTX_ARCH"] = "none"
-                try:
+                with _cubins_only(archs):
                     r = _inproc(proj, None, _crates(proj))
-                finally:
-                    os.environ.pop("KHAL_CUDA_ARCHS", None)
-                    os.environ.pop("KHAL_PTX_ARCH", None)
                 base = base or r.seconds
                 rows.append(Row(SECTION, f"hook cold, {label}, all crates", r.seconds, "s", r.seconds / base,
                                 "1 arch", note=f"{r.compiled} compiles"))
                 res[f"hook_{len(archs)}"] = (r.seconds, archs)
 
         def crates_scaling() -> None:
-            os.environ["KHAL_CUDA_ARCHS"] = "sm_90"
-            os.environ["KHAL_PTX_ARCH"] = "none"
-            try:
+            with _cubins_only(["sm_90"]):
                 base = None
                 for label, only in (("crate core", "core"), (f"all {len(crates_all)} crates", None)):
                     cs = [c for c in _crates(proj) if only is None or c.name == only]
@@ -143,9 +144,6 @@ def run(args: Any) -> list[Row]:
                     base = base or r.seconds
                     rows.append(Row(SECTION, f"hook cold, sm_90, {label}", r.seconds, "s", r.seconds / base,
                                     "core only", note=f"{r.compiled} compiles"))
-            finally:
-                os.environ.pop("KHAL_CUDA_ARCHS", None)
-                os.environ.pop("KHAL_PTX_ARCH", None)
 
         def cub_crate() -> None:
             # The header-heavy crate (CUB, cooperative groups, bf16) with every default arch + PTX:
@@ -198,13 +196,8 @@ def run(args: Any) -> list[Row]:
             with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
                 list(pool.map(one, cmds))
             par = time.perf_counter() - t0
-            os.environ["KHAL_CUDA_ARCHS"] = ",".join(archs)
-            os.environ["KHAL_PTX_ARCH"] = "none"
-            try:
+            with _cubins_only(archs):
                 hook = _inproc(proj, None, _crates(proj))
-            finally:
-                os.environ.pop("KHAL_CUDA_ARCHS", None)
-                os.environ.pop("KHAL_PTX_ARCH", None)
             n = len(cmds)
             rows.append(Row(SECTION, f"hook (NVRTC, parallel), {n} cubins", hook.seconds, "s", 1.0, "hook",
                             note=f"{hook.compiled} compiles, {len(units)} crates x {len(archs)} archs"))
