@@ -182,7 +182,7 @@ def run(args: Any) -> list[Row]:
             continue
         raw_r = results.get((kname, "c"))
         ratio = r["median"] / raw_r["median"] if raw_r else None
-        bar, ok, note = "", None, ""
+        bar, ok = "", None
         if key == "a" and kname == "five":
             bar = "<= 1.15x (c); < (d), (e)"
             d_r, e_r = results.get((kname, "d")), results.get((kname, "e"))
@@ -199,7 +199,6 @@ def run(args: Any) -> list[Row]:
                         bar, ok, f"min {r['min']:.2f}", extra=r))
     order = {lab: i for i, lab in enumerate(labels.values())}
     rows.sort(key=lambda r: (r.name.split()[0], order.get(r.name.split(" ", 1)[-1], 99)))
-    del keep
     return rows
 
 

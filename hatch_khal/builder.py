@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from khal_runtime.binaries import BinaryFormatError, BinaryInfo, khal_symbols, read_binary
 from khal_runtime.manifest import (
@@ -38,7 +38,7 @@ from hatch_khal.cache import Cache, default_cache_dir
 from hatch_khal.codegen import generate_unit, indirect_symbol_for, probe_names
 from hatch_khal.config import ResolvedCrate, env_var_for_crate
 from hatch_khal.entries import SCALAR_TYPES, EntryDecl, find_entries
-from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, PrebuiltError, SourceError
+from hatch_khal.errors import ConfigError, KhalBuildError, PrebuiltError, SourceError
 from hatch_khal.headers import HeaderSet, header_hint, resolve_headers
 from hatch_khal.hashing import canonical, crate_content_hash, entry_hash, khal_header_sha256, sha256_bytes
 from hatch_khal.nvrtc import compile_unit, nvrtc_version, supported_archs

@@ -8,7 +8,6 @@ cuda-bindings (through cuda-pathfinder). PTX is produced here rather than by
 from __future__ import annotations
 
 import os
-import re
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -102,7 +101,6 @@ class CompileResult:
     log: str  # warnings (empty when clean)
 
 
-_LOG_NOISE = re.compile(r"^\s*$")
 
 
 def compile_unit(

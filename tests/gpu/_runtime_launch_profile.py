@@ -7,7 +7,6 @@ import ctypes
 import pstats
 import sys
 import tempfile
-import time
 import timeit
 from pathlib import Path
 
