@@ -19,7 +19,7 @@ from typing import Any
 
 from khal_runtime.device import _tls, ensure_current
 from khal_runtime.dtypes import bf16_bits
-from khal_runtime.launching import diagnose_args, hooks
+from khal_runtime.launching import diagnose_args, hooks, thread_count
 
 __all__ = ["BoundLaunch"]
 
@@ -72,7 +72,7 @@ class BoundLaunch:
         """Launch ``n`` threads (grid = ceil(n / block.x)) with the bound arguments."""
         bx, by, bz = self._block
         if type(n) is not int or n <= 0:
-            n = int(n)
+            n = thread_count(self.kernel.name, n)
             if n <= 0:
                 if n < 0:
                     raise ValueError(f"{self.kernel.name}(): thread count must be >= 0, got {n}")

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from khal_runtime import _cuda
 from khal_runtime.device import _tls, ensure_current
 from khal_runtime.errors import KhalError
-from khal_runtime.launching import LaunchPlan, dim3
+from khal_runtime.launching import LaunchPlan, dim3, thread_count
 from khal_runtime.loader import CrateRuntime
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
 from khal_runtime.stream import Stream, as_stream, default_stream
@@ -152,6 +152,8 @@ class Kernel:
 
 def _slow_call(self: Kernel, n: Any, args: tuple[Any, ...], st: Stream) -> None:
     """``Kernel.__call__`` with the stream resolved: any device, any thread count."""
+    if type(n) is not int:
+        n = thread_count(self.name, n)
     plan = self._ready(st.device_id)
     if n > 0:
         bx = self._bx

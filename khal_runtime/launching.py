@@ -21,6 +21,7 @@ persistent-grid variant of entries that declare ``indirect_symbol``.
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import struct
 import threading
@@ -98,6 +99,18 @@ _MAX_INLINE = 3
 _MISSING = object()  # default of the generated __call__'s parameters: "not passed"
 _NOMEMO = object()  # a prepacked-path memo slot that no argument is identical to
 _PACK_U64 = struct.Struct("<Q").pack_into
+
+
+def thread_count(kernel: str, n: Any) -> int:
+    """A launch's thread count as an int: ints and NumPy integers, never floats (no silent
+    truncation), strings or None."""
+    try:
+        return operator.index(n)
+    except TypeError:
+        raise ArgumentError(
+            f"{kernel}(): the first argument is the thread count, an integer >= 0; "
+            f"got {n!r} ({type(n).__name__})"
+        ) from None
 
 
 def _param_desc(p: Param) -> str:

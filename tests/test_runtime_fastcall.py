@@ -167,3 +167,15 @@ def test_prepacked_path_repacks_whatever_changed(fake: FakeDriver, monkeypatch: 
     with pytest.raises(ArgumentValueError, match="freed"):
         k(300, x, y, z, p, 0.5, stream=st)
     assert len(fake.launches) == n + 1
+
+
+@pytest.mark.parametrize("n", [1.5, "10", None])
+def test_thread_count_must_be_an_integer(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch, n: Any) -> None:
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    x = DeviceBuffer(0x1000, 10, "float32", 0)
+    with pytest.raises(ArgumentError, match=r"five\(\): the first argument is the thread count, an integer"):
+        k(n, x, x, x, P(1, 2), 1.0, stream=st)
+    with pytest.raises(ArgumentError, match=r"five\(\): the first argument is the thread count"):
+        k.bind(x, x, x, x, 1.0, stream=st)(n)
+    assert fake.launches == []
