@@ -40,12 +40,16 @@ __all__ = ["LaunchConfig", "LaunchPlan", "hooks", "launch", "dim3"]
 
 
 def dim3(v: int | Sequence[int], what: str = "grid") -> tuple[int, int, int]:
-    if isinstance(v, int):
-        t = (v, 1, 1)
-    else:
-        t = tuple(int(x) for x in v) + (1,) * (3 - len(v))  # type: ignore[assignment]
-        if len(t) != 3:
-            raise ValueError(f"{what}: expected up to 3 dimensions, got {v!r}")
+    """An int or a sequence of up to 3 ints (NumPy integers too; never floats) as (x, y, z)."""
+    try:
+        if isinstance(v, (str, bytes)):
+            raise TypeError
+        t = (operator.index(v), 1, 1) if not hasattr(v, "__len__") else \
+            tuple(operator.index(x) for x in v) + (1,) * (3 - len(v))  # type: ignore[arg-type]
+    except TypeError:
+        raise ArgumentError(f"{what}: expected an integer or up to 3 integers, got {v!r}") from None
+    if len(t) != 3:
+        raise ValueError(f"{what}: expected up to 3 dimensions, got {v!r}")
     if any(x < 1 for x in t):
         raise ValueError(f"{what}: every dimension must be >= 1, got {t}")
     return t  # type: ignore[return-value]

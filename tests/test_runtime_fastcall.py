@@ -179,3 +179,13 @@ def test_thread_count_must_be_an_integer(fake: FakeDriver, monkeypatch: pytest.M
     with pytest.raises(ArgumentError, match=r"five\(\): the first argument is the thread count"):
         k.bind(x, x, x, x, 1.0, stream=st)(n)
     assert fake.launches == []
+
+
+@pytest.mark.parametrize("grid", [1.5, "x", (2, 0.5)])
+def test_explicit_launch_grid_must_be_integers(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch, grid: Any) -> None:
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    x = DeviceBuffer(0x1000, 10, "float32", 0)
+    with pytest.raises(ArgumentError, match=r"grid: expected an integer or up to 3 integers"):
+        k.launch(grid, 128, x, x, x, P(1, 2), 1.0, stream=st)
+    assert fake.launches == []
