@@ -127,6 +127,7 @@ def make_kernels() -> tuple[Any, Any, Any]:
     st.device_id, st.handle, st._cu, st._owned, st._keep = 0, 0x1234, 0x1234, False, None
     _tls.stream = st
     _tls.dev = 0
+    _tls.ready = st
     runtime = SimpleNamespace(crate=SimpleNamespace(name="bench"))
     out = []
     for name, params in (("empty1", [("x", "storage")]),

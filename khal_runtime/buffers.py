@@ -30,6 +30,27 @@ Extractor = Callable[[Any], "tuple[int, int, Hashable]"]
 
 FREED = "<freed buffer>"
 
+#: ``EPOCH[0]`` changes whenever device memory an earlier launch may have packed a pointer to
+#: becomes invalid: a DeviceBuffer freed, the uniform cache flushed. Each change also clears
+#: every memo of the typed call's prepacked path (launching.py), registered in ``MEMOS`` as
+#: (memo list, index of its valid flag); a launch that read its arguments before a change
+#: stores no memo after it.
+EPOCH = [0]
+MEMOS: list[tuple[list[Any], int]] = []
+_EPOCH_LOCK = threading.Lock()
+
+
+def bump_epoch() -> None:
+    with _EPOCH_LOCK:  # a lock: two racing ``+= 1`` could leave the epoch changed once, not twice
+        EPOCH[0] += 1
+        for memo, flag in MEMOS:
+            memo[flag] = None
+
+
+def register_memo(memo: list[Any], flag: int) -> None:
+    with _EPOCH_LOCK:
+        MEMOS.append((memo, flag))
+
 
 class DeviceBuffer:
     """A contiguous 1-D array of ``count`` elements of ``dtype`` in device memory.
@@ -175,7 +196,7 @@ class DeviceBuffer:
         return Device(self.device_id).default_stream
 
     def _check_live(self, what: str) -> None:
-        if self._et == FREED:
+        if self._et == FREED or (self._base is not None and self._base._et == FREED):
             raise ArgumentValueError(f"DeviceBuffer.{what}: the buffer was freed")
 
     # -- views ----------------------------------------------------------------------------------
@@ -226,6 +247,7 @@ class DeviceBuffer:
         for b in (self, root):
             b._et = FREED
             b.ptr = 0
+        bump_epoch()  # after the buffer reads as freed: a launch packing it from now on sees it
 
     def __del__(self) -> None:
         if self._base is None and getattr(self, "_alloc", None) is not None:
@@ -312,7 +334,8 @@ class BadArgument(Exception):
 
 
 def _x_buffer(b: DeviceBuffer) -> tuple[int, int, Hashable]:
-    return b.ptr, b.size, b._et
+    # a slice of a freed buffer reads as freed too (free() marks the buffer it was called on)
+    return b.ptr, b.size, b._et if b._base is None or b._base._et is not FREED else FREED
 
 
 def _torch_bad(t: Any) -> BadArgument:

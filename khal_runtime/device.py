@@ -8,12 +8,14 @@ from typing import Any
 from khal_runtime import _cuda
 from khal_runtime._cuda import check
 
-__all__ = ["Device", "current_device_id", "ensure_current"]
+__all__ = ["Device", "current_device_id", "ensure_current", "ready_stream"]
 
 _lock = threading.Lock()
 _devices: dict[int, Device] = {}
 #: Per thread: ``dev`` = device whose primary context this thread made current,
-#: ``default`` = the device plain calls use (Device(i).use()).
+#: ``default`` = the device plain calls use (Device(i).use()), ``stream`` = the owned stream
+#: plain calls launch on, ``ready`` = that stream while its device's context is the one
+#: current here (one read tells the launch path both; see :func:`ready_stream`).
 _tls = threading.local()
 
 
@@ -114,6 +116,7 @@ class Device:
         """Make this the device of plain calls (no ``stream=``) in the calling thread."""
         _tls.default = self._ordinal
         _tls.__dict__.pop("stream", None)
+        _tls.__dict__.pop("ready", None)
         ensure_current(self._ordinal)
         return self
 
@@ -154,5 +157,21 @@ def ensure_current(ordinal: int) -> None:
     """Make the device's primary context current if this thread has not already."""
     if getattr(_tls, "dev", -1) != ordinal:
         dev = Device(ordinal)
+        d = _tls.__dict__
+        d.pop("ready", None)
         check(_cuda.driver().cuCtxSetCurrent(dev._ctx), "cuCtxSetCurrent")
         _tls.dev = ordinal
+        s = d.get("stream")
+        if s is not None and s.device_id == ordinal:
+            d["ready"] = s
+
+
+def ready_stream() -> Any:
+    """This thread's owned stream for plain calls, with its device's context made current
+    here; afterwards ``_tls.ready`` holds it until the thread's current device changes."""
+    from khal_runtime.stream import default_stream
+
+    s = default_stream()
+    ensure_current(s.device_id)
+    _tls.ready = s
+    return s

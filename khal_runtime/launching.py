@@ -25,16 +25,17 @@ import operator
 import os
 import struct
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from khal_runtime import _cuda
-from khal_runtime.buffers import (EXTRACTORS, BadArgument, DeviceBuffer, _x_cupy, _x_cupy_fast, _x_torch,
-                                  extractor_for)
+from khal_runtime.buffers import (EPOCH, EXTRACTORS, FREED, BadArgument, DeviceBuffer, _x_cupy, _x_cupy_fast,
+                                  _x_torch, extractor_for, register_memo)
 from khal_runtime.dtypes import SCALAR_TYPES, STRUCT_CODES, bf16_bits, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError, CudaError
 from khal_runtime.manifest import Entry, Param
-from khal_runtime.uniforms import _CONVERTERS, UniformCache, _c_ctypes, uniform_converter
+from khal_runtime.uniforms import _CONVERTERS, UniformCache, _c_buffer, _c_ctypes, uniform_converter
 
 __all__ = ["LaunchConfig", "LaunchPlan", "hooks", "launch", "dim3"]
 
@@ -65,19 +66,36 @@ class LaunchConfig:
 
 
 class _Hooks:
-    """Launch hooks. ``active`` is read once per launch; when set, ``dispatch`` runs the launch:
-    ``dispatch(plan, grid, block, shmem, stream, args, do_launch)`` must call ``do_launch()``."""
+    """Launch hooks. When ``active``, ``dispatch`` runs every launch:
+    ``dispatch(plan, grid, block, shmem, stream, args, do_launch)`` must call ``do_launch()``.
+
+    The generated launch code of every plan holds the dispatch call only while hooks are
+    installed (install/uninstall regenerate it), so launches without tracing pay nothing."""
 
     active: bool = False
     dispatch: Callable[..., Any] | None = None
 
     def install(self, dispatch: Callable[..., Any]) -> None:
         self.dispatch = dispatch
-        self.active = True
+        was, self.active = self.active, True
+        if not was:
+            _regenerate_all()
 
     def uninstall(self) -> None:
-        self.active = False
+        was, self.active = self.active, False
         self.dispatch = None
+        if was:
+            _regenerate_all()
+
+
+#: every live LaunchPlan, to regenerate their launch code when hooks come and go
+_PLANS: weakref.WeakSet[LaunchPlan] = weakref.WeakSet()
+
+
+def _regenerate_all() -> None:
+    for plan in list(_PLANS):
+        with plan._keep_lock:
+            plan._regenerate()
 
 
 hooks = _Hooks()
@@ -103,6 +121,36 @@ _MAX_INLINE = 3
 _MISSING = object()  # default of the generated __call__'s parameters: "not passed"
 _NOMEMO = object()  # a prepacked-path memo slot that no argument is identical to
 _PACK_U64 = struct.Struct("<Q").pack_into
+
+
+def _uniform_reader(obj: Any, converted: Any) -> Any:
+    """How the prepacked path re-reads a uniform argument it saw before: None when its identity
+    is enough (``bytes`` never change; a device buffer's pointer is fixed until it is freed,
+    which moves the EPOCH), else a function giving its current bytes (a ctypes struct or a
+    NumPy value can be changed in place); ``_NOMEMO`` for a type it cannot re-read."""
+    if converted.__class__ is not bytes or type(obj) is bytes:
+        return None
+    conv = _CONVERTERS.get(type(obj))
+    if conv is _c_ctypes or conv is _c_buffer:
+        return bytes
+    return _NOMEMO if conv is None else conv
+
+
+class _ImmutableScalars(dict):  # type: ignore[type-arg]
+    """type -> whether a scalar argument of that type can never change in place (so the
+    prepacked path may reuse what it packed from the same object): Python and NumPy scalars
+    can't, a 0-d NumPy array or a ctypes number can."""
+
+    def __missing__(self, tp: type) -> bool:
+        import sys
+
+        np = sys.modules.get("numpy")
+        ok = issubclass(tp, (int, float)) or (np is not None and issubclass(tp, np.generic))
+        self[tp] = ok
+        return ok
+
+
+_IMMUTABLE = _ImmutableScalars()
 
 
 def thread_count(kernel: str, n: Any) -> int:
@@ -180,12 +228,26 @@ class LaunchPlan:
         self._uinline: list[dict[type, str]] = [{} for _ in entry.params]
         #: called with the plan after the launch code was regenerated (a new type inlined)
         self.on_regenerate: list[Callable[[LaunchPlan], None]] = []
+        # this thread's block and memo (_new_slot): args, stream, n, gx, uniforms, buf, addr
+        n_params = len(entry.params)
+        self._m_stream, self._m_n, self._m_gx = n_params, n_params + 1, n_params + 2
+        self._m_uniform: dict[int, tuple[int, int]] = {}  # param -> (reader slot, bytes slot)
+        k = n_params + 3
+        for i, p in enumerate(entry.params):
+            if p.kind == "uniform":
+                self._m_uniform[i] = (k, k + 1)
+                k += 2
+        self._m_buf, self._m_addr, self._m_len = k, k + 1, k + 2
         self.source = ""
         self.call_source = ""
         self.run = self._generate()
+        _PLANS.add(self)
 
     # per-thread argument block ----------------------------------------------------------------
-    def _new_slot(self) -> tuple[Any, int]:
+    def _new_slot(self) -> list[Any]:
+        """This thread's argument block and prepacked-path memo (see :meth:`make_call`): one
+        list, ``[arg 0 .. arg P-1, stream, n, gx, (reader, bytes) per uniform, buf, addr]``;
+        the stream slot is the memo's valid flag (cleared by ``buffers.bump_epoch``)."""
         buf = ctypes.create_string_buffer(max(self.args_size, 8))
         base = ctypes.addressof(buf)
         n = len(self._offsets)
@@ -194,11 +256,13 @@ class LaunchPlan:
             addr = ctypes.addressof(ptrs)
         else:
             ptrs, addr = None, 0
-        memo = [_NOMEMO] * (2 * len(self.entry.params))
+        m: list[Any] = [_NOMEMO] * self._m_len
+        m[self._m_buf], m[self._m_addr] = buf, addr
         with self._keep_lock:
             self._keep.append((buf, ptrs))
-        self._tls.s = (buf, addr, memo)
-        return buf, addr, memo
+        register_memo(m, self._m_stream)
+        self._tls.s = m
+        return m
 
     # dtype learning ---------------------------------------------------------------------------
     def _learn(self, i: int, key: Any) -> None:
@@ -225,7 +289,7 @@ class LaunchPlan:
     # code generation --------------------------------------------------------------------------
     def _namespace(self) -> dict[str, Any]:
         from khal_runtime.device import _tls as dev_tls
-        from khal_runtime.device import ensure_current
+        from khal_runtime.device import ensure_current, ready_stream
         from khal_runtime.stream import Stream, as_stream, default_stream
 
         ns: dict[str, Any] = {
@@ -248,6 +312,11 @@ class LaunchPlan:
                     ns[f"_UT{i}_{j}"] = tp
         ns["_useen"] = self._uniform_seen
         ns["_NOMEMO"] = _NOMEMO
+        ns["_E"] = EPOCH
+        ns["_FREED"] = FREED
+        ns["_IMM"] = _IMMUTABLE
+        ns["_urd"] = _uniform_reader
+        ns["_ready"] = ready_stream
         ns["_pq"] = _PACK_U64
         ns["_sseen"] = self._storage_seen
         return ns
@@ -271,40 +340,7 @@ class LaunchPlan:
         for cb in list(self.on_regenerate):
             cb(self)
 
-    def _memo_store_lines(self, I: str) -> list[str]:  # noqa: E741
-        """Remember a fully packed launch for the prepacked fast path, two items per parameter:
-        a DeviceBuffer and its element-type tag (``free()`` changes the tag), a scalar object,
-        or ``_NOMEMO`` (never identical to an argument). Only when every buffer is a
-        DeviceBuffer: other array objects (torch, CuPy, ...) can change under the same identity.
-        The full path clears the memo before packing (``m[0] = _NOMEMO``), so a launch that
-        fails half-way through packing never leaves a memo describing a half-written block."""
-        items: list[str] = []
-        dbs: list[str] = []
-        for i, p in enumerate(self.entry.params):
-            if p.kind == "storage":
-                items += [f"a{i}", f"k{i}"]
-                dbs.append(f"t{i} is _DB")
-            elif p.kind == "scalar":
-                items += [f"a{i}", "_NOMEMO"]
-            else:
-                items += ["_NOMEMO", "_NOMEMO"]
-        store = f"m[:] = ({''.join(x + ', ' for x in items)})"
-        if not dbs:
-            return [f"{I}{store}"]
-        return [f"{I}if {' and '.join(dbs)}:", f"{I}    {store}"]
-
-    def _memo_hit(self) -> str:
-        """The condition under which the packed block of this thread's last launch still holds
-        every storage and scalar argument: the same DeviceBuffer objects, none freed since (their
-        pointer, count and dtype never change otherwise), the same scalar objects."""
-        conds: list[str] = []
-        for i, p in enumerate(self.entry.params):
-            if p.kind == "storage":
-                conds.append(f"a{i} is m[{2 * i}] and a{i}._et is m[{2 * i + 1}]")
-            elif p.kind == "scalar":
-                conds.append(f"a{i} is m[{2 * i}]")
-        return " and ".join(conds) or "True"
-
+    # code generation: argument reading ---------------------------------------------------------
     def _uniform_slots(self) -> list[tuple[int, int]]:
         """(parameter index, byte offset in the argument block) of each uniform."""
         out, slot = [], 0
@@ -315,7 +351,8 @@ class LaunchPlan:
         return out
 
     def _uniform_param_lines(self, i: int, I: str) -> list[str]:  # noqa: E741
-        """Lines reading uniform ``a{i}`` into ``u{i}``, a device pointer to its bytes."""
+        """Lines reading uniform ``a{i}`` into ``u{i}``, a device pointer to its bytes, and
+        ``h{i}``, what its converter gave (bytes, or (pointer, size) of a device buffer)."""
         a, size = f"a{i}", int(self.entry.params[i].element_size)
         lines = [f"{I}t = type({a})"]
         for j, kind in enumerate(self._uinline[i].values()):
@@ -324,6 +361,7 @@ class LaunchPlan:
         return lines + [
             f"{I}{'else:' if self._uinline[i] else 'if True:'}",
             f"{I}    u = _useen({i}, {a})",
+            f"{I}h{i} = u",
             f"{I}if u.__class__ is bytes:",
             f"{I}    if len(u) != {size}: raise _Short()",
             f"{I}    e = _ucache.get(u)",
@@ -333,29 +371,19 @@ class LaunchPlan:
             f"{I}    u{i} = u[0]",
         ]
 
-    def _uniform_lines(self) -> list[str]:
-        I = "        "  # noqa: E741
-        out: list[str] = []
-        for i, p in enumerate(self.entry.params):
-            if p.kind == "uniform":
-                out += self._uniform_param_lines(i, I)
-        return out
-
-    def _arg_lines(self, memo: bool = False) -> tuple[list[str], list[str]]:
-        """Body lines (indented for a ``try:`` inside a function) that read ``a0..`` into
-        packed values and ``addr``; generated only from parameter kinds and validated ints."""
-        entry = self.entry
-        n = len(entry.params)
-        I = "        "
+    def _read_lines(self, I: str) -> list[str]:  # noqa: E741
+        """Lines that read ``a0..`` and pack them into this thread's block ``m``; generated only
+        from parameter kinds and validated ints. Sets ``t{i}`` (storage types) on the way."""
         lines: list[str] = []
         pack_args: list[str] = []
-        for i, p in enumerate(entry.params):
+        for i, p in enumerate(self.entry.params):
             a = f"a{i}"
             if p.kind == "storage":
                 lines += [
                     f"{I}t{i} = type({a})",
                     f"{I}if t{i} is _DB:",
-                    f"{I}    p{i} = {a}.ptr; c{i} = {a}.size; k{i} = {a}._et",
+                    f"{I}    p{i} = {a}.ptr; c{i} = {a}.size",
+                    f"{I}    k{i} = {a}._et if {a}._base is None or {a}._base._et is not _FREED else _FREED",
                 ]
                 for j, kind in enumerate(self._inline[i].values()):
                     lines.append(f"{I}elif t{i} is _T{i}_{j}:")
@@ -375,113 +403,181 @@ class LaunchPlan:
                 pack_args.append(f"u{i}")
             else:
                 pack_args.append(f"_bf16({a})" if p.element_type == "bfloat16" else a)
-        if n:
-            if not memo:  # with the memo, the caller has read the slot already
-                lines += [
-                    f"{I}try:",
-                    f"{I}    buf, addr, m = _tls.s",
-                    f"{I}except AttributeError:",
-                    f"{I}    buf, addr, m = _newslot()",
-                ]
-            lines.append(f"{I}_pack(buf, 0, {', '.join(pack_args)})")
-            if memo:
-                lines += self._memo_store_lines(I)
-        else:
-            lines.append(f"{I}addr = 0")
-        unpack = []
-        names = [f"a{i}" for i in range(n)]
-        if n == 1:
-            unpack.append(f"{I}{names[0]}, = args")
-        elif n:
-            unpack.append(f"{I}{', '.join(names)} = args")
-        else:
-            unpack.append(f"{I}if args: raise _Short()")
-        return unpack, lines
+        if pack_args:
+            lines.append(f"{I}_pack(m[{self._m_buf}], 0, {', '.join(pack_args)})")
+        return lines
+
+    def _slot_lines(self, I: str) -> list[str]:  # noqa: E741
+        return [f"{I}try:", f"{I}    m = _tls.s", f"{I}except AttributeError:", f"{I}    m = _newslot()"]
+
+    def _memo_store_lines(self, I: str) -> list[str]:  # noqa: E741
+        """After a full read and pack: remember the arguments for the prepacked path, only when
+        every buffer is a DeviceBuffer (other array objects, torch or CuPy, can change under the
+        same identity), every scalar is immutable (a 0-d NumPy array is not) and every uniform
+        can be re-read (:func:`_uniform_reader`). The stream is
+        stored last: it is the memo's valid flag, cleared before packing."""
+        P = len(self.entry.params)
+        dbs = [f"t{i} is _DB" if p.kind == "storage" else f"_IMM[type(a{i})]"
+               for i, p in enumerate(self.entry.params) if p.kind != "uniform"]
+        body: list[str] = []
+        conds: list[str] = []
+        for i, (rs, bs) in self._m_uniform.items():
+            body.append(f"r{i} = _urd(a{i}, h{i})")
+            conds.append(f"r{i} is not _NOMEMO")
+        inner = [f"m[{rs}] = r{i}; m[{bs}] = h{i}" for i, (rs, bs) in self._m_uniform.items()]
+        inner += [f"m[0:{P}] = ({''.join(f'a{i}, ' for i in range(P))})",
+                  f"m[{self._m_n}] = n; m[{self._m_gx}] = gx",
+                  f"if ep == _E[0]: m[{self._m_stream}] = st"]
+        out: list[str] = []
+        J = I
+        if dbs:
+            out.append(f"{I}if {' and '.join(dbs)}:")
+            J = I + "    "
+        out += [J + ln for ln in body]
+        if conds:
+            out.append(f"{J}if {' and '.join(conds)}:")
+            J = J + "    "
+        out += [J + ln for ln in inner]
+        return out
+
+    def _memo_hit(self) -> str:
+        """The prepacked path's condition: this thread's last launch of the entry packed these
+        same argument objects for this same stream, and no DeviceBuffer was freed nor the
+        uniform cache flushed since (either clears the stream slot: ``buffers.bump_epoch``)."""
+        conds = [f"a{i} is m[{i}]" for i in range(len(self.entry.params))]
+        conds += [f"st is m[{self._m_stream}]"]
+        return " and ".join(conds)
+
+    def _uniform_recheck_lines(self, I: str) -> list[str]:  # noqa: E741
+        """Prepacked path: a host uniform (ctypes struct, NumPy, ...) may have new contents under
+        the same identity; re-read it, and re-pack its device pointer only if they changed."""
+        lines: list[str] = []
+        offs = dict(self._uniform_slots())
+        for i, (rs, bs) in self._m_uniform.items():
+            size = int(self.entry.params[i].element_size)
+            lines += [
+                f"{I}r = m[{rs}]",
+                f"{I}if r is not None:",
+                f"{I}    u = r(a{i})",
+                f"{I}    if u != m[{bs}]:",
+                f"{I}        if len(u) != {size}: raise _Short()",
+                f"{I}        e = _ucache.get(u)",
+                f"{I}        _pq(m[{self._m_buf}], {offs[i]}, e[0] if e is not None and e[1] is None else _ufetch(u, st))",
+                f"{I}        m[{bs}] = u",
+            ]
+        return lines
 
     @staticmethod
-    def _launch_lines(g: str, b: str, shmem: str) -> list[str]:
+    def _launch_lines(g: str, b: str, shmem: str, args: str) -> list[str]:
+        if hooks.active:  # regenerated when hooks are installed or removed
+            return [
+                f"    return _H.dispatch(_plan, ({g}), ({b}), {shmem}, st, {args},",
+                f"                       lambda: _failed(_launch(_f, {g}, {b}, {shmem}, st._cu, addr, 0)[0], {g}, {b}))",
+            ]
         return [
-            "    if _H.active:",
-            f"        return _H.dispatch(_plan, ({g}), ({b}), {shmem}, st, args,",
-            f"                           lambda: _failed(_launch(_f, {g}, {b}, {shmem}, st._cu, addr, 0)[0], {g}, {b}))",
             f"    r = _launch(_f, {g}, {b}, {shmem}, st._cu, addr, 0)",
             "    if r[0]:",
             f"        _failed(r[0], {g}, {b})",
         ]
 
+    def _compile(self, src: str, what: str, extra: dict[str, Any] | None = None) -> Any:
+        ns = self._namespace()
+        ns.update(extra or {})
+        exec(compile(src, f"<khal {what} {self.entry.name}>", "exec"), ns)
+        return ns
+
     def _generate(self) -> Callable[..., None]:
-        unpack, body = self._arg_lines()
+        """``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: the explicit launch. It packs into
+        the same per-thread block as the typed call, so it clears that block's memo first."""
+        n = len(self.entry.params)
+        I = "        "  # noqa: E741
+        names = [f"a{i}" for i in range(n)]
         lines = ["def run(gx, gy, gz, bx, by, bz, shmem, st, args):", "    try:"]
-        lines += unpack + body
+        if n:
+            lines.append(f"{I}{', '.join(names)}{',' if n == 1 else ''} = args")
+            lines += self._slot_lines(I)
+            lines.append(f"{I}m[{self._m_stream}] = _NOMEMO")
+            lines += self._read_lines(I)
+            lines.append(f"{I}addr = m[{self._m_addr}]")
+        else:
+            lines += [f"{I}if args: raise _Short()", f"{I}addr = 0"]
         lines += ["    except Exception as exc:", "        _diagnose(args, exc)", "        raise"]
-        lines += self._launch_lines("gx, gy, gz", "bx, by, bz", "shmem")
+        lines += self._launch_lines("gx, gy, gz", "bx, by, bz", "shmem", "args")
         src = "\n".join(lines) + "\n"
         self.source = src
-        ns = self._namespace()
-        exec(compile(src, f"<khal launch {self.entry.name}>", "exec"), ns)
-        return ns["run"]  # type: ignore[no-any-return]
+        return self._compile(src, "launch")["run"]  # type: ignore[no-any-return]
 
     def make_call(self, slow: Callable[..., None]) -> Callable[..., None]:
         """A ``Kernel.__call__`` specialised for this entry on this device: ``(self, n, *args,
         stream=None)``; anything off the fast path (another device, a non-positive or non-int
-        thread count) goes to ``slow(self, n, args, st)``."""
+        thread count, missing or extra arguments) goes to ``slow(self, n, args, st)``.
+
+        Prepacked path: when this thread's last launch of the entry packed the very same
+        argument objects for the same stream (:meth:`_memo_hit`), the argument block is reused
+        as it is; only host uniforms are re-read, since their contents can change in place.
+        Otherwise every argument is read, checked and packed (:meth:`_read_lines`)."""
         D = int(self.device_id)
         bx, by, bz = (int(v) for v in self.block)
-        unpack, body = self._arg_lines(memo=True)
         n_params = len(self.entry.params)
         names = [f"a{i}" for i in range(n_params)]
         sig = "".join(f"{a}=_M, " for a in names)
         tup = "(" + "".join(f"{a}, " for a in names) + ")"
+        I = "            "  # noqa: E741
         lines = [
             f"def __call__(self, n, {sig}*_more, stream=None):",
             "    if stream is None:",
             "        try:",
-            "            st = _ktls.stream",
+            "            st = _ktls.ready",
             "        except AttributeError:",
-            "            st = _first_stream()",
-            "    elif type(stream) is _Stream:",
-            "        st = stream",
+            "            st = _ready()",
             "    else:",
-            "        st = _as_stream(stream)",
-            f"    if st.device_id != {D} or type(n) is not int or n <= 0 or _more"
-            + (f" or {names[-1]} is _M" if names else "") + ":",
-            f"        return _slow(self, n, tuple(a for a in {tup} if a is not _M) + _more, st)",
-            "    try:",
-            "        cur = _ktls.dev",
-            "    except AttributeError:",
-            "        cur = -1",
-            f"    if cur != {D}:",
-            f"        _ensure({D})",
-            f"    gx = (n + {bx - 1}) // {bx}",
-            "    try:",
+            "        st = stream if type(stream) is _Stream else _as_stream(stream)",
+            "        try:",
+            "            cur = _ktls.dev",
+            "        except AttributeError:",
+            "            cur = -1",
+            "        if cur != st.device_id:",
+            "            _ensure(st.device_id)",
         ]
+        guard = (f"st.device_id != {D} or type(n) is not int or n <= 0 or _more"
+                 + (f" or {names[-1]} is _M" if names else ""))
+        to_slow = f"return _slow(self, n, tuple(a for a in {tup} if a is not _M) + _more, st)"
         if n_params:
-            # Prepacked fast path: this thread's last launch of the entry packed the same
-            # DeviceBuffers and scalars, so only the uniforms are re-read (their bytes may have
-            # changed) and re-packed in place. Anything else takes the full path below.
-            ulines = self._uniform_lines()
+            lines += ["    " + ln for ln in self._slot_lines("")]
             lines += [
-                "        try:",
-                "            buf, addr, m = _tls.s",
-                "        except AttributeError:",
-                "            buf, addr, m = _newslot()",
-                f"        if {self._memo_hit()}:",
+                f"    if {self._memo_hit()} and not _more:",
+                f"        if n is m[{self._m_n}]:",  # the same thread count object: same grid
+                f"            gx = m[{self._m_gx}]",
+                "        elif type(n) is int and n > 0:",
+                f"            gx = (n + {bx - 1}) // {bx}",
+                f"            m[{self._m_n}] = n; m[{self._m_gx}] = gx",
+                "        else:",
+                f"            {to_slow}",
             ]
-            lines += ["    " + ln for ln in ulines] if ulines else ["            pass"]
-            lines += [f"            _pq(buf, {off}, u{i})" for i, off in self._uniform_slots()]
-            lines += ["        else:", "            m[0] = _NOMEMO"]
-            lines += ["    " + ln for ln in body]
+            recheck = self._uniform_recheck_lines(I)
+            if recheck:
+                lines += ["        try:"] + recheck
+                lines += ["        except Exception as exc:", f"            _diagnose({tup}, exc)", "            raise"]
+            lines += [
+                "    else:",
+                f"        if {guard}:",
+                f"            {to_slow}",
+                f"        gx = (n + {bx - 1}) // {bx}",
+                "        try:",
+                "            ep = _E[0]",
+                f"            m[{self._m_stream}] = _NOMEMO",
+            ]
+            lines += self._read_lines(I)
+            lines += self._memo_store_lines(I)
+            lines += ["        except Exception as exc:", f"            _diagnose({tup}, exc)", "            raise"]
+            lines.append(f"    addr = m[{self._m_addr}]")
         else:
-            lines += body
-        lines += ["    except Exception as exc:", f"        _diagnose({tup}, exc)", "        raise"]
-        lines += [ln.replace(" args,", f" {tup},") for ln in self._launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0")]
+            lines += [f"    if {guard}:", f"        {to_slow}", "    addr = 0", f"    gx = (n + {bx - 1}) // {bx}"]
+        lines += self._launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0", tup)
         src = "\n".join(lines) + "\n"
         self.call_source = src
-        ns = self._namespace()
-        ns["_slow"] = slow
-        ns["_M"] = _MISSING
-        exec(compile(src, f"<khal call {self.entry.name}>", "exec"), ns)
-        return ns["__call__"]  # type: ignore[no-any-return]
+        return self._compile(src, "call", {"_slow": slow, "_M": _MISSING})["__call__"]  # type: ignore[no-any-return]
+
 
     # failures ---------------------------------------------------------------------------------
     def _launch_failed(self, err: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int) -> None:

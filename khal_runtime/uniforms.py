@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from khal_runtime import _cuda
 from khal_runtime._cuda import check
-from khal_runtime.buffers import BadArgument, extract
+from khal_runtime.buffers import BadArgument, bump_epoch, extract
 from khal_runtime.dtypes import dtype_info
 from khal_runtime.errors import ArgumentError
 
@@ -72,6 +72,7 @@ class UniformCache:
     def _flush(self) -> None:
         drv = _cuda.driver()
         check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        bump_epoch()  # packed argument blocks may point at entries that are about to be reused
         for e in self.entries.values():
             if e[1] is not None:
                 drv.cuEventDestroy(e[1])

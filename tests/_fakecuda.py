@@ -252,6 +252,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
     monkeypatch.setitem(device._devices, 0, dev)
     monkeypatch.setattr(device._tls, "dev", 0, raising=False)
     monkeypatch.setattr(device._tls, "stream", dev._stream, raising=False)
+    monkeypatch.setattr(device._tls, "ready", dev._stream, raising=False)
     monkeypatch.setattr(uniforms, "_caches", {})
     for d in (indirect._helpers, indirect._iplans, indirect._grids, indirect._scratch, indirect._helper_args):
         d.clear()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from khal_runtime import DeviceBuffer, _cuda
+from khal_runtime import DeviceBuffer, _cuda, kernels
 from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.kernels import Kernel
@@ -71,7 +71,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
 
 def test_generated_call_packs_like_the_abi(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     k, st = _kernel(fake)
-    assert type(k).__name__ == "Kernel_five" and isinstance(k, Kernel)
+    assert isinstance(k, Kernel) and k.func is not kernels._generic_call  # generated code installed
     monkeypatch.setattr(_tls, "dev", 0, raising=False)
     x, y, z = (DeviceBuffer(0x1000 * (i + 1), 300 + i, "float32", 0) for i in range(3))
     for u in (P(2.0, 3.0), bytes(P(2.0, 3.0)), P(2.0, 3.0)):
@@ -189,3 +189,89 @@ def test_explicit_launch_grid_must_be_integers(fake: FakeDriver, monkeypatch: py
     with pytest.raises(ArgumentError, match=r"grid: expected an integer or up to 3 integers"):
         k.launch(grid, 128, x, x, x, P(1, 2), 1.0, stream=st)
     assert fake.launches == []
+
+
+def test_prepacked_path_never_reuses_a_block_something_else_rewrote(fake: FakeDriver,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The explicit launch packs into the same per-thread block: the typed call after it must
+    not take the block for its own (it once did, launching the explicit call's arguments).
+    The memoised grid follows the thread count; a 0-d NumPy scalar, which can change in place,
+    is read on every call; bump_epoch (a free, a uniform-cache flush) clears every memo."""
+    import numpy as np
+
+    from khal_runtime import buffers
+
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    x, y, z = (DeviceBuffer(0x1000 * (i + 1), 300 + i, "float32", 0) for i in range(3))
+    p = P(2.0, 3.0)
+    k(300, x, y, z, p, 0.25, stream=st)
+    k(300, x, y, z, p, 0.25, stream=st)
+    k.launch(3, 128, y, x, z, p, 0.25, stream=st)
+    assert _u64(fake.launches[-1], 0) == 0x2000
+    k(300, x, y, z, p, 0.25, stream=st)
+    assert _u64(fake.launches[-1], 0) == 0x1000 and _u64(fake.launches[-1], 2) == 0x2000
+    assert fake.launches[-1]["grid"] == (3, 1, 1)
+
+    for n, grid in ((1000, 8), (1000, 8), (129, 2), (300, 3)):
+        k(n, x, y, z, p, 0.25, stream=st)
+        assert fake.launches[-1]["grid"] == (grid, 1, 1)
+
+    s = np.array(0.25, dtype=np.float32)
+    k(300, x, y, z, p, s, stream=st)
+    s[()] = 0.75
+    k(300, x, y, z, p, s, stream=st)
+    assert struct.unpack("<f", fake.launches[-1]["slots"][7])[0] == 0.75
+
+    k(300, x, y, z, p, 0.25, stream=st)
+    k(300, x, y, z, p, 0.25, stream=st)
+    x.ptr = 0x7000  # white box: only a bump may tell the memo that pointers moved
+    buffers.bump_epoch()
+    k(300, x, y, z, p, 0.25, stream=st)
+    assert _u64(fake.launches[-1], 0) == 0x7000
+
+
+def test_a_slice_of_a_freed_buffer_is_refused(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    root = DeviceBuffer(0x1000, 600, "float32", 0)
+    x, y = root[0:300], root[300:600]
+    p = P(2.0, 3.0)
+    k(300, x, y, y, p, 0.25, stream=st)
+    k(300, x, y, y, p, 0.25, stream=st)
+    root.free()
+    with pytest.raises(ArgumentValueError, match=r"argument 'x'.*freed"):
+        k(300, x, y, y, p, 0.25, stream=st)
+    with pytest.raises(ArgumentValueError, match="freed"):
+        x.to_numpy()
+    assert len(fake.launches) == 2
+
+
+def test_kernel_call_is_the_generated_code_and_hooks_regenerate_it(fake: FakeDriver,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    from khal_runtime.launching import hooks
+
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    plan = k._plans[0]
+    assert k.func.__code__.co_filename == "<khal call five>"
+    assert "_H." not in plan.call_source  # no tracing: no hook check on the launch path
+    seen: list[Any] = []
+
+    def dispatch(plan: Any, grid: Any, block: Any, shmem: int, stream: Any, args: Any, go: Any) -> None:
+        seen.append((grid, args[4]))
+        go()
+
+    hooks.install(dispatch)
+    try:
+        assert "_H.dispatch" in plan.call_source and "_H.dispatch" in plan.source
+        x = DeviceBuffer(0x1000, 300, "float32", 0)
+        k(300, x, x, x, P(1, 2), 0.5, stream=st)
+        assert seen == [((3, 1, 1), 0.5)] and len(fake.launches) == 1
+    finally:
+        hooks.uninstall()
+    assert "_H." not in plan.call_source
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(k)
