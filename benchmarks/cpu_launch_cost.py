@@ -171,6 +171,9 @@ def measure() -> dict[str, float]:
     rows["no-op driver call (raw equivalent)"] = per_call_us(lambda: L(f, 4096, 1, 1, 256, 1, 1, 0, cu, 0, 0))
     rows["empty1 typed call (DeviceBuffer)"] = per_call_us(lambda: empty1(n, bufs[0]))
     rows["five typed call (DeviceBuffer)"] = per_call_us(lambda: five(n, bufs[0], bufs[1], bufs[2], p, 0.5))
+    pdev = DeviceBuffer(0x7000, 8, "uint8", 0)
+    rows["five typed call (DeviceBuffer, uniform too)"] = per_call_us(
+        lambda: five(n, bufs[0], bufs[1], bufs[2], pdev, 0.5))
     rows["five typed call (torch-like)"] = per_call_us(lambda: five(n, tens[0], tens[1], tens[2], p, 0.5))
     rows["five typed call (cupy-like)"] = per_call_us(lambda: five(n, cps[0], cps[1], cps[2], p, 0.5))
     bound = five.bind(bufs[0], bufs[1], bufs[2], DeviceBuffer(0x7000, 8, "uint8", 0), 0.5, stream=st)

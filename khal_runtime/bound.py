@@ -1,22 +1,26 @@
 """``kernels.entry.bind(*args)``: a launch whose arguments are checked and packed once.
 
 For a loop that launches one entry over and over with the same buffers (a solver
-iteration, a per-frame update), the typed call still re-reads every argument on every
+iteration, a per-frame update), the typed call still looks at every argument on every
 launch. A bound launch does that once: each call after it only computes the grid and
 calls ``cuLaunchKernel`` with the prepacked argument block, about the cost of a raw launch.
 
 The rule is the one of CUDA graphs: what was bound is used as it was at bind time. The
 buffers (DeviceBuffer, PyTorch, CuPy, ...) must stay alive and in place (the bound launch
-keeps a reference to each argument; do not resize or free them), and a uniform given as host
+keeps a reference to each argument; do not resize them), and a uniform given as host
 data is copied to device memory owned by the bound launch, so later changes to that struct
 are not seen (bind again, or pass a device buffer holding the struct and update it there).
+A DeviceBuffer freed after binding is caught: any free re-checks the bound arguments
+before the next launch.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+import functools
+from typing import Any, Callable
 
+from khal_runtime.buffers import EPOCH
 from khal_runtime.device import _tls, ensure_current
 from khal_runtime.dtypes import bf16_bits
 from khal_runtime.launching import diagnose_args, hooks, thread_count
@@ -24,16 +28,17 @@ from khal_runtime.launching import diagnose_args, hooks, thread_count
 __all__ = ["BoundLaunch"]
 
 
-class BoundLaunch:
-    """Created by :meth:`khal_runtime.kernels.Kernel.bind`; call it with a thread count."""
+class BoundLaunch(functools.partial):  # type: ignore[type-arg]
+    """Created by :meth:`khal_runtime.kernels.Kernel.bind`; call it with a thread count.
 
-    __slots__ = ("kernel", "stream", "args", "_plan", "_keep", "_addr", "_launch", "_f", "_cu",
-                 "_block", "_dev", "_owned")
+    A ``functools.partial`` of a closure over the packed block, for the reason given on
+    :class:`khal_runtime.kernels.Kernel`: CPython calls it through C-level vectorcall."""
 
-    def __init__(self, kernel: Any, args: tuple[Any, ...], stream: Any) -> None:
+    __slots__ = ("kernel", "stream", "args", "_plan", "_keep", "_owned")
+
+    def __new__(cls, kernel: Any, args: tuple[Any, ...], stream: Any) -> BoundLaunch:
         import numpy as np
 
-        from khal_runtime import _cuda
         from khal_runtime.buffers import DeviceBuffer, extractor_for
         from khal_runtime.uniforms import uniform_converter
 
@@ -61,40 +66,73 @@ class BoundLaunch:
         plan.struct.pack_into(block, 0, *values)
         base = ctypes.addressof(block)
         ptrs = (ctypes.c_void_p * max(len(plan._offsets), 1))(*[base + off for off in plan._offsets])
+        addr = ctypes.addressof(ptrs) if plan._offsets else 0
+        self = super().__new__(cls, _unbound)
         self.kernel, self.stream, self.args = kernel, stream, args
         self._plan, self._keep, self._owned = plan, (block, ptrs), owned
-        self._addr = ctypes.addressof(ptrs) if plan._offsets else 0
-        self._launch = _cuda.driver().cuLaunchKernel
-        self._f, self._cu, self._dev = plan.function, stream._cu, dev
-        self._block = plan.block
+        functools.partial.__setstate__(self, (_make_call(kernel, plan, stream, args, addr), (), None, None))
+        return self
 
-    def __call__(self, n: int) -> None:
-        """Launch ``n`` threads (grid = ceil(n / block.x)) with the bound arguments."""
-        bx, by, bz = self._block
-        if type(n) is not int or n <= 0:
-            n = thread_count(self.kernel.name, n)
-            if n <= 0:
-                if n < 0:
-                    raise ValueError(f"{self.kernel.name}(): thread count must be >= 0, got {n}")
-                return
+    def __init__(self, kernel: Any, args: tuple[Any, ...], stream: Any) -> None:  # set in __new__
+        pass
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a BoundLaunch cannot be pickled: it holds device pointers; bind again")
+
+    def __repr__(self) -> str:
+        return f"<BoundLaunch {self.kernel.name} on stream 0x{self.stream.handle:x}>"
+
+
+def _unbound(n: int) -> None:  # pragma: no cover - replaced in __new__
+    raise RuntimeError("BoundLaunch is not initialised")
+
+
+def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr: int) -> Callable[[int], None]:
+    """``call(n)``: launch ``n`` threads (grid = ceil(n / block.x)) with the bound block."""
+    from khal_runtime import _cuda
+
+    launch, f, cu, dev = _cuda.driver().cuLaunchKernel, plan.function, stream._cu, stream.device_id
+    bx, by, bz = plan.block
+    failed, name, E = plan._launch_failed, kernel.name, EPOCH
+    # [epoch the arguments were last checked at, (n, gx) of the last call]; one tuple, so two
+    # threads calling the same bound launch never see one's n with the other's grid
+    state: list[Any] = [E[0], (object(), 0)]
+
+    def slow(n: Any) -> int:
+        if state[0] != E[0]:  # something was freed since the last check: re-check (named errors)
+            ep = E[0]
+            diagnose_args(kernel.entry, args)
+            state[0] = ep
+        n = thread_count(name, n)
+        if n < 0:
+            raise ValueError(f"{name}(): thread count must be >= 0, got {n}")
+        if n == 0:
+            return 0
         gx = (n + bx - 1) // bx
+        state[1] = (n, gx)
+        return gx
+
+    def call(n: int) -> None:
+        last = state[1]
+        if n is last[0] and state[0] == E[0]:
+            gx = last[1]
+        else:
+            gx = slow(n)
+            if not gx:
+                return
         try:
             cur = _tls.dev
         except AttributeError:
             cur = -1
-        if cur != self._dev:
-            ensure_current(self._dev)
-        st = self.stream
+        if cur != dev:
+            ensure_current(dev)
         if hooks.active:
-            plan = self._plan
-            hooks.dispatch(plan, (gx, 1, 1), (bx, by, bz), 0, st, self.args,
-                           lambda: plan._launch_failed(
-                               self._launch(self._f, gx, 1, 1, bx, by, bz, 0, self._cu, self._addr, 0)[0],
-                               gx, 1, 1, bx, by, bz))
+            hooks.dispatch(plan, (gx, 1, 1), (bx, by, bz), 0, stream, args,
+                           lambda: failed(launch(f, gx, 1, 1, bx, by, bz, 0, cu, addr, 0)[0],
+                                          gx, 1, 1, bx, by, bz))
             return
-        r = self._launch(self._f, gx, 1, 1, bx, by, bz, 0, self._cu, self._addr, 0)
+        r = launch(f, gx, 1, 1, bx, by, bz, 0, cu, addr, 0)
         if r[0]:
-            self._plan._launch_failed(r[0], gx, 1, 1, bx, by, bz)
+            failed(r[0], gx, 1, 1, bx, by, bz)
 
-    def __repr__(self) -> str:
-        return f"<BoundLaunch {self.kernel.name} on stream 0x{self.stream.handle:x}>"
+    return call

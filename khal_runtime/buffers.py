@@ -33,23 +33,24 @@ FREED = "<freed buffer>"
 #: ``EPOCH[0]`` changes whenever device memory an earlier launch may have packed a pointer to
 #: becomes invalid: a DeviceBuffer freed, the uniform cache flushed. Each change also clears
 #: every memo of the typed call's prepacked path (launching.py), registered in ``MEMOS`` as
-#: (memo list, index of its valid flag); a launch that read its arguments before a change
+#: (memo list, index of its valid flag, value that clears it); a launch that read its arguments before a change
 #: stores no memo after it.
 EPOCH = [0]
-MEMOS: list[tuple[list[Any], int]] = []
+MEMOS: list[tuple[list[Any], int, Any]] = []
 _EPOCH_LOCK = threading.Lock()
 
 
 def bump_epoch() -> None:
     with _EPOCH_LOCK:  # a lock: two racing ``+= 1`` could leave the epoch changed once, not twice
         EPOCH[0] += 1
-        for memo, flag in MEMOS:
-            memo[flag] = None
+        for memo, flag, reset in MEMOS:
+            memo[flag] = reset
 
 
-def register_memo(memo: list[Any], flag: int) -> None:
+def register_memo(memo: list[Any], flag: int, reset: Any = None) -> None:
+    """Have every bump_epoch() set ``memo[flag] = reset``."""
     with _EPOCH_LOCK:
-        MEMOS.append((memo, flag))
+        MEMOS.append((memo, flag, reset))
 
 
 class DeviceBuffer:

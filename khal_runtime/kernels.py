@@ -47,10 +47,11 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     Why a ``functools.partial``: calling it is the product's hot path, and CPython calls a
     partial through C-level vectorcall straight into its function, where an object with a
     Python ``__call__`` goes through a slot lookup and a bound-method call (on 3.12: 72 vs
-    123 ns for a five-argument call; 72 vs 210 ns with ``stream=``). The partial holds
-    ``(call, (self,))``; ``call`` starts as the generic path and becomes the code generated
-    for the entry on its first device (:meth:`_install_fast`). The partial's own attributes
-    (``func``, ``args``) are that machinery, not part of the API."""
+    123 ns for a five-argument call; 72 vs 210 ns with ``stream=``). ``func`` starts as the
+    generic path (``func(self, n, ...)``) and becomes the code generated
+    for the entry on its first device (:meth:`_install_fast`), which holds the kernel itself,
+    so the partial has no arguments to prepend and forwards the call as it is. The partial's
+    own attributes (``func``, ``args``) are that machinery, not part of the API."""
 
     __slots__ = ("entry", "name", "crate", "_runtime", "_plans", "_bx", "_by", "_bz", "_lock")
 
@@ -60,7 +61,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
 
     def __new__(cls, runtime: CrateRuntime, entry: Entry) -> Kernel:
         self = super().__new__(cls, _generic_call)
-        self._set_call(_generic_call)
+        self._set_call(_generic_call, self)
         self.entry = entry
         self.name = entry.name
         self.crate = runtime.crate.name
@@ -73,9 +74,9 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     def __init__(self, runtime: CrateRuntime, entry: Entry) -> None:  # state set in __new__
         pass
 
-    def _set_call(self, fn: Callable[..., None]) -> None:
-        """What calling this kernel runs: ``fn(self, n, *args, stream=None)``."""
-        functools.partial.__setstate__(self, (fn, (self,), None, None))
+    def _set_call(self, fn: Callable[..., None], *bound: Any) -> None:
+        """What calling this kernel runs: ``fn(*bound, n, *args, stream=None)``."""
+        functools.partial.__setstate__(self, (fn, bound, None, None))
 
     def __reduce__(self) -> Any:
         raise TypeError(f"Kernel {self.name!r} cannot be pickled: it holds loaded GPU code; "
@@ -121,7 +122,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         take its slow path); regenerated when the plan inlines a new array type."""
 
         def regenerate(p: LaunchPlan) -> None:
-            self._set_call(p.make_call(_slow_call))
+            self._set_call(p.make_call(_slow_call, self))  # the code holds self: no partial args
 
         regenerate(plan)
         plan.on_regenerate.append(regenerate)

@@ -121,6 +121,7 @@ _MAX_INLINE = 3
 _MISSING = object()  # default of the generated __call__'s parameters: "not passed"
 _NOMEMO = object()  # a prepacked-path memo slot that no argument is identical to
 _PACK_U64 = struct.Struct("<Q").pack_into
+_MAX_PROMOTIONS = 16  # snapshots a plan's shared memo takes before it stops (see _promote)
 
 
 def _uniform_reader(obj: Any, converted: Any) -> Any:
@@ -238,6 +239,10 @@ class LaunchPlan:
                 self._m_uniform[i] = (k, k + 1)
                 k += 2
         self._m_buf, self._m_addr, self._m_len = k, k + 1, k + 2
+        # the shared memo (make_call): one immutable snapshot, cleared like the memos
+        self._shared: list[tuple[Any, ...]] = [self._shared_empty()]
+        self._promotions_left = [_MAX_PROMOTIONS]
+        register_memo(self._shared, 0, self._shared[0])
         self.source = ""
         self.call_source = ""
         self.run = self._generate()
@@ -507,24 +512,30 @@ class LaunchPlan:
         self.source = src
         return self._compile(src, "launch")["run"]  # type: ignore[no-any-return]
 
-    def make_call(self, slow: Callable[..., None]) -> Callable[..., None]:
-        """A ``Kernel.__call__`` specialised for this entry on this device: ``(self, n, *args,
+    def make_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
+        """A kernel's call specialised for this entry on this device: ``(n, *args,
         stream=None)``; anything off the fast path (another device, a non-positive or non-int
-        thread count, missing or extra arguments) goes to ``slow(self, n, args, st)``.
+        thread count, missing or extra arguments) goes to ``slow(kernel, n, args, st)``.
 
-        Prepacked path: when this thread's last launch of the entry packed the very same
-        argument objects for the same stream (:meth:`_memo_hit`), the argument block is reused
-        as it is; only host uniforms are re-read, since their contents can change in place.
-        Otherwise every argument is read, checked and packed (:meth:`_read_lines`)."""
+        Three paths, fastest first:
+
+        - shared memo (``_shared[0]``, an immutable snapshot): the same argument objects, thread
+          count and stream as a launch that was repeated before, in any thread. The snapshot's
+          argument block is never written again, so threads share it without a lock; the
+          stream came from this thread's ``ready`` (its device is current here).
+        - this thread's memo (:meth:`_memo_hit`): the same argument objects as this thread's
+          last launch; host uniforms are re-read (their bytes can change in place) and
+          re-packed if they changed; the result is promoted to the shared memo.
+        - the full read, check and pack (:meth:`_read_lines`), which stores this thread's memo.
+        """
         D = int(self.device_id)
         bx, by, bz = (int(v) for v in self.block)
         n_params = len(self.entry.params)
         names = [f"a{i}" for i in range(n_params)]
         sig = "".join(f"{a}=_M, " for a in names)
         tup = "(" + "".join(f"{a}, " for a in names) + ")"
-        I = "            "  # noqa: E741
         lines = [
-            f"def __call__(self, n, {sig}*_more, stream=None):",
+            f"def __call__(n, {sig}*_more, stream=None):",
             "    if stream is None:",
             "        try:",
             "            st = _ktls.ready",
@@ -541,42 +552,83 @@ class LaunchPlan:
         ]
         guard = (f"st.device_id != {D} or type(n) is not int or n <= 0 or _more"
                  + (f" or {names[-1]} is _M" if names else ""))
-        to_slow = f"return _slow(self, n, tuple(a for a in {tup} if a is not _M) + _more, st)"
+        to_slow = f"return _slow(_K, n, tuple(a for a in {tup} if a is not _M) + _more, st)"
         if n_params:
-            lines += ["    " + ln for ln in self._slot_lines("")]
+            P = n_params
+            conds = [f"a{i} is k[{i}]" for i in range(P)] + [f"st is k[{P}]", f"n is k[{P + 1}]", "not _more"]
+            for j, i in enumerate(self._m_uniform):
+                r, b = P + 4 + 2 * j, P + 5 + 2 * j
+                conds.append(f"(k[{r}] is None or k[{r}](a{i}) == k[{b}])")
             lines += [
-                f"    if {self._memo_hit()} and not _more:",
-                f"        if n is m[{self._m_n}]:",  # the same thread count object: same grid
-                f"            gx = m[{self._m_gx}]",
-                "        elif type(n) is int and n > 0:",
-                f"            gx = (n + {bx - 1}) // {bx}",
-                f"            m[{self._m_n}] = n; m[{self._m_gx}] = gx",
-                "        else:",
-                f"            {to_slow}",
+                "    k = _S[0]",
+                f"    if {' and '.join(conds)}:",
+                f"        gx = k[{P + 2}]; addr = k[{P + 3}]",
+                "    else:",
+            ]
+            J = "        "
+            I = J + "        "  # noqa: E741
+            lines += [J + ln for ln in self._slot_lines("")]
+            lines += [
+                f"{J}if {self._memo_hit()} and not _more:",
+                f"{J}    if n is m[{self._m_n}]:",  # the same thread count object: same grid
+                f"{J}        gx = m[{self._m_gx}]",
+                f"{J}    elif type(n) is int and n > 0:",
+                f"{J}        gx = (n + {bx - 1}) // {bx}",
+                f"{J}        m[{self._m_n}] = n; m[{self._m_gx}] = gx",
+                f"{J}    else:",
+                f"{J}        {to_slow}",
             ]
             recheck = self._uniform_recheck_lines(I)
             if recheck:
-                lines += ["        try:"] + recheck
-                lines += ["        except Exception as exc:", f"            _diagnose({tup}, exc)", "            raise"]
+                lines += [f"{J}    try:"] + recheck
+                lines += [f"{J}    except Exception as exc:", f"{J}        _diagnose({tup}, exc)", f"{J}        raise"]
             lines += [
-                "    else:",
-                f"        if {guard}:",
-                f"            {to_slow}",
-                f"        gx = (n + {bx - 1}) // {bx}",
-                "        try:",
-                "            ep = _E[0]",
-                f"            m[{self._m_stream}] = _NOMEMO",
+                f"{J}    if _PC[0]: _promote(m, st)",
+                f"{J}else:",
+                f"{J}    if {guard}:",
+                f"{J}        {to_slow}",
+                f"{J}    gx = (n + {bx - 1}) // {bx}",
+                f"{J}    try:",
+                f"{J}        ep = _E[0]",
+                f"{J}        m[{self._m_stream}] = _NOMEMO",
             ]
             lines += self._read_lines(I)
             lines += self._memo_store_lines(I)
-            lines += ["        except Exception as exc:", f"            _diagnose({tup}, exc)", "            raise"]
-            lines.append(f"    addr = m[{self._m_addr}]")
+            lines += [f"{J}    except Exception as exc:", f"{J}        _diagnose({tup}, exc)", f"{J}        raise"]
+            lines.append(f"{J}addr = m[{self._m_addr}]")
         else:
             lines += [f"    if {guard}:", f"        {to_slow}", "    addr = 0", f"    gx = (n + {bx - 1}) // {bx}"]
         lines += self._launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0", tup)
         src = "\n".join(lines) + "\n"
         self.call_source = src
-        return self._compile(src, "call", {"_slow": slow, "_M": _MISSING})["__call__"]  # type: ignore[no-any-return]
+        extra = {"_slow": slow, "_K": kernel, "_M": _MISSING, "_S": self._shared, "_PC": self._promotions_left,
+                 "_promote": self._promote}
+        return self._compile(src, "call", extra)["__call__"]  # type: ignore[no-any-return]
+
+    def _shared_empty(self) -> tuple[Any, ...]:
+        return (_NOMEMO,) * (len(self.entry.params) + 4 + 2 * len(self._m_uniform)) + (None,)
+
+    def _promote(self, m: list[Any], st: Any) -> None:
+        """Copy this thread's memo, just confirmed by a repeated launch, into the shared memo:
+        a snapshot with its own argument block, never written again. At most
+        ``_MAX_PROMOTIONS`` times per plan, so threads that each repeat different arguments
+        do not keep replacing each other's snapshot."""
+        left = self._promotions_left
+        if left[0] <= 0:
+            return
+        left[0] -= 1
+        ep = EPOCH[0]
+        src = m[self._m_buf]
+        blk = ctypes.create_string_buffer(src.raw, len(src))
+        base = ctypes.addressof(blk)
+        ptrs = (ctypes.c_void_p * len(self._offsets))(*[base + off for off in self._offsets])
+        P = len(self.entry.params)
+        uni: list[Any] = []
+        for rs, bs in self._m_uniform.values():
+            uni += [m[rs], m[bs]]
+        snap = (*m[:P], st, m[self._m_n], m[self._m_gx], ctypes.addressof(ptrs), *uni, (blk, ptrs))
+        if m[self._m_stream] is st and EPOCH[0] == ep:  # nothing freed or flushed meanwhile
+            self._shared[0] = snap
 
 
     # failures ---------------------------------------------------------------------------------

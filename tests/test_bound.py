@@ -62,3 +62,23 @@ def test_bind_of_a_torch_like_array_snapshots_its_pointer(fake: FakeDriver, monk
     b(10)
     slots: Any = fake.launches[-1]["slots"]
     assert struct.unpack("<Q", slots[0])[0] == 0x9000 and struct.unpack("<Q", slots[6])[0] == 0x7000
+
+
+def test_a_buffer_freed_after_bind_is_refused_not_launched(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    from khal_runtime.errors import ArgumentValueError
+
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    x, y = DeviceBuffer(0x1000, 300, "float32", 0), DeviceBuffer(0x2000, 300, "float32", 0)
+    b = k.bind(x, y, y, DeviceBuffer(0x7000, 8, np.uint8, 0), 1.0, stream=st)
+    b(300)
+    DeviceBuffer(0x5000, 4, "float32", 0).free()  # an unrelated free: checked again, still fine
+    b(300)
+    x.free()
+    with pytest.raises(ArgumentValueError, match=r"argument 'x'.*freed"):
+        b(300)
+    assert len(fake.launches) == 2
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(b)

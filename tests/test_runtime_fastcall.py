@@ -275,3 +275,78 @@ def test_kernel_call_is_the_generated_code_and_hooks_regenerate_it(fake: FakeDri
     assert "_H." not in plan.call_source
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(k)
+
+
+def test_shared_memo_snapshot_is_immutable_and_follows_every_change(fake: FakeDriver,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch repeated twice is promoted to the plan's shared snapshot; what changes after
+    (a uniform's bytes, another buffer, the explicit launch rewriting the thread's block, a
+    free) must never be launched from a stale snapshot."""
+    from khal_runtime import buffers
+
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    plan = k._plans[0]
+    x, y, z = (DeviceBuffer(0x1000 * (i + 1), 300 + i, "float32", 0) for i in range(3))
+    p = P(2.0, 3.0)
+    for _ in range(3):
+        k(300, x, y, z, p, 0.25, stream=st)
+    assert plan._shared[0][0] is x  # promoted
+    first = fake.launches[0]["slots"]
+    assert all(launch["slots"] == first for launch in fake.launches)
+
+    k.launch(3, 128, z, y, x, p, 0.25, stream=st)  # rewrites this thread's block, not the snapshot
+    k(300, x, y, z, p, 0.25, stream=st)
+    assert fake.launches[-1]["slots"] == first
+
+    p.b = 7.0  # same struct object, new bytes: the snapshot does not apply
+    k(300, x, y, z, p, 0.25, stream=st)
+    assert _u64(fake.launches[-1], 6) == plan.uniforms.entries[bytes(p)][0] != _u64(fake.launches[0], 6)
+
+    buffers.bump_epoch()
+    assert plan._shared[0][0] is not x  # cleared
+    k(300, x, y, z, p, 0.25, stream=st)
+    assert _u64(fake.launches[-1], 0) == 0x1000
+
+
+def test_threads_repeating_their_own_arguments_each_launch_their_own(fake: FakeDriver,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads each repeating different arguments on one entry: the shared snapshot (taken at
+    most _MAX_PROMOTIONS times) and the per-thread blocks never mix one thread's arguments
+    into another's launch. Each thread's thread count is its signature in the grid."""
+    import threading
+
+    from khal_runtime import launching
+
+    k, st = _kernel(fake)
+    errors: list[BaseException] = []
+    p = P(1.0, 2.0)
+
+    def work(t: int) -> None:
+        try:
+            _tls.dev = 0
+            bufs = [DeviceBuffer(0x10_0000 * (t + 1) + 0x1000 * i, 1000, "float32", 0) for i in range(3)]
+            for _ in range(300):
+                k(128 * (t + 1), *bufs, p, float(t), stream=st)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    import sys
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython will: interleave the calls
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors
+    assert len(fake.launches) == 6 * 300
+    for launch in fake.launches:
+        t = launch["grid"][0] - 1
+        assert _u64(launch, 0) == 0x10_0000 * (t + 1) and _u64(launch, 4) == 0x10_0000 * (t + 1) + 0x2000
+        assert struct.unpack("<f", launch["slots"][7])[0] == float(t)
+    assert k._plans[0]._promotions_left[0] >= 0 and launching._MAX_PROMOTIONS == 16
