@@ -40,6 +40,16 @@ MEMOS: list[tuple[list[Any], int, Any]] = []
 _EPOCH_LOCK = threading.Lock()
 
 
+#: Array types whose pointer, element count, dtype and contiguity never change for the life of
+#: the object, so that a launch may reuse what it packed from the same object (launching.py's
+#: memos, which hold a reference: the memory cannot go away under them). DeviceBuffer (freeing
+#: it bumps the epoch) and cupy.ndarray (``data``, ``size``, ``dtype`` and ``_c_contiguous``
+#: are read-only, set in ``__init__``; an in-place shape change keeps a contiguous array
+#: contiguous). Not torch.Tensor: ``set_``, ``resize_``, ``.data =`` and in-place transposes
+#: change a tensor's storage or layout under the same object.
+STABLE_ARRAY_TYPES: set[type] = set()
+
+
 def bump_epoch() -> None:
     with _EPOCH_LOCK:  # a lock: two racing ``+= 1`` could leave the epoch changed once, not twice
         EPOCH[0] += 1
@@ -265,6 +275,7 @@ class DeviceBuffer:
 #: Frees asked for while this process had a capture open in the freeing thread: cuMemFree
 #: there would invalidate the capture, so they wait for the capture to end.
 _DEFERRED: list[tuple[Any, int]] = []
+STABLE_ARRAY_TYPES.add(DeviceBuffer)
 _DEFERRED_LOCK = threading.Lock()
 
 
@@ -498,6 +509,8 @@ def _choose(obj: Any) -> Extractor:
     if mod.startswith("cupy") and hasattr(obj, "data") and hasattr(obj, "size"):
         try:
             obj._c_contiguous
+            if tp.__name__ == "ndarray":
+                STABLE_ARRAY_TYPES.add(tp)
             return _x_cupy_fast
         except AttributeError:
             return _x_cupy

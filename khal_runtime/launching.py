@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from khal_runtime import _cuda
-from khal_runtime.buffers import (EPOCH, EXTRACTORS, FREED, BadArgument, DeviceBuffer, _x_cupy, _x_cupy_fast,
+from khal_runtime.buffers import (EPOCH, EXTRACTORS, FREED, STABLE_ARRAY_TYPES, BadArgument, DeviceBuffer, _x_cupy, _x_cupy_fast,
                                   _x_torch, extractor_for, register_memo)
 from khal_runtime.dtypes import SCALAR_TYPES, STRUCT_CODES, bf16_bits, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError, CudaError
@@ -318,6 +318,7 @@ class LaunchPlan:
         ns["_useen"] = self._uniform_seen
         ns["_NOMEMO"] = _NOMEMO
         ns["_E"] = EPOCH
+        ns["_MA"] = STABLE_ARRAY_TYPES
         ns["_FREED"] = FREED
         ns["_IMM"] = _IMMUTABLE
         ns["_urd"] = _uniform_reader
@@ -417,12 +418,12 @@ class LaunchPlan:
 
     def _memo_store_lines(self, I: str) -> list[str]:  # noqa: E741
         """After a full read and pack: remember the arguments for the prepacked path, only when
-        every buffer is a DeviceBuffer (other array objects, torch or CuPy, can change under the
-        same identity), every scalar is immutable (a 0-d NumPy array is not) and every uniform
+        every buffer is of a type that cannot change under the same identity (DeviceBuffer,
+        cupy.ndarray: ``buffers.STABLE_ARRAY_TYPES``; not torch), every scalar is immutable (a 0-d NumPy array is not) and every uniform
         can be re-read (:func:`_uniform_reader`). The stream is
         stored last: it is the memo's valid flag, cleared before packing."""
         P = len(self.entry.params)
-        dbs = [f"t{i} is _DB" if p.kind == "storage" else f"_IMM[type(a{i})]"
+        dbs = [f"t{i} in _MA" if p.kind == "storage" else f"_IMM[type(a{i})]"
                for i, p in enumerate(self.entry.params) if p.kind != "uniform"]
         body: list[str] = []
         conds: list[str] = []

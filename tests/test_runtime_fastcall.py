@@ -350,3 +350,54 @@ def test_threads_repeating_their_own_arguments_each_launch_their_own(fake: FakeD
         assert _u64(launch, 0) == 0x10_0000 * (t + 1) and _u64(launch, 4) == 0x10_0000 * (t + 1) + 0x2000
         assert struct.unpack("<f", launch["slots"][7])[0] == float(t)
     assert k._plans[0]._promotions_left[0] >= 0 and launching._MAX_PROMOTIONS == 16
+
+
+def _counting_array_type(module: str, name: str) -> type:
+    """A device-array type whose attribute reads are counted (``reads``)."""
+    reads = {"n": 0}
+
+    class Arr:
+        def __init__(self, ptr: int, n: int) -> None:
+            self._p, self._n = ptr, n
+
+        def _read(self, v: Any) -> Any:
+            reads["n"] += 1
+            return v
+
+        data = property(lambda self: SimpleNamespace(ptr=self._read(self._p)))
+        size = property(lambda self: self._read(self._n))
+        dtype = property(lambda self: self._read("float32"))
+        _c_contiguous = property(lambda self: self._read(True))
+        is_cuda = property(lambda self: self._read(True))
+
+        def data_ptr(self) -> int:
+            return self._read(self._p)
+
+        def numel(self) -> int:
+            return self._read(self._n)
+
+        def is_contiguous(self) -> bool:
+            return self._read(True)
+
+    Arr.__module__, Arr.__name__, Arr.__qualname__ = module, name, name
+    Arr.reads = reads  # type: ignore[attr-defined]
+    return Arr
+
+
+def test_cupy_arrays_are_packed_once_torch_tensors_every_call(fake: FakeDriver,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """cupy.ndarray cannot change pointer, size, dtype or contiguity under the same object, so a
+    repeated launch reuses its packed block; a torch.Tensor can (set_, resize_, .data =), so
+    every launch reads it again."""
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    p = P(1.0, 2.0)
+    for module, name, memoised in (("cupy._core.core", "ndarray", True), ("torch", "Tensor", False)):
+        T = _counting_array_type(module, name)
+        x, y, z = T(0x1000, 300), T(0x2000, 300), T(0x3000, 300)
+        for _ in range(3):
+            k(300, x, y, z, p, 0.5, stream=st)
+        before = T.reads["n"]  # type: ignore[attr-defined]
+        k(300, x, y, z, p, 0.5, stream=st)
+        assert (T.reads["n"] == before) is memoised, (module, T.reads)  # type: ignore[attr-defined]
+        assert _u64(fake.launches[-1], 0) == 0x1000 and _u64(fake.launches[-1], 4) == 0x3000
