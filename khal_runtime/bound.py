@@ -94,9 +94,9 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
     launch, f, cu, dev = _cuda.driver().cuLaunchKernel, plan.function, stream._cu, stream.device_id
     bx, by, bz = plan.block
     failed, name, E = plan._launch_failed, kernel.name, EPOCH
-    # [epoch the arguments were last checked at, (n, gx) of the last call]; one tuple, so two
-    # threads calling the same bound launch never see one's n with the other's grid
-    state: list[Any] = [E[0], (object(), 0)]
+    # [epoch the arguments were last checked at, (n, cuLaunchKernel's arguments for it) of the
+    # last call]; one tuple, so two threads never see one's n with the other's grid
+    state: list[Any] = [E[0], (object(), ())]
 
     def slow(n: Any) -> int:
         if state[0] != E[0]:  # something was freed since the last check: re-check (named errors)
@@ -109,17 +109,18 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
         if n == 0:
             return 0
         gx = (n + bx - 1) // bx
-        state[1] = (n, gx)
+        state[1] = (n, (f, gx, 1, 1, bx, by, bz, 0, cu, addr, 0))
         return gx
 
     def call(n: int) -> None:
         last = state[1]
         if n is last[0] and state[0] == E[0]:
-            gx = last[1]
+            gx = last[1][1]
         else:
             gx = slow(n)
             if not gx:
                 return
+            last = state[1]
         try:
             cur = _tls.dev
         except AttributeError:
@@ -131,7 +132,7 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
                            lambda: failed(launch(f, gx, 1, 1, bx, by, bz, 0, cu, addr, 0)[0],
                                           gx, 1, 1, bx, by, bz))
             return
-        r = launch(f, gx, 1, 1, bx, by, bz, 0, cu, addr, 0)
+        r = launch(*last[1])
         if r[0]:
             failed(r[0], gx, 1, 1, bx, by, bz)
 

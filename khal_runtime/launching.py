@@ -558,14 +558,15 @@ class LaunchPlan:
             P = n_params
             conds = [f"a{i} is k[{i}]" for i in range(P)] + [f"st is k[{P}]", f"n is k[{P + 1}]", "not _more"]
             for j, i in enumerate(self._m_uniform):
-                r, b = P + 4 + 2 * j, P + 5 + 2 * j
+                r, b = P + 3 + 2 * j, P + 4 + 2 * j
                 conds.append(f"(k[{r}] is None or k[{r}](a{i}) == k[{b}])")
-            lines += [
-                "    k = _S[0]",
-                f"    if {' and '.join(conds)}:",
-                f"        gx = k[{P + 2}]; addr = k[{P + 3}]",
-                "    else:",
-            ]
+            lines += ["    k = _S[0]", f"    if {' and '.join(conds)}:"]
+            if hooks.active:
+                lines.append(f"        gx = k[{P + 2}][1]; addr = k[{P + 2}][9]")
+            else:  # the snapshot holds cuLaunchKernel's whole argument tuple
+                lines += [f"        r = _launch(*k[{P + 2}])", "        if r[0]:",
+                          f"            _failed(r[0], k[{P + 2}][1], 1, 1, {bx}, {by}, {bz})", "        return"]
+            lines.append("    else:")
             J = "        "
             I = J + "        "  # noqa: E741
             lines += [J + ln for ln in self._slot_lines("")]
@@ -607,7 +608,9 @@ class LaunchPlan:
         return self._compile(src, "call", extra)["__call__"]  # type: ignore[no-any-return]
 
     def _shared_empty(self) -> tuple[Any, ...]:
-        return (_NOMEMO,) * (len(self.entry.params) + 4 + 2 * len(self._m_uniform)) + (None,)
+        """``[arg 0 .. arg P-1, stream, n, cuLaunchKernel's arguments, (reader, bytes) per
+        uniform, what keeps the block alive]``, here with nothing any call can match."""
+        return (_NOMEMO,) * (len(self.entry.params) + 3 + 2 * len(self._m_uniform)) + (None,)
 
     def _promote(self, m: list[Any], st: Any) -> None:
         """Copy this thread's memo, just confirmed by a repeated launch, into the shared memo:
@@ -627,7 +630,9 @@ class LaunchPlan:
         uni: list[Any] = []
         for rs, bs in self._m_uniform.values():
             uni += [m[rs], m[bs]]
-        snap = (*m[:P], st, m[self._m_n], m[self._m_gx], ctypes.addressof(ptrs), *uni, (blk, ptrs))
+        bx, by, bz = self.block
+        call = (self.function, m[self._m_gx], 1, 1, bx, by, bz, 0, st._cu, ctypes.addressof(ptrs), 0)
+        snap = (*m[:P], st, m[self._m_n], call, *uni, (blk, ptrs))
         if m[self._m_stream] is st and EPOCH[0] == ep:  # nothing freed or flushed meanwhile
             self._shared[0] = snap
 
