@@ -162,8 +162,19 @@ def run(args: Any) -> list[Row]:
                 sync()
                 return lambda: ks.five(n, cx, cy, cz, p, 0.5)
 
+            def torch_reads() -> Any:  # what the typed call must read from 3 tensors, no launch
+                import torch
+
+                ts = [torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3)]
+                keep.extend(ts)
+                tx, ty, tz = ts
+                return lambda: (tx.is_cuda, tx.is_contiguous(), tx.data_ptr(), tx.numel(), tx.dtype,
+                                ty.is_cuda, ty.is_contiguous(), ty.data_ptr(), ty.numel(), ty.dtype,
+                                tz.is_cuda, tz.is_contiguous(), tz.data_ptr(), tz.numel(), tz.dtype)
+
             for key, label, setup in (("torch", "(a) typed call, torch tensors", torch_typed),
-                                      ("cupy", "(a) typed call, CuPy arrays", cupy_typed)):
+                                      ("cupy", "(a) typed call, CuPy arrays", cupy_typed),
+                                      ("torch_reads", "reading 3 torch tensors, no launch", torch_reads)):
                 fn = guarded(SECTION, f"{kname} {label}", rows, setup)
                 if fn is not None:
                     fns[key] = fn
@@ -180,7 +191,8 @@ def run(args: Any) -> list[Row]:
               "bound": "(a') khal bound launch (bind once)",
               "b": "(b) khal explicit launch", "c": "(c) raw cuLaunchKernel",
               "d": "(d) cuda.core.launch", "e": "(e) CuPy RawKernel", "torch": "(a) typed call, torch tensors",
-              "cupy": "(a) typed call, CuPy arrays"}
+              "cupy": "(a) typed call, CuPy arrays",
+              "torch_reads": "(info) reading 3 torch tensors (is_cuda, is_contiguous, data_ptr, numel, dtype)"}
     for (kname, key), r in results.items():
         if r is None:
             continue

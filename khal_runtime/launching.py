@@ -9,11 +9,13 @@ cache, checks its dtype against a learned set, packs everything with one
 ``pack_into`` and calls ``cuLaunchKernel`` with the ``void**`` as an int.
 Anything unexpected falls to :func:`_diagnose`, which re-checks the arguments
 one by one and raises a named ArgumentError / ArgumentValueError; nothing is
-launched then.
+launched then. A repeated launch (same argument objects) skips the reading and
+packing: see :meth:`LaunchPlan.make_call` for the per-thread memo and the shared
+snapshot, and ``buffers.bump_epoch`` for what clears them.
 
 Seams: ``hooks`` (tracing / profiling, installed from ``KHAL_CUDA_TRACE`` /
-``KHAL_CUDA_PROFILE`` by ``khal_runtime.tracing`` if present) is checked with one
-attribute read per launch; graph capture works on any :class:`Stream`
+``KHAL_CUDA_PROFILE`` by ``khal_runtime.tracing`` if present) is compiled into the
+generated code only while installed; graph capture works on any :class:`Stream`
 (``khal_runtime.graphs``); ``LaunchPlan.indirect_function`` holds the
 persistent-grid variant of entries that declare ``indirect_symbol``.
 """

@@ -1,8 +1,9 @@
 """Launch tracing, GPU-time profiling and NVTX ranges, through ``launching.hooks``.
 
-Nothing here costs anything unless enabled: the launch path reads
-``hooks.active`` once per launch, and only when it is set calls the
-:class:`Dispatcher` installed here.
+Nothing here costs anything unless enabled: the generated launch code calls the
+:class:`Dispatcher` installed here only while it is installed (``hooks.install`` and
+``uninstall`` regenerate every plan's code; bound launches and graph replays read
+``hooks.active``).
 
 Environment (read when ``khal_runtime.launching`` is imported):
 
