@@ -23,7 +23,8 @@ from typing import Any, Callable
 from khal_runtime.buffers import EPOCH
 from khal_runtime.device import _tls, ensure_current
 from khal_runtime.dtypes import bf16_bits
-from khal_runtime.launching import diagnose_args, hooks, thread_count
+from khal_runtime.arguments import diagnose_args, thread_count
+from khal_runtime.launching import hooks
 
 __all__ = ["BoundLaunch"]
 

@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator
 from khal_runtime import _cuda
 from khal_runtime.device import _tls, ensure_current
 from khal_runtime.errors import KhalError
-from khal_runtime.launching import LaunchPlan, dim3, thread_count
+from khal_runtime.arguments import dim3, thread_count
+from khal_runtime.launching import LaunchPlan
 from khal_runtime.loader import CrateRuntime
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
 from khal_runtime.stream import Stream, as_stream, default_stream
@@ -161,7 +162,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
 
     def check_args(self, *args: Any) -> None:
         """Validate arguments without launching (no GPU needed)."""
-        from khal_runtime.launching import diagnose_args
+        from khal_runtime.arguments import diagnose_args
 
         diagnose_args(self.entry, args)
 
@@ -189,7 +190,7 @@ def _slow_call(self: Kernel, n: Any, args: tuple[Any, ...], st: Stream) -> None:
 
 
 def _check_only(plan: LaunchPlan, args: tuple[Any, ...]) -> None:
-    from khal_runtime.launching import diagnose_args
+    from khal_runtime.arguments import diagnose_args
 
     diagnose_args(plan.entry, args)
 
