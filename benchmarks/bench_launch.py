@@ -3,8 +3,11 @@ methods measured in turns so that drift over the run weighs on all of them alike
 
 An empty 1-binding kernel and a 5-binding kernel (3 storage + 1 uniform + 1 scalar) through
 (a) the runtime's typed call, (b) its explicit launch, (c) raw cuLaunchKernel with a prepacked
-void**, (d) cuda.core.launch, (e) CuPy RawKernel compiled from the same translation unit; then
-the typed call with torch tensors and CuPy arrays as the buffers. Ratios to (c).
+void**, (d) cuda.core.launch, (e) CuPy RawKernel compiled from the same translation unit; the
+typed call once with the uniform as a ctypes struct (what a user writes; its bytes are re-read
+every launch) and once with it in a DeviceBuffer (as (c), (d) and (e) get it: a device
+pointer); then the typed call with torch tensors and CuPy arrays as the buffers, and, for
+scale, what reading three torch tensors costs without any launch. Ratios to (c).
 
 Also section ``pycost`` (CPU, runs anywhere): the Python-side cost of the same calls with a
 no-op driver (benchmarks/cpu_launch_cost.py).
