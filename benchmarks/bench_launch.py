@@ -3,8 +3,9 @@ methods measured in turns so that drift over the run weighs on all of them alike
 
 An empty 1-binding kernel and a 5-binding kernel (3 storage + 1 uniform + 1 scalar) through
 (a) the runtime's typed call, (b) its explicit launch, (c) raw cuLaunchKernel with a prepacked
-void**, (d) cuda.core.launch, (e) CuPy RawKernel compiled from the same translation unit; the
-typed call once with the uniform as a ctypes struct (what a user writes; its bytes are re-read
+void** (and, for scale, (c') raw cuLaunchKernelEx with its config built once: what the
+runtime calls for a repeated launch), (d) cuda.core.launch, (e) CuPy RawKernel compiled from
+the same translation unit; the typed call once with the uniform as a ctypes struct (what a user writes; its bytes are re-read
 every launch) and once with it in a DeviceBuffer (as (c), (d) and (e) get it: a device
 pointer); then the typed call with torch tensors and CuPy arrays as the buffers, and, for
 scale, what reading three torch tensors costs without any launch. Ratios to (c).
@@ -97,6 +98,14 @@ def run(args: Any) -> list[Row]:
             L(f, gx, 1, 1, bx, 1, 1, 0, cu, addr, 0)
 
         fns["c"] = raw
+        cfg = drv.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, 1, 1
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, 1, 1
+        cfg.sharedMemBytes, cfg.hStream, cfg.numAttrs = 0, cu, 0
+        keep.append(cfg)
+        LEx = drv.cuLaunchKernelEx
+        # what the runtime's repeated launches call (launching.launch_call): shown for scale
+        fns["c_ex"] = lambda cfg=cfg, f=f, addr=addr: LEx(cfg, f, addr, 0)
         if kname == "five":
             fns["a"] = lambda: ks.five(n, x, y, z, p, 0.5)  # spelled out: what a user writes
             # the uniform as (c), (d) and (e) get it: already in device memory
@@ -193,6 +202,7 @@ def run(args: Any) -> list[Row]:
     labels = {"a": "(a) khal typed call", "a_dev": "(a) khal typed call, uniform in a DeviceBuffer",
               "bound": "(a') khal bound launch (bind once)",
               "b": "(b) khal explicit launch", "c": "(c) raw cuLaunchKernel",
+              "c_ex": "(c') raw cuLaunchKernelEx, config built once",
               "d": "(d) cuda.core.launch", "e": "(e) CuPy RawKernel", "torch": "(a) typed call, torch tensors",
               "cupy": "(a) typed call, CuPy arrays",
               "torch_reads": "(info) reading 3 torch tensors (is_cuda, is_contiguous, data_ptr, numel, dtype)"}

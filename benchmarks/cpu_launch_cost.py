@@ -35,6 +35,12 @@ class _NoopDriver:
     def cuLaunchKernel(self, *a: Any) -> tuple[int]:  # noqa: N802
         return self._OK
 
+    class CUlaunchConfig:  # noqa: N801
+        pass
+
+    def cuLaunchKernelEx(self, *a: Any) -> tuple[int]:  # noqa: N802
+        return self._OK
+
 
 def _fake_torch_type() -> type:
     class Tensor:  # what the extractor cache sees as torch: module "torch", data_ptr/is_cuda

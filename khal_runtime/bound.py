@@ -91,13 +91,16 @@ def _unbound(n: int) -> None:  # pragma: no cover - replaced in __new__
 def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr: int) -> Callable[[int], None]:
     """``call(n)``: launch ``n`` threads (grid = ceil(n / block.x)) with the bound block."""
     from khal_runtime import _cuda
+    from khal_runtime.launching import launch_call
 
-    launch, f, cu, dev = _cuda.driver().cuLaunchKernel, plan.function, stream._cu, stream.device_id
+    drv = _cuda.driver()
+    launch, f, cu, dev = drv.cuLaunchKernel, plan.function, stream._cu, stream.device_id
+    fast, call_args = launch_call(drv)
     bx, by, bz = plan.block
     failed, name, E = plan._launch_failed, kernel.name, EPOCH
-    # [epoch the arguments were last checked at, (n, cuLaunchKernel's arguments for it) of the
+    # [epoch the arguments were last checked at, (n, launch_call's arguments for it, gx) of the
     # last call]; one tuple, so two threads never see one's n with the other's grid
-    state: list[Any] = [E[0], (object(), ())]
+    state: list[Any] = [E[0], (object(), (), 0)]
 
     def slow(n: Any) -> int:
         if state[0] != E[0]:  # something was freed since the last check: re-check (named errors)
@@ -110,13 +113,13 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
         if n == 0:
             return 0
         gx = (n + bx - 1) // bx
-        state[1] = (n, (f, gx, 1, 1, bx, by, bz, 0, cu, addr, 0))
+        state[1] = (n, call_args(f, (gx, 1, 1), (bx, by, bz), 0, cu, addr), gx)
         return gx
 
     def call(n: int) -> None:
         last = state[1]
         if n is last[0] and state[0] == E[0]:
-            gx = last[1][1]
+            gx = last[2]
         else:
             gx = slow(n)
             if not gx:
@@ -133,7 +136,7 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
                            lambda: failed(launch(f, gx, 1, 1, bx, by, bz, 0, cu, addr, 0)[0],
                                           gx, 1, 1, bx, by, bz))
             return
-        r = launch(*last[1])
+        r = fast(*last[1])
         if r[0]:
             failed(r[0], gx, 1, 1, bx, by, bz)
 

@@ -181,6 +181,19 @@ class FakeDriver:
             self.captured[stream].append(rec)
         return self._r("cuLaunchKernel")
 
+    class CUlaunchConfig:  # noqa: N801 - the bindings' name
+        """What cuda.bindings' CUlaunchConfig holds, for cuLaunchKernelEx."""
+
+        gridDimX = gridDimY = gridDimZ = blockDimX = blockDimY = blockDimZ = 1  # noqa: N815
+        sharedMemBytes = numAttrs = 0  # noqa: N815
+        hStream: Any = None  # noqa: N815
+
+    def cuLaunchKernelEx(self, cfg, f, params, extra):  # noqa: N802
+        """Recorded as the cuLaunchKernel it is equivalent to (the runtime uses either)."""
+        return self.cuLaunchKernel(f, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX,
+                                   cfg.blockDimY, cfg.blockDimZ, cfg.sharedMemBytes, cfg.hStream,
+                                   params, extra)
+
     def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, f: Any, block: int, smem: int):  # noqa: N802
         return (CUresult.CUDA_SUCCESS, self.occupancy)
 

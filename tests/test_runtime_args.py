@@ -63,6 +63,22 @@ class FakeDriver:
         return (0,)
 
 
+    class CUlaunchConfig:  # noqa: N801 - the bindings' name
+        """What cuda.bindings' CUlaunchConfig holds, for cuLaunchKernelEx."""
+
+        gridDimX = gridDimY = gridDimZ = blockDimX = blockDimY = blockDimZ = 1  # noqa: N815
+        sharedMemBytes = numAttrs = 0  # noqa: N815
+        hStream: Any = None  # noqa: N815
+
+    ex_calls = 0
+
+    def cuLaunchKernelEx(self, cfg, f, params, extra):  # noqa: N802
+        """Recorded as the cuLaunchKernel it is equivalent to (the runtime uses either)."""
+        self.ex_calls += 1
+        return self.cuLaunchKernel(f, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX,
+                                   cfg.blockDimY, cfg.blockDimZ, cfg.sharedMemBytes, cfg.hStream,
+                                   params, extra)
+
 class FakeUniforms:
     def __init__(self) -> None:
         self.entries: dict[bytes, list[Any]] = {}

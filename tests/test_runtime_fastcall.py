@@ -292,6 +292,7 @@ def test_shared_memo_snapshot_is_immutable_and_follows_every_change(fake: FakeDr
     for _ in range(3):
         k(300, x, y, z, p, 0.25, stream=st)
     assert plan._shared[0][0] is x  # promoted
+    assert fake.ex_calls == 1  # the snapshot launches through cuLaunchKernelEx, config built once
     first = fake.launches[0]["slots"]
     assert all(launch["slots"] == first for launch in fake.launches)
 
