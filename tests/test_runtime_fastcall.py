@@ -279,9 +279,10 @@ def test_kernel_call_is_the_generated_code_and_hooks_regenerate_it(fake: FakeDri
 
 def test_shared_memo_snapshot_is_immutable_and_follows_every_change(fake: FakeDriver,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A launch repeated twice is promoted to the plan's shared snapshot; what changes after
-    (a uniform's bytes, another buffer, the explicit launch rewriting the thread's block, a
-    free) must never be launched from a stale snapshot."""
+    """A launch repeated PROMOTE_AFTER times becomes one of the plan's shared snapshots; what
+    changes after (a uniform's bytes, another buffer, the explicit launch, a free) must never
+    be launched from a stale snapshot."""
+    from khal_runtime._launchgen import PROMOTE_AFTER
     from khal_runtime import buffers
 
     k, st = _kernel(fake)
@@ -289,9 +290,11 @@ def test_shared_memo_snapshot_is_immutable_and_follows_every_change(fake: FakeDr
     plan = k._plans[0]
     x, y, z = (DeviceBuffer(0x1000 * (i + 1), 300 + i, "float32", 0) for i in range(3))
     p = P(2.0, 3.0)
-    for _ in range(3):
+    for _ in range(PROMOTE_AFTER + 1):
         k(300, x, y, z, p, 0.25, stream=st)
     assert plan._shared[0][0] is x  # promoted
+    assert fake.ex_calls == 0
+    k(300, x, y, z, p, 0.25, stream=st)
     assert fake.ex_calls == 1  # the snapshot launches through cuLaunchKernelEx, config built once
     first = fake.launches[0]["slots"]
     assert all(launch["slots"] == first for launch in fake.launches)
@@ -312,9 +315,10 @@ def test_shared_memo_snapshot_is_immutable_and_follows_every_change(fake: FakeDr
 
 def test_threads_repeating_their_own_arguments_each_launch_their_own(fake: FakeDriver,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Threads each repeating different arguments on one entry: the shared snapshot (taken at
-    most _MAX_PROMOTIONS times) and the per-thread blocks never mix one thread's arguments
-    into another's launch. Each thread's thread count is its signature in the grid."""
+    """Threads each repeating different arguments on one entry (more of them than there are
+    shared snapshots, so they keep replacing each other's): the snapshots and the per-thread
+    blocks never mix one thread's arguments into another's launch. Each thread's thread
+    count is its signature in the grid."""
     import threading
 
     from khal_runtime import launching
@@ -327,8 +331,9 @@ def test_threads_repeating_their_own_arguments_each_launch_their_own(fake: FakeD
         try:
             _tls.dev = 0
             bufs = [DeviceBuffer(0x10_0000 * (t + 1) + 0x1000 * i, 1000, "float32", 0) for i in range(3)]
+            count, scalar = 128 * (t + 1), float(t)
             for _ in range(300):
-                k(128 * (t + 1), *bufs, p, float(t), stream=st)
+                k(count, *bufs, p, scalar, stream=st)
         except BaseException as e:  # pragma: no cover - reported below
             errors.append(e)
 
@@ -350,7 +355,7 @@ def test_threads_repeating_their_own_arguments_each_launch_their_own(fake: FakeD
         t = launch["grid"][0] - 1
         assert _u64(launch, 0) == 0x10_0000 * (t + 1) and _u64(launch, 4) == 0x10_0000 * (t + 1) + 0x2000
         assert struct.unpack("<f", launch["slots"][7])[0] == float(t)
-    assert k._plans[0]._promotions_left[0] >= 0 and launching._MAX_PROMOTIONS == 16
+    assert sum(snap[0] is not launching._NOMEMO for snap in k._plans[0]._shared) == launching.SLOTS
 
 
 def _counting_array_type(module: str, name: str) -> type:
@@ -402,3 +407,25 @@ def test_cupy_arrays_are_packed_once_torch_tensors_every_call(fake: FakeDriver,
         k(300, x, y, z, p, 0.5, stream=st)
         assert (T.reads["n"] == before) is memoised, (module, T.reads)  # type: ignore[attr-defined]
         assert _u64(fake.launches[-1], 0) == 0x1000 and _u64(fake.launches[-1], 4) == 0x3000
+
+
+def test_alternating_argument_sets_each_get_a_snapshot(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Double buffering (step(a, b), step(b, a), ...) and two call sites of one entry: each
+    argument set has its own memo slot and, once repeated, its own shared snapshot."""
+    from khal_runtime._launchgen import PROMOTE_AFTER, SLOTS
+
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    a, b, z = (DeviceBuffer(0x1000 * (i + 1), 300, "float32", 0) for i in range(3))
+    p = P(1.0, 2.0)
+    sets = [(a, b), (b, a), (a, a)]
+    assert len(sets) < SLOTS
+    for _ in range(PROMOTE_AFTER + 1):
+        for x, y in sets:
+            k(300, x, y, z, p, 0.5, stream=st)
+    before = fake.ex_calls
+    for _ in range(5):
+        for x, y in sets:
+            k(300, x, y, z, p, 0.5, stream=st)
+            assert (_u64(fake.launches[-1], 0), _u64(fake.launches[-1], 2)) == (x.ptr, y.ptr)
+    assert fake.ex_calls - before == 5 * len(sets)  # every one from a snapshot

@@ -1,0 +1,358 @@
+"""The Python source generated for each launch plan (``launching.LaunchPlan``).
+
+Two functions per plan and device, compiled with ``exec`` from the entry's parameter kinds
+and validated integers only (never from user strings):
+
+- ``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: the explicit launch. It reads, checks
+  and packs every argument into this thread's scratch block.
+- the kernel's call ``(n, a0, a1, ..., stream=None)``, three paths, fastest first:
+
+  1. the shared snapshots (``plan._shared``, ``SLOTS`` of them, newest first): launches that
+     were repeated before, in any thread, with the same argument objects, thread count and
+     stream. A snapshot's argument block is never written again and it holds the whole
+     argument tuple of the launch call, so threads share it without a lock; the stream came
+     from this thread's ``ready`` (its device is current here).
+  2. this thread's memo slots (the last ``SLOTS`` distinct argument sets it launched): the
+     block packed then is reused; host uniforms are re-read (a ctypes struct can change in
+     place) and re-packed only if their bytes changed. A slot hit ``PROMOTE_AFTER`` times
+     becomes a shared snapshot.
+  3. the full read, check and pack into the least recently filled slot, which is then
+     remembered, when every argument is of a kind that cannot change under the same
+     identity (``buffers.STABLE_ARRAY_TYPES``, immutable scalars, re-readable uniforms).
+
+Anything off these paths goes to the kernel's slow path or to ``_diagnose``, which names the
+bad argument. ``buffers.bump_epoch`` (a free, a uniform-cache flush) clears every memo slot
+and snapshot at once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from khal_runtime.launching import LaunchPlan
+
+#: memo slots per thread and shared snapshots per plan (distinct argument sets remembered)
+SLOTS = 4
+#: hits of a thread's memo slot that make it a shared snapshot (then counted again from 0, so
+#: threads cycling through more argument sets than SLOTS promote at most once per this many)
+PROMOTE_AFTER = 8
+
+# Array kinds whose extraction the generated code inlines once a type of that kind is seen for
+# a parameter (same checks as the extractor; anything off them raises _Short and _diagnose
+# names the problem). ``{a}`` is the argument, ``{i}`` its index.
+INLINE_CODE: dict[str, list[str]] = {
+    "torch": ["if not ({a}.is_cuda and {a}.is_contiguous()): raise _Short()",
+              "p{i} = {a}.data_ptr(); c{i} = {a}.numel(); k{i} = {a}.dtype"],
+    "cupy_fast": ["if not {a}._c_contiguous: raise _Short()",
+                  "p{i} = {a}.data.ptr; c{i} = {a}.size; k{i} = {a}.dtype"],
+    "cupy": ["if not {a}.flags.c_contiguous: raise _Short()",
+             "p{i} = {a}.data.ptr; c{i} = {a}.size; k{i} = {a}.dtype"],
+}
+
+
+class MemoLayout:
+    """Indices into one memo slot, a list:
+    ``[arg 0 .. arg P-1, stream, n, gx, (reader, bytes) per uniform, buf, addr, hits]``
+    (the stream is the slot's valid flag), and into one shared snapshot, a tuple:
+    ``(arg 0 .. arg P-1, stream, n, call args, gx, addr, (reader, bytes) per uniform, keep)``.
+    A thread's slots live in ``plan._tls.s``:
+    ``[slot 0 .. slot SLOTS-1, next victim, scratch, whether any slot was ever filled]``.
+    """
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        P = len(plan.entry.params)  # noqa: N806
+        self.P = P
+        self.stream, self.n, self.gx = P, P + 1, P + 2
+        self.uniform: dict[int, tuple[int, int]] = {}  # param -> (reader, bytes) in a slot
+        k = P + 3
+        for i, p in enumerate(plan.entry.params):
+            if p.kind == "uniform":
+                self.uniform[i] = (k, k + 1)
+                k += 2
+        self.buf, self.addr, self.hits, self.length = k, k + 1, k + 2, k + 3
+        # snapshot indices
+        self.s_call, self.s_gx, self.s_addr = P + 2, P + 3, P + 4
+        self.s_uniform = {i: (P + 5 + 2 * j, P + 6 + 2 * j) for j, i in enumerate(self.uniform)}
+        self.s_length = P + 5 + 2 * len(self.uniform) + 1
+
+
+# -- argument reading ------------------------------------------------------------------------------
+def uniform_slots(plan: LaunchPlan) -> dict[int, int]:
+    """Parameter index -> byte offset in the argument block, of each uniform."""
+    out, slot = {}, 0
+    for i, p in enumerate(plan.entry.params):
+        if p.kind == "uniform":
+            out[i] = plan._offsets[slot]
+        slot += p.abi_slots
+    return out
+
+
+def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa: E741, N803
+    """Lines reading uniform ``a{i}`` into ``u{i}``, a device pointer to its bytes, and
+    ``h{i}``, what its converter gave (bytes, or (pointer, size) of a device buffer)."""
+    a, size = f"a{i}", int(plan.entry.params[i].element_size)
+    lines = [f"{I}t = type({a})"]
+    for j, kind in enumerate(plan._uinline[i].values()):
+        lines.append(f"{I}{'if' if j == 0 else 'elif'} t is _UT{i}_{j}:")
+        lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
+    return lines + [
+        f"{I}{'else:' if plan._uinline[i] else 'if True:'}",
+        f"{I}    u = _useen({i}, {a})",
+        f"{I}h{i} = u",
+        f"{I}if u.__class__ is bytes:",
+        f"{I}    if len(u) != {size}: raise _Short()",
+        f"{I}    e = _ucache.get(u)",
+        f"{I}    u{i} = e[0] if e is not None and e[1] is None else _ufetch(u, st)",
+        f"{I}else:",
+        f"{I}    if u[1] < {size}: raise _Short()",
+        f"{I}    u{i} = u[0]",
+    ]
+
+
+def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
+    """Lines that read ``a0..`` and pack them into the block of slot ``m``. Sets ``t{i}``
+    (storage types) and ``h{i}`` (uniforms as converted) on the way."""
+    lo = plan.memo
+    lines: list[str] = []
+    pack_args: list[str] = []
+    for i, p in enumerate(plan.entry.params):
+        a = f"a{i}"
+        if p.kind == "storage":
+            lines += [
+                f"{I}t{i} = type({a})",
+                f"{I}if t{i} is _DB:",
+                f"{I}    p{i} = {a}.ptr; c{i} = {a}.size",
+                f"{I}    k{i} = {a}._et if {a}._base is None or {a}._base._et is not _FREED else _FREED",
+            ]
+            for j, kind in enumerate(plan._inline[i].values()):
+                lines.append(f"{I}elif t{i} is _T{i}_{j}:")
+                lines += [f"{I}    " + ln.format(a=a, i=i) for ln in INLINE_CODE[kind]]
+            lines += [
+                f"{I}else:",
+                f"{I}    p{i}, c{i}, k{i} = _sseen({i}, {a})",
+                f"{I}if k{i} not in _ok{i}: _learn({i}, k{i})",
+            ]
+            if p.shape == "array" and p.length:
+                lines.append(f"{I}if c{i} < {int(p.length)}: raise _Short()")
+            elif p.shape == "value":
+                lines.append(f"{I}if c{i} < 1: raise _Short()")
+            pack_args += [f"p{i}", f"c{i}"]
+        elif p.kind == "uniform":
+            lines += uniform_param_lines(plan, i, I)
+            pack_args.append(f"u{i}")
+        else:
+            pack_args.append(f"_bf16({a})" if p.element_type == "bfloat16" else a)
+    if pack_args:
+        lines.append(f"{I}_pack(m[{lo.buf}], 0, {', '.join(pack_args)})")
+    return lines
+
+
+# -- memo slots ------------------------------------------------------------------------------------
+def slots_lines(I: str) -> list[str]:  # noqa: E741, N803
+    return [f"{I}try:", f"{I}    ms = _tls.s", f"{I}except AttributeError:", f"{I}    ms = _newslots()"]
+
+
+def memo_store_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
+    """After a full read and pack into slot ``m``: remember the arguments, only when every
+    buffer is of a type that cannot change under the same identity (DeviceBuffer,
+    cupy.ndarray: ``buffers.STABLE_ARRAY_TYPES``; not torch), every scalar is immutable (a 0-d
+    NumPy array is not) and every uniform can be re-read (``launching._uniform_reader``). The
+    stream is stored last, and only if nothing was freed since the arguments were read."""
+    lo, P = plan.memo, plan.memo.P  # noqa: N806
+    conds = [f"t{i} in _MA" if p.kind == "storage" else f"_IMM[type(a{i})]"
+             for i, p in enumerate(plan.entry.params) if p.kind != "uniform"]
+    body = [f"r{i} = _urd(a{i}, h{i})" for i in lo.uniform]
+    ucond = [f"r{i} is not _NOMEMO" for i in lo.uniform]
+    inner = [f"m[{rs}] = r{i}; m[{bs}] = h{i}" for i, (rs, bs) in lo.uniform.items()]
+    inner += [f"m[0:{P}] = ({''.join(f'a{i}, ' for i in range(P))})",
+              f"m[{lo.n}] = n; m[{lo.gx}] = gx; m[{lo.hits}] = 0; ms[{SLOTS + 2}] = True",
+              f"if ep == _E[0]: m[{lo.stream}] = st"]
+    out: list[str] = []
+    J = I  # noqa: N806
+    if conds:
+        out.append(f"{I}if {' and '.join(conds)}:")
+        J = I + "    "  # noqa: N806
+    out += [J + ln for ln in body]
+    if ucond:
+        out.append(f"{J}if {' and '.join(ucond)}:")
+        J = J + "    "  # noqa: N806
+    return out + [J + ln for ln in inner]
+
+
+def slot_hit(plan: LaunchPlan, j: int) -> str:
+    """Slot ``j`` of this thread holds this launch's argument objects for this stream."""
+    P = plan.memo.P  # noqa: N806
+    first = f"a0 is (m := ms[{j}])[0]" if P else f"(m := ms[{j}]) is not None"
+    conds = [first] + [f"a{i} is m[{i}]" for i in range(1, P)]
+    return " and ".join(conds + [f"st is m[{plan.memo.stream}]", "not _more"])
+
+
+def snapshot_hit(plan: LaunchPlan, j: int) -> str:
+    """Shared snapshot ``j`` is this very launch (arguments, stream, thread count, uniforms'
+    current bytes)."""
+    lo, P = plan.memo, plan.memo.P  # noqa: N806
+    first = f"a0 is (k := _S[{j}])[0]"
+    conds = [first] + [f"a{i} is k[{i}]" for i in range(1, P)]
+    conds += [f"st is k[{P}]", f"n is k[{P + 1}]", "not _more"]
+    for i, (r, b) in lo.s_uniform.items():
+        conds.append(f"(k[{r}] is None or k[{r}](a{i}) == k[{b}])")
+    return " and ".join(conds)
+
+
+def uniform_recheck_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
+    """Slot hit: a host uniform may have new bytes under the same identity; re-read it, and
+    re-pack its device pointer only if they changed."""
+    lo = plan.memo
+    offs = uniform_slots(plan)
+    lines: list[str] = []
+    for i, (rs, bs) in lo.uniform.items():
+        size = int(plan.entry.params[i].element_size)
+        lines += [
+            f"{I}r = m[{rs}]",
+            f"{I}if r is not None:",
+            f"{I}    u = r(a{i})",
+            f"{I}    if u != m[{bs}]:",
+            f"{I}        if len(u) != {size}: raise _Short()",
+            f"{I}        e = _ucache.get(u)",
+            f"{I}        _pq(m[{lo.buf}], {offs[i]}, e[0] if e is not None and e[1] is None else _ufetch(u, st))",
+            f"{I}        m[{bs}] = u",
+        ]
+    return lines
+
+
+# -- the two functions ---------------------------------------------------------------------------
+def launch_lines(g: str, b: str, shmem: str, args: str, hooked: bool) -> list[str]:
+    if hooked:  # regenerated when hooks are installed or removed
+        return [
+            f"    return _H.dispatch(_plan, ({g}), ({b}), {shmem}, st, {args},",
+            f"                       lambda: _failed(_launch(_f, {g}, {b}, {shmem}, st._cu, addr, 0)[0], {g}, {b}))",
+        ]
+    return [
+        f"    r = _launch(_f, {g}, {b}, {shmem}, st._cu, addr, 0)",
+        "    if r[0]:",
+        f"        _failed(r[0], {g}, {b})",
+    ]
+
+
+def run_source(plan: LaunchPlan, hooked: bool) -> str:
+    """``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: packs into this thread's scratch
+    slot, which no memo uses."""
+    n = len(plan.entry.params)
+    I = "        "  # noqa: E741, N806
+    names = [f"a{i}" for i in range(n)]
+    lines = ["def run(gx, gy, gz, bx, by, bz, shmem, st, args):", "    try:"]
+    if n:
+        lines.append(f"{I}{', '.join(names)}{',' if n == 1 else ''} = args")
+        lines += slots_lines(I)
+        lines.append(f"{I}m = ms[{SLOTS + 1}]")
+        lines += read_lines(plan, I)
+        lines.append(f"{I}addr = m[{plan.memo.addr}]")
+    else:
+        lines += [f"{I}if args: raise _Short()", f"{I}addr = 0"]
+    lines += ["    except Exception as exc:", "        _diagnose(args, exc)", "        raise"]
+    lines += launch_lines("gx, gy, gz", "bx, by, bz", "shmem", "args", hooked)
+    return "\n".join(lines) + "\n"
+
+
+def call_source(plan: LaunchPlan, hooked: bool) -> str:
+    """The kernel's call ``(n, a0=_M, ..., *_more, stream=None)`` for ``plan``'s device;
+    anything off the fast paths (another device, a non-positive or non-int thread count,
+    missing or extra arguments) goes to ``_slow(_K, n, args, st)``."""
+    lo = plan.memo
+    D = int(plan.device_id)  # noqa: N806
+    bx, by, bz = (int(v) for v in plan.block)
+    P = lo.P  # noqa: N806
+    names = [f"a{i}" for i in range(P)]
+    sig = "".join(f"{a}=_M, " for a in names)
+    tup = "(" + "".join(f"{a}, " for a in names) + ")"
+    lines = [
+        f"def __call__(n, {sig}*_more, stream=None):",
+        "    if stream is None:",
+        "        try:",
+        "            st = _ktls.ready",
+        "        except AttributeError:",
+        "            st = _ready()",
+        "    else:",
+        "        st = stream if type(stream) is _Stream else _as_stream(stream)",
+        "        try:",
+        "            cur = _ktls.dev",
+        "        except AttributeError:",
+        "            cur = -1",
+        "        if cur != st.device_id:",
+        "            _ensure(st.device_id)",
+    ]
+    guard = (f"st.device_id != {D} or type(n) is not int or n <= 0 or _more"
+             + (f" or {names[-1]} is _M" if names else ""))
+    to_slow = f"return _slow(_K, n, tuple(a for a in {tup} if a is not _M) + _more, st)"
+    if not P:
+        lines += [f"    if {guard}:", f"        {to_slow}", "    addr = 0", f"    gx = (n + {bx - 1}) // {bx}"]
+        lines += launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0", tup, hooked)
+        return "\n".join(lines) + "\n"
+
+    # arguments no memo can hold (a torch tensor first) skip the memos after one failed check
+    s0 = next((i for i, p in enumerate(plan.entry.params) if p.kind == "storage"), None)
+    unstable = "" if s0 is None else f" or type(a{s0}) not in _MA"
+    # 1. shared snapshots (filled newest first: an empty first one means none)
+    for j in range(SLOTS):
+        lines.append(f"    {'if' if j == 0 else 'elif'} {snapshot_hit(plan, j)}:")
+        lines.append("        pass")
+        if j == 0:
+            lines += [f"    elif k[0] is _NOMEMO{unstable}:", "        k = None"]
+    lines += ["    else:", "        k = None", "    if k is not None:"]
+    if hooked:
+        lines.append(f"        gx = k[{lo.s_gx}]; addr = k[{lo.s_addr}]")
+    else:  # the snapshot holds the launch call's whole argument tuple
+        lines += [f"        r = _lx(*k[{lo.s_call}])", "        if r[0]:",
+                  f"            _failed(r[0], k[{lo.s_gx}], 1, 1, {bx}, {by}, {bz})", "        return"]
+    lines.append("    else:")
+    # 2. this thread's memo slots
+    J = "        "  # noqa: N806
+    I = J + "        "  # noqa: E741, N806
+    lines += [J + ln for ln in slots_lines("")]
+    for j in range(SLOTS):
+        lines.append(f"{J}{'if' if j == 0 else 'elif'} {slot_hit(plan, j)}:")
+        lines.append(f"{J}    pass")
+        if j == 0:  # no slot was ever filled, or arguments that are read every time
+            lines += [f"{J}elif not ms[{SLOTS + 2}]{unstable}:", f"{J}    m = None"]
+    lines += [
+        f"{J}else:",
+        f"{J}    m = None",
+        f"{J}if m is not None:",
+        f"{J}    if n is m[{lo.n}]:",  # the same thread count object: the same grid
+        f"{J}        gx = m[{lo.gx}]",
+        f"{J}    elif type(n) is int and n > 0:",
+        f"{J}        gx = (n + {bx - 1}) // {bx}",
+        f"{J}        m[{lo.n}] = n; m[{lo.gx}] = gx",
+        f"{J}    else:",
+        f"{J}        {to_slow}",
+    ]
+    recheck = uniform_recheck_lines(plan, I)
+    if recheck:
+        lines += [f"{J}    try:"] + recheck
+        lines += [f"{J}    except Exception as exc:", f"{J}        _diagnose({tup}, exc)", f"{J}        raise"]
+    lines += [
+        f"{J}    h = m[{lo.hits}] + 1",
+        f"{J}    if h >= {PROMOTE_AFTER}:",
+        f"{J}        m[{lo.hits}] = 0",
+        f"{J}        _promote(m, st)",
+        f"{J}    else:",
+        f"{J}        m[{lo.hits}] = h",
+        # 3. the full read into the least recently filled slot
+        f"{J}else:",
+        f"{J}    if {guard}:",
+        f"{J}        {to_slow}",
+        f"{J}    gx = (n + {bx - 1}) // {bx}",
+        f"{J}    v = ms[{SLOTS}]",
+        f"{J}    ms[{SLOTS}] = v + 1 if v < {SLOTS - 1} else 0",
+        f"{J}    m = ms[v]",
+        f"{J}    try:",
+        f"{J}        ep = _E[0]",
+        f"{J}        m[{lo.stream}] = _NOMEMO",
+    ]
+    lines += read_lines(plan, I)
+    lines += memo_store_lines(plan, I)
+    lines += [f"{J}    except Exception as exc:", f"{J}        _diagnose({tup}, exc)", f"{J}        raise"]
+    lines.append(f"{J}addr = m[{lo.addr}]")
+    lines += launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0", tup, hooked)
+    return "\n".join(lines) + "\n"
