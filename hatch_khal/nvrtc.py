@@ -120,9 +120,12 @@ def compile_unit(
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
         _check(err, "log query")
-        buf = b" " * size
+        # NVRTC writes into the buffer: a fresh bytearray, never ``b" " * size``, which for
+        # size 1 (an empty log) is CPython's shared b" " and would turn it into b"\x00" for
+        # the whole process
+        buf = bytearray(size)
         (err,) = nvrtc.nvrtcGetProgramLog(prog, buf)
-        log = buf.rstrip(b"\x00").decode("utf-8", "replace").strip()
+        log = bytes(buf).rstrip(b"\x00").decode("utf-8", "replace").strip()
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             if result == nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION:
                 raise ConfigError(
@@ -133,14 +136,14 @@ def compile_unit(
         if arch.startswith("compute_"):
             err, size = nvrtc.nvrtcGetPTXSize(prog)
             _check(err, "PTX size query")
-            out = b" " * size
+            out = bytearray(size)
             (err,) = nvrtc.nvrtcGetPTX(prog, out)
             _check(err, "PTX retrieval")
-            data = out.rstrip(b"\x00")
+            data = bytes(out).rstrip(b"\x00")
         else:
             err, size = nvrtc.nvrtcGetCUBINSize(prog)
             _check(err, "cubin size query")
-            out = b" " * size
+            out = bytearray(size)
             (err,) = nvrtc.nvrtcGetCUBIN(prog, out)
             _check(err, "cubin retrieval")
             data = bytes(out)

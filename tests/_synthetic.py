@@ -120,16 +120,16 @@ def nvrtc_compile(source: str, arch: str, name: str = "core.cu") -> bytes:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if err:
             _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-            log = b" " * size
+            log = bytearray(size)  # never b" " * size: for size 1 that is CPython's shared b" "
             nvrtc.nvrtcGetProgramLog(prog, log)
             raise RuntimeError(f"NVRTC failed for {arch}: {log.decode(errors='replace')}")
         if arch.startswith("sm_"):
             _, size = nvrtc.nvrtcGetCUBINSize(prog)
-            out = b" " * size
+            out = bytearray(size)
             nvrtc.nvrtcGetCUBIN(prog, out)
         else:
             _, size = nvrtc.nvrtcGetPTXSize(prog)
-            out = b" " * size
+            out = bytearray(size)
             nvrtc.nvrtcGetPTX(prog, out)
             out = out.rstrip(b"\0")
         return bytes(out)

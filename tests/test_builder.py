@@ -348,3 +348,27 @@ def test_prebuilt_cubin_for_another_arch_is_rejected(tmp_path: Path, monkeypatch
     monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_ALPHA", str(pre))
     with pytest.raises(PrebuiltError, match=r"cubin is for sm_80, but crate 'alpha' targets sm_90"):
         build(root, None)
+
+
+def test_a_clean_compile_leaves_cpythons_shared_bytes_alone() -> None:
+    """NVRTC writes its log, PTX and cubin into buffers we hand it. ``b" " * size`` for an
+    empty log (size 1) is CPython's one shared ``b" "``: the compile used to turn it into
+    ``b"\\x00"`` for the rest of the build process (on 3.12 the one-space str as well), which
+    broke code generated later in the same process. Run in a child so a regression cannot
+    corrupt this test session."""
+    import subprocess
+    import sys
+
+    code = (
+        "from hatch_khal.nvrtc import compile_unit\n"
+        "r = compile_unit('extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }', 'k.cu', "
+        "'sm_90', [], 'c')\n"
+        "assert r.log == '' and r.data[:4] == b'\\x7fELF', r\n"
+        "p = compile_unit('extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }', 'k.cu', "
+        "'compute_90', [], 'c')\n"
+        "assert p.data.startswith(b'//'), p.data[:20]\n"
+        "print(list(b' '), ' '.join(['a', 'b']), f'{1} {2}', sep='|')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[32]|a b|1 2"
