@@ -41,7 +41,9 @@ FREED = "<freed buffer>"
 EPOCH = [0]
 MEMOS: list[tuple[list[Any], int, Any]] = []
 THREAD_MEMOS: weakref.WeakKeyDictionary[Any, list[tuple[list[Any], int, Any]]] = weakref.WeakKeyDictionary()
-_EPOCH_LOCK = threading.Lock()
+# reentrant: taking it can allocate, allocating can collect a dropped DeviceBuffer, and its
+# __del__ frees it, which bumps the epoch again in the same thread
+_EPOCH_LOCK = threading.RLock()
 
 
 #: Array types whose pointer, element count, dtype and contiguity never change for the life of
