@@ -53,7 +53,7 @@ INLINE_CODE: dict[str, list[str]] = {
 
 class MemoLayout:
     """Indices into one memo slot, a list:
-    ``[arg 0 .. arg P-1, stream, n, gx, (reader, bytes) per uniform, buf, addr, hits, ptrs]``
+    ``[arg 0 .. arg P-1, stream, n, gx, (reader, bytes) per uniform, buf, addr, hits]``
     (the stream is the slot's valid flag), and into one shared snapshot, a tuple:
     ``(arg 0 .. arg P-1, stream, n, call args, gx, addr, (reader, bytes) per uniform, keep)``.
     A thread's slots live in ``plan._tls.s``:
@@ -70,7 +70,7 @@ class MemoLayout:
             if p.kind == "uniform":
                 self.uniform[i] = (k, k + 1)
                 k += 2
-        self.buf, self.addr, self.hits, self.ptrs, self.length = k, k + 1, k + 2, k + 3, k + 4
+        self.buf, self.addr, self.hits, self.length = k, k + 1, k + 2, k + 3
         # snapshot indices
         self.s_call, self.s_gx, self.s_addr = P + 2, P + 3, P + 4
         self.s_uniform = {i: (P + 5 + 2 * j, P + 6 + 2 * j) for j, i in enumerate(self.uniform)}
