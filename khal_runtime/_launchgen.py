@@ -88,6 +88,14 @@ def uniform_slots(plan: LaunchPlan) -> dict[int, int]:
     return out
 
 
+def cached_upload(I: str, size: int) -> tuple[list[str], str]:  # noqa: E741, N803
+    """Lines checking host bytes ``u`` against the uniform's size and looking them up in the
+    uniform cache, and the expression for their device pointer (uploaded or waited for on
+    ``st`` by ``_ufetch`` when not ready)."""
+    return ([f"{I}if len(u) != {size}: raise _Short()", f"{I}e = _ucache.get(u)"],
+            "e[0] if e is not None and e[1] is None else _ufetch(u, st)")
+
+
 def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa: E741, N803
     """Lines reading uniform ``a{i}`` into ``u{i}``, a device pointer to its bytes, and
     ``h{i}``, what its converter gave (bytes, or (pointer, size) of a device buffer)."""
@@ -96,14 +104,14 @@ def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa:
     for j, kind in enumerate(plan._uinline[i].values()):
         lines.append(f"{I}{'if' if j == 0 else 'elif'} t is _UT{i}_{j}:")
         lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
+    fetch, ptr = cached_upload(I + "    ", size)
     return lines + [
         f"{I}{'else:' if plan._uinline[i] else 'if True:'}",
         f"{I}    u = _useen({i}, {a})",
         f"{I}h{i} = u",
         f"{I}if u.__class__ is bytes:",
-        f"{I}    if len(u) != {size}: raise _Short()",
-        f"{I}    e = _ucache.get(u)",
-        f"{I}    u{i} = e[0] if e is not None and e[1] is None else _ufetch(u, st)",
+        *fetch,
+        f"{I}    u{i} = {ptr}",
         f"{I}else:",
         f"{I}    if u[1] < {size}: raise _Short()",
         f"{I}    u{i} = u[0]",
@@ -182,9 +190,8 @@ def memo_store_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
 
 def slot_hit(plan: LaunchPlan, j: int) -> str:
     """Slot ``j`` of this thread holds this launch's argument objects for this stream."""
-    P = plan.memo.P  # noqa: N806
-    first = f"a0 is (m := ms[{j}])[0]" if P else f"(m := ms[{j}]) is not None"
-    conds = [first] + [f"a{i} is m[{i}]" for i in range(1, P)]
+    P = plan.memo.P  # noqa: N806  (>= 1: entries without parameters have no memo)
+    conds = [f"a0 is (m := ms[{j}])[0]"] + [f"a{i} is m[{i}]" for i in range(1, P)]
     return " and ".join(conds + [f"st is m[{plan.memo.stream}]", "not _more"])
 
 
@@ -192,8 +199,7 @@ def snapshot_hit(plan: LaunchPlan, j: int) -> str:
     """Shared snapshot ``j`` is this very launch (arguments, stream, thread count, uniforms'
     current bytes)."""
     lo, P = plan.memo, plan.memo.P  # noqa: N806
-    first = f"a0 is (k := _S[{j}])[0]"
-    conds = [first] + [f"a{i} is k[{i}]" for i in range(1, P)]
+    conds = [f"a0 is (k := _S[{j}])[0]"] + [f"a{i} is k[{i}]" for i in range(1, P)]
     conds += [f"st is k[{P}]", f"n is k[{P + 1}]", "not _more"]
     for i, (r, b) in lo.s_uniform.items():
         conds.append(f"(k[{r}] is None or k[{r}](a{i}) == k[{b}])")
@@ -207,15 +213,14 @@ def uniform_recheck_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741,
     offs = uniform_slots(plan)
     lines: list[str] = []
     for i, (rs, bs) in lo.uniform.items():
-        size = int(plan.entry.params[i].element_size)
+        fetch, ptr = cached_upload(I + "        ", int(plan.entry.params[i].element_size))
         lines += [
             f"{I}r = m[{rs}]",
             f"{I}if r is not None:",
             f"{I}    u = r(a{i})",
             f"{I}    if u != m[{bs}]:",
-            f"{I}        if len(u) != {size}: raise _Short()",
-            f"{I}        e = _ucache.get(u)",
-            f"{I}        _pq(m[{lo.buf}], {offs[i]}, e[0] if e is not None and e[1] is None else _ufetch(u, st))",
+            *fetch,
+            f"{I}        _pq(m[{lo.buf}], {offs[i]}, {ptr})",
             f"{I}        m[{bs}] = u",
         ]
     return lines

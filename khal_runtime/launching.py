@@ -240,10 +240,9 @@ class LaunchPlan:
     def _namespace(self) -> dict[str, Any]:
         from khal_runtime.device import _tls as dev_tls
         from khal_runtime.device import ensure_current, ready_stream
-        from khal_runtime.stream import Stream, as_stream, default_stream
+        from khal_runtime.stream import Stream, as_stream
 
         ns: dict[str, Any] = {
-            "_X": EXTRACTORS, "_xf": extractor_for, "_U": _CONVERTERS, "_uf": uniform_converter,
             "_ucache": self.uniforms.entries, "_ufetch": self.uniforms.fetch, "_Short": _Short,
             "_learn": self._learn, "_tls": self._tls, "_newslots": self._new_slots,
             "_pack": self.struct.pack_into, "_bf16": bf16_bits, "_H": hooks,
@@ -251,7 +250,7 @@ class LaunchPlan:
             "_f": self.function, "_plan": self,
             "_diagnose": self._diagnose, "_failed": self._launch_failed, "bytes": bytes,
             "_DB": DeviceBuffer, "_ktls": dev_tls, "_ensure": ensure_current, "_Stream": Stream,
-            "_as_stream": as_stream, "_first_stream": default_stream,
+            "_as_stream": as_stream,
         }
         for i, p in enumerate(self.entry.params):
             if p.kind == "storage":
