@@ -55,6 +55,7 @@ def run(args: Any) -> list[Row]:
 
     from khal_runtime import Device, DeviceBuffer
     from khal_runtime import _cuda
+    from khal_runtime.launching import launch_call
 
     rows: list[Row] = []
     drv = _cuda.driver()
@@ -98,14 +99,12 @@ def run(args: Any) -> list[Row]:
             L(f, gx, 1, 1, bx, 1, 1, 0, cu, addr, 0)
 
         fns["c"] = raw
-        cfg = drv.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, 1, 1
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, 1, 1
-        cfg.sharedMemBytes, cfg.hStream, cfg.numAttrs = 0, cu, 0
-        keep.append(cfg)
-        LEx = drv.cuLaunchKernelEx
-        # what the runtime's repeated launches call (launching.launch_call): shown for scale
-        fns["c_ex"] = lambda cfg=cfg, f=f, addr=addr: LEx(cfg, f, addr, 0)
+        if hasattr(drv, "cuLaunchKernelEx"):  # what the runtime's repeated launches call
+            _, ex_args = launch_call(drv)  # (launching.launch_call): shown for scale
+            ex_call = ex_args(f, (gx, 1, 1), (bx, 1, 1), 0, cu, addr)
+            keep.append(ex_call)
+            LEx = drv.cuLaunchKernelEx
+            fns["c_ex"] = lambda ex_call=ex_call: LEx(*ex_call)
         if kname == "five":
             fns["a"] = lambda: ks.five(n, x, y, z, p, 0.5)  # spelled out: what a user writes
             # the uniform as (c), (d) and (e) get it: already in device memory
