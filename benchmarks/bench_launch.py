@@ -7,8 +7,10 @@ void** (and, for scale, (c') raw cuLaunchKernelEx with its config built once: wh
 runtime calls for a repeated launch), (d) cuda.core.launch, (e) CuPy RawKernel compiled from
 the same translation unit; the typed call once with the uniform as a ctypes struct (what a user writes; its bytes are re-read
 every launch) and once with it in a DeviceBuffer (as (c), (d) and (e) get it: a device
-pointer); then the typed call with torch tensors and CuPy arrays as the buffers, and, for
-scale, what reading three torch tensors costs without any launch. Ratios to (c).
+pointer); then the typed call with torch tensors and CuPy arrays as the buffers, with torch
+inference tensors (no version counter: read in full every launch, as a tensor changed since
+its last launch is), and, for scale, what the reuse check and the full read cost on three
+torch tensors without any launch. Ratios to (c).
 
 Also section ``pycost`` (CPU, runs anywhere): the Python-side cost of the same calls with a
 no-op driver (benchmarks/cpu_launch_cost.py).
@@ -173,7 +175,26 @@ def run(args: Any) -> list[Row]:
                 sync()
                 return lambda: ks.five(n, cx, cy, cz, p, 0.5)
 
-            def torch_reads() -> Any:  # what the typed call must read from 3 tensors, no launch
+            def torch_inference() -> Any:  # no _version: the full read on every launch
+                import torch
+
+                with torch.inference_mode():
+                    tx, ty, tz = (torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3))
+                keep.extend([tx, ty, tz])
+                ks.five(n, tx, ty, tz, p, 0.5)
+                sync()
+                return lambda: ks.five(n, tx, ty, tz, p, 0.5)
+
+            def torch_check() -> Any:  # what a reused launch reads from 3 tensors, no launch
+                import torch
+
+                ts = [torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3)]
+                keep.extend(ts)
+                tx, ty, tz = ts
+                return lambda: (tx._version, tx.data_ptr(), ty._version, ty.data_ptr(),
+                                tz._version, tz.data_ptr())
+
+            def torch_reads() -> Any:  # what the full read takes from 3 tensors, no launch
                 import torch
 
                 ts = [torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3)]
@@ -184,8 +205,10 @@ def run(args: Any) -> list[Row]:
                                 tz.is_cuda, tz.is_contiguous(), tz.data_ptr(), tz.numel(), tz.dtype)
 
             for key, label, setup in (("torch", "(a) typed call, torch tensors", torch_typed),
+                                      ("torch_inf", "(a) typed call, torch inference tensors", torch_inference),
                                       ("cupy", "(a) typed call, CuPy arrays", cupy_typed),
-                                      ("torch_reads", "reading 3 torch tensors, no launch", torch_reads)):
+                                      ("torch_check", "reuse check of 3 torch tensors, no launch", torch_check),
+                                      ("torch_reads", "full read of 3 torch tensors, no launch", torch_reads)):
                 fn = guarded(SECTION, f"{kname} {label}", rows, setup)
                 if fn is not None:
                     fns[key] = fn
@@ -203,8 +226,10 @@ def run(args: Any) -> list[Row]:
               "b": "(b) khal explicit launch", "c": "(c) raw cuLaunchKernel",
               "c_ex": "(c') raw cuLaunchKernelEx, config built once",
               "d": "(d) cuda.core.launch", "e": "(e) CuPy RawKernel", "torch": "(a) typed call, torch tensors",
+              "torch_inf": "(a) typed call, torch inference tensors (read in full every launch)",
               "cupy": "(a) typed call, CuPy arrays",
-              "torch_reads": "(info) reading 3 torch tensors (is_cuda, is_contiguous, data_ptr, numel, dtype)"}
+              "torch_check": "(info) reuse check of 3 torch tensors (_version, data_ptr)",
+              "torch_reads": "(info) full read of 3 torch tensors (is_cuda, is_contiguous, data_ptr, numel, dtype)"}
     for (kname, key), r in results.items():
         if r is None:
             continue

@@ -42,13 +42,22 @@ class _NoopDriver:
         return self._OK
 
 
-def _fake_torch_type() -> type:
+def _fake_torch_type(versioned: bool = True) -> type:
+    """A torch.Tensor look-alike; ``versioned``: with ``_version`` and ``untyped_storage()``,
+    as real tensors have (the typed call then memoises it), else read on every launch (as a
+    real inference tensor is)."""
+
     class Tensor:  # what the extractor cache sees as torch: module "torch", data_ptr/is_cuda
-        __slots__ = ("_p", "_n", "dtype")
+        __slots__ = ("_p", "_n", "dtype") + (("_version",) if versioned else ())
         is_cuda = True
 
         def __init__(self, p: int, n: int) -> None:
             self._p, self._n, self.dtype = p, n, _FakeTorchDtype()
+            if versioned:
+                self._version = 0
+
+        def untyped_storage(self) -> object:
+            return self
 
         def is_contiguous(self) -> bool:
             return True
@@ -167,8 +176,9 @@ def measure() -> dict[str, float]:
     empty1, five, st = make_kernels()
     n = 1 << 20
     bufs = [DeviceBuffer(0x1000_0000 * (i + 1), n, "float32", 0) for i in range(3)]
-    T, C = _fake_torch_type(), _fake_cupy_type()
+    T, TU, C = _fake_torch_type(), _fake_torch_type(versioned=False), _fake_cupy_type()
     tens = [T(0x1000_0000 * (i + 1), n) for i in range(3)]
+    tens_u = [TU(0x1000_0000 * (i + 1), n) for i in range(3)]
     cps = [C(0x1000_0000 * (i + 1), n) for i in range(3)]
     p = BenchParams(2.0, 1.0)
     rows: dict[str, float] = {}
@@ -181,6 +191,8 @@ def measure() -> dict[str, float]:
     rows["five typed call (DeviceBuffer, uniform too)"] = per_call_us(
         lambda: five(n, bufs[0], bufs[1], bufs[2], pdev, 0.5))
     rows["five typed call (torch-like)"] = per_call_us(lambda: five(n, tens[0], tens[1], tens[2], p, 0.5))
+    rows["five typed call (torch-like, no version)"] = per_call_us(
+        lambda: five(n, tens_u[0], tens_u[1], tens_u[2], p, 0.5))
     rows["five typed call (cupy-like)"] = per_call_us(lambda: five(n, cps[0], cps[1], cps[2], p, 0.5))
     bound = five.bind(bufs[0], bufs[1], bufs[2], DeviceBuffer(0x7000, 8, "uint8", 0), 0.5, stream=st)
     rows["five bound launch (bind once)"] = per_call_us(lambda: bound(n))

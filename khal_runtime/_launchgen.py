@@ -9,16 +9,18 @@ and validated integers only (never from user strings):
 
   1. the shared snapshots (``plan._shared``, ``SLOTS`` of them, newest first): launches that
      were repeated before, in any thread, with the same argument objects, thread count and
-     stream. A snapshot's argument block is never written again and it holds the whole
-     argument tuple of the launch call, so threads share it without a lock; the stream came
-     from this thread's ``ready`` (its device is current here).
-  2. this thread's memo slots (the last ``SLOTS`` distinct argument sets it launched): the
-     block packed then is reused; host uniforms are re-read (a ctypes struct can change in
-     place) and re-packed only if their bytes changed. A slot hit ``PROMOTE_AFTER`` times
-     becomes a shared snapshot.
+     stream, and each torch tensor at the version and pointer it had then. A snapshot's
+     argument block is never written again and it holds the whole argument tuple of the
+     launch call, so threads share it without a lock; the stream came from this thread's
+     ``ready`` (its device is current here).
+  2. this thread's memo slots (the last ``SLOTS`` distinct argument sets it launched, the
+     same check): the block packed then is reused; host uniforms are re-read (a ctypes
+     struct can change in place) and re-packed only if their bytes changed. A slot hit
+     ``PROMOTE_AFTER`` times becomes a shared snapshot.
   3. the full read, check and pack into the least recently filled slot, which is then
      remembered, when every argument is of a kind that cannot change under the same
-     identity (``buffers.STABLE_ARRAY_TYPES``, immutable scalars, re-readable uniforms).
+     identity unnoticed (``buffers.STABLE_ARRAY_TYPES``, torch tensors with a version
+     counter: ``buffers.VERSIONED_ARRAY_TYPES``, immutable scalars, re-readable uniforms).
 
 Anything off these paths goes to the kernel's slow path or to ``_diagnose``, which names the
 bad argument. ``buffers.bump_epoch`` (a free, a uniform-cache flush) clears every memo slot
@@ -53,9 +55,13 @@ INLINE_CODE: dict[str, list[str]] = {
 
 class MemoLayout:
     """Indices into one memo slot, a list:
-    ``[arg 0 .. arg P-1, stream, n, gx, (reader, bytes) per uniform, buf, addr, hits]``
+    ``[arg 0 .. arg P-1, stream, n, gx, (reader, bytes) per uniform,
+    (version, pointer, storage) per storage parameter, buf, addr, hits]``
     (the stream is the slot's valid flag), and into one shared snapshot, a tuple:
-    ``(arg 0 .. arg P-1, stream, n, call args, gx, addr, (reader, bytes) per uniform, keep)``.
+    ``(arg 0 .. arg P-1, stream, n, call args, gx, addr, (reader, bytes) per uniform,
+    (version, pointer, storage) per storage parameter, keep)``.
+    The version is None for an array type that cannot change (``buffers.STABLE_ARRAY_TYPES``),
+    else the tensor's ``_version`` when it was packed (``buffers.VERSIONED_ARRAY_TYPES``).
     A thread's slots live in ``plan._tls.s``:
     ``[slot 0 .. slot SLOTS-1, next victim, scratch, whether any slot was ever filled]``.
     """
@@ -70,11 +76,18 @@ class MemoLayout:
             if p.kind == "uniform":
                 self.uniform[i] = (k, k + 1)
                 k += 2
+        self.tensor: dict[int, tuple[int, int, int]] = {}  # param -> (version, ptr, storage)
+        for i, p in enumerate(plan.entry.params):
+            if p.kind == "storage":
+                self.tensor[i] = (k, k + 1, k + 2)
+                k += 3
         self.buf, self.addr, self.hits, self.length = k, k + 1, k + 2, k + 3
         # snapshot indices
         self.s_call, self.s_gx, self.s_addr = P + 2, P + 3, P + 4
         self.s_uniform = {i: (P + 5 + 2 * j, P + 6 + 2 * j) for j, i in enumerate(self.uniform)}
-        self.s_length = P + 5 + 2 * len(self.uniform) + 1
+        k = P + 5 + 2 * len(self.uniform)
+        self.s_tensor = {i: (k + 3 * j, k + 3 * j + 1, k + 3 * j + 2) for j, i in enumerate(self.tensor)}
+        self.s_length = k + 3 * len(self.tensor) + 1
 
 
 # -- argument reading ------------------------------------------------------------------------------
@@ -164,15 +177,23 @@ def slots_lines(I: str) -> list[str]:  # noqa: E741, N803
 def memo_store_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     """After a full read and pack into slot ``m``: remember the arguments, only when every
     buffer is of a type that cannot change under the same identity (DeviceBuffer,
-    cupy.ndarray: ``buffers.STABLE_ARRAY_TYPES``; not torch), every scalar is immutable (a 0-d
-    NumPy array is not) and every uniform can be re-read (``launching._uniform_reader``). The
-    stream is stored last, and only if nothing was freed since the arguments were read."""
+    cupy.ndarray: ``buffers.STABLE_ARRAY_TYPES``) or, for the parameters that have seen a
+    torch tensor (``plan._versioned``), a tensor with a version counter, whose version,
+    pointer and storage are kept for the reuse check (``buffers.tensor_memo``); every scalar
+    is immutable (a 0-d NumPy array is not) and every uniform can be re-read
+    (``launching._uniform_reader``). The stream is stored last, and only if nothing was freed
+    since the arguments were read."""
     lo, P = plan.memo, plan.memo.P  # noqa: N806
+    versioned = plan._versioned
     conds = [f"t{i} in _MA" if p.kind == "storage" else f"_IMM[type(a{i})]"
-             for i, p in enumerate(plan.entry.params) if p.kind != "uniform"]
+             for i, p in enumerate(plan.entry.params) if p.kind != "uniform" and i not in versioned]
     body = [f"r{i} = _urd(a{i}, h{i})" for i in lo.uniform]
-    ucond = [f"r{i} is not _NOMEMO" for i in lo.uniform]
+    body += [f"q{i} = _STQ if t{i} in _MA else _tmemo(a{i})" for i in sorted(versioned)]
+    ucond = [f"r{i} is not _NOMEMO" for i in lo.uniform] + [f"q{i} is not None" for i in sorted(versioned)]
     inner = [f"m[{rs}] = r{i}; m[{bs}] = h{i}" for i, (rs, bs) in lo.uniform.items()]
+    for i, (vs, ps, ks) in lo.tensor.items():
+        inner.append(f"m[{vs}] = q{i}[0]; m[{ps}] = p{i}; m[{ks}] = q{i}[1]" if i in versioned
+                     else f"m[{vs}] = None")
     inner += [f"m[0:{P}] = ({''.join(f'a{i}, ' for i in range(P))})",
               f"m[{lo.n}] = n; m[{lo.gx}] = gx; m[{lo.hits}] = 0; ms[{SLOTS + 2}] = True",
               f"if ep == _E[0]: m[{lo.stream}] = st"]
@@ -188,11 +209,19 @@ def memo_store_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     return out + [J + ln for ln in inner]
 
 
+def tensor_unchanged(plan: LaunchPlan, m: str, where: dict[int, tuple[int, int, int]]) -> list[str]:
+    """Each tensor the memo ``m`` holds (for the parameters that have seen one) has the
+    version and pointer it had when packed (an array of a stable type has version None)."""
+    return [f"({m}[{vs}] is None or (a{i}._version == {m}[{vs}] and a{i}.data_ptr() == {m}[{ps}]))"
+            for i, (vs, ps, _) in where.items() if i in plan._versioned]
+
+
 def slot_hit(plan: LaunchPlan, j: int) -> str:
     """Slot ``j`` of this thread holds this launch's argument objects for this stream."""
     P = plan.memo.P  # noqa: N806  (>= 1: entries without parameters have no memo)
     conds = [f"a0 is (m := ms[{j}])[0]"] + [f"a{i} is m[{i}]" for i in range(1, P)]
-    return " and ".join(conds + [f"st is m[{plan.memo.stream}]", "not _more"])
+    conds += [f"st is m[{plan.memo.stream}]", "not _more"]
+    return " and ".join(conds + tensor_unchanged(plan, "m", plan.memo.tensor))
 
 
 def snapshot_hit(plan: LaunchPlan, j: int) -> str:
@@ -201,6 +230,7 @@ def snapshot_hit(plan: LaunchPlan, j: int) -> str:
     lo, P = plan.memo, plan.memo.P  # noqa: N806
     conds = [f"a0 is (k := _S[{j}])[0]"] + [f"a{i} is k[{i}]" for i in range(1, P)]
     conds += [f"st is k[{P}]", f"n is k[{P + 1}]", "not _more"]
+    conds += tensor_unchanged(plan, "k", lo.s_tensor)
     for i, (r, b) in lo.s_uniform.items():
         conds.append(f"(k[{r}] is None or k[{r}](a{i}) == k[{b}])")
     return " and ".join(conds)
@@ -295,9 +325,9 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         lines += launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0", tup, hooked)
         return "\n".join(lines) + "\n"
 
-    # arguments no memo can hold (a torch tensor first) skip the memos after one failed check
+    # arguments no memo can hold (a host array first) skip the memos after one failed check
     s0 = next((i for i, p in enumerate(plan.entry.params) if p.kind == "storage"), None)
-    unstable = "" if s0 is None else f" or type(a{s0}) not in _MA"
+    unstable = "" if s0 is None else f" or type(a{s0}) not in _MM"
     # 1. shared snapshots (filled newest first: an empty first one means none)
     for j in range(SLOTS):
         lines.append(f"    {'if' if j == 0 else 'elif'} {snapshot_hit(plan, j)}:")

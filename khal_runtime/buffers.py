@@ -45,9 +45,37 @@ _EPOCH_LOCK = threading.Lock()
 #: memos, which hold a reference: the memory cannot go away under them). DeviceBuffer (freeing
 #: it bumps the epoch) and cupy.ndarray (``data``, ``size``, ``dtype`` and ``_c_contiguous``
 #: are read-only, set in ``__init__``; an in-place shape change keeps a contiguous array
-#: contiguous). Not torch.Tensor: ``set_``, ``resize_``, ``.data =`` and in-place transposes
-#: change a tensor's storage or layout under the same object.
+#: contiguous). Not torch.Tensor: see VERSIONED_ARRAY_TYPES.
 STABLE_ARRAY_TYPES: set[type] = set()
+
+#: Array types that can change under the same object, but not without a sign the memos check on
+#: every reuse: torch.Tensor and its subclasses. ``set_``, ``resize_``, ``t_``, ``as_strided_``
+#: and every other in-place op bump the tensor's ``_version`` (under ``no_grad`` and
+#: ``inference_mode`` too); ``.data =`` and ``torch.utils.swap_tensors`` keep the version but
+#: move ``data_ptr()`` unless the new data starts at the same address. A memo holds the
+#: tensor's storage as well, so that address cannot be handed to another allocation while it
+#: is remembered: the same pointer then means the same memory, and a reused launch stays
+#: inside it. Inference tensors (no ``_version``) are read on every launch.
+VERSIONED_ARRAY_TYPES: set[type] = set()
+
+#: Every array type a memo may hold: STABLE_ARRAY_TYPES | VERSIONED_ARRAY_TYPES.
+MEMO_ARRAY_TYPES: set[type] = set()
+
+
+def _memoable(tp: type, versioned: bool = False) -> None:
+    (VERSIONED_ARRAY_TYPES if versioned else STABLE_ARRAY_TYPES).add(tp)
+    MEMO_ARRAY_TYPES.add(tp)
+
+
+def tensor_memo(t: Any) -> tuple[int, Any] | None:
+    """What a memo keeps of a tensor of a VERSIONED_ARRAY_TYPES type: ``(its _version, its
+    storage)``; None when it has none (an inference tensor, a type without ``_version``)."""
+    if type(t) not in VERSIONED_ARRAY_TYPES:
+        return None
+    try:
+        return t._version, t.untyped_storage()
+    except Exception:  # noqa: BLE001  (RuntimeError: inference tensors track no version)
+        return None
 
 
 def bump_epoch() -> None:
@@ -275,7 +303,7 @@ class DeviceBuffer:
 #: Frees asked for while this process had a capture open in the freeing thread: cuMemFree
 #: there would invalidate the capture, so they wait for the capture to end.
 _DEFERRED: list[tuple[Any, int]] = []
-STABLE_ARRAY_TYPES.add(DeviceBuffer)
+_memoable(DeviceBuffer)
 _DEFERRED_LOCK = threading.Lock()
 
 
@@ -505,12 +533,14 @@ def _choose(obj: Any) -> Extractor:
     if isinstance(obj, DeviceBuffer):
         return _x_buffer
     if mod.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "is_cuda"):
+        if hasattr(obj, "untyped_storage") and hasattr(tp, "_version"):
+            _memoable(tp, versioned=True)
         return _x_torch
     if mod.startswith("cupy") and hasattr(obj, "data") and hasattr(obj, "size"):
         try:
             obj._c_contiguous
             if tp.__name__ == "ndarray":
-                STABLE_ARRAY_TYPES.add(tp)
+                _memoable(tp)
             return _x_cupy_fast
         except AttributeError:
             return _x_cupy

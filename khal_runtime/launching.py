@@ -33,8 +33,9 @@ from typing import Any, Callable
 from khal_runtime import _cuda
 from khal_runtime._launchgen import SLOTS, MemoLayout, call_source, run_source
 from khal_runtime.arguments import _dtype_ok, _Short, diagnose_args, dim3, thread_count
-from khal_runtime.buffers import (EPOCH, EXTRACTORS, FREED, STABLE_ARRAY_TYPES, DeviceBuffer, _x_cupy, _x_cupy_fast,
-                                  _x_torch, extractor_for, register_memo)
+from khal_runtime.buffers import (EPOCH, EXTRACTORS, FREED, MEMO_ARRAY_TYPES, STABLE_ARRAY_TYPES,
+                                  VERSIONED_ARRAY_TYPES, DeviceBuffer, _x_cupy, _x_cupy_fast, _x_torch,
+                                  extractor_for, register_memo, tensor_memo)
 from khal_runtime.dtypes import STRUCT_CODES, bf16_bits
 from khal_runtime.errors import CudaError
 from khal_runtime.manifest import Entry
@@ -167,6 +168,8 @@ class LaunchPlan:
         self.accepted: list[set[Any]] = [set() for _ in entry.params]
         #: per storage parameter: array types whose extraction is inlined (type -> kind)
         self._inline: list[dict[type, str]] = [{} for _ in entry.params]
+        #: storage parameters that have seen a torch tensor: their memos check its version
+        self._versioned: set[int] = set()
         #: per uniform parameter: host struct types converted inline (type -> "ctypes"/"bytes")
         self._uinline: list[dict[type, str]] = [{} for _ in entry.params]
         #: called with the plan after the launch code was regenerated (a new type inlined)
@@ -229,11 +232,14 @@ class LaunchPlan:
         out = fn(obj)
         kind = _INLINE_KIND.get(fn)
         seen = self._inline[i]
-        if kind is not None and tp not in seen and len(seen) < _MAX_INLINE:
+        versioned = tp in VERSIONED_ARRAY_TYPES and i not in self._versioned
+        if versioned or (kind is not None and tp not in seen and len(seen) < _MAX_INLINE):
             with self._keep_lock:
-                if tp not in seen:
+                if kind is not None and tp not in seen and len(seen) < _MAX_INLINE:
                     seen[tp] = kind
-                    self._regenerate()
+                if tp in VERSIONED_ARRAY_TYPES:
+                    self._versioned.add(i)
+                self._regenerate()
         return out
 
     # code generation --------------------------------------------------------------------------
@@ -264,6 +270,9 @@ class LaunchPlan:
         ns["_NOMEMO"] = _NOMEMO
         ns["_E"] = EPOCH
         ns["_MA"] = STABLE_ARRAY_TYPES
+        ns["_MM"] = MEMO_ARRAY_TYPES
+        ns["_STQ"] = (None, None)
+        ns["_tmemo"] = tensor_memo
         ns["_FREED"] = FREED
         ns["_IMM"] = _IMMUTABLE
         ns["_urd"] = _uniform_reader
@@ -328,6 +337,8 @@ class LaunchPlan:
         uni: list[Any] = []
         for rs, bs in lo.uniform.values():
             uni += [m[rs], m[bs]]
+        for vs, ps, ks in lo.tensor.values():
+            uni += [m[vs], m[ps], m[ks]]
         gx = m[lo.gx]
         args = launch_call(_cuda.driver())[1](self.function, (gx, 1, 1), self.block, 0, st._cu, addr)
         snap = (*m[:lo.P], st, m[lo.n], args, gx, addr, *uni, (blk, ptrs))

@@ -390,11 +390,12 @@ def _counting_array_type(module: str, name: str) -> type:
     return Arr
 
 
-def test_cupy_arrays_are_packed_once_torch_tensors_every_call(fake: FakeDriver,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cupy_arrays_are_packed_once_unversioned_tensors_every_call(fake: FakeDriver,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """cupy.ndarray cannot change pointer, size, dtype or contiguity under the same object, so a
-    repeated launch reuses its packed block; a torch.Tensor can (set_, resize_, .data =), so
-    every launch reads it again."""
+    repeated launch reuses its packed block; a torch tensor can (set_, resize_, .data =), and
+    one without a version counter to tell (this one, like an inference tensor) is read again
+    on every launch (tensors with one: tests/test_torch_memo.py)."""
     k, st = _kernel(fake)
     monkeypatch.setattr(_tls, "dev", 0, raising=False)
     p = P(1.0, 2.0)

@@ -138,6 +138,51 @@ def test_saxpy_torch(example_pkg, K, R, rt, n):
 
 
 @pytest.mark.gpu
+def test_saxpy_torch_relaunch_sees_every_change_to_a_tensor(example_pkg, K, rt):
+    """The typed call reuses what it packed for the same tensors (a memo slot, then a shared
+    snapshot) only while each has the version and pointer it had: an in-place resize, ``.data =``
+    and an in-place transpose between launches all reach the next launch."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    n = 4099
+    threads = example_pkg.elementwise_threads(n)
+    one = example_pkg.SaxpyParams(a=1.0)
+    x = torch.ones(n, device="cuda")
+    y = torch.zeros(n, device="cuda")
+    whole = y.view(-1)  # another tensor on y's memory, to see past a shrunk y
+    torch.cuda.synchronize()  # torch works on its own stream, the runtime on its own
+    for _ in range(12):  # past PROMOTE_AFTER: the last launches come from a shared snapshot
+        K.saxpy(threads, x, y, one)
+    _sync(rt)
+    assert torch.equal(y.cpu(), torch.full((n,), 12.0))
+
+    x.mul_(2)  # in place, values only
+    torch.cuda.synchronize()
+    K.saxpy(threads, x, y, one)
+    _sync(rt)
+    assert torch.equal(y.cpu(), torch.full((n,), 14.0))
+
+    y.resize_(1000)  # same memory, fewer elements: the kernel must stop at 1000
+    for _ in range(12):
+        K.saxpy(threads, x, y, one)
+    _sync(rt)
+    w = whole.cpu()
+    assert torch.equal(w[:1000], torch.full((1000,), 38.0)) and torch.equal(w[1000:], torch.full((n - 1000,), 14.0))
+
+    y.data = torch.zeros(n, device="cuda")  # other memory, the version kept
+    torch.cuda.synchronize()
+    K.saxpy(threads, x, y, one)
+    _sync(rt)
+    assert torch.equal(y.cpu(), torch.full((n,), 2.0))
+    assert torch.equal(whole.cpu()[:1000], torch.full((1000,), 38.0))  # the old memory untouched
+
+    x.resize_(2, (n - 1) // 2).t_()  # x itself transposed in place: no longer contiguous
+    with pytest.raises(rt.ArgumentValueError, match="non-contiguous"):
+        K.saxpy(threads, x, y, one)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n", [257, 4099, 1 << 20])
 def test_saxpy_cupy(example_pkg, K, R, rt, n):
     cp = pytest.importorskip("cupy")

@@ -1,0 +1,200 @@
+"""The typed call's memo for torch tensors (``buffers.VERSIONED_ARRAY_TYPES``), on CPU with a
+fake driver: a repeated launch with the same tensors reuses what it packed, unless a tensor's
+``_version`` or ``data_ptr()`` moved; the memo keeps each tensor's storage. With torch
+installed, the same against real tensors (CPU tensors that report ``is_cuda``)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import pytest
+
+from khal_runtime import DeviceBuffer, buffers
+from khal_runtime._launchgen import PROMOTE_AFTER
+from khal_runtime.device import _tls
+from khal_runtime.errors import ArgumentValueError
+from tests.test_runtime_args import FakeDriver
+from tests.test_runtime_fastcall import P, _kernel, _u64
+from tests.test_runtime_fastcall import fake as fake  # noqa: F401  (the fixture)
+
+
+class Storage:
+    """What ``untyped_storage()`` returns: the memory a tensor views."""
+
+
+class Tensor:
+    """torch.Tensor as the runtime reads it, with the version counter in-place ops bump and the
+    storage ``.data =`` replaces. ``reads`` counts the reads a full argument read makes."""
+
+    _version = 0  # class attribute, as on torch.Tensor (a descriptor there)
+    reads = 0
+
+    def __init__(self, ptr: int, n: int) -> None:
+        self.ptr, self.n, self._version, self.storage = ptr, n, 0, Storage()
+        self.dtype = "float32"
+        self.is_cuda = True
+
+    def is_contiguous(self) -> bool:
+        return True
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def numel(self) -> int:
+        Tensor.reads += 1
+        return self.n
+
+    def untyped_storage(self) -> Storage:
+        return self.storage
+
+    # what torch does to a tensor in place
+    def resize_(self, n: int) -> None:
+        self.n, self._version = n, self._version + 1
+
+    def set_data(self, ptr: int, n: int) -> None:  # ``t.data = other``: the version is kept
+        self.ptr, self.n, self.storage = ptr, n, Storage()
+
+
+Tensor.__module__ = "torch"
+
+
+class InferenceTensor(Tensor):
+    """A tensor made under ``torch.inference_mode()``: reading ``_version`` raises."""
+
+    @property  # type: ignore[override]
+    def _version(self) -> int:
+        raise RuntimeError("Inference tensors do not track version counter.")
+
+    @_version.setter
+    def _version(self, v: int) -> None:
+        pass
+
+
+InferenceTensor.__module__ = "torch"
+
+
+@pytest.fixture
+def call(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> Any:  # noqa: F811
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    p = P(1.0, 2.0)
+
+    def launch(x: Any, y: Any, z: Any) -> tuple[tuple[int, int], ...]:
+        k(300, x, y, z, p, 0.5, stream=st)
+        last = fake.launches[-1]
+        return tuple((_u64(last, 2 * i), _u64(last, 2 * i + 1)) for i in range(3))
+
+    launch.kernel = k  # type: ignore[attr-defined]
+    return launch
+
+
+def test_torch_type_is_versioned_and_memoable() -> None:
+    t = Tensor(0x1000, 10)
+    buffers.extractor_for(t)
+    assert Tensor in buffers.VERSIONED_ARRAY_TYPES and Tensor in buffers.MEMO_ARRAY_TYPES
+    assert Tensor not in buffers.STABLE_ARRAY_TYPES
+    assert buffers.tensor_memo(t) == (0, t.storage)
+    assert buffers.tensor_memo(DeviceBuffer(0x1000, 1, "float32", 0)) is None
+    buffers.extractor_for(InferenceTensor(0x1000, 10))
+    assert buffers.tensor_memo(InferenceTensor(0x1000, 10)) is None
+
+
+@pytest.mark.parametrize("repeats", [2, PROMOTE_AFTER + 3], ids=["memo slot", "shared snapshot"])
+def test_repeated_tensors_are_packed_once_and_repacked_when_they_change(call: Any, fake: FakeDriver,
+                                                                      repeats: int) -> None:
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for _ in range(repeats):
+        call(x, y, z)
+    before, ex = Tensor.reads, fake.ex_calls
+    assert call(x, y, z) == ((0x1000, 300), (0x2000, 300), (0x3000, 300))
+    assert Tensor.reads == before  # reused: no tensor read again
+    if repeats > PROMOTE_AFTER:
+        assert fake.ex_calls == ex + 1  # from the shared snapshot
+
+    y.resize_(200)  # in place, same pointer: the version moves
+    assert call(x, y, z) == ((0x1000, 300), (0x2000, 200), (0x3000, 300))
+    assert Tensor.reads > before
+
+    z.set_data(0x9000, 300)  # ``z.data = other``: same version, another pointer
+    assert call(x, y, z) == ((0x1000, 300), (0x2000, 200), (0x9000, 300))
+    for _ in range(repeats):  # and the new state is remembered in turn
+        call(x, y, z)
+    before = Tensor.reads
+    assert call(x, y, z) == ((0x1000, 300), (0x2000, 200), (0x9000, 300))
+    assert Tensor.reads == before
+
+
+def test_the_memo_keeps_the_storage_a_tensor_had(call: Any) -> None:
+    """After ``.data =`` frees a tensor's old memory, an allocator could hand that address to
+    new data with the same pointer: the memo holds the old storage, so it cannot."""
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    old = weakref.ref(x.storage)
+    call(x, y, z)  # first sight of the type: the launch code is regenerated for it
+    call(x, y, z)  # remembered
+    x.set_data(0x5000, 300)
+    gc.collect()
+    assert old() is not None  # held by the memo slot that packed it
+    assert call(x, y, z)[0] == (0x5000, 300)
+
+
+def test_inference_tensors_are_read_every_launch(call: Any) -> None:
+    x, y, z = InferenceTensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for _ in range(3):
+        call(x, y, z)
+    before = Tensor.reads
+    call(x, y, z)
+    assert Tensor.reads == before + 3  # x, y and z: the whole set is read again
+    x.n = 100
+    assert call(x, y, z)[0] == (0x1000, 100)
+
+
+def test_a_parameter_given_device_buffers_and_tensors(call: Any) -> None:
+    d = DeviceBuffer(0x7000, 300, "float32", 0)
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for _ in range(3):
+        assert call(d, y, z)[0] == (0x7000, 300)
+        assert call(x, y, z)[0] == (0x1000, 300)
+    x.resize_(5)
+    assert call(x, y, z)[0] == (0x1000, 5)
+    assert call(d, y, z)[0] == (0x7000, 300)
+
+
+# -- real torch ----------------------------------------------------------------------------------
+def _torch_on_cpu() -> Any:
+    """torch, and a Tensor subclass that passes the runtime's device check on CPU (the runtime
+    reads it as torch: its module starts with "torch"). The fake driver never touches memory."""
+    torch = pytest.importorskip("torch")
+
+    class CudaLooking(torch.Tensor):
+        is_cuda = True
+
+    CudaLooking.__module__ = "torch.khal_test"
+    return torch, lambda t: t.as_subclass(CudaLooking)
+
+
+def test_real_torch_in_place_changes_and_data_assignment(call: Any) -> None:
+    torch, cuda = _torch_on_cpu()
+    x, y, z = (cuda(torch.zeros(300)) for _ in range(3))
+
+    def now(t: Any) -> tuple[int, int]:
+        return t.data_ptr(), t.numel()
+
+    for _ in range(PROMOTE_AFTER + 2):
+        assert call(x, y, z) == (now(x), now(y), now(z))
+    y.resize_(200)  # shrinks in place: same pointer
+    assert call(x, y, z)[1] == now(y) and now(y)[1] == 200
+    z.data = torch.ones(400)  # another tensor's memory
+    assert call(x, y, z)[2] == now(z) and now(z)[1] == 400
+    x.add_(1)  # data only: repacking is harmless
+    assert call(x, y, z) == (now(x), now(y), now(z))
+    with torch.no_grad():
+        y.resize_(250)
+    assert call(x, y, z)[1] == (y.data_ptr(), 250)
+    with torch.inference_mode():
+        y.resize_(260)
+    assert call(x, y, z)[1] == (y.data_ptr(), 260)
+    x.resize_(15, 20).t_()  # transposed in place: no longer contiguous
+    with pytest.raises(ArgumentValueError, match=r"argument 'x'.*non-contiguous tensor"):
+        call(x, y, z)
