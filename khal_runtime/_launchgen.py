@@ -56,7 +56,7 @@ INLINE_CODE: dict[str, list[str]] = {
 class MemoLayout:
     """Indices into one memo slot, a list:
     ``[arg 0 .. arg P-1, stream, n, gx, (reader, bytes) per uniform,
-    (version, pointer, storage) per storage parameter, buf, addr, hits]``
+    (version, pointer, storage) per storage parameter, buf, addr, hits, ptrs]``
     (the stream is the slot's valid flag), and into one shared snapshot, a tuple:
     ``(arg 0 .. arg P-1, stream, n, call args, gx, addr, (reader, bytes) per uniform,
     (version, pointer, storage) per storage parameter, keep)``.
@@ -81,7 +81,7 @@ class MemoLayout:
             if p.kind == "storage":
                 self.tensor[i] = (k, k + 1, k + 2)
                 k += 3
-        self.buf, self.addr, self.hits, self.length = k, k + 1, k + 2, k + 3
+        self.buf, self.addr, self.hits, self.ptrs, self.length = k, k + 1, k + 2, k + 3, k + 4
         # snapshot indices
         self.s_call, self.s_gx, self.s_addr = P + 2, P + 3, P + 4
         self.s_uniform = {i: (P + 5 + 2 * j, P + 6 + 2 * j) for j, i in enumerate(self.uniform)}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from typing import Any, Callable, Hashable
 
 from khal_runtime import _cuda
@@ -32,12 +33,17 @@ FREED = "<freed buffer>"
 
 #: ``EPOCH[0]`` changes whenever device memory an earlier launch may have packed a pointer to
 #: becomes invalid: a DeviceBuffer freed, the uniform cache flushed. Each change also clears
-#: every memo of the typed call's prepacked path (launching.py), registered in ``MEMOS`` as
-#: (memo list, index of its valid flag, value that clears it); a launch that read its arguments before a change
-#: stores no memo after it.
+#: every memo of the typed call's prepacked paths (launching.py), registered as (memo list,
+#: index of its valid flag, value that clears it): in ``MEMOS`` for as long as the process
+#: runs (a plan's shared snapshots), in ``THREAD_MEMOS`` for as long as their owner lives (a
+#: thread's slots, owned by an object only that thread's thread-local storage holds, so they
+#: go when the thread ends). A launch that read its arguments before a change stores no memo.
 EPOCH = [0]
 MEMOS: list[tuple[list[Any], int, Any]] = []
-_EPOCH_LOCK = threading.Lock()
+THREAD_MEMOS: weakref.WeakKeyDictionary[Any, list[tuple[list[Any], int, Any]]] = weakref.WeakKeyDictionary()
+# reentrant: taking it can allocate, allocating can collect a dropped DeviceBuffer, and its
+# __del__ frees it, which bumps the epoch again in the same thread
+_EPOCH_LOCK = threading.RLock()
 
 
 #: Array types whose pointer, element count, dtype and contiguity never change for the life of
@@ -83,12 +89,18 @@ def bump_epoch() -> None:
         EPOCH[0] += 1
         for memo, flag, reset in MEMOS:
             memo[flag] = reset
+        for group in list(THREAD_MEMOS.values()):
+            for memo, flag, reset in group:
+                memo[flag] = reset
 
 
-def register_memo(memo: list[Any], flag: int, reset: Any = None) -> None:
-    """Have every bump_epoch() set ``memo[flag] = reset``."""
+def register_memo(memo: list[Any], flag: int, reset: Any = None, owner: Any = None) -> None:
+    """Have every bump_epoch() set ``memo[flag] = reset`` (while ``owner`` lives, if given)."""
     with _EPOCH_LOCK:
-        MEMOS.append((memo, flag, reset))
+        if owner is None:
+            MEMOS.append((memo, flag, reset))
+        else:
+            THREAD_MEMOS.setdefault(owner, []).append((memo, flag, reset))
 
 
 class DeviceBuffer:

@@ -127,6 +127,12 @@ class _ImmutableScalars(dict):  # type: ignore[type-arg]
 _IMMUTABLE = _ImmutableScalars()
 
 
+class _ThreadOwner:
+    """Owns one thread's memo slots of one plan in ``buffers.THREAD_MEMOS``."""
+
+    __slots__ = ("__weakref__",)
+
+
 class LaunchPlan:
     """Everything needed to launch one entry on one device, precomputed."""
 
@@ -163,8 +169,7 @@ class LaunchPlan:
         assert self.struct.size == self.args_size, (self.struct.format, layout)
         self._offsets = [off for _, off, _ in layout]
         self._tls = threading.local()
-        self._keep: list[Any] = []
-        self._keep_lock = threading.Lock()
+        self._keep_lock = threading.Lock()  # guards regeneration
         self.accepted: list[set[Any]] = [set() for _ in entry.params]
         #: per storage parameter: array types whose extraction is inlined (type -> kind)
         self._inline: list[dict[type, str]] = [{} for _ in entry.params]
@@ -186,7 +191,8 @@ class LaunchPlan:
         _PLANS.add(self)
 
     # per-thread argument blocks --------------------------------------------------------------
-    def _new_block(self) -> tuple[Any, int]:
+    def _new_block(self) -> tuple[Any, Any, int]:
+        """(argument block, the ``void*[]`` pointing into it, that array's address)."""
         buf = ctypes.create_string_buffer(max(self.args_size, 8))
         base = ctypes.addressof(buf)
         n = len(self._offsets)
@@ -195,25 +201,26 @@ class LaunchPlan:
             addr = ctypes.addressof(ptrs)
         else:
             ptrs, addr = None, 0
-        with self._keep_lock:
-            self._keep.append((buf, ptrs))
-        return buf, addr
+        return buf, ptrs, addr
 
     def _new_slots(self) -> list[Any]:
         """This thread's memo slots, each with its own argument block, then the index of the
         slot the next full read fills, then a scratch slot for the explicit launch (see
         :class:`khal_runtime._launchgen.MemoLayout`). A slot's stream item is its valid flag,
-        cleared by ``buffers.bump_epoch``."""
+        cleared by ``buffers.bump_epoch`` for as long as the thread lives (they are registered
+        under an owner only this thread's thread-local storage holds)."""
         lo = self.memo
+        owner = _ThreadOwner()
         slots: list[Any] = []
         for j in range(SLOTS + 1):
             m: list[Any] = [_NOMEMO] * lo.length
-            m[lo.buf], m[lo.addr] = self._new_block()
+            m[lo.buf], m[lo.ptrs], m[lo.addr] = self._new_block()
             m[lo.hits] = 0
             if j < SLOTS:
-                register_memo(m, lo.stream)
+                register_memo(m, lo.stream, owner=owner)
             slots.append(m)
         ms = slots[:SLOTS] + [0, slots[SLOTS], False]
+        self._tls.owner = owner
         self._tls.s = ms
         return ms
 

@@ -40,3 +40,43 @@ def test_free_inside_capture_waits_for_its_end(monkeypatch: pytest.MonkeyPatch) 
     c = DeviceBuffer(0x3000, 4, "float32", 0, alloc=0x3000)
     c.free()  # outside a capture: at once
     assert drv.freed[-1] == 0x3000
+
+
+def test_a_buffer_collected_inside_an_epoch_bump_does_not_deadlock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """register_memo() and bump_epoch() allocate while holding the epoch lock; an allocation
+    can run the cyclic garbage collector, which can finalise a dropped DeviceBuffer, whose
+    free() bumps the epoch again in the same thread. With a plain lock that hung the GPU test
+    run (a buffer held by an exception's traceback cycle). Here the collection is forced at
+    that allocation."""
+    import gc
+    import threading
+    import weakref
+
+    drv = Driver()
+    monkeypatch.setattr(_cuda, "_driver", drv)
+    monkeypatch.setattr("khal_runtime.device.ensure_current", lambda ordinal: None)
+    monkeypatch.setattr(graphs, "capturing", lambda stream=None: False)
+
+    class Cycle:
+        pass
+
+    class CollectingDict(weakref.WeakKeyDictionary):  # type: ignore[type-arg]
+        def setdefault(self, key, default=None):  # type: ignore[no-untyped-def, override]
+            c = Cycle()
+            c.me = c
+            c.buf = DeviceBuffer(0x7000, 4, "float32", 0, alloc=0x7000)
+            del c
+            gc.collect()  # what an allocation here may do: finalises the buffer -> free()
+            return super().setdefault(key, default)
+
+    monkeypatch.setattr(buffers, "THREAD_MEMOS", CollectingDict())
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    th = threading.Thread(target=lambda: buffers.register_memo([None], 0, owner=owner), daemon=True)
+    th.start()
+    th.join(10)
+    assert not th.is_alive(), "deadlocked"
+    assert drv.freed == [0x7000]

@@ -430,3 +430,34 @@ def test_alternating_argument_sets_each_get_a_snapshot(fake: FakeDriver, monkeyp
             k(300, x, y, z, p, 0.5, stream=st)
             assert (_u64(fake.launches[-1], 0), _u64(fake.launches[-1], 2)) == (x.ptr, y.ptr)
     assert fake.ex_calls - before == 5 * len(sets)  # every one from a snapshot
+
+
+def test_a_finished_threads_memo_slots_are_released(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each thread's memo slots (and their argument blocks) go with the thread: a server
+    running each request on a new thread must not accumulate them, nor make every free()
+    walk them."""
+    import gc
+    import threading
+
+    from khal_runtime import buffers
+
+    k, st = _kernel(fake)
+    x = DeviceBuffer(0x1000, 300, "float32", 0)
+    gc.collect()  # plans of earlier tests, and the slots their threads registered
+    before = len(buffers.THREAD_MEMOS)
+    during: list[int] = []
+
+    def work() -> None:
+        _tls.dev = 0
+        for _ in range(3):
+            k(300, x, x, x, P(1, 2), 0.5, stream=st)
+        during.append(len(buffers.THREAD_MEMOS))
+
+    for _ in range(5):
+        th = threading.Thread(target=work)
+        th.start()
+        th.join()
+    gc.collect()
+    assert during == [before + 1] * 5  # registered while the thread ran
+    assert len(buffers.THREAD_MEMOS) == before
+    assert len(fake.launches) == 15
