@@ -175,6 +175,31 @@ def run(args: Any) -> list[Row]:
                 sync()
                 return lambda: ks.five(n, cx, cy, cz, p, 0.5)
 
+            def torch_typed_dev() -> Any:  # the uniform as (c), (d) and (e) get it
+                import torch
+
+                tx, ty, tz = (torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3))
+                keep.extend([tx, ty, tz])
+                ks.five(n, tx, ty, tz, pdev, 0.5)
+                sync()
+                return lambda: ks.five(n, tx, ty, tz, pdev, 0.5)
+
+            def cc_torch() -> Any:  # what a cuda.core user passes for tensors: data_ptr() per launch
+                import torch
+
+                Dev, LaunchConfig, launch = _cuda_core_api()
+                cdev = Dev(0)
+                cdev.set_current()
+                cst = cdev.create_stream(st)
+                kern = _cuda_core_kernel(pkg, pkg.symbols[kname])
+                cfg = LaunchConfig(grid=gx, block=bx)
+                tx, ty, tz = (torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3))
+                nn, u, s = np.uint64(n), np.uint64(upt), np.float32(0.5)
+                keep.extend([cst, kern, cfg, tx, ty, tz])
+                launch(cst, cfg, kern, tx.data_ptr(), nn, ty.data_ptr(), nn, tz.data_ptr(), nn, u, s)
+                sync()
+                return lambda: launch(cst, cfg, kern, tx.data_ptr(), nn, ty.data_ptr(), nn, tz.data_ptr(), nn, u, s)
+
             def torch_inference() -> Any:  # no _version: the full read on every launch
                 import torch
 
@@ -205,6 +230,8 @@ def run(args: Any) -> list[Row]:
                                 tz.is_cuda, tz.is_contiguous(), tz.data_ptr(), tz.numel(), tz.dtype)
 
             for key, label, setup in (("torch", "(a) typed call, torch tensors", torch_typed),
+                                      ("torch_dev", "(a) typed call, torch tensors, uniform on device", torch_typed_dev),
+                                      ("d_torch", "(d) cuda.core.launch, torch data_ptr()", cc_torch),
                                       ("torch_inf", "(a) typed call, torch inference tensors", torch_inference),
                                       ("cupy", "(a) typed call, CuPy arrays", cupy_typed),
                                       ("torch_check", "reuse check of 3 torch tensors, no launch", torch_check),
@@ -226,6 +253,8 @@ def run(args: Any) -> list[Row]:
               "b": "(b) khal explicit launch", "c": "(c) raw cuLaunchKernel",
               "c_ex": "(c') raw cuLaunchKernelEx, config built once",
               "d": "(d) cuda.core.launch", "e": "(e) CuPy RawKernel", "torch": "(a) typed call, torch tensors",
+              "torch_dev": "(a) typed call, torch tensors, uniform in a DeviceBuffer",
+              "d_torch": "(d) cuda.core.launch, torch tensors' data_ptr() read per launch, no checks",
               "torch_inf": "(a) typed call, torch inference tensors (read in full every launch)",
               "cupy": "(a) typed call, CuPy arrays",
               "torch_check": "(info) reuse check of 3 torch tensors (_version, data_ptr)",
@@ -246,7 +275,7 @@ def run(args: Any) -> list[Row]:
                 ok = ok and r["median"] < e_r["median"]
         elif key == "a":
             bar, ok = "<= 1.15x (c)", ratio is not None and ratio <= 1.15
-        elif key in ("torch", "cupy"):
+        elif key in ("torch", "torch_dev", "cupy"):
             bar, ok = "<= 1.25x (c)", ratio is not None and ratio <= 1.25
         rows.append(Row(SECTION, f"{kname} {labels[key]}", r["median"], "us/launch", ratio, "(c) raw",
                         bar, ok, f"min {r['min']:.2f}", extra=r))

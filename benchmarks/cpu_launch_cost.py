@@ -59,6 +59,9 @@ def _fake_torch_type(versioned: bool = True) -> type:
         def untyped_storage(self) -> object:
             return self
 
+        def is_inference(self) -> bool:
+            return False
+
         def is_contiguous(self) -> bool:
             return True
 

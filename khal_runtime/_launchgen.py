@@ -185,11 +185,12 @@ def memo_store_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     since the arguments were read."""
     lo, P = plan.memo, plan.memo.P  # noqa: N806
     versioned = plan._versioned
-    conds = [f"t{i} in _MA" if p.kind == "storage" else f"_IMM[type(a{i})]"
-             for i, p in enumerate(plan.entry.params) if p.kind != "uniform" and i not in versioned]
+    # (one failed condition skips the rest: an inference tensor costs one tensor_memo call)
+    conds = [f"(q{i} := _STQ if t{i} in _MA else _tmemo(a{i})) is not None" if i in versioned
+             else f"t{i} in _MA" if p.kind == "storage" else f"_IMM[type(a{i})]"
+             for i, p in enumerate(plan.entry.params) if p.kind != "uniform"]
     body = [f"r{i} = _urd(a{i}, h{i})" for i in lo.uniform]
-    body += [f"q{i} = _STQ if t{i} in _MA else _tmemo(a{i})" for i in sorted(versioned)]
-    ucond = [f"r{i} is not _NOMEMO" for i in lo.uniform] + [f"q{i} is not None" for i in sorted(versioned)]
+    ucond = [f"r{i} is not _NOMEMO" for i in lo.uniform]
     inner = [f"m[{rs}] = r{i}; m[{bs}] = h{i}" for i, (rs, bs) in lo.uniform.items()]
     for i, (vs, ps, ks) in lo.tensor.items():
         inner.append(f"m[{vs}] = q{i}[0]; m[{ps}] = p{i}; m[{ks}] = q{i}[1]" if i in versioned

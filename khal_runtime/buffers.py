@@ -79,8 +79,12 @@ def tensor_memo(t: Any) -> tuple[int, Any] | None:
     if type(t) not in VERSIONED_ARRAY_TYPES:
         return None
     try:
+        # asked first: an inference tensor's _version raises a C++ error, whose backtrace
+        # costs tens of microseconds
+        if t.is_inference():
+            return None
         return t._version, t.untyped_storage()
-    except Exception:  # noqa: BLE001  (RuntimeError: inference tensors track no version)
+    except Exception:  # noqa: BLE001
         return None
 
 
@@ -545,7 +549,7 @@ def _choose(obj: Any) -> Extractor:
     if isinstance(obj, DeviceBuffer):
         return _x_buffer
     if mod.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "is_cuda"):
-        if hasattr(obj, "untyped_storage") and hasattr(tp, "_version"):
+        if hasattr(tp, "_version") and hasattr(obj, "untyped_storage") and hasattr(obj, "is_inference"):
             _memoable(tp, versioned=True)
         return _x_torch
     if mod.startswith("cupy") and hasattr(obj, "data") and hasattr(obj, "size"):
