@@ -10,7 +10,8 @@ every launch) and once with it in a DeviceBuffer (as (c), (d) and (e) get it: a 
 pointer); then the typed call with torch tensors and CuPy arrays as the buffers, with torch
 inference tensors (no version counter: read in full every launch, as a tensor changed since
 its last launch is), and, for scale, what the reuse check and the full read cost on three
-torch tensors without any launch. Ratios to (c).
+torch tensors without any launch. Ratios to (c); the rows with torch or CuPy arrays are timed
+as a group of their own, with their own (c).
 
 Also section ``pycost`` (CPU, runs anywhere): the Python-side cost of the same calls with a
 no-op driver (benchmarks/cpu_launch_cost.py).
@@ -24,6 +25,8 @@ from typing import Any
 from _common import BenchPackage, Row, build_bench_package, guarded, import_bench_package, interleaved_per_call_us
 
 SECTION = "launch"
+#: rows with torch / CuPy arrays as the buffers: timed as a group of their own, ratios to its (c)
+ARRAY_ROWS = ("torch", "torch_dev", "d_torch", "torch_inf", "cupy", "torch_check", "torch_reads")
 N = 256  # one block: the kernels do (almost) nothing; the host cost is what is measured
 
 
@@ -243,16 +246,23 @@ def run(args: Any) -> list[Row]:
         for key in fns:  # warm every path (first calls generate code, learn dtypes)
             fns[key]()
         sync()
-        timed = guarded(SECTION, f"{kname} interleaved timing", rows,
-                        lambda fns=fns: interleaved_per_call_us(fns, calls=calls, batches=batches, sync=sync))
-        for key, r in (timed or {}).items():
-            results[(kname, key)] = r
+        # Two groups, each timed in turns with its own (c): the entry remembers 4 argument sets
+        # (launching's SLOTS), and the two groups together pass it 5 distinct ones.
+        arrays = {key: fns.pop(key) for key in ARRAY_ROWS if key in fns}
+        groups = [("", fns)] + ([(" arrays", {"c": fns["c"], **arrays})] if arrays else [])
+        for suffix, group in groups:
+            timed = guarded(SECTION, f"{kname} interleaved timing{suffix}", rows,
+                            lambda g=group: interleaved_per_call_us(g, calls=calls, batches=batches, sync=sync))
+            for key, r in (timed or {}).items():
+                results[(kname, key if not (suffix and key == "c") else "c_arrays")] = r
 
     labels = {"a": "(a) khal typed call", "a_dev": "(a) khal typed call, uniform in a DeviceBuffer",
               "bound": "(a') khal bound launch (bind once)",
               "b": "(b) khal explicit launch", "c": "(c) raw cuLaunchKernel",
               "c_ex": "(c') raw cuLaunchKernelEx, config built once",
-              "d": "(d) cuda.core.launch", "e": "(e) CuPy RawKernel", "torch": "(a) typed call, torch tensors",
+              "d": "(d) cuda.core.launch", "e": "(e) CuPy RawKernel",
+              "c_arrays": "(c) raw cuLaunchKernel, timed with the array rows below (their ratios' base)",
+              "torch": "(a) typed call, torch tensors",
               "torch_dev": "(a) typed call, torch tensors, uniform in a DeviceBuffer",
               "d_torch": "(d) cuda.core.launch, torch tensors' data_ptr() read per launch, no checks",
               "torch_inf": "(a) typed call, torch inference tensors (read in full every launch)",
@@ -262,7 +272,7 @@ def run(args: Any) -> list[Row]:
     for (kname, key), r in results.items():
         if r is None:
             continue
-        raw_r = results.get((kname, "c"))
+        raw_r = results.get((kname, "c_arrays" if key in ARRAY_ROWS else "c"))
         ratio = r["median"] / raw_r["median"] if raw_r else None
         bar, ok = "", None
         if key in ("a", "a_dev") and kname == "five":
