@@ -45,7 +45,8 @@ PROMOTE_AFTER = 8
 # names the problem). ``{a}`` is the argument, ``{i}`` its index.
 INLINE_CODE: dict[str, list[str]] = {
     "torch": ["if not ({a}.is_cuda and {a}.is_contiguous()): raise _Short()",
-              "p{i} = {a}.data_ptr(); c{i} = {a}.numel(); k{i} = {a}.dtype"],
+              "p{i} = {a}.data_ptr(); c{i} = {a}.numel(); k{i} = {a}.dtype",
+              "if not p{i} and c{i}: raise _Short()"],
     "cupy_fast": ["if not {a}._c_contiguous: raise _Short()",
                   "p{i} = {a}.data.ptr; c{i} = {a}.size; k{i} = {a}.dtype"],
     "cupy": ["if not {a}.flags.c_contiguous: raise _Short()",
@@ -257,6 +258,15 @@ def uniform_recheck_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741,
     return lines
 
 
+def guarded_chain(plan: LaunchPlan, I: str, chain: list[str], on_error: list[str]) -> list[str]:  # noqa: E741, N803
+    """The memo checks ``chain`` at indent ``I``; where they read tensors, inside a ``try``
+    (free in CPython 3.11+ until something raises) whose handler runs ``on_error``."""
+    if not plan._versioned:
+        return [I + ln for ln in chain]
+    return ([f"{I}try:"] + [f"{I}    {ln}" for ln in chain] + [f"{I}except Exception:"]
+            + [f"{I}    {ln}" for ln in on_error])
+
+
 # -- the two functions ---------------------------------------------------------------------------
 def launch_lines(g: str, b: str, shmem: str, args: str, hooked: bool) -> list[str]:
     if hooked:  # regenerated when hooks are installed or removed
@@ -330,12 +340,17 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
     s0 = next((i for i, p in enumerate(plan.entry.params) if p.kind == "storage"), None)
     unstable = "" if s0 is None else f" or type(a{s0}) not in _MM"
     # 1. shared snapshots (filled newest first: an empty first one means none)
+    chain: list[str] = []
     for j in range(SLOTS):
-        lines.append(f"    {'if' if j == 0 else 'elif'} {snapshot_hit(plan, j)}:")
-        lines.append("        pass")
+        chain.append(f"{'if' if j == 0 else 'elif'} {snapshot_hit(plan, j)}:")
+        chain.append("    pass")
         if j == 0:
-            lines += [f"    elif k[0] is _NOMEMO{unstable}:", "        k = None"]
-    lines += ["    else:", "        k = None", "    if k is not None:"]
+            chain += [f"elif k[0] is _NOMEMO{unstable}:", "    k = None"]
+    chain += ["else:", "    k = None"]
+    # a remembered tensor whose version can no longer be read (swapped with an inference
+    # tensor): drop the memo being checked (``k``, set before anything can raise), read in full
+    lines += guarded_chain(plan, "    ", chain, ["_unshare(k)", "k = None"])
+    lines += ["    if k is not None:"]
     if hooked:
         lines.append(f"        gx = k[{lo.s_gx}]; addr = k[{lo.s_addr}]")
     else:  # the snapshot holds the launch call's whole argument tuple
@@ -346,14 +361,15 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
     J = "        "  # noqa: N806
     I = J + "        "  # noqa: E741, N806
     lines += [J + ln for ln in slots_lines("")]
+    chain = []
     for j in range(SLOTS):
-        lines.append(f"{J}{'if' if j == 0 else 'elif'} {slot_hit(plan, j)}:")
-        lines.append(f"{J}    pass")
+        chain.append(f"{'if' if j == 0 else 'elif'} {slot_hit(plan, j)}:")
+        chain.append("    pass")
         if j == 0:  # no slot was ever filled, or arguments that are read every time
-            lines += [f"{J}elif not ms[{SLOTS + 2}]{unstable}:", f"{J}    m = None"]
+            chain += [f"elif not ms[{SLOTS + 2}]{unstable}:", "    m = None"]
+    chain += ["else:", "    m = None"]
+    lines += guarded_chain(plan, J, chain, [f"m[{lo.stream}] = _NOMEMO", "m = None"])
     lines += [
-        f"{J}else:",
-        f"{J}    m = None",
         f"{J}if m is not None:",
         f"{J}    if n is m[{lo.n}]:",  # the same thread count object: the same grid
         f"{J}        gx = m[{lo.gx}]",

@@ -402,7 +402,11 @@ def _torch_bad(t: Any) -> BadArgument:
 
 def _x_torch(t: Any) -> tuple[int, int, Hashable]:
     if t.is_cuda and t.is_contiguous():
-        return t.data_ptr(), t.numel(), t.dtype
+        ptr, count = t.data_ptr(), t.numel()
+        if ptr or not count:
+            return ptr, count, t.dtype
+        raise BadArgument(ArgumentValueError, f"is a tensor of {count} elements with no memory "
+                          "(its storage was freed, e.g. untyped_storage().resize_(0))")
     raise _torch_bad(t)
 
 

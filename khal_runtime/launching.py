@@ -323,7 +323,8 @@ class LaunchPlan:
         stream=None)``, off its fast paths ``slow(kernel, n, args, st)``. The paths, and what
         lets a launch reuse an earlier one's packed arguments: :mod:`khal_runtime._launchgen`."""
         self.call_source = call_source(self, hooks.active)
-        extra = {"_slow": slow, "_K": kernel, "_M": _MISSING, "_S": self._shared, "_promote": self._promote}
+        extra = {"_slow": slow, "_K": kernel, "_M": _MISSING, "_S": self._shared, "_promote": self._promote,
+                 "_unshare": self._unshare}
         return self._compile(self.call_source, "call", extra)["__call__"]  # type: ignore[no-any-return]
 
     def _shared_empty(self) -> tuple[Any, ...]:
@@ -352,6 +353,12 @@ class LaunchPlan:
         if m[lo.stream] is st and EPOCH[0] == ep:  # nothing freed or flushed meanwhile
             shared = self._shared
             shared[:] = [snap] + shared[:SLOTS - 1]
+
+    def _unshare(self, snap: tuple[Any, ...]) -> None:
+        """Drop shared snapshot ``snap`` (its check raised: it can never match again)."""
+        shared = self._shared
+        keep = [s for s in shared if s is not snap]
+        shared[:] = keep + [self._shared_empty()] * (SLOTS - len(keep))
 
     # failures ---------------------------------------------------------------------------------
     def _launch_failed(self, err: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int) -> None:

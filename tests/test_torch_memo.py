@@ -85,6 +85,34 @@ class InferenceTensor(Tensor):
 InferenceTensor.__module__ = "torch"
 
 
+class SwappableTensor(Tensor):
+    """A tensor ``torch.utils.swap_tensors`` can turn into an inference tensor in place: from
+    then on reading its ``_version`` raises."""
+
+    version_reads = 0
+
+    def __init__(self, ptr: int, n: int) -> None:
+        self.inference = False
+        super().__init__(ptr, n)
+
+    def is_inference(self) -> bool:
+        return self.inference
+
+    @property  # type: ignore[override]
+    def _version(self) -> int:
+        SwappableTensor.version_reads += 1
+        if self.inference:
+            raise RuntimeError("Inference tensors do not track version counter.")
+        return self._v
+
+    @_version.setter
+    def _version(self, v: int) -> None:
+        self._v = v
+
+
+SwappableTensor.__module__ = "torch"
+
+
 @pytest.fixture
 def call(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> Any:  # noqa: F811
     k, st = _kernel(fake)
@@ -161,6 +189,33 @@ def test_inference_tensors_are_read_every_launch(call: Any) -> None:
     assert InferenceTensor.version_reads == 0
 
 
+@pytest.mark.parametrize("repeats", [2, PROMOTE_AFTER + 3], ids=["memo slot", "shared snapshot"])
+def test_a_remembered_tensor_swapped_with_an_inference_tensor(call: Any, repeats: int) -> None:
+    """Its version can no longer be read: the launch reads it in full instead of failing, and
+    the memo that held it is dropped (so no later launch pays for the error again)."""
+    x, y, z = SwappableTensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for _ in range(repeats):
+        call(x, y, z)
+    x.inference, x.ptr, x.n = True, 0x8000, 100  # what torch.utils.swap_tensors(x, t) does
+    assert call(x, y, z)[0] == (0x8000, 100)
+    reads = SwappableTensor.version_reads
+    for _ in range(3):
+        assert call(x, y, z)[0] == (0x8000, 100)
+    assert SwappableTensor.version_reads == reads
+
+
+def test_a_tensor_without_memory_is_refused(call: Any) -> None:
+    """``untyped_storage().resize_(0)`` (as FSDP does) leaves a tensor with elements and a null
+    pointer: a named error, nothing launched."""
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    call(x, y, z)
+    x.set_data(0, 300)
+    with pytest.raises(ArgumentValueError, match=r"argument 'x'.*300 elements with no memory"):
+        call(x, y, z)
+    x.set_data(0, 0)  # an empty tensor may have no memory
+    assert call(x, y, z)[0] == (0, 0)
+
+
 def test_a_parameter_given_device_buffers_and_tensors(call: Any) -> None:
     d = DeviceBuffer(0x7000, 300, "float32", 0)
     x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
@@ -213,6 +268,10 @@ def test_real_torch_in_place_changes_and_data_assignment(call: Any) -> None:
     with torch.inference_mode():
         w.resize_(100)
     assert call(w, y, z)[0] == (w.data_ptr(), 100)
+    y.untyped_storage().resize_(0)  # its memory freed under it
+    with pytest.raises(ArgumentValueError, match=r"argument 'y'.*with no memory"):
+        call(x, y, z)
+    y.data = torch.zeros(260)
     x.resize_(15, 20).t_()  # transposed in place: no longer contiguous
     with pytest.raises(ArgumentValueError, match=r"argument 'x'.*non-contiguous tensor"):
         call(x, y, z)
