@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 
-from khal_runtime import DeviceBuffer, buffers
+from khal_runtime import DeviceBuffer, _cuda, buffers
 from khal_runtime._launchgen import PROMOTE_AFTER
 from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentValueError
 from tests.test_runtime_args import FakeDriver
 from tests.test_runtime_fastcall import P, _kernel, _u64
-from tests.test_runtime_fastcall import fake as fake  # noqa: F401  (the fixture)
 
 
 class Storage:
@@ -114,7 +113,14 @@ SwappableTensor.__module__ = "torch"
 
 
 @pytest.fixture
-def call(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> Any:  # noqa: F811
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    drv = FakeDriver()
+    monkeypatch.setattr(_cuda, "_driver", drv)
+    return drv
+
+
+@pytest.fixture
+def call(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> Any:
     k, st = _kernel(fake)
     monkeypatch.setattr(_tls, "dev", 0, raising=False)
     p = P(1.0, 2.0)
