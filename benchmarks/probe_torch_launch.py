@@ -22,12 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main() -> None:
     import numpy as np
     import torch
-    from _common import (
-        build_bench_package,
-        import_bench_package,
-        interleaved_per_call_us,
-    )
 
+    from _common import build_bench_package, import_bench_package, interleaved_per_call_us
     from khal_runtime import Device, DeviceBuffer, _cuda
     from khal_runtime.launching import launch_call
 
