@@ -7,7 +7,9 @@ calls ``cuLaunchKernel`` with the prepacked argument block, about the cost of a 
 
 The rule is the one of CUDA graphs: what was bound is used as it was at bind time. The
 buffers (DeviceBuffer, PyTorch, CuPy, ...) must stay alive and in place (the bound launch
-keeps a reference to each argument; do not resize them), and a uniform given as host
+keeps a reference to each argument, and to each torch tensor's storage, so ``t.data = ...``
+or ``t.resize_(...)`` after binding cannot free the memory it launches on; it keeps using
+that memory, and is not told), and a uniform given as host
 data is copied to device memory owned by the bound launch, so later changes to that struct
 are not seen (bind again, or pass a device buffer holding the struct and update it there).
 A DeviceBuffer freed after binding is caught: any free re-checks the bound arguments
@@ -40,7 +42,7 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
     def __new__(cls, kernel: Any, args: tuple[Any, ...], stream: Any) -> BoundLaunch:
         import numpy as np
 
-        from khal_runtime.buffers import DeviceBuffer, extractor_for
+        from khal_runtime.buffers import DeviceBuffer, extractor_for, tensor_memo
         from khal_runtime.uniforms import uniform_converter
 
         diagnose_args(kernel.entry, args)  # every argument checked, named errors, nothing launched
@@ -48,11 +50,14 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
         plan = kernel.plan(dev)
         ensure_current(dev)
         values: list[Any] = []
-        owned: list[DeviceBuffer] = []
+        owned: list[Any] = []
         for p, a in zip(kernel.entry.params, args):
             if p.kind == "storage":
                 ptr, count, _ = extractor_for(a)(a)
                 values += [ptr, count]
+                held = tensor_memo(a)  # a torch tensor: its storage, the memory bound here
+                if held is not None:
+                    owned.append(held[1])
             elif p.kind == "uniform":
                 u = uniform_converter(a)(a)
                 if isinstance(u, bytes):  # host struct: a device copy owned by this launch

@@ -64,6 +64,30 @@ def test_bind_of_a_torch_like_array_snapshots_its_pointer(fake: FakeDriver, monk
     assert struct.unpack("<Q", slots[0])[0] == 0x9000 and struct.unpack("<Q", slots[6])[0] == 0x7000
 
 
+def test_bind_holds_a_tensors_storage(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``t.data = other`` after binding frees t's old memory in torch; the bound launch still
+    launches on it (the rule of graphs), so it holds that memory's storage: no use after free."""
+    import gc
+    import weakref
+
+    from tests.test_torch_memo import Tensor as VersionedTensor
+
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    x = DeviceBuffer(0x1000, 10, "float32", 0)
+    t = VersionedTensor(0x9000, 10)
+    old = weakref.ref(t.storage)
+    b = k.bind(t, x, x, DeviceBuffer(0x7000, 8, np.uint8, 0), 1.0, stream=st)
+    t.set_data(0xA000, 10)
+    gc.collect()
+    assert old() is not None
+    b(10)
+    assert struct.unpack("<Q", fake.launches[-1]["slots"][0])[0] == 0x9000
+    del b
+    gc.collect()
+    assert old() is None
+
+
 def test_a_buffer_freed_after_bind_is_refused_not_launched(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     import pickle
 
