@@ -62,6 +62,9 @@ def _fake_torch_type(versioned: bool = True) -> type:
         def is_inference(self) -> bool:
             return False
 
+        def get_device(self) -> int:
+            return 0
+
         def is_contiguous(self) -> bool:
             return True
 
@@ -93,13 +96,14 @@ def _fake_cupy_type() -> type:
     import numpy as np
 
     class ndarray:  # noqa: N801
-        __slots__ = ("data", "size", "dtype", "_c_contiguous")
+        __slots__ = ("data", "size", "dtype", "_c_contiguous", "device")
 
         def __init__(self, p: int, n: int) -> None:
             self.data = SimpleNamespace(ptr=p)
             self.size = n
             self.dtype = np.dtype(np.float32)
             self._c_contiguous = True
+            self.device = SimpleNamespace(id=0)
 
     ndarray.__module__ = "cupy"
     return ndarray

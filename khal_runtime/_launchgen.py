@@ -41,15 +41,16 @@ SLOTS = 4
 PROMOTE_AFTER = 8
 
 # Array kinds whose extraction the generated code inlines once a type of that kind is seen for
-# a parameter (same checks as the extractor; anything off them raises _Short and _diagnose
-# names the problem). ``{a}`` is the argument, ``{i}`` its index.
+# a parameter (same checks as the extractor, and the array's device against the plan's;
+# anything off them raises _Short and _diagnose names the problem). ``{a}`` is the argument,
+# ``{i}`` its index, ``{d}`` the plan's device.
 INLINE_CODE: dict[str, list[str]] = {
-    "torch": ["if not ({a}.is_cuda and {a}.is_contiguous()): raise _Short()",
+    "torch": ["if not ({a}.get_device() == {d} and {a}.is_contiguous()): raise _Short()",
               "p{i} = {a}.data_ptr(); c{i} = {a}.numel(); k{i} = {a}.dtype",
               "if not p{i} and c{i}: raise _Short()"],
-    "cupy_fast": ["if not {a}._c_contiguous: raise _Short()",
+    "cupy_fast": ["if not {a}._c_contiguous or {a}.device.id != {d}: raise _Short()",
                   "p{i} = {a}.data.ptr; c{i} = {a}.size; k{i} = {a}.dtype"],
-    "cupy": ["if not {a}.flags.c_contiguous: raise _Short()",
+    "cupy": ["if not {a}.flags.c_contiguous or {a}.device.id != {d}: raise _Short()",
              "p{i} = {a}.data.ptr; c{i} = {a}.size; k{i} = {a}.dtype"],
 }
 
@@ -145,11 +146,12 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
                 f"{I}t{i} = type({a})",
                 f"{I}if t{i} is _DB:",
                 f"{I}    p{i} = {a}.ptr; c{i} = {a}.size",
+                f"{I}    if {a}.device_id != {int(plan.device_id)}: raise _Short()",
                 f"{I}    k{i} = {a}._et if {a}._base is None or {a}._base._et is not _FREED else _FREED",
             ]
             for j, kind in enumerate(plan._inline[i].values()):
                 lines.append(f"{I}elif t{i} is _T{i}_{j}:")
-                lines += [f"{I}    " + ln.format(a=a, i=i) for ln in INLINE_CODE[kind]]
+                lines += [f"{I}    " + ln.format(a=a, i=i, d=int(plan.device_id)) for ln in INLINE_CODE[kind]]
             lines += [
                 f"{I}else:",
                 f"{I}    p{i}, c{i}, k{i} = _sseen({i}, {a})",

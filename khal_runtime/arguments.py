@@ -13,7 +13,7 @@ import operator
 import struct
 from typing import Any, Sequence
 
-from khal_runtime.buffers import BadArgument, extractor_for
+from khal_runtime.buffers import BadArgument, device_of, extractor_for
 from khal_runtime.dtypes import SCALAR_TYPES, STRUCT_CODES, bf16_bits, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.manifest import Entry, Param
@@ -72,8 +72,12 @@ def _dtype_ok(p: Param, key: Any) -> tuple[bool, str]:
     return itemsize == p.element_size and name not in SCALAR_TYPES, f"{name} ({itemsize} bytes)"
 
 
-def diagnose_args(entry: Entry, args: Sequence[Any], exc: BaseException | None = None) -> None:
+def diagnose_args(entry: Entry, args: Sequence[Any], exc: BaseException | None = None,
+                  device: int | None = None) -> None:
     """Check ``args`` against ``entry`` without a GPU; raise ArgumentError/ArgumentValueError.
+    With ``device`` (the launch's), an array known to be on another device is refused too:
+    a kernel reading another device's memory fails with an illegal address, and that error
+    ruins the context for every later call.
 
     Returns normally if every argument is acceptable."""
     params = entry.params
@@ -90,6 +94,11 @@ def diagnose_args(entry: Entry, args: Sequence[Any], exc: BaseException | None =
                 ptr, count, key = extractor_for(obj)(obj)
             except BadArgument as bad:
                 raise bad.cls(f"{arg} {bad}") from None
+            where_ = device_of(obj) if device is not None else None
+            if where_ is not None and where_ != device:
+                raise ArgumentValueError(
+                    f"{arg} is on device {where_}, the launch is on device {device}: move it "
+                    f"there, or launch on a stream of device {where_}")
             ok, got = _dtype_ok(p, key)
             if not ok:
                 if got == "<freed buffer>":

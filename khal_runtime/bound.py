@@ -45,8 +45,8 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
         from khal_runtime.buffers import DeviceBuffer, extractor_for, tensor_memo
         from khal_runtime.uniforms import uniform_converter
 
-        diagnose_args(kernel.entry, args)  # every argument checked, named errors, nothing launched
         dev = stream.device_id
+        diagnose_args(kernel.entry, args, device=dev)  # every argument checked, named errors
         plan = kernel.plan(dev)
         ensure_current(dev)
         values: list[Any] = []
@@ -110,7 +110,7 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
     def slow(n: Any) -> int:
         if state[0] != E[0]:  # something was freed since the last check: re-check (named errors)
             ep = E[0]
-            diagnose_args(kernel.entry, args)
+            diagnose_args(kernel.entry, args, device=dev)
             state[0] = ep
         n = thread_count(name, n)
         if n < 0:

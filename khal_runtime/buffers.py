@@ -586,6 +586,23 @@ def extractor_for(obj: Any) -> Extractor:
     return fn
 
 
+def device_of(obj: Any) -> int | None:
+    """The CUDA device an array's memory is on, for the types that say so cheaply
+    (DeviceBuffer, torch, CuPy); None when unknown (``__cuda_array_interface__``, DLPack)."""
+    if isinstance(obj, DeviceBuffer):
+        return obj.device_id
+    mod = type(obj).__module__ or ""
+    try:
+        if mod.startswith("torch") and hasattr(obj, "get_device"):
+            d = obj.get_device()
+            return int(d) if d >= 0 else None
+        if mod.startswith("cupy"):
+            return int(obj.device.id)
+    except Exception:  # noqa: BLE001  (a look-alike without these attributes)
+        return None
+    return None
+
+
 def extract(obj: Any) -> tuple[int, int, Hashable]:
     """(device pointer, element count, dtype key) of any supported device array."""
     return extractor_for(obj)(obj)

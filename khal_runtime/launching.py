@@ -35,7 +35,7 @@ from khal_runtime._launchgen import SLOTS, MemoLayout, call_source, run_source
 from khal_runtime.arguments import _dtype_ok, _Short, diagnose_args, dim3, thread_count
 from khal_runtime.buffers import (EPOCH, EXTRACTORS, FREED, MEMO_ARRAY_TYPES, STABLE_ARRAY_TYPES,
                                   VERSIONED_ARRAY_TYPES, DeviceBuffer, _x_cupy, _x_cupy_fast, _x_torch,
-                                  extractor_for, register_memo, tensor_memo)
+                                  device_of, extractor_for, register_memo, tensor_memo)
 from khal_runtime.dtypes import STRUCT_CODES, bf16_bits
 from khal_runtime.errors import CudaError
 from khal_runtime.manifest import Entry
@@ -238,6 +238,8 @@ class LaunchPlan:
         fn = EXTRACTORS.get(tp) or extractor_for(obj)
         out = fn(obj)
         kind = _INLINE_KIND.get(fn)
+        if kind is not None and device_of(obj) not in (None, self.device_id):
+            raise _Short()  # torch / CuPy on another device (the inlined code checks it too)
         seen = self._inline[i]
         versioned = tp in VERSIONED_ARRAY_TYPES and i not in self._versioned
         if versioned or (kind is not None and tp not in seen and len(seen) < _MAX_INLINE):
@@ -373,7 +375,7 @@ class LaunchPlan:
 
     def _diagnose(self, args: tuple[Any, ...], exc: BaseException) -> None:
         """Re-check every argument slowly; raise a named error for the first bad one."""
-        diagnose_args(self.entry, args, exc)
+        diagnose_args(self.entry, args, exc, device=self.device_id)
 
 
 def launch(stream: Any, config: LaunchConfig, kernel: Any, *args: Any) -> None:

@@ -44,10 +44,13 @@ def _kernel(fake: FakeDriver) -> tuple[Kernel, Any]:
 
 
 class Tensor:
-    def __init__(self, ptr: int, n: int, contiguous: bool = True) -> None:
-        self.ptr, self.n, self.contiguous = ptr, n, contiguous
+    def __init__(self, ptr: int, n: int, contiguous: bool = True, device: int = 0) -> None:
+        self.ptr, self.n, self.contiguous, self.device = ptr, n, contiguous, device
         self.dtype = "float32"
-        self.is_cuda = True
+        self.is_cuda = device >= 0
+
+    def get_device(self) -> int:
+        return self.device
 
     def is_contiguous(self) -> bool:
         return self.contiguous
@@ -375,6 +378,10 @@ def _counting_array_type(module: str, name: str) -> type:
         dtype = property(lambda self: self._read("float32"))
         _c_contiguous = property(lambda self: self._read(True))
         is_cuda = property(lambda self: self._read(True))
+        device = property(lambda self: SimpleNamespace(id=self._read(0)))
+
+        def get_device(self) -> int:
+            return self._read(0)
 
         def data_ptr(self) -> int:
             return self._read(self._p)
@@ -461,3 +468,32 @@ def test_a_finished_threads_memo_slots_are_released(fake: FakeDriver, monkeypatc
     assert during == [before + 1] * 5  # registered while the thread ran
     assert len(buffers.THREAD_MEMOS) == before
     assert len(fake.launches) == 15
+
+
+def test_an_array_on_another_device_is_refused(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel given another device's memory fails with an illegal address, which ruins the
+    context: every launch path names the argument instead, and launches nothing."""
+    k, st = _kernel(fake)  # its plan and stream: device 0
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    x = DeviceBuffer(0x1000, 300, "float32", 0)
+    p = P(1.0, 2.0)
+    for _ in range(3):  # remembered, so the next call's first checks are the memo's
+        k(300, x, x, x, p, 0.5, stream=st)
+    launched = len(fake.launches)
+    other = DeviceBuffer(0x9000, 300, "float32", 1)
+    msg = r"argument 'y'.*is on device 1, the launch is on device 0"
+    with pytest.raises(ArgumentValueError, match=msg):
+        k(300, x, other, x, p, 0.5, stream=st)
+    with pytest.raises(ArgumentValueError, match=msg):
+        k(300, x, other[10:], x, p, 0.5, stream=st)  # a slice is on its buffer's device
+    with pytest.raises(ArgumentValueError, match=msg):
+        k.launch(3, 128, x, other, x, p, 0.5, stream=st)
+    with pytest.raises(ArgumentValueError, match=msg):
+        k.bind(x, other, x, p, 0.5, stream=st)
+    with pytest.raises(ArgumentValueError, match=msg):
+        k(300, x, Tensor(0x9000, 300, device=1), x, p, 0.5, stream=st)
+    with pytest.raises(ArgumentError, match=r"argument 'y'.*host tensor"):
+        k(300, x, Tensor(0x9000, 300, device=-1), x, p, 0.5, stream=st)
+    assert len(fake.launches) == launched
+    k(300, x, Tensor(0x9000, 300, device=0), x, p, 0.5, stream=st)
+    assert len(fake.launches) == launched + 1

@@ -62,3 +62,38 @@ def test_threads_on_different_devices_at_once(example_pkg, rt) -> None:  # type:
     R = example_pkg.reference
     for d in (0, 1):
         assert abs(sums[d] - R.reduce_sum(x)) <= 20 * R.sum_tolerance(x)
+
+
+def test_an_array_on_another_device_is_refused(example_pkg, rt) -> None:  # type: ignore[no-untyped-def]
+    """Another device's memory would fail in the kernel with an illegal address and ruin the
+    context; the launch names the argument instead, and the device goes on working."""
+    n = 4099
+    st0, st1 = rt.Device(0).default_stream, rt.Device(1).default_stream
+    x0 = rt.DeviceBuffer.from_numpy(np.ones(n, np.float32), st0)
+    y0 = rt.DeviceBuffer.from_numpy(np.zeros(n, np.float32), st0)
+    x1 = rt.DeviceBuffer.from_numpy(np.ones(n, np.float32), st1)
+    saxpy, p = example_pkg.kernels.saxpy, example_pkg.SaxpyParams(a=2.0)
+    threads = example_pkg.elementwise_threads(n)
+    for _ in range(3):
+        saxpy(threads, x0, y0, p, stream=st0)
+    others = [x1]
+    try:
+        import torch
+
+        if torch.cuda.device_count() >= 2:
+            others.append(torch.ones(n, device="cuda:1"))
+    except ImportError:
+        pass
+    try:
+        import cupy as cp
+
+        with cp.cuda.Device(1):
+            others.append(cp.ones(n, dtype=cp.float32))
+    except ImportError:
+        pass
+    for other in others:
+        with pytest.raises(rt.ArgumentValueError, match="'x'.*is on device 1, the launch is on device 0"):
+            saxpy(threads, other, y0, p, stream=st0)
+    saxpy(threads, x0, y0, p, stream=st0)
+    st0.synchronize()
+    np.testing.assert_array_equal(y0.to_numpy(st0), np.full(n, 8.0, np.float32))
