@@ -8,8 +8,9 @@ calls ``cuLaunchKernel`` with the prepacked argument block, about the cost of a 
 The rule is the one of CUDA graphs: what was bound is used as it was at bind time. The
 buffers (DeviceBuffer, PyTorch, CuPy, ...) must stay alive and in place (the bound launch
 keeps a reference to each argument, and to each torch tensor's storage, so ``t.data = ...``
-or ``t.resize_(...)`` after binding cannot free the memory it launches on; it keeps using
-that memory, and is not told), and a uniform given as host
+after binding cannot free the memory it launches on: it keeps using that memory, and is not
+told; do not resize them: a growing ``resize_`` reallocates the storage itself), and a
+uniform given as host
 data is copied to device memory owned by the bound launch, so later changes to that struct
 are not seen (bind again, or pass a device buffer holding the struct and update it there).
 A DeviceBuffer freed after binding is caught: any free re-checks the bound arguments
