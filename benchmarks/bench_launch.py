@@ -228,9 +228,9 @@ def run(args: Any) -> list[Row]:
                 ts = [torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3)]
                 keep.extend(ts)
                 tx, ty, tz = ts
-                return lambda: (tx.get_device(), tx.is_contiguous(), tx.data_ptr(), tx.numel(), tx.dtype,
-                                ty.get_device(), ty.is_contiguous(), ty.data_ptr(), ty.numel(), ty.dtype,
-                                tz.get_device(), tz.is_contiguous(), tz.data_ptr(), tz.numel(), tz.dtype)
+                return lambda: (tx.is_cuda, tx.get_device(), tx.is_contiguous(), tx.data_ptr(), tx.numel(), tx.dtype,
+                                ty.is_cuda, ty.get_device(), ty.is_contiguous(), ty.data_ptr(), ty.numel(), ty.dtype,
+                                tz.is_cuda, tz.get_device(), tz.is_contiguous(), tz.data_ptr(), tz.numel(), tz.dtype)
 
             for key, label, setup in (("torch", "(a) typed call, torch tensors", torch_typed),
                                       ("torch_dev", "(a) typed call, torch tensors, uniform on device", torch_typed_dev),
@@ -268,7 +268,7 @@ def run(args: Any) -> list[Row]:
               "torch_inf": "(a) typed call, torch inference tensors (read in full every launch)",
               "cupy": "(a) typed call, CuPy arrays",
               "torch_check": "(info) reuse check of 3 torch tensors (_version, data_ptr)",
-              "torch_reads": "(info) full read of 3 torch tensors (get_device, is_contiguous, data_ptr, numel, dtype)"}
+              "torch_reads": "(info) full read of 3 torch tensors (is_cuda, get_device, is_contiguous, data_ptr, numel, dtype)"}
     for (kname, key), r in results.items():
         if r is None:
             continue

@@ -45,7 +45,7 @@ PROMOTE_AFTER = 8
 # anything off them raises _Short and _diagnose names the problem). ``{a}`` is the argument,
 # ``{i}`` its index, ``{d}`` the plan's device.
 INLINE_CODE: dict[str, list[str]] = {
-    "torch": ["if not ({a}.get_device() == {d} and {a}.is_contiguous()): raise _Short()",
+    "torch": ["if not ({a}.is_cuda and {a}.get_device() == {d} and {a}.is_contiguous()): raise _Short()",
               "p{i} = {a}.data_ptr(); c{i} = {a}.numel(); k{i} = {a}.dtype",
               "if not p{i} and c{i}: raise _Short()"],
     "cupy_fast": ["if not {a}._c_contiguous or {a}.device.id != {d}: raise _Short()",

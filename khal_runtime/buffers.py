@@ -396,7 +396,9 @@ def _x_buffer(b: DeviceBuffer) -> tuple[int, int, Hashable]:
 
 def _torch_bad(t: Any) -> BadArgument:
     if not t.is_cuda:
-        return BadArgument(ArgumentError, f"is a host tensor (device {t.device}); move it with .cuda()")
+        kind = getattr(getattr(t, "device", None), "type", "cpu")
+        what = "a host tensor" if kind == "cpu" else "not a CUDA tensor"
+        return BadArgument(ArgumentError, f"is {what} (device {t.device}); move it with .cuda()")
     return BadArgument(ArgumentValueError, "is a non-contiguous tensor; pass .contiguous()")
 
 
@@ -593,9 +595,8 @@ def device_of(obj: Any) -> int | None:
         return obj.device_id
     mod = type(obj).__module__ or ""
     try:
-        if mod.startswith("torch") and hasattr(obj, "get_device"):
-            d = obj.get_device()
-            return int(d) if d >= 0 else None
+        if mod.startswith("torch") and getattr(obj, "is_cuda", False):
+            return int(obj.get_device())
         if mod.startswith("cupy"):
             return int(obj.device.id)
     except Exception:  # noqa: BLE001  (a look-alike without these attributes)

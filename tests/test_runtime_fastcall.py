@@ -45,12 +45,13 @@ def _kernel(fake: FakeDriver) -> tuple[Kernel, Any]:
 
 class Tensor:
     def __init__(self, ptr: int, n: int, contiguous: bool = True, device: int = 0) -> None:
-        self.ptr, self.n, self.contiguous, self.device = ptr, n, contiguous, device
+        self.ptr, self.n, self.contiguous, self.index = ptr, n, contiguous, device
         self.dtype = "float32"
         self.is_cuda = device >= 0
+        self.device = SimpleNamespace(type="cuda" if device >= 0 else "cpu", index=device)
 
     def get_device(self) -> int:
-        return self.device
+        return self.index
 
     def is_contiguous(self) -> bool:
         return self.contiguous
@@ -494,6 +495,10 @@ def test_an_array_on_another_device_is_refused(fake: FakeDriver, monkeypatch: py
         k(300, x, Tensor(0x9000, 300, device=1), x, p, 0.5, stream=st)
     with pytest.raises(ArgumentError, match=r"argument 'y'.*host tensor"):
         k(300, x, Tensor(0x9000, 300, device=-1), x, p, 0.5, stream=st)
+    xpu = Tensor(0x9000, 300, device=0)  # another accelerator's device 0 (torch.xpu, say)
+    xpu.is_cuda, xpu.device.type = False, "xpu"
+    with pytest.raises(ArgumentError, match=r"argument 'y'.*not a CUDA tensor"):
+        k(300, x, xpu, x, p, 0.5, stream=st)
     assert len(fake.launches) == launched
     k(300, x, Tensor(0x9000, 300, device=0), x, p, 0.5, stream=st)
     assert len(fake.launches) == launched + 1
