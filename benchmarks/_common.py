@@ -241,6 +241,16 @@ def import_bench_package(pkg: BenchPackage) -> Any:
     return importlib.import_module(BENCH_PKG)
 
 
+def bench_kernels_on_device0() -> tuple[Any, Any]:
+    """(the bench package's kernels, device 0's runtime stream), device 0 made current."""
+    from khal_runtime import Device
+
+    ks = import_bench_package(build_bench_package()).kernels
+    dev = Device(0)
+    dev.use()
+    return ks, dev.default_stream
+
+
 def env_with_path(extra: list[str]) -> dict[str, str]:
     env = dict(os.environ)
     parts = [p for p in extra if p] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -11,7 +11,7 @@ import statistics
 import time
 from typing import Any
 
-from _common import Row, build_bench_package, guarded, import_bench_package
+from _common import Row, bench_kernels_on_device0, guarded
 
 SECTION = "graph"
 STEP = 1000
@@ -32,15 +32,12 @@ def _time_step(fn: Any, sync: Any, reps: int) -> float:
 def run(args: Any) -> list[Row]:
     import numpy as np
 
-    from khal_runtime import Device, DeviceBuffer, _cuda
+    from khal_runtime import DeviceBuffer, _cuda
     from khal_runtime._cuda import check
 
     rows: list[Row] = []
     drv = _cuda.driver()
-    ks = import_bench_package(build_bench_package()).kernels
-    dev = Device(0)
-    dev.use()
-    st = dev.default_stream
+    ks, st = bench_kernels_on_device0()
     n = 256
     x, y, z = (DeviceBuffer.zeros(n, np.float32) for _ in range(3))
 

@@ -120,13 +120,19 @@ def run(args: Any) -> list[Row]:
         bound = k.bind(*kargs, stream=st)
         fns["bound"] = lambda bound=bound: bound(n)
 
-        def cc() -> Any:
+        def cuda_core(kname: str = kname, gx: int = gx, bx: int = bx) -> tuple[Any, Any, Any, Any]:
+            """(launch, stream, config, kernel) for cuda.core, on the runtime's stream."""
             Dev, LaunchConfig, launch = _cuda_core_api()
             cdev = Dev(0)
             cdev.set_current()
             cst = cdev.create_stream(st)
             kern = _cuda_core_kernel(pkg, pkg.symbols[kname])
             cfg = LaunchConfig(grid=gx, block=bx)
+            keep.extend([cst, kern, cfg])
+            return launch, cst, cfg, kern
+
+        def cc() -> Any:
+            launch, cst, cfg, kern = cuda_core()
             if kname == "five":
                 ca = (np.uint64(x.ptr), np.uint64(n), np.uint64(y.ptr), np.uint64(n), np.uint64(z.ptr),
                       np.uint64(n), np.uint64(upt), np.float32(0.5))
@@ -134,7 +140,6 @@ def run(args: Any) -> list[Row]:
                 ca = (np.uint64(x.ptr), np.uint64(n))
             launch(cst, cfg, kern, *ca)
             sync()
-            keep.extend([cst, kern, cfg])
             return lambda: launch(cst, cfg, kern, *ca)
 
         def cupy_raw() -> Any:
@@ -160,83 +165,60 @@ def run(args: Any) -> list[Row]:
                 fns[key] = fn
 
         if kname == "five":
-            def torch_typed() -> Any:
+            def torch_arrays(inference: bool = False) -> tuple[Any, Any, Any]:
+                import contextlib
+
                 import torch
 
-                tx, ty, tz = (torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3))
-                keep.extend([tx, ty, tz])
-                ks.five(n, tx, ty, tz, p, 0.5)
-                sync()
-                return lambda: ks.five(n, tx, ty, tz, p, 0.5)
+                with torch.inference_mode() if inference else contextlib.nullcontext():
+                    ts = tuple(torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3))
+                keep.extend(ts)
+                return ts  # type: ignore[return-value]
 
-            def cupy_typed() -> Any:
+            def cupy_arrays() -> tuple[Any, Any, Any]:
                 import cupy as cp
 
-                cx, cy, cz = (cp.zeros(n, cp.float32) for _ in range(3))
-                keep.extend([cx, cy, cz])
-                ks.five(n, cx, cy, cz, p, 0.5)
-                sync()
-                return lambda: ks.five(n, cx, cy, cz, p, 0.5)
+                cs = tuple(cp.zeros(n, cp.float32) for _ in range(3))
+                keep.extend(cs)
+                return cs  # type: ignore[return-value]
 
-            def torch_typed_dev() -> Any:  # the uniform as (c), (d) and (e) get it
-                import torch
-
-                tx, ty, tz = (torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3))
-                keep.extend([tx, ty, tz])
-                ks.five(n, tx, ty, tz, pdev, 0.5)
-                sync()
-                return lambda: ks.five(n, tx, ty, tz, pdev, 0.5)
+            def typed(arrays: Any, u: Any) -> Any:
+                """Setup of the typed call over three arrays from ``arrays()``, uniform ``u``."""
+                def setup() -> Any:
+                    ax, ay, az = arrays()
+                    ks.five(n, ax, ay, az, u, 0.5)
+                    sync()
+                    return lambda: ks.five(n, ax, ay, az, u, 0.5)
+                return setup
 
             def cc_torch() -> Any:  # what a cuda.core user passes for tensors: data_ptr() per launch
-                import torch
-
-                Dev, LaunchConfig, launch = _cuda_core_api()
-                cdev = Dev(0)
-                cdev.set_current()
-                cst = cdev.create_stream(st)
-                kern = _cuda_core_kernel(pkg, pkg.symbols[kname])
-                cfg = LaunchConfig(grid=gx, block=bx)
-                tx, ty, tz = (torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3))
+                launch, cst, cfg, kern = cuda_core()
+                tx, ty, tz = torch_arrays()
                 nn, u, s = np.uint64(n), np.uint64(upt), np.float32(0.5)
-                keep.extend([cst, kern, cfg, tx, ty, tz])
                 launch(cst, cfg, kern, tx.data_ptr(), nn, ty.data_ptr(), nn, tz.data_ptr(), nn, u, s)
                 sync()
                 return lambda: launch(cst, cfg, kern, tx.data_ptr(), nn, ty.data_ptr(), nn, tz.data_ptr(), nn, u, s)
 
-            def torch_inference() -> Any:  # no _version: the full read on every launch
-                import torch
-
-                with torch.inference_mode():
-                    tx, ty, tz = (torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3))
-                keep.extend([tx, ty, tz])
-                ks.five(n, tx, ty, tz, p, 0.5)
-                sync()
-                return lambda: ks.five(n, tx, ty, tz, p, 0.5)
-
             def torch_check() -> Any:  # what a reused launch reads from 3 tensors, no launch
-                import torch
-
-                ts = [torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3)]
-                keep.extend(ts)
-                tx, ty, tz = ts
+                tx, ty, tz = torch_arrays()
                 return lambda: (tx._version, tx.data_ptr(), ty._version, ty.data_ptr(),
                                 tz._version, tz.data_ptr())
 
             def torch_reads() -> Any:  # what the full read takes from 3 tensors, no launch
-                import torch
-
-                ts = [torch.zeros(n, dtype=torch.float32, device="cuda") for _ in range(3)]
-                keep.extend(ts)
-                tx, ty, tz = ts
+                tx, ty, tz = torch_arrays()
                 return lambda: (tx.is_cuda, tx.get_device(), tx.is_contiguous(), tx.data_ptr(), tx.numel(), tx.dtype,
                                 ty.is_cuda, ty.get_device(), ty.is_contiguous(), ty.data_ptr(), ty.numel(), ty.dtype,
                                 tz.is_cuda, tz.get_device(), tz.is_contiguous(), tz.data_ptr(), tz.numel(), tz.dtype)
 
-            for key, label, setup in (("torch", "(a) typed call, torch tensors", torch_typed),
-                                      ("torch_dev", "(a) typed call, torch tensors, uniform on device", torch_typed_dev),
+            for key, label, setup in (("torch", "(a) typed call, torch tensors", typed(torch_arrays, p)),
+                                      # the uniform as (c), (d) and (e) get it
+                                      ("torch_dev", "(a) typed call, torch tensors, uniform on device",
+                                       typed(torch_arrays, pdev)),
                                       ("d_torch", "(d) cuda.core.launch, torch data_ptr()", cc_torch),
-                                      ("torch_inf", "(a) typed call, torch inference tensors", torch_inference),
-                                      ("cupy", "(a) typed call, CuPy arrays", cupy_typed),
+                                      # no _version: the full read on every launch
+                                      ("torch_inf", "(a) typed call, torch inference tensors",
+                                       typed(lambda: torch_arrays(inference=True), p)),
+                                      ("cupy", "(a) typed call, CuPy arrays", typed(cupy_arrays, p)),
                                       ("torch_check", "reuse check of 3 torch tensors, no launch", torch_check),
                                       ("torch_reads", "full read of 3 torch tensors, no launch", torch_reads)):
                 fn = guarded(SECTION, f"{kname} {label}", rows, setup)

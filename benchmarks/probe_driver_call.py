@@ -19,14 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main() -> None:
     import numpy as np
 
-    from _common import build_bench_package, import_bench_package, interleaved_per_call_us
-    from khal_runtime import Device, DeviceBuffer, _cuda
+    from _common import bench_kernels_on_device0, interleaved_per_call_us
+    from khal_runtime import DeviceBuffer, _cuda
 
     drv = _cuda.driver()
-    ks = import_bench_package(build_bench_package()).kernels
-    dev = Device(0)
-    dev.use()
-    st = dev.default_stream
+    ks, st = bench_kernels_on_device0()
     x = DeviceBuffer.zeros(256, np.float32)
     ks.empty1(256, x)
     st.synchronize()

@@ -23,15 +23,12 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from _common import build_bench_package, import_bench_package, interleaved_per_call_us
-    from khal_runtime import Device, DeviceBuffer, _cuda
+    from _common import bench_kernels_on_device0, interleaved_per_call_us
+    from khal_runtime import DeviceBuffer, _cuda
     from khal_runtime.launching import launch_call
 
     drv = _cuda.driver()
-    ks = import_bench_package(build_bench_package()).kernels
-    dev = Device(0)
-    dev.use()
-    st = dev.default_stream
+    ks, st = bench_kernels_on_device0()
     n = 256
     x, y, z = (DeviceBuffer.zeros(n, np.float32) for _ in range(3))
     pdev = DeviceBuffer.zeros(8, np.uint8)
