@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from khal_runtime import DeviceBuffer, _cuda, buffers
+from khal_runtime import DeviceBuffer, buffers
 from khal_runtime._launchgen import PROMOTE_AFTER
 from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentValueError
 from tests.test_runtime_args import FakeDriver
-from tests.test_runtime_fastcall import P, _kernel, _u64
+from tests.test_runtime_fastcall import P, _kernel, _u64, fake  # noqa: F401  (fixture)
 
 
 class Storage:
@@ -113,13 +113,6 @@ class SwappableTensor(Tensor):
 
 
 SwappableTensor.__module__ = "torch"
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
-    drv = FakeDriver()
-    monkeypatch.setattr(_cuda, "_driver", drv)
-    return drv
 
 
 @pytest.fixture
