@@ -94,11 +94,11 @@ def diagnose_args(entry: Entry, args: Sequence[Any], exc: BaseException | None =
                 ptr, count, key = extractor_for(obj)(obj)
             except BadArgument as bad:
                 raise bad.cls(f"{arg} {bad}") from None
-            where_ = device_of(obj) if device is not None else None
-            if where_ is not None and where_ != device:
+            on = device_of(obj) if device is not None else None
+            if on is not None and on != device:
                 raise ArgumentValueError(
-                    f"{arg} is on device {where_}, the launch is on device {device}: move it "
-                    f"there, or launch on a stream of device {where_}")
+                    f"{arg} is on device {on}, the launch is on device {device}: move it "
+                    f"there, or launch on a stream of device {on}")
             ok, got = _dtype_ok(p, key)
             if not ok:
                 if got == "<freed buffer>":

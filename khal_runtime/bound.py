@@ -43,7 +43,7 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
     def __new__(cls, kernel: Any, args: tuple[Any, ...], stream: Any) -> BoundLaunch:
         import numpy as np
 
-        from khal_runtime.buffers import DeviceBuffer, extractor_for, tensor_memo
+        from khal_runtime.buffers import DeviceBuffer, extractor_for, tensor_storage
         from khal_runtime.uniforms import uniform_converter
 
         dev = stream.device_id
@@ -56,9 +56,9 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
             if p.kind == "storage":
                 ptr, count, _ = extractor_for(a)(a)
                 values += [ptr, count]
-                held = tensor_memo(a)  # a torch tensor: its storage, the memory bound here
+                held = tensor_storage(a)  # a torch tensor's storage: the memory bound here
                 if held is not None:
-                    owned.append(held[1])
+                    owned.append(held)
             elif p.kind == "uniform":
                 u = uniform_converter(a)(a)
                 if isinstance(u, bytes):  # host struct: a device copy owned by this launch

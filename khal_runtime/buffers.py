@@ -73,6 +73,16 @@ def _memoable(tp: type, versioned: bool = False) -> None:
     MEMO_ARRAY_TYPES.add(tp)
 
 
+def tensor_storage(t: Any) -> Any:
+    """The storage (memory) of a tensor of a VERSIONED_ARRAY_TYPES type, else None."""
+    if type(t) not in VERSIONED_ARRAY_TYPES:
+        return None
+    try:
+        return t.untyped_storage()
+    except Exception:  # noqa: BLE001  (a tensor-like without storage)
+        return None
+
+
 def tensor_memo(t: Any) -> tuple[int, Any] | None:
     """What a memo keeps of a tensor of a VERSIONED_ARRAY_TYPES type: ``(its _version, its
     storage)``; None when it has none (an inference tensor, a type without ``_version``)."""

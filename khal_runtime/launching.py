@@ -241,12 +241,13 @@ class LaunchPlan:
         if kind is not None and device_of(obj) not in (None, self.device_id):
             raise _Short()  # torch / CuPy on another device (the inlined code checks it too)
         seen = self._inline[i]
+        inline = kind is not None and tp not in seen and len(seen) < _MAX_INLINE
         versioned = tp in VERSIONED_ARRAY_TYPES and i not in self._versioned
-        if versioned or (kind is not None and tp not in seen and len(seen) < _MAX_INLINE):
+        if inline or versioned:  # new code for this parameter (two threads may both regenerate)
             with self._keep_lock:
-                if kind is not None and tp not in seen and len(seen) < _MAX_INLINE:
-                    seen[tp] = kind
-                if tp in VERSIONED_ARRAY_TYPES:
+                if inline:
+                    seen.setdefault(tp, kind)  # type: ignore[arg-type]
+                if versioned:
                     self._versioned.add(i)
                 self._regenerate()
         return out
