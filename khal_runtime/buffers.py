@@ -418,7 +418,8 @@ def _x_torch(t: Any) -> tuple[int, int, Hashable]:
         if ptr or not count:
             return ptr, count, t.dtype
         raise BadArgument(ArgumentValueError, f"is a tensor of {count} elements with no memory "
-                          "(its storage was freed, e.g. untyped_storage().resize_(0))")
+                          "(its storage was freed, e.g. untyped_storage().resize_(0)); "
+                          "reallocate it before the launch, or pass another tensor")
     raise _torch_bad(t)
 
 
