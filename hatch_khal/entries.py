@@ -20,28 +20,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from khal_runtime import abi
+
 from hatch_khal.errors import EntryParseError
 
 __all__ = ["SCALAR_TYPES", "EntryDecl", "ParamDecl", "find_entries", "strip_comments"]
 
 #: C type name -> (manifest element_type, size in bytes). Exact widths only.
 SCALAR_TYPES: dict[str, tuple[str, int]] = {
-    "int8_t": ("int8", 1),
-    "int16_t": ("int16", 2),
-    "int32_t": ("int32", 4),
-    "int64_t": ("int64", 8),
-    "uint8_t": ("uint8", 1),
-    "uint16_t": ("uint16", 2),
-    "uint32_t": ("uint32", 4),
-    "uint64_t": ("uint64", 8),
-    "int": ("int32", 4),
-    "unsigned": ("uint32", 4),
-    "float": ("float32", 4),
-    "double": ("float64", 8),
-    "bool": ("bool", 1),
-    "__half": ("float16", 2),
-    "half": ("float16", 2),
-    "__nv_bfloat16": ("bfloat16", 2),
+    c: (name, abi.SCALARS[name].size) for c, name in abi.C_SCALARS.items()
 }
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -69,16 +56,20 @@ class ParamDecl:
     shape: str | None = None  # storage: slice | array | value
     length: int | None = None
 
+    @property
+    def element_type(self) -> str:
+        """The manifest's element type: the ABI's scalar name, or the struct's C name."""
+        t = abi.c_scalar(self.ctype)
+        return t.name if t is not None else self.ctype
+
+    @property
+    def writable(self) -> bool:
+        return self.kind == "storage" and not self.const
+
     def signature(self) -> dict[str, object]:
-        """What of this parameter feeds the entry hash (no source positions)."""
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "ctype": self.ctype,
-            "const": self.const,
-            "shape": self.shape,
-            "length": self.length,
-        }
+        """What of this parameter feeds the entry hash, as the manifest records it."""
+        return {"name": self.name, "kind": self.kind, "element_type": self.element_type,
+                "shape": self.shape, "length": self.length, "writable": self.writable}
 
 
 @dataclass(frozen=True)
@@ -90,11 +81,8 @@ class EntryDecl:
     line: int
 
     def signature(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "block_size": self.block_size,
-            "params": [p.signature() for p in self.params],
-        }
+        """:func:`khal_runtime.abi.entry_signature` of this entry."""
+        return abi.entry_signature(self.name, (self.block_size, 1, 1), [p.signature() for p in self.params])
 
 
 def strip_comments(text: str) -> str:

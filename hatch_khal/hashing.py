@@ -8,12 +8,12 @@ lives, on dict order or on the time.
 from __future__ import annotations
 
 import hashlib
-import json
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Iterable
 
-from khal_runtime.manifest import ABI_VERSION, HASH_LEN
+from khal_runtime import abi
+from khal_runtime.abi import ABI_VERSION
 
 from hatch_khal.entries import EntryDecl
 from hatch_khal.sources import SourceFile
@@ -25,8 +25,7 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+canonical = abi.canonical
 
 
 @lru_cache(maxsize=1)
@@ -54,5 +53,6 @@ def crate_content_hash(
 
 
 def entry_hash(content_hash: str, entry: EntryDecl) -> str:
-    """16 hex digits: changes with the entry's signature or any input of its crate."""
-    return sha256_bytes(canonical({"crate": content_hash, "entry": entry.signature()}))[:HASH_LEN]
+    """16 hex digits: changes with the entry's signature or any input of its crate
+    (:func:`khal_runtime.abi.entry_hash`, which the runtime recomputes from the manifest)."""
+    return abi.entry_hash(content_hash, entry.signature())

@@ -5,8 +5,9 @@ Pure Python, no GPU: used by argument checking and the launch-plan builder.
 
 from __future__ import annotations
 
-import struct
 from typing import Any, Hashable
+
+from khal_runtime import abi
 
 __all__ = [
     "SCALAR_TYPES",
@@ -16,32 +17,14 @@ __all__ = [
     "element_type_of_numpy",
 ]
 
-#: element type -> itemsize in bytes.
-SCALAR_TYPES: dict[str, int] = {
-    "int8": 1, "int16": 2, "int32": 4, "int64": 8,
-    "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
-    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "bool": 1,
-}
+#: element type -> itemsize in bytes (:data:`khal_runtime.abi.SCALARS`).
+SCALAR_TYPES: dict[str, int] = {name: t.size for name, t in abi.SCALARS.items()}
 
 #: element type -> struct format code (little-endian standard sizes, used with '<').
 #: bfloat16 is packed as its 16 raw bits (see :func:`bf16_bits`).
-STRUCT_CODES: dict[str, str] = {
-    "int8": "b", "int16": "h", "int32": "i", "int64": "q",
-    "uint8": "B", "uint16": "H", "uint32": "I", "uint64": "Q",
-    "float16": "e", "bfloat16": "H", "float32": "f", "float64": "d", "bool": "?",
-}
+STRUCT_CODES: dict[str, str] = {name: t.code for name, t in abi.SCALARS.items()}
 
-_F32 = struct.Struct("<f")
-_U32 = struct.Struct("<I")
-
-
-def bf16_bits(value: Any) -> int:
-    """Round-to-nearest-even bfloat16 bits of a number (NaN stays NaN)."""
-    bits = _U32.unpack(_F32.pack(float(value)))[0]
-    if (bits & 0x7F800000) == 0x7F800000 and (bits & 0x007FFFFF):
-        return ((bits >> 16) | 0x0040) & 0xFFFF
-    bits += 0x7FFF + ((bits >> 16) & 1)
-    return (bits >> 16) & 0xFFFF
+bf16_bits = abi.bf16_bits
 
 
 _TORCH_NAMES = {

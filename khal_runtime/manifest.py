@@ -4,74 +4,94 @@ One JSON file per package (``<package>/_khal/manifest.json``), validated by the
 pydantic models below. The build side (``hatch_khal``) writes it; the runtime
 (``khal_runtime``) reads it and trusts nothing it says until the artifacts are
 checked against it. Nothing here executes code from the file: it is plain JSON.
+The ABI it describes (parameter kinds, scalar types, archs, symbols, entry hashes)
+is :mod:`khal_runtime.abi`.
 
-Schema versions: ``SCHEMA_VERSION`` is bumped only for changes an older
-runtime cannot read. New optional fields (e.g. the SPIR-V stage) are additive.
+Schema versions: ``SCHEMA_VERSION`` is bumped for changes an older runtime cannot
+read; older manifests keep loading. Version 2 added Slang crates (``language``), the
+WebGPU artifacts (``wgsl`` / ``spirv``, one per entry), their bindings and the
+per-target struct layouts, and entry hashes computable from the manifest alone
+(:func:`khal_runtime.abi.entry_signature`).
 """
 
 from __future__ import annotations
 
 import json
-import re
+import os
+import stat
 from pathlib import Path, PurePosixPath
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from khal_runtime import abi
+from khal_runtime.abi import ABI_VERSION, HASH_LEN, prebuilt_env_var, split_symbol, symbol_for
 from khal_runtime.errors import ManifestError
 
 __all__ = [
     "ABI_VERSION",
+    "HASH_LEN",
     "MANIFEST_DIR",
     "MANIFEST_NAME",
+    "MAX_MANIFEST_BYTES",
     "SCHEMA_VERSION",
     "Artifact",
+    "Binding",
     "Crate",
+    "Editable",
     "Entry",
     "Manifest",
     "Param",
     "Prebuilt",
+    "ScalarSlot",
     "SourceFile",
     "SpirvStatus",
+    "StructField",
+    "StructLayout",
     "Toolchain",
+    "WebGpuTarget",
     "load_manifest",
     "parse_manifest",
     "prebuilt_env_var",
-    "symbol_for",
     "split_symbol",
+    "symbol_for",
 ]
 
-SCHEMA_VERSION = 1
-#: Version of the kernel ABI (how parameters are pushed); see DESIGN.md.
-ABI_VERSION = 1
+SCHEMA_VERSION = 2
 #: Directory inside the package that holds the manifest and the artifacts.
 MANIFEST_DIR = "_khal"
 MANIFEST_NAME = "manifest.json"
+#: A manifest larger than this is refused unread (the example's is 60 KB).
+MAX_MANIFEST_BYTES = 32 << 20
+#: JSON nesting deeper than this is refused (the schema nests 8 deep).
+_MAX_DEPTH = 64
 
-HASH_LEN = 16
-_HASH_RE = re.compile(r"^[0-9a-f]{16}$")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SYMBOL_RE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*?)_khal_(?P<hash>[0-9a-f]{16})$")
-_ARCH_RE = re.compile(r"^(sm|compute)_\d+[a-z]?$")
-
-
-def prebuilt_env_var(crate: str) -> str:
-    """``CUDA_OXIDE_SHADERS_PTX_<CRATE>``: khal-builder's name for a crate's prebuilt binary
-    (upper-cased, ``-`` to ``_``). Shared by the build (which reads it) and the runtime
-    (which names it in its hints)."""
-    return "CUDA_OXIDE_SHADERS_PTX_" + crate.upper().replace("-", "_")
+_HEX = "0123456789abcdef"
+_MAX_ELEMENT = 1 << 20  # bytes of one element / uniform struct
+_MAX_LENGTH = 1 << 40
 
 
-def symbol_for(entry: str, entry_hash: str) -> str:
-    """The binary symbol of an entry: ``<entry>_khal_<hash>``."""
-    return f"{entry}_khal_{entry_hash}"
+def _is_hex(v: str, n: int) -> bool:
+    return len(v) == n and all(c in _HEX for c in v)
 
 
-def split_symbol(symbol: str) -> tuple[str, str] | None:
-    """``saxpy_khal_0123...`` -> ``("saxpy", "0123...")``; None if not a khal symbol."""
-    m = _SYMBOL_RE.match(symbol)
-    return (m.group("name"), m.group("hash")) if m else None
+def _ident(v: str, what: str) -> str:
+    if not (v and (v[0].isalpha() or v[0] == "_") and v.isascii()
+            and all(c.isalnum() or c == "_" for c in v)):
+        raise ValueError(f"{what} {v!r} is not a C identifier")
+    return v
+
+
+def _package_path(v: str) -> str:
+    """A POSIX path relative to the package, normalised, confined to it."""
+    p = PurePosixPath(v)
+    if not v or v.startswith("/") or "\\" in v or ":" in v or p.is_absolute():
+        raise ValueError(f"path {v!r} must be relative to the package")
+    if any(part in ("..", ".", "") for part in v.split("/")):
+        raise ValueError(f"path {v!r} leaves the package or is not normalised")
+    if any(ord(c) < 32 for c in v):
+        raise ValueError(f"path {v!r} holds control characters")
+    return v
 
 
 class _Model(BaseModel):
@@ -79,40 +99,154 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-ScalarType = Literal[
-    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64", "bool",
-]
+# ---------------------------------------------------------------------------------------------
+# struct layouts (uniforms of Slang crates, per target)
+# ---------------------------------------------------------------------------------------------
+class StructField(_Model):
+    """One field of a struct in one target's layout."""
+
+    name: str
+    #: a scalar type of the ABI (``float32``), or ``struct`` (then ``fields`` holds it)
+    type: str
+    offset: int = Field(ge=0, lt=_MAX_ELEMENT)
+    #: bytes the whole field takes (a vector or array: all its elements)
+    size: int = Field(gt=0, le=_MAX_ELEMENT)
+    #: vector / array extents, outermost first (``float4`` -> (4,), ``float3 v[2]`` -> (2, 3))
+    shape: tuple[int, ...] = ()
+    #: byte stride of each extent (std140 arrays step 16 bytes)
+    strides: tuple[int, ...] = ()
+    fields: Optional[tuple[StructField, ...]] = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StructField:
+        _ident(self.name, "field name")
+        if len(self.shape) != len(self.strides) or any(n < 1 for n in self.shape) or \
+                any(s < 0 for s in self.strides):
+            raise ValueError(f"field {self.name!r}: shape {self.shape} and strides {self.strides} disagree")
+        if (self.type == "struct") != (self.fields is not None):
+            raise ValueError(f"field {self.name!r}: a struct field lists its fields, nothing else does")
+        if self.type != "struct" and self.type not in abi.SCALARS:
+            raise ValueError(f"field {self.name!r}: type {self.type!r} is not a scalar type of the ABI")
+        return self
 
 
+class StructLayout(_Model):
+    """A struct as one target lays it out (``size`` includes its tail padding)."""
+
+    size: int = Field(gt=0, le=_MAX_ELEMENT)
+    fields: tuple[StructField, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# entries
+# ---------------------------------------------------------------------------------------------
 class Param(_Model):
     """One entry parameter, in declaration order."""
 
     name: str
-    kind: Literal["storage", "uniform", "scalar"]
-    #: Element type: a ScalarType name for numbers, else the C type name of a struct.
+    #: one of :data:`khal_runtime.abi.KINDS`
+    kind: str
+    #: Element type: a scalar type name (:data:`khal_runtime.abi.SCALARS`), else the name of a struct.
     element_type: str
     #: sizeof(element) in bytes, as the compiler computed it.
-    element_size: int = Field(gt=0)
+    element_size: int = Field(gt=0, le=_MAX_ELEMENT)
     #: alignof(element), as the compiler computed it.
-    element_align: int = Field(default=1, gt=0)
+    element_align: int = Field(default=1, gt=0, le=4096)
     #: storage only: "slice" (any count), "array" (fixed ``length``) or "value" (one element).
     shape: Optional[Literal["slice", "array", "value"]] = None
-    length: Optional[int] = Field(default=None, gt=0)
+    length: Optional[int] = Field(default=None, gt=0, le=_MAX_LENGTH)
     #: storage only: whether the kernel may write it (declared without ``const``).
     writable: bool = False
+    #: uniforms of Slang crates: the struct's layout per target ("cuda", "wgsl", "spirv")
+    layouts: Optional[dict[Literal["cuda", "wgsl", "spirv"], StructLayout]] = None
 
-    @field_validator("name")
-    @classmethod
-    def _ident(cls, v: str) -> str:
-        if not _IDENT_RE.match(v):
-            raise ValueError(f"parameter name {v!r} is not a C identifier")
-        return v
+    @model_validator(mode="after")
+    def _consistent(self) -> Param:
+        _ident(self.name, "parameter name")
+        k = abi.kind(self.kind)
+        k.validate(self.element_type, self.element_size, self.shape, self.length, self.writable)
+        if self.element_align & (self.element_align - 1):
+            raise ValueError(f"parameter {self.name!r}: alignment {self.element_align} is not a power of two")
+        if self.layouts is not None:
+            if k.reader != "struct":
+                raise ValueError(f"parameter {self.name!r}: only uniforms carry struct layouts")
+            cuda = self.layouts.get("cuda")
+            if cuda is not None and cuda.size != self.element_size:
+                raise ValueError(f"parameter {self.name!r}: its CUDA layout is {cuda.size} bytes, "
+                                 f"the parameter {self.element_size}")
+        return self
+
+    @property
+    def abi_kind(self) -> abi.ParamKind:
+        return abi.KINDS[self.kind]
 
     @property
     def abi_slots(self) -> int:
         """How many kernel parameters this binding takes (storage: pointer + count)."""
-        return 2 if self.kind == "storage" else 1
+        return len(self.slots)
+
+    @property
+    def slots(self) -> tuple[abi.Slot, ...]:
+        return abi.KINDS[self.kind].slots(self.element_type, self.element_size, self.element_align)
+
+    def describe(self) -> str:
+        return abi.KINDS[self.kind].describe(self.element_type, self.element_size, self.shape,
+                                            self.length, self.writable)
+
+
+class Binding(_Model):
+    """Where one parameter (or, with ``param`` None, the block of loose scalars) is bound in a
+    WebGPU target."""
+
+    param: Optional[str] = None
+    group: int = Field(ge=0, le=3)
+    binding: int = Field(ge=0, le=1000)
+    access: Literal["read", "read_write", "uniform"]
+
+
+class ScalarSlot(_Model):
+    """A loose scalar parameter's place in the scalar block of a WebGPU target."""
+
+    param: str
+    offset: int = Field(ge=0, lt=4096)
+    size: int = Field(gt=0, le=16)
+
+
+class WebGpuTarget(_Model):
+    """One entry compiled for WebGPU in one shading language (its artifact: ``path``)."""
+
+    target: Literal["wgsl", "spirv"]
+    path: str
+    #: the entry point's name in the shader: the entry's symbol (it carries the hash)
+    entry_point: str
+    bindings: tuple[Binding, ...]
+    #: where loose scalar parameters go: a uniform block (WGSL: the ``Binding`` whose ``param``
+    #: is None) or push constants (SPIR-V); None when the entry has none
+    scalars: Optional[Literal["uniform", "push_constants"]] = None
+    scalar_block_size: int = Field(default=0, ge=0, le=4096)
+    scalar_slots: tuple[ScalarSlot, ...] = ()
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        return _package_path(v)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WebGpuTarget:
+        where = {(b.group, b.binding) for b in self.bindings}
+        if len(where) != len(self.bindings):
+            raise ValueError(f"{self.target} target of {self.entry_point!r}: two bindings share a slot")
+        block = [b for b in self.bindings if b.param is None]
+        if (self.scalars == "uniform") != bool(block) or len(block) > 1:
+            raise ValueError(f"{self.target} target of {self.entry_point!r}: the scalar block is "
+                             f"{self.scalars!r} but {len(block)} binding(s) hold it")
+        if bool(self.scalar_slots) != (self.scalars is not None):
+            raise ValueError(f"{self.target} target of {self.entry_point!r}: scalar slots without a block")
+        for s in self.scalar_slots:
+            if s.offset + s.size > self.scalar_block_size:
+                raise ValueError(f"{self.target} target of {self.entry_point!r}: scalar {s.param!r} "
+                                 "lies outside its block")
+        return self
 
 
 class Entry(_Model):
@@ -120,79 +254,123 @@ class Entry(_Model):
     symbol: str
     hash: str
     block_size: tuple[int, int, int]
-    params: tuple[Param, ...]
+    params: tuple[Param, ...] = Field(min_length=1)
     #: Symbol of the persistent-grid (device-side count) variant, if generated.
     indirect_symbol: Optional[str] = None
+    #: Slang entries: the WGSL / SPIR-V targets (absent with KHAL_SKIP_SPIRV, and for CUDA C++)
+    webgpu: Optional[tuple[WebGpuTarget, ...]] = None
 
     @field_validator("hash")
     @classmethod
     def _hash(cls, v: str) -> str:
-        if not _HASH_RE.match(v):
+        if not _is_hex(v, HASH_LEN):
             raise ValueError(f"entry hash {v!r} is not {HASH_LEN} lowercase hex digits")
         return v
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _IDENT_RE.match(v):
-            raise ValueError(f"entry name {v!r} is not a C identifier")
+        return _ident(v, "entry name")
+
+    @field_validator("block_size")
+    @classmethod
+    def _block(cls, v: tuple[int, int, int]) -> tuple[int, int, int]:
+        if any(d < 1 for d in v) or v[0] * v[1] * v[2] > abi.MAX_BLOCK_THREADS:
+            raise ValueError(f"block size {v} must be positive with at most "
+                             f"{abi.MAX_BLOCK_THREADS} threads in all")
         return v
 
     @model_validator(mode="after")
-    def _symbol_carries_hash(self) -> Entry:
+    def _consistent(self) -> Entry:
         if self.symbol != symbol_for(self.name, self.hash):
             raise ValueError(
                 f"entry {self.name!r}: symbol {self.symbol!r} does not end in its hash {self.hash!r}"
             )
+        if self.indirect_symbol is not None and self.indirect_symbol != abi.indirect_symbol_for(self.name, self.hash):
+            raise ValueError(f"entry {self.name!r}: indirect symbol {self.indirect_symbol!r} is not "
+                             f"{abi.indirect_symbol_for(self.name, self.hash)!r}")
+        names = [p.name for p in self.params]
+        if len(set(names)) != len(names):
+            raise ValueError(f"entry {self.name!r}: two parameters share a name")
+        for t in self.webgpu or ():
+            if t.entry_point != self.symbol:
+                raise ValueError(f"entry {self.name!r}: its {t.target} entry point {t.entry_point!r} "
+                                 f"is not its symbol {self.symbol!r}")
+            unknown = {b.param for b in t.bindings} - set(names) - {None}
+            unknown |= {s.param for s in t.scalar_slots} - set(names)
+            if unknown:
+                raise ValueError(f"entry {self.name!r}: its {t.target} target binds unknown "
+                                 f"parameter(s) {sorted(unknown)}")
+        if self.webgpu and len({t.target for t in self.webgpu}) != len(self.webgpu):
+            raise ValueError(f"entry {self.name!r}: a WebGPU target is listed twice")
         return self
+
+    def signature(self) -> dict[str, Any]:
+        """What the entry hash covers besides the crate content (:func:`abi.entry_signature`)."""
+        return abi.entry_signature(self.name, self.block_size, self.params)
+
+    def target(self, name: str) -> WebGpuTarget | None:
+        for t in self.webgpu or ():
+            if t.target == name:
+                return t
+        return None
 
 
 class Artifact(_Model):
-    kind: Literal["ptx", "cubin", "spirv"]
-    #: "sm_90" for a cubin, "compute_75" for PTX, None for SPIR-V.
+    kind: Literal["ptx", "cubin", "wgsl", "spirv"]
+    #: "sm_90" for a cubin, "compute_75" for PTX, None for WGSL / SPIR-V.
     arch: Optional[str] = None
+    #: WGSL / SPIR-V: the entry this artifact holds (one entry point each).
+    entry: Optional[str] = None
     #: POSIX path relative to the package directory; confined to it.
     path: str
     sha256: str
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=1 << 34)
     #: PTX ISA version (".version" of the PTX, or the one the cubin was made from).
     ptx_isa: Optional[str] = None
 
     @field_validator("sha256")
     @classmethod
     def _sha(cls, v: str) -> str:
-        if not _SHA256_RE.match(v):
+        if not _is_hex(v, 64):
             raise ValueError("sha256 must be 64 lowercase hex digits")
-        return v
-
-    @field_validator("arch")
-    @classmethod
-    def _arch(cls, v: str | None) -> str | None:
-        if v is not None and not _ARCH_RE.match(v):
-            raise ValueError(f"arch {v!r} is not like 'sm_90' or 'compute_75'")
         return v
 
     @field_validator("path")
     @classmethod
-    def _confined(cls, v: str) -> str:
-        p = PurePosixPath(v)
-        if not v or v.startswith("/") or "\\" in v or ":" in v or p.is_absolute():
-            raise ValueError(f"artifact path {v!r} must be relative to the package")
-        if any(part in ("..", ".", "") for part in v.split("/")):
-            raise ValueError(f"artifact path {v!r} leaves the package or is not normalised")
-        return v
+    def _path(cls, v: str) -> str:
+        return _package_path(v)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Artifact:
+        if self.kind in ("ptx", "cubin"):
+            if self.arch is None:
+                raise ValueError(f"a {self.kind} artifact names its arch")
+            abi.parse_arch(self.arch, ("compute",) if self.kind == "ptx" else ("sm",))
+            if self.entry is not None:
+                raise ValueError(f"a {self.kind} artifact holds a whole crate, not one entry")
+        else:
+            if self.arch is not None or self.entry is None:
+                raise ValueError(f"a {self.kind} artifact names its entry and no arch")
+            _ident(self.entry, "entry name")
+        return self
 
     @property
     def sm(self) -> int | None:
         """Numeric arch (90 for sm_90 / compute_90)."""
-        if self.arch is None:
-            return None
-        return int(re.sub(r"[^0-9]", "", self.arch.split("_", 1)[1]))
+        return None if self.arch is None else abi.parse_arch(self.arch).number
 
 
 class SourceFile(_Model):
     path: str  # relative to the project root, POSIX
     sha256: str
+
+    @field_validator("path")
+    @classmethod
+    def _rel(cls, v: str) -> str:
+        if v.startswith("<external>/"):
+            return v
+        return _package_path(v)
 
 
 class Prebuilt(_Model):
@@ -204,22 +382,47 @@ class Prebuilt(_Model):
 
 
 class SpirvStatus(_Model):
-    status: Literal["skipped", "not_configured", "built"]
+    """The WebGPU (WGSL / SPIR-V) stage of a crate."""
+
+    #: "built"; "skipped" (KHAL_SKIP_SPIRV or ``spirv = false``); "not_applicable" (CUDA C++
+    #: sources); "not_configured" (manifests of schema 1)
+    status: Literal["skipped", "not_configured", "built", "not_applicable"]
     #: Why: e.g. "KHAL_SKIP_SPIRV is set".
     reason: str = ""
 
 
 class Crate(_Model):
     name: str
+    #: the source language: CUDA C++ (CUDA only) or Slang (CUDA and WebGPU)
+    language: Literal["cuda", "slang"] = "cuda"
     #: Package-relative directory holding this crate's artifacts.
     package_dir: str
     sources: tuple[SourceFile, ...]
     #: Hash over every source and local header of the crate (and defines, the ABI).
     content_hash: str
     artifacts: tuple[Artifact, ...]
-    entries: tuple[Entry, ...]
+    entries: tuple[Entry, ...] = Field(min_length=1)
     prebuilt: Optional[Prebuilt] = None
     spirv: SpirvStatus = SpirvStatus(status="not_configured")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Crate:
+        names = [e.name for e in self.entries]
+        if len(set(names)) != len(names):
+            raise ValueError(f"crate {self.name!r}: an entry is listed twice")
+        paths = [a.path for a in self.artifacts]
+        if len(set(paths)) != len(paths):
+            raise ValueError(f"crate {self.name!r}: two artifacts share a path")
+        if not _is_hex(self.content_hash, 64):
+            raise ValueError(f"crate {self.name!r}: content hash is not 64 lowercase hex digits")
+        shipped = {a.path: a for a in self.artifacts}
+        for e in self.entries:
+            for t in e.webgpu or ():
+                a = shipped.get(t.path)
+                if a is None or a.kind != t.target or a.entry != e.name:
+                    raise ValueError(f"crate {self.name!r}: entry {e.name!r}'s {t.target} target "
+                                     f"names {t.path!r}, which is not its {t.target} artifact")
+        return self
 
     def artifact(self, kind: str, arch: str | None = None) -> Artifact | None:
         for a in self.artifacts:
@@ -233,9 +436,14 @@ class Crate(_Model):
                 return e
         raise KeyError(name)
 
+    @property
+    def has_webgpu(self) -> bool:
+        return all(e.webgpu for e in self.entries)
+
 
 class Toolchain(_Model):
     nvrtc_version: Optional[str] = None
+    slang_version: Optional[str] = None
     hatch_khal_version: str
     abi_version: int = ABI_VERSION
 
@@ -250,8 +458,15 @@ class Manifest(_Model):
     schema_version: int
     package: str
     toolchain: Toolchain
-    crates: tuple[Crate, ...]
+    crates: tuple[Crate, ...] = Field(min_length=1)
     editable: Optional[Editable] = None
+
+    @model_validator(mode="after")
+    def _unique(self) -> Manifest:
+        names = [c.name for c in self.crates]
+        if len(set(names)) != len(names):
+            raise ValueError("a crate is listed twice")
+        return self
 
     def crate(self, name: str) -> Crate:
         for c in self.crates:
@@ -265,11 +480,58 @@ class Manifest(_Model):
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
+# ---------------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------------
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} appears twice in one object")
+        out[k] = v
+    return out
+
+
+def _depth(text: str) -> int:
+    """Deepest nesting of ``[`` / ``{`` outside strings (cheap: checked before json.loads)."""
+    depth = best = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > best:
+                best = depth
+                if best > _MAX_DEPTH:
+                    return best
+        elif ch in "]}":
+            depth -= 1
+    return best
+
+
 def parse_manifest(text: str | bytes, source: str = "manifest") -> Manifest:
     """Parse and validate manifest JSON. Raises ManifestError with a reason."""
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{source}: {len(text)} bytes, more than a manifest may be "
+                            f"({MAX_MANIFEST_BYTES}); rebuild the package")
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ManifestError(f"{source}: not valid JSON (not UTF-8: {exc.reason}); rebuild the package") from None
+    if _depth(text) > _MAX_DEPTH:
+        raise ManifestError(f"{source}: not a manifest (JSON nested deeper than {_MAX_DEPTH}); rebuild the package")
     try:
-        data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except (ValueError, RecursionError) as exc:
         raise ManifestError(f"{source}: not valid JSON ({exc}); rebuild the package") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{source}: expected a JSON object, got {type(data).__name__}")
@@ -288,19 +550,49 @@ def parse_manifest(text: str | bytes, source: str = "manifest") -> Manifest:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
+        msg = first["msg"].removeprefix("Value error, ")
         raise ManifestError(
-            f"{source}: invalid manifest at {where or '<root>'}: {first['msg']} "
+            f"{source}: invalid manifest at {where or '<root>'}: {msg} "
             f"({exc.error_count()} error(s)); rebuild the package"
         ) from None
+    except RecursionError:
+        raise ManifestError(f"{source}: not a manifest (nested too deep); rebuild the package") from None
+
+
+def read_regular_file(path: Path, limit: int, what: str, error: type[Exception]) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes; ``error``
+    saying why not otherwise. Never blocks on a FIFO or reads a device."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what} ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{path}: {what} is not a regular file")
+        if st.st_size > limit:
+            raise error(f"{path}: {what} is {st.st_size} bytes, more than the {limit} allowed")
+        chunks, total = [], 0
+        while True:
+            b = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+            if total > limit:
+                raise error(f"{path}: {what} is more than the {limit} bytes allowed")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def load_manifest(path: Path) -> Manifest:
     try:
-        text = path.read_bytes()
+        text = read_regular_file(Path(path), MAX_MANIFEST_BYTES, "the manifest", ManifestError)
     except FileNotFoundError:
         raise ManifestError(
             f"{path}: no khal manifest; was the package built with the hatch-khal hook?"
         ) from None
-    except OSError as exc:
-        raise ManifestError(f"{path}: cannot read manifest ({exc.strerror})") from None
     return parse_manifest(text, str(path))

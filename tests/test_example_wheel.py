@@ -13,7 +13,7 @@ import pytest
 from hatch_khal.config import DEFAULT_ARCHS
 from hatch_khal.nvrtc import supported_archs
 from khal_runtime.binaries import khal_symbols, read_binary
-from khal_runtime.manifest import parse_manifest
+from khal_runtime.manifest import SCHEMA_VERSION, parse_manifest
 
 from .conftest import run
 
@@ -89,7 +89,7 @@ def test_cli_inspect_and_verify(example_wheel: Path) -> None:
     out = run([sys.executable, "-m", "hatch_khal", "inspect", str(example_wheel)]).stdout
     assert "crate core" in out and "entry saxpy hash" in out and "sm_90" in out
     data = json.loads(run([sys.executable, "-m", "hatch_khal", "inspect", "--json", str(example_wheel)]).stdout)
-    assert data["schema_version"] == 1 and data["package"] == "example_shader_pkg"
+    assert data["schema_version"] == SCHEMA_VERSION and data["package"] == "example_shader_pkg"
     assert "verify: OK" in run([sys.executable, "-m", "hatch_khal", "verify", str(example_wheel)]).stdout
 
 

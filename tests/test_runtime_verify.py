@@ -190,9 +190,11 @@ def test_load_by_import_name(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
 # --- binary selection (pure) ---------------------------------------------------------------------
 
 def _crate_with(arts: list[tuple[str, str, str | None]]):
-    from khal_runtime.manifest import Crate
+    from khal_runtime.manifest import Crate, Entry, Param, symbol_for
 
-    return Crate(name="c", package_dir="_khal/c", sources=(), content_hash="x", entries=(),
+    e = Entry(name="k", symbol=symbol_for("k", "0" * 16), hash="0" * 16, block_size=(64, 1, 1),
+              params=(Param(name="x", kind="scalar", element_type="int32", element_size=4),))
+    return Crate(name="c", package_dir="_khal/c", sources=(), content_hash="0" * 64, entries=(e,),
                  artifacts=tuple(Artifact(kind=k, arch=a, path=f"_khal/c/c.{a}.{k}", sha256="0" * 64,
                                           size=1, ptx_isa=isa) for k, a, isa in arts))
 
