@@ -52,9 +52,9 @@ def guarded(section: str, name: str, rows: list[Row], fn: Callable[[], Any]) -> 
 def gpu_status() -> tuple[bool, str]:
     """(usable, why not) via the runtime's own probe."""
     try:
-        from khal_runtime import _cuda
+        from khal_runtime.backends.cuda import driver as _cuda
 
-        st = _cuda.backend_status()
+        st = _cuda.status()
         return st.usable, st.reason
     except Exception as exc:  # noqa: BLE001
         return False, f"{type(exc).__name__}: {exc}"
@@ -92,9 +92,10 @@ def median_per_call_us(fn: Callable[[], Any], *, calls: int = 200, batches: int 
 def device_info() -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
-        from khal_runtime import Device, _cuda
+        from khal_runtime import Device
+        from khal_runtime.backends.cuda import driver as _cuda
 
-        st = _cuda.backend_status()
+        st = _cuda.status()
         out["driver_cuda"] = st.driver_version
         if st.usable:
             d = Device(0)
@@ -116,11 +117,11 @@ def device_info() -> dict[str, Any]:
 
 def compute_capability() -> tuple[int, int] | None:
     try:
-        from khal_runtime import _cuda
-        from khal_runtime._cuda import check
+        from khal_runtime.backends.cuda import driver as _cuda
+        from khal_runtime.backends.cuda.driver import check
 
         drv = _cuda.driver()
-        if not _cuda.backend_status().usable:
+        if not _cuda.status().usable:
             return None
         dev = check(drv.cuDeviceGet(0), "cuDeviceGet")
         a = drv.CUdevice_attribute

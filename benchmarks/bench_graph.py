@@ -32,8 +32,9 @@ def _time_step(fn: Any, sync: Any, reps: int) -> float:
 def run(args: Any) -> list[Row]:
     import numpy as np
 
-    from khal_runtime import DeviceBuffer, _cuda
-    from khal_runtime._cuda import check
+    from khal_runtime import DeviceBuffer
+    from khal_runtime.backends.cuda import driver as _cuda
+    from khal_runtime.backends.cuda.driver import check
 
     rows: list[Row] = []
     drv = _cuda.driver()

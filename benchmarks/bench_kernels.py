@@ -16,8 +16,9 @@ def run(args: Any) -> list[Row]:
     import numpy as np
 
     import example_shader_pkg as ex
-    from khal_runtime import Device, DeviceBuffer, _cuda
-    from khal_runtime._cuda import check
+    from khal_runtime import Device, DeviceBuffer
+    from khal_runtime.backends.cuda import driver as _cuda
+    from khal_runtime.backends.cuda.driver import check
 
     rows: list[Row] = []
     drv = _cuda.driver()

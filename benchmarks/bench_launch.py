@@ -59,8 +59,8 @@ def run(args: Any) -> list[Row]:
     import numpy as np
 
     from khal_runtime import Device, DeviceBuffer
-    from khal_runtime import _cuda
-    from khal_runtime.launching import launch_call
+    from khal_runtime.backends.cuda import driver as _cuda
+    from khal_runtime.backends.cuda.launch import launch_call
 
     rows: list[Row] = []
     drv = _cuda.driver()
@@ -105,7 +105,7 @@ def run(args: Any) -> list[Row]:
 
         fns["c"] = raw
         if hasattr(drv, "cuLaunchKernelEx"):  # what the runtime's repeated launches call
-            _, ex_args = launch_call(drv)  # (launching.launch_call): shown for scale
+            _, ex_args = launch_call(drv)  # (backends.cuda.launch.launch_call): shown for scale
             ex_call = ex_args(f, (gx, 1, 1), (bx, 1, 1), 0, cu, addr)
             keep.append(ex_call)
             LEx = drv.cuLaunchKernelEx
@@ -229,7 +229,7 @@ def run(args: Any) -> list[Row]:
             fns[key]()
         sync()
         # Two groups, each timed in turns with its own (c): the entry remembers 4 argument sets
-        # (launching's SLOTS), and the two groups together pass it 5 distinct ones.
+        # (the CUDA launch code's SLOTS), and the two groups together pass it 5 distinct ones.
         arrays = {key: fns.pop(key) for key in ARRAY_ROWS if key in fns}
         groups = [("", fns)] + ([(" arrays", {"c": fns["c"], **arrays})] if arrays else [])
         for suffix, group in groups:

@@ -129,28 +129,30 @@ def _entry(name: str, params: list[tuple[str, str]]) -> Any:
 
 class _Uniforms:
     def __init__(self) -> None:
-        self.entries: dict[bytes, list[Any]] = {}
+        from khal_runtime.backends.cuda.uniform_cache import Upload
+
+        self.entries: dict[bytes, Any] = {}
+        self._upload = Upload
 
     def fetch(self, data: bytes, stream: Any) -> int:
-        e = self.entries.setdefault(bytes(data), [0xD000_0000, None])
-        return int(e[0])
+        e = self.entries.setdefault(bytes(data), self._upload(0xD000_0000, None, 0, None))
+        return int(e.ptr)
 
 
 def make_kernels() -> tuple[Any, Any, Any]:
     """(empty1 kernel, five-binding kernel, stream) wired to a no-op driver, device 0."""
-    from khal_runtime import _cuda
-    from khal_runtime.device import _tls
+    from khal_runtime.backends import cuda
+    from khal_runtime.backends.cuda import driver
+    from khal_runtime.backends.cuda.launch import LaunchPlan
+    from khal_runtime.device import Stream, _tls
     from khal_runtime.kernels import Kernel
-    from khal_runtime.launching import LaunchPlan
-    from khal_runtime.stream import Stream
 
-    _cuda._driver = _NoopDriver()  # type: ignore[assignment]
-    st = Stream.__new__(Stream)
-    st.device_id, st.handle, st._cu, st._owned, st._keep = 0, 0x1234, 0x1234, False, None
+    driver._driver = _NoopDriver()  # type: ignore[assignment]
+    st = Stream(0x1234, 0, native=0x1234, backend=cuda.BACKEND)
     _tls.stream = st
     _tls.dev = 0
     _tls.ready = st
-    runtime = SimpleNamespace(crate=SimpleNamespace(name="bench"))
+    runtime = SimpleNamespace(name="bench", backend=cuda.BACKEND)
     out = []
     for name, params in (("empty1", [("x", "storage")]),
                          ("five", [("x", "storage"), ("y", "storage"), ("z", "storage"),
@@ -167,9 +169,9 @@ def make_kernels() -> tuple[Any, Any, Any]:
 
 
 def _cuda_launch() -> Any:
-    from khal_runtime import _cuda
+    from khal_runtime.backends.cuda import driver
 
-    return _cuda.driver().cuLaunchKernel
+    return driver.driver().cuLaunchKernel
 
 
 def per_call_us(fn: Callable[[], Any], number: int = 2000, repeat: int = 60) -> float:

@@ -20,7 +20,8 @@ def main() -> None:
     import numpy as np
 
     from _common import bench_kernels_on_device0, interleaved_per_call_us
-    from khal_runtime import DeviceBuffer, _cuda
+    from khal_runtime import DeviceBuffer
+    from khal_runtime.backends.cuda import driver as _cuda
 
     drv = _cuda.driver()
     ks, st = bench_kernels_on_device0()

@@ -24,8 +24,9 @@ def main() -> None:
     import torch
 
     from _common import bench_kernels_on_device0, interleaved_per_call_us
-    from khal_runtime import DeviceBuffer, _cuda
-    from khal_runtime.launching import launch_call
+    from khal_runtime import DeviceBuffer
+    from khal_runtime.backends.cuda import driver as _cuda
+    from khal_runtime.backends.cuda.launch import launch_call
 
     drv = _cuda.driver()
     ks, st = bench_kernels_on_device0()

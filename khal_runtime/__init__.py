@@ -5,8 +5,9 @@
     x = khal_runtime.DeviceBuffer.from_numpy(a)
     kernels.saxpy(len(a), x, y, params)            # n threads, on the owned stream
 
-Importing this package is cheap: it imports neither cuda.bindings, pydantic,
-NVRTC nor hatch_khal; those come on first use.
+Importing this package is cheap: it imports neither cuda.bindings, wgpu, pydantic,
+NVRTC nor hatch_khal; those come on first use. The layers below this public API are
+described in ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from khal_runtime.errors import (
 )
 
 if TYPE_CHECKING:
+    from khal_runtime.backends import BackendStatus
     from khal_runtime.buffers import DeviceBuffer
-    from khal_runtime.device import Device
-    from khal_runtime.kernels import Kernel, KernelSet
-    from khal_runtime.launching import LaunchConfig
-    from khal_runtime.stream import Stream
-    from khal_runtime.verify import Problem
+    from khal_runtime.device import Device, Stream, default_stream
+    from khal_runtime.graphs import Graph, capture_graph
+    from khal_runtime.interop import register_array_type
+    from khal_runtime.kernels import Kernel, KernelSet, LaunchConfig
+    from khal_runtime.tracing import profile
+    from khal_runtime.verify import Problem, check_package, verify_package
 
 __all__ = [
     "ArgumentError",
@@ -61,6 +64,7 @@ __all__ = [
     "StaleBuildError",
     "Stream",
     "backend_status",
+    "BackendStatus",
     "capture_graph",
     "check_package",
     "default_stream",
@@ -69,22 +73,24 @@ __all__ = [
     "launch",
     "load",
     "profile",
+    "register_array_type",
     "verify_package",
 ]
 
 _LAZY = {
     "DeviceBuffer": "khal_runtime.buffers",
     "Device": "khal_runtime.device",
+    "Stream": "khal_runtime.device",
+    "default_stream": "khal_runtime.device",
     "Kernel": "khal_runtime.kernels",
     "KernelSet": "khal_runtime.kernels",
-    "LaunchConfig": "khal_runtime.launching",
-    "Stream": "khal_runtime.stream",
-    "default_stream": "khal_runtime.stream",
+    "LaunchConfig": "khal_runtime.kernels",
     "Problem": "khal_runtime.verify",
     "verify_package": "khal_runtime.verify",
     "check_package": "khal_runtime.verify",
-    "backend_status": "khal_runtime._cuda",
-    # graph capture, tracing / profiling (khal_runtime.graphs, khal_runtime.tracing)
+    "backend_status": "khal_runtime.backends",
+    "BackendStatus": "khal_runtime.backends",
+    "register_array_type": "khal_runtime.interop",
     "Graph": "khal_runtime.graphs",
     "capture_graph": "khal_runtime.graphs",
     "profile": "khal_runtime.tracing",
@@ -93,7 +99,7 @@ _LAZY = {
 
 def load(package: Any) -> KernelSet:
     """The kernels of a shader package, by import name (``load(__name__)``) or directory."""
-    from khal_runtime.kernels import load as _load
+    from khal_runtime.kernels import load as _load  # lazy: import khal_runtime stays cheap
 
     return _load(package)
 
@@ -104,10 +110,14 @@ def launch(stream: Any, config: LaunchConfig, kernel: Kernel, *args: Any) -> Non
 
 
 def driver_version() -> tuple[int, int]:
-    """The CUDA version of the installed driver, e.g. (13, 0)."""
-    from khal_runtime._cuda import driver_version as _dv
+    """The CUDA version of the installed driver, e.g. (13, 0) (BackendUnavailableError
+    without a CUDA driver)."""
+    from khal_runtime import backends  # lazy: import khal_runtime stays cheap
 
-    return _dv()
+    st = backends.get("cuda").status()
+    if st.driver_version is None:
+        raise BackendUnavailableError(st.reason or "no CUDA device/driver was found")
+    return st.driver_version
 
 
 def __getattr__(name: str) -> Any:

@@ -124,7 +124,8 @@ def bf16_bits(value: Any) -> int:
 
 
 def _is_bool(obj: Any) -> bool:
-    return type(obj) is bool or type(obj).__name__ == "bool_" and type(obj).__module__ == "numpy"
+    tp = type(obj)
+    return tp is bool or (tp.__module__ == "numpy" and tp.__name__ in ("bool", "bool_"))
 
 
 def scalar_value(element_type: str, obj: Any) -> Any:

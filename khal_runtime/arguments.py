@@ -1,10 +1,12 @@
 """Argument checking: what a launch accepts, and the named error for what it does not.
 
-The launch paths (``launching``'s generated code, ``bound``) check arguments on
-their fast paths as cheaply as they can; when anything is off they call
-:func:`diagnose_args`, which re-checks every argument slowly and raises an
-``ArgumentError`` (a TypeError) or ``ArgumentValueError`` (a ValueError) naming
-the entry and the parameter. It needs no GPU: ``Kernel.check_args`` uses it too.
+The launch paths check arguments on their fast paths as cheaply as they can; when anything
+is off they call :func:`diagnose_args`, which re-checks every argument slowly and raises an
+``ArgumentError`` (a TypeError) or ``ArgumentValueError`` (a ValueError) naming the entry and
+the parameter. It needs no GPU: ``Kernel.check_args`` uses it too. The rules for each kind
+come from the ABI table (:mod:`khal_runtime.abi`): a scalar is converted by
+:func:`khal_runtime.abi.scalar_value` on every path, so every path accepts and refuses the
+same values. Launch geometry (thread counts, grids, blocks, shared memory) is checked here too.
 """
 
 from __future__ import annotations
@@ -13,63 +15,168 @@ import operator
 import struct
 from typing import Any, Sequence
 
-from khal_runtime.buffers import BadArgument, device_of, extractor_for
-from khal_runtime.dtypes import SCALAR_TYPES, STRUCT_CODES, bf16_bits, dtype_info
+from khal_runtime import abi, interop
+from khal_runtime.dtypes import dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError
+from khal_runtime.interop import BadArgument
 from khal_runtime.manifest import Entry, Param
 from khal_runtime.uniforms import uniform_converter
 
-__all__ = ["diagnose_args", "dim3", "thread_count"]
+__all__ = [
+    "MAX_GRID",
+    "Short",
+    "check_block",
+    "check_grid",
+    "diagnose_args",
+    "dim3",
+    "dtype_ok",
+    "grid_for",
+    "shared_mem",
+    "thread_count",
+]
+
+#: Blocks a launch may have per grid dimension (CUDA's limits; WebGPU's adapters check theirs).
+MAX_GRID = (2**31 - 1, 65535, 65535)
 
 
-class _Short(Exception):
-    """Internal: fast path noticed a problem; _diagnose names it."""
+class Short(Exception):
+    """Internal: a fast path noticed a problem; :func:`diagnose_args` names it."""
 
 
-def dim3(v: int | Sequence[int], what: str = "grid") -> tuple[int, int, int]:
+def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
     """An int or a sequence of up to 3 ints (NumPy integers too; never floats) as (x, y, z)."""
     try:
-        if isinstance(v, (str, bytes)):
+        if isinstance(v, (str, bytes, bool)):
             raise TypeError
         t = (operator.index(v), 1, 1) if not hasattr(v, "__len__") else \
-            tuple(operator.index(x) for x in v) + (1,) * (3 - len(v))  # type: ignore[arg-type]
+            tuple(operator.index(x) for x in v) + (1,) * (3 - len(v))
     except TypeError:
         raise ArgumentError(f"{what}: expected an integer or up to 3 integers, got {v!r}") from None
     if len(t) != 3:
-        raise ValueError(f"{what}: expected up to 3 dimensions, got {v!r}")
+        raise ArgumentValueError(f"{what}: expected up to 3 dimensions, got {v!r}")
     if any(x < 1 for x in t):
-        raise ValueError(f"{what}: every dimension must be >= 1, got {t}")
+        raise ArgumentValueError(f"{what}: every dimension must be >= 1, got {t}")
     return t  # type: ignore[return-value]
 
 
 def thread_count(kernel: str, n: Any) -> int:
-    """A launch's thread count as an int: ints and NumPy integers, never floats (no silent
-    truncation), strings or None."""
+    """A launch's thread count as an int >= 0: ints and NumPy integers, never floats (no
+    silent truncation), strings or None."""
     try:
-        return operator.index(n)
+        v = operator.index(n)
     except TypeError:
         raise ArgumentError(
             f"{kernel}(): the first argument is the thread count, an integer >= 0; "
             f"got {n!r} ({type(n).__name__})"
         ) from None
+    if v < 0:
+        raise ArgumentValueError(f"{kernel}(): thread count must be >= 0, got {v}")
+    return v
 
 
-def _param_desc(p: Param) -> str:
-    if p.kind == "storage":
-        shape = p.shape or "slice"
-        extra = f"[{p.length}]" if shape == "array" and p.length else ""
-        return f"storage {p.element_type}{extra}"
-    if p.kind == "uniform":
-        return f"uniform {p.element_type} ({p.element_size} bytes)"
-    return f"scalar {p.element_type}"
+def grid_for(kernel: str, n: int, bx: int) -> int:
+    """Blocks of ``bx`` threads covering ``n`` threads; a named error past the grid limit."""
+    gx = (n + bx - 1) // bx
+    if gx > MAX_GRID[0]:
+        raise ArgumentValueError(
+            f"{kernel}(): {n} threads need {gx} blocks of {bx}, more than the {MAX_GRID[0]} a "
+            "launch may have; split the work into several launches")
+    return gx
 
 
-def _dtype_ok(p: Param, key: Any) -> tuple[bool, str]:
+def check_grid(kernel: str, grid: tuple[int, int, int], dims: int) -> None:
+    """A grid the entry's ids honour (``dims`` dimensions) and the device can launch."""
+    if dims < 3 and any(g != 1 for g in grid[dims:]):
+        axes = "x" if dims == 1 else "x and y"
+        raise ArgumentValueError(
+            f"{kernel}.launch(): grid {grid} has more than {dims} dimension(s), but the entry's "
+            f"thread ids use {axes} only: the extra blocks would redo the same elements. "
+            f"Launch a {dims}-D grid")
+    for g, lim, axis in zip(grid, MAX_GRID, "xyz"):
+        if g > lim:
+            raise ArgumentValueError(f"{kernel}.launch(): grid {axis} = {g} is more than the {lim} "
+                                     "a launch may have")
+
+
+def check_block(kernel: str, block: tuple[int, int, int], compiled: tuple[int, int, int]) -> None:
+    """The block must be the one the entry was compiled for: its ids and its
+    ``__launch_bounds__`` assume it."""
+    if block != compiled:
+        raise ArgumentValueError(
+            f"{kernel}.launch(): block {block} is not the block size the entry was compiled for "
+            f"{compiled}: its thread ids assume that size, so elements would be skipped or done "
+            "twice; pass block=None (or the compiled size)")
+
+
+def shared_mem(kernel: str, v: Any) -> int:
+    """Dynamic shared memory in bytes: an int >= 0 (never a float, which would be truncated)."""
+    if isinstance(v, bool):
+        raise ArgumentError(f"{kernel}.launch(): shared_mem must be an integer number of bytes, got {v!r}")
+    try:
+        n = operator.index(v)
+    except TypeError:
+        raise ArgumentError(f"{kernel}.launch(): shared_mem must be an integer number of bytes, "
+                            f"got {v!r} ({type(v).__name__})") from None
+    if not 0 <= n < 2**32:
+        raise ArgumentValueError(f"{kernel}.launch(): shared_mem must be 0..{2**32 - 1} bytes, got {n}")
+    return n
+
+
+def dtype_ok(p: Param, key: Any) -> tuple[bool, str]:
+    """Whether an array of dtype ``key`` fits storage parameter ``p``, and how to name that dtype."""
     name, itemsize = dtype_info(key)
-    if p.element_type in SCALAR_TYPES:
+    if p.element_type in abi.SCALARS:
         return name == p.element_type, name
-    # a struct element: any dtype of the same item size (structured dtypes, raw void)
-    return itemsize == p.element_size and name not in SCALAR_TYPES, f"{name} ({itemsize} bytes)"
+    # a struct element: any non-scalar dtype of the same item size (structured dtypes, raw void)
+    return itemsize == p.element_size and name not in abi.SCALARS, f"{name} ({itemsize} bytes)"
+
+
+def _check_storage(arg: str, p: Param, obj: Any, device: int | None) -> None:
+    try:
+        _ptr, count, key = interop.extract(obj)
+    except BadArgument as bad:
+        raise bad.cls(f"{arg} {bad}") from None
+    on = interop.device_of(obj) if device is not None else None
+    if on is not None and on != device:
+        raise ArgumentValueError(
+            f"{arg} is on device {on}, the launch is on device {device}: move it "
+            f"there, or launch on a stream of device {on}")
+    ok, got = dtype_ok(p, key)
+    if not ok:
+        if got == "<freed buffer>":
+            raise ArgumentValueError(f"{arg}: the DeviceBuffer was freed")
+        raise ArgumentError(f"{arg}: expected element type {p.element_type} "
+                            f"({p.element_size} bytes), got {got}")
+    if p.shape == "array" and p.length and count < p.length:
+        raise ArgumentValueError(f"{arg}: needs {p.length} elements, got {count}")
+    if p.shape == "value" and count < 1:
+        raise ArgumentValueError(f"{arg}: needs 1 element, got an empty array")
+
+
+def _check_struct(arg: str, p: Param, obj: Any) -> None:
+    try:
+        u = uniform_converter(obj)(obj)
+    except BadArgument as bad:
+        raise bad.cls(f"{arg}: {bad}") from None
+    if isinstance(u, bytes):
+        if len(u) != p.element_size:
+            raise ArgumentValueError(f"{arg}: expected {p.element_size} bytes, got {len(u)} "
+                                     f"({type(obj).__name__})")
+    elif u[1] < p.element_size:
+        raise ArgumentValueError(
+            f"{arg}: the device buffer holds {u[1]} bytes, the struct needs {p.element_size}")
+
+
+def check_scalar(arg: str, p: Param, obj: Any) -> Any:
+    """The value to pack for scalar ``p`` (:func:`abi.scalar_value`), or the named error."""
+    try:
+        v = abi.scalar_value(p.element_type, obj)
+        struct.pack("<" + abi.SCALARS[p.element_type].code, *(v if isinstance(v, tuple) else (v,)))
+    except TypeError as e:
+        raise ArgumentError(f"{arg}: {e}") from None
+    except (ValueError, OverflowError, struct.error) as e:
+        raise ArgumentValueError(f"{arg}: cannot pass {obj!r}: {e}") from None
+    return v
 
 
 def diagnose_args(entry: Entry, args: Sequence[Any], exc: BaseException | None = None,
@@ -88,60 +195,14 @@ def diagnose_args(entry: Entry, args: Sequence[Any], exc: BaseException | None =
             f"{where} takes {len(params)} argument(s) ({sig}) after the thread count, got {len(args)}"
         )
     for p, obj in zip(params, args):
-        arg = f"{where}: argument {p.name!r} ({_param_desc(p)})"
-        if p.kind == "storage":
-            try:
-                ptr, count, key = extractor_for(obj)(obj)
-            except BadArgument as bad:
-                raise bad.cls(f"{arg} {bad}") from None
-            on = device_of(obj) if device is not None else None
-            if on is not None and on != device:
-                raise ArgumentValueError(
-                    f"{arg} is on device {on}, the launch is on device {device}: move it "
-                    f"there, or launch on a stream of device {on}")
-            ok, got = _dtype_ok(p, key)
-            if not ok:
-                if got == "<freed buffer>":
-                    raise ArgumentValueError(f"{arg}: the DeviceBuffer was freed")
-                raise ArgumentError(f"{arg}: expected element type {p.element_type} "
-                                    f"({p.element_size} bytes), got {got}")
-            if p.shape == "array" and p.length and count < p.length:
-                raise ArgumentValueError(f"{arg}: needs {p.length} elements, got {count}")
-            if p.shape == "value" and count < 1:
-                raise ArgumentValueError(f"{arg}: needs 1 element, got an empty array")
-        elif p.kind == "uniform":
-            try:
-                u = uniform_converter(obj)(obj)
-            except BadArgument as bad:
-                raise bad.cls(f"{arg}: {bad}") from None
-            if isinstance(u, bytes):
-                if len(u) != p.element_size:
-                    raise ArgumentValueError(
-                        f"{arg}: expected {p.element_size} bytes, got {len(u)} "
-                        f"({type(obj).__name__})")
-            elif u[1] < p.element_size:
-                raise ArgumentValueError(
-                    f"{arg}: the device buffer holds {u[1]} bytes, the struct needs {p.element_size}")
+        arg = f"{where}: argument {p.name!r} ({p.describe()})"
+        reader = abi.kind(p.kind).reader
+        if reader == "array":
+            _check_storage(arg, p, obj, device)
+        elif reader == "struct":
+            _check_struct(arg, p, obj)
         else:
-            code = STRUCT_CODES.get(p.element_type)
-            if code is None:
-                raise ArgumentError(f"{arg}: unsupported scalar type")
-            if isinstance(obj, (bytes, str)) or not _is_number(obj):
-                raise ArgumentError(f"{arg}: expected a number, got {type(obj).__name__}")
-            if code in "bBhHiIqQ" and p.element_type != "bfloat16" and isinstance(obj, float):
-                raise ArgumentError(f"{arg}: expected an integer, got float {obj!r}")
-            try:
-                struct.pack("<" + code, bf16_bits(obj) if p.element_type == "bfloat16" else obj)
-            except (struct.error, OverflowError, TypeError, ValueError) as e:
-                cls = ArgumentValueError if isinstance(e, (OverflowError,)) or "range" in str(e) \
-                    or "format requires" in str(e) else ArgumentError
-                raise cls(f"{arg}: cannot pass {obj!r}: {e}") from None
-    if isinstance(exc, _Short):
+            check_scalar(arg, p, obj)
+    if isinstance(exc, Short):
         raise ArgumentError(f"{where}: the arguments do not match the entry's parameters")
     # nothing wrong with the arguments: the caller re-raises the original error
-
-
-def _is_number(x: Any) -> bool:
-    if isinstance(x, (int, float, bool)):
-        return True
-    return hasattr(x, "__index__") or hasattr(x, "__float__")

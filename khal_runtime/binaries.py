@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from khal_runtime.errors import ArtifactError
-from khal_runtime.manifest import split_symbol
+from khal_runtime.abi import split_symbol
 
 __all__ = [
     "BinaryFormatError",
@@ -24,6 +24,7 @@ __all__ = [
     "read_binary",
     "read_cubin",
     "scan_ptx",
+    "webgpu_entry_points",
 ]
 
 ELF_MAGIC = b"\x7fELF"
@@ -165,3 +166,36 @@ def khal_symbols(info: BinaryInfo) -> dict[str, str]:
         if split is not None:
             out[split[0]] = split[1]
     return out
+
+
+_WGSL_ENTRY_RE = re.compile(r"@compute\b[^{;]*?\bfn\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(", re.S)
+_SPIRV_MAGIC = 0x07230203
+_OP_ENTRY_POINT = 15
+
+
+def webgpu_entry_points(data: bytes, kind: str, source: str = "shader") -> tuple[str, ...]:
+    """Names of the compute entry points of a WGSL (text) or SPIR-V (binary) module."""
+    if kind == "wgsl":
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BinaryFormatError(f"{source}: WGSL that is not UTF-8 ({exc.reason})") from None
+        return tuple(_WGSL_ENTRY_RE.findall(text))
+    if kind != "spirv":
+        raise BinaryFormatError(f"{source}: {kind!r} is not a WebGPU shader kind")
+    if len(data) < 20 or len(data) % 4:
+        raise BinaryFormatError(f"{source}: not SPIR-V (size {len(data)} is not whole words)")
+    words = memoryview(data).cast("I")
+    if words[0] != _SPIRV_MAGIC:
+        raise BinaryFormatError(f"{source}: not SPIR-V (magic 0x{words[0]:08x})")
+    names: list[str] = []
+    i = 5
+    while i < len(words):
+        op, count = words[i] & 0xFFFF, words[i] >> 16
+        if count == 0 or i + count > len(words):
+            raise BinaryFormatError(f"{source}: damaged SPIR-V (instruction at word {i})")
+        if op == _OP_ENTRY_POINT and count > 3:
+            raw = bytes(words[i + 3:i + count]).split(b"\0", 1)[0]
+            names.append(raw.decode("utf-8", "replace"))
+        i += count
+    return tuple(names)

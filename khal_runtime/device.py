@@ -1,59 +1,72 @@
-"""Devices, their primary contexts, and which one is current in each thread."""
+"""Devices and streams, and which device is current in each thread.
+
+:class:`Device` (``Device(0)``) and :class:`Stream` are the same objects on every backend; what
+they do is the backend's (:mod:`khal_runtime.backends`). On CUDA a device holds its retained
+primary context (shared with PyTorch / CuPy) and the runtime's owned non-blocking stream; on
+WebGPU a device is an adapter's device and its stream is the device's queue, recorded into in
+order.
+
+``stream=`` takes a :class:`Stream`, any object with ``__cuda_stream__`` (cuda.core), PyTorch
+and CuPy streams, or a raw integer ``CUstream`` handle. The legacy NULL stream is never used
+unless passed explicitly (``0``).
+"""
 
 from __future__ import annotations
 
 import threading
 from typing import Any
 
-from khal_runtime import _cuda
-from khal_runtime._cuda import check
+from khal_runtime import backends
+from khal_runtime.capture_state import forbid_in_capture
+from khal_runtime.interop import cupy as _cupy
+from khal_runtime.interop import torch as _torch
 
-__all__ = ["Device", "current_device_id", "ensure_current", "ready_stream"]
+__all__ = [
+    "Device",
+    "Stream",
+    "as_stream",
+    "current_device_id",
+    "default_stream",
+    "ensure_current",
+    "ready_stream",
+]
 
 _lock = threading.Lock()
-_devices: dict[int, Device] = {}
-#: Per thread: ``dev`` = device whose primary context this thread made current,
-#: ``default`` = the device plain calls use (Device(i).use()), ``stream`` = the owned stream
-#: plain calls launch on, ``ready`` = that stream while its device's context is the one
-#: current here (one read tells the launch path both; see :func:`ready_stream`).
+_devices: dict[tuple[str, int], Device] = {}
+#: Per thread: ``dev`` = device whose context this thread made current, ``default`` = the
+#: device plain calls use (Device(i).use()), ``stream`` = the owned stream plain calls launch
+#: on, ``ready`` = that stream while its device's context is the one current here (one read
+#: tells the launch path both; see :func:`ready_stream`).
 _tls = threading.local()
 
 
 class Device:
-    """A CUDA device (``Device(0)``); one shared instance per ordinal.
-
-    Holds the retained primary context (shared with PyTorch/CuPy) and the runtime's
-    owned non-blocking stream (:attr:`default_stream`)."""
+    """A device of the process's backend (``Device(0)``); one shared instance per ordinal."""
 
     _ordinal: int
-    _handle: Any
-    _ctx: Any
-    _stream: Any
-    _cc: tuple[int, int] | None
-    _attr_cache: dict[str, Any]
+    _bk: Any
+    _impl: Any
+    _stream: Stream | None
 
     def __new__(cls, ordinal: int = 0) -> Device:
         ordinal = int(ordinal)
-        dev = _devices.get(ordinal)
+        bk = backends.current()
+        key = (bk.name, ordinal)
+        dev = _devices.get(key)
         if dev is not None:
             return dev
         with _lock:
-            dev = _devices.get(ordinal)
+            dev = _devices.get(key)
             if dev is None:
-                st = _cuda.require_cuda()
-                if not 0 <= ordinal < st.device_count:
-                    raise ValueError(
-                        f"Device({ordinal}): there are {st.device_count} CUDA device(s)"
-                    )
-                drv = _cuda.driver()
+                count = bk.status().device_count
+                if not 0 <= ordinal < count:
+                    raise ValueError(f"Device({ordinal}): there are {count} {bk.name.upper()} device(s)")
                 dev = super().__new__(cls)
                 dev._ordinal = ordinal
-                dev._handle = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
-                dev._ctx = check(drv.cuDevicePrimaryCtxRetain(dev._handle), "cuDevicePrimaryCtxRetain")
+                dev._bk = bk
+                dev._impl = bk.open_device(ordinal)
                 dev._stream = None
-                dev._cc = None
-                dev._attr_cache = {}
-                _devices[ordinal] = dev
+                _devices[key] = dev
         return dev
 
     def __init__(self, ordinal: int = 0) -> None:  # state set in __new__
@@ -61,55 +74,45 @@ class Device:
 
     @staticmethod
     def count() -> int:
-        return _cuda.require_cuda().device_count
+        return int(backends.current().status().device_count)
 
     @property
     def device_id(self) -> int:
         return self._ordinal
 
     @property
+    def backend(self) -> str:
+        """``"cuda"`` or ``"webgpu"``."""
+        return str(self._bk.name)
+
+    @property
     def handle(self) -> Any:
-        """The ``CUdevice``."""
-        return self._handle
+        """The backend's device (a ``CUdevice`` on CUDA)."""
+        return self._impl.handle
 
     @property
     def context(self) -> Any:
-        """The retained primary ``CUcontext``."""
-        return self._ctx
-
-    def _attr(self, name: str) -> int:
-        v = self._attr_cache.get(name)
-        if v is None:
-            drv = _cuda.driver()
-            attr = getattr(drv.CUdevice_attribute, name)
-            v = int(check(drv.cuDeviceGetAttribute(attr, self._handle), "cuDeviceGetAttribute"))
-            self._attr_cache[name] = v
-        return v
+        """The retained primary ``CUcontext`` (CUDA)."""
+        return self._impl.context
 
     def compute_capability(self) -> tuple[int, int]:
-        if self._cc is None:
-            self._cc = (
-                self._attr("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
-                self._attr("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"),
-            )
-        return self._cc
+        """(major, minor) of a CUDA device."""
+        return self._impl.compute_capability()  # type: ignore[no-any-return]
 
     @property
     def arch(self) -> str:
-        major, minor = self.compute_capability()
-        return f"sm_{major}{minor}"
+        return str(self._impl.arch)
 
     @property
     def name(self) -> str:
-        raw = check(_cuda.driver().cuDeviceGetName(256, self._handle), "cuDeviceGetName")
-        return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+        return str(self._impl.name)
 
     @property
     def sm_count(self) -> int:
-        return self._attr("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
+        return int(self._impl.sm_count)
 
     def set_current(self) -> None:
-        """Make this device's primary context current in the calling thread."""
+        """Make this device's context current in the calling thread."""
         ensure_current(self._ordinal)
 
     def use(self) -> Device:
@@ -121,57 +124,209 @@ class Device:
         return self
 
     @property
-    def default_stream(self) -> Any:
-        """The runtime's owned non-blocking stream on this device (never the NULL stream)."""
+    def default_stream(self) -> Stream:
+        """The runtime's owned stream on this device (on CUDA non-blocking, never the NULL stream)."""
         s = self._stream
         if s is None:
-            from khal_runtime.stream import Stream
-
             with _lock:
                 if self._stream is None:
-                    self._stream = Stream._create_owned(self)
+                    self._stream = self._bk.create_stream(self)
                 s = self._stream
         return s
 
     def synchronize(self) -> None:
-        from khal_runtime.graphs import forbid_in_capture
-
         forbid_in_capture("Device.synchronize()", "a host synchronisation cannot be captured; "
                           "synchronise after end_capture()")
         ensure_current(self._ordinal)
-        check(_cuda.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        self._bk.synchronize_device(self)
 
     def __repr__(self) -> str:
-        return f"<Device {self._ordinal}>"
+        return f"<Device {self._ordinal} ({self._bk.name})>"
 
     def __reduce__(self) -> Any:
         return (Device, (self._ordinal,))
 
 
+class Stream:
+    """A stream of work bound to one device (a CUDA stream; on WebGPU the device's queue)."""
+
+    __slots__ = ("device_id", "handle", "_cu", "_owned", "_keep", "_bk", "__weakref__")
+
+    device_id: int
+    handle: int
+    #: the backend's own stream object: what a launch passes (a cuda-bindings ``CUstream``)
+    _cu: Any
+    _owned: bool
+    _keep: Any
+    _bk: Any
+
+    def __init__(self, handle: int, device_id: int, *, keep: Any = None, owned: bool = False,
+                 native: Any = None, backend: Any = None) -> None:
+        self._bk = backend if backend is not None else backends.current()
+        self.handle = int(handle)
+        self.device_id = int(device_id)
+        self._cu = native if native is not None else self._bk.native_stream(self.handle)
+        self._owned = owned
+        self._keep = keep
+
+    @classmethod
+    def create(cls, device: Device | int | None = None) -> Stream:
+        """A new stream owned by the caller (destroyed with :meth:`close`)."""
+        if device is None:
+            device = current_device_id()
+        dev = device if isinstance(device, Device) else Device(int(device))
+        return dev._bk.create_stream(dev)  # type: ignore[no-any-return]
+
+    @property
+    def device(self) -> Device:
+        return Device(self.device_id)
+
+    @property
+    def backend(self) -> str:
+        return str(self._bk.name)
+
+    def synchronize(self) -> None:
+        forbid_in_capture("Stream.synchronize()", "a host synchronisation cannot be captured; "
+                          "synchronise after end_capture() (or after graph.launch())", self)
+        ensure_current(self.device_id)
+        self._bk.synchronize(self)
+
+    def is_capturing(self) -> bool:
+        """Whether a graph capture is in progress on this stream."""
+        return bool(self._bk.is_capturing(self))
+
+    # -- graph capture (khal_runtime.graphs) ------------------------------------------------------
+    def begin_capture(self, mode: str = "thread_local", label: str | None = None) -> Any:
+        """Start capturing this stream's launches into a graph."""
+        return self._bk.capture(self, mode=mode, label=label, keep=None).begin()
+
+    def end_capture(self) -> Any:
+        """End the capture: the instantiated :class:`khal_runtime.graphs.Graph`."""
+        return self._bk.end_capture(self)
+
+    def capture(self, mode: str = "thread_local", label: str | None = None) -> Any:
+        """``with stream.capture() as cap: ...`` then ``cap.graph``."""
+        return self._bk.capture(self, mode=mode, label=label, keep=None)
+
+    def wait_event(self, event: Any) -> None:
+        self._bk.wait_event(self, event)
+
+    def close(self) -> None:
+        """Destroy a stream made by :meth:`create` (no-op for borrowed ones)."""
+        if self._owned and self.handle:
+            ensure_current(self.device_id)
+            self._bk.destroy_stream(self)
+            self.handle = 0
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+    def __int__(self) -> int:
+        return self.handle
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and other.handle == self.handle and other._bk is self._bk
+
+    def __hash__(self) -> int:
+        return hash(self.handle)
+
+    def __repr__(self) -> str:
+        kind = "owned" if self._owned else "borrowed"
+        return f"<Stream 0x{self.handle:x} device={self.device_id} {kind}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# this thread's device and stream
+# ---------------------------------------------------------------------------------------------
 def current_device_id() -> int:
     """The device plain calls use in this thread (0 unless Device(i).use())."""
     return getattr(_tls, "default", 0)
 
 
 def ensure_current(ordinal: int) -> None:
-    """Make the device's primary context current if this thread has not already."""
+    """Make the device's context current if this thread has not already."""
     if getattr(_tls, "dev", -1) != ordinal:
         dev = Device(ordinal)
         d = _tls.__dict__
         d.pop("ready", None)
-        check(_cuda.driver().cuCtxSetCurrent(dev._ctx), "cuCtxSetCurrent")
+        dev._bk.make_current(dev)
         _tls.dev = ordinal
         s = d.get("stream")
         if s is not None and s.device_id == ordinal:
             d["ready"] = s
 
 
-def ready_stream() -> Any:
+def default_stream() -> Stream:
+    """The owned stream of this thread's current device."""
+    try:
+        return _tls.stream  # type: ignore[no-any-return]
+    except AttributeError:
+        s = Device(current_device_id()).default_stream
+        ensure_current(s.device_id)
+        _tls.stream = s
+        return s
+
+
+def ready_stream() -> Stream:
     """This thread's owned stream for plain calls, with its device's context made current
     here; afterwards ``_tls.ready`` holds it until the thread's current device changes."""
-    from khal_runtime.stream import default_stream
-
     s = default_stream()
     ensure_current(s.device_id)
     _tls.ready = s
+    return s
+
+
+_cache_lock = threading.Lock()
+_foreign: dict[tuple[type, int], Stream] = {}
+_FOREIGN_MAX = 256
+
+
+def _foreign_handle(obj: Any) -> tuple[int, int | None]:
+    """(handle, device ordinal or None) of a foreign stream object."""
+    proto = getattr(type(obj), "__cuda_stream__", None)
+    if proto is not None:
+        ver_handle = obj.__cuda_stream__()
+        return int(ver_handle[1]), None
+    for lib in (_torch, _cupy):
+        got = lib.stream_handle(obj)
+        if got is not None:
+            return got
+    for attr in ("handle", "ptr", "cuda_stream"):
+        v = getattr(obj, attr, None)
+        if isinstance(v, int):
+            return v, None
+    raise TypeError(
+        f"stream: expected a khal_runtime.Stream, an object with __cuda_stream__, a "
+        f"torch/cupy stream or an int CUstream handle, got {type(obj).__name__}"
+    )
+
+
+def as_stream(obj: Any) -> Stream:
+    """Coerce a stream-like object to a :class:`Stream` (None -> this thread's default stream)."""
+    if obj is None:
+        return default_stream()
+    if type(obj) is Stream or isinstance(obj, Stream):
+        return obj  # type: ignore[no-any-return]
+    if isinstance(obj, bool):
+        raise TypeError("stream: expected a stream, got a bool")
+    if isinstance(obj, int):
+        handle, dev = obj, None
+    else:
+        handle, dev = _foreign_handle(obj)
+    key = (type(obj), handle)
+    s = _foreign.get(key)
+    if s is not None and (dev is None or s.device_id == dev):
+        if not isinstance(obj, int):
+            s._keep = obj
+        return s
+    bk = backends.current()
+    if dev is None:
+        dev = current_device_id() if bk.is_legacy_stream(handle) else bk.stream_device(handle)
+    s = Stream(handle, dev, keep=None if isinstance(obj, int) else obj, backend=bk)
+    if bk.is_legacy_stream(handle):  # per-thread meaning: not cached
+        return s
+    with _cache_lock:
+        if len(_foreign) >= _FOREIGN_MAX:
+            _foreign.clear()
+        _foreign[key] = s
     return s

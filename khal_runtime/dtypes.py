@@ -47,6 +47,11 @@ def element_type_of_numpy(dt: Any) -> tuple[str, int]:
     """(element type name or "struct"/"other", itemsize) of a NumPy dtype."""
     name = getattr(dt, "name", str(dt))
     size = int(getattr(dt, "itemsize", 0))
+    if getattr(dt, "byteorder", "=") not in ("=", "|") and size > 1 and not getattr(dt, "fields", None):
+        import sys
+
+        if dt.byteorder != ("<" if sys.byteorder == "little" else ">"):
+            return f"{name} of non-native byte order ({dt.str})", size
     if getattr(dt, "fields", None) or name.startswith("void"):
         return "struct", size
     if name in SCALAR_TYPES:

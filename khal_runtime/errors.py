@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArgumentError",
+    "ArgumentValueError",
     "ArtifactError",
     "BackendUnavailableError",
     "CaptureError",
@@ -53,7 +54,8 @@ class ParamLayoutError(KhalError):
 
 
 class BackendUnavailableError(KhalError, RuntimeError):
-    """No usable CUDA driver/device (and KHAL_BACKEND asked for CUDA, or a kernel was used)."""
+    """No backend can run kernels here (no usable CUDA driver/device, no WebGPU adapter), or the
+    one ``KHAL_BACKEND`` asks for is unusable or lacks what the package needs."""
 
 
 class NoCompatibleBinaryError(KhalError):
@@ -86,4 +88,3 @@ class ArgumentValueError(KhalError, ValueError):
 class CaptureError(KhalError, RuntimeError):
     """Something was done during CUDA graph capture that would break the capture."""
 
-__all__.append("ArgumentValueError")

@@ -1,4 +1,4 @@
-"""CUDA graph capture: record a step of launches once, replay it for ~0.5 us per kernel.
+"""Graph capture: record a step of launches once, replay it at a fraction of a launch's cost.
 
     st = khal_runtime.default_stream()
     step(bufs)                                   # warm-up: loads kernels, caches uniforms
@@ -10,431 +10,113 @@
         graph.launch()
 
     g = khal_runtime.capture_graph(step, bufs)   # the same, remembering ``step``
-    g.rebind(other_bufs)                         # re-capture + cuGraphExecUpdate, no re-instantiate
+    g.rebind(other_bufs)                         # re-capture and update in place
 
-Capture runs in thread-local mode (``cuStreamBeginCapture``) on the given stream,
-by default the runtime's owned non-blocking stream; the legacy NULL stream is
-refused up front. While this thread captures, whatever would break or silently
-corrupt the capture raises :class:`~khal_runtime.errors.CaptureError` *before*
-calling the driver, saying what to do: ``DeviceBuffer.alloc`` / ``from_numpy`` /
-``zeros``, ``to_numpy``, stream / device synchronisation, a uniform whose bytes
-were never uploaded (launch once before capture, or pass a device buffer), and
-an indirect dispatch that reads its count on the host. Loading a crate's binary
-on first use is done in relaxed capture mode, so a kernel's first launch may be
-inside a capture.
+On CUDA a capture is a CUDA graph (``cuStreamBeginCapture``, ``cuGraphExecUpdate`` for
+rebinding); WebGPU has no graphs, so there a capture records the launches once and a replay
+submits them as one command encoder. While this thread captures, whatever would break the
+capture (allocating, reading to the host, synchronising, a uniform never uploaded, an indirect
+dispatch that reads its count on the host) raises :class:`~khal_runtime.errors.CaptureError`
+saying what to do, before the driver would invalidate the capture.
 
-Lifetime rule: a graph stores raw device pointers. Every buffer a captured
-launch touches (DeviceBuffer, PyTorch tensor, CuPy array) must stay allocated,
-and must not be resized or freed, for as long as the graph may be launched. The
-graph keeps the arguments given to :func:`capture_graph` / :meth:`Graph.rebind`
-alive; anything else you capture, keep a reference to yourself (PyTorch's
-caching allocator hands freed memory to the next tensor, so a dropped tensor's
-pointer may then hold someone else's data). Uniform structs uploaded through
-the runtime's cache stay put while any graph of the device is alive.
+Lifetime rule: a graph stores raw device pointers. Every buffer a captured launch touches
+(DeviceBuffer, PyTorch tensor, CuPy array) must stay allocated, and must not be resized or
+freed, for as long as the graph may be launched. The graph keeps the arguments given to
+:func:`capture_graph` / :meth:`Graph.rebind` alive; anything else you capture, keep a
+reference to yourself (PyTorch's caching allocator hands freed memory to the next tensor, so
+a dropped tensor's pointer may then hold someone else's data). Uniform structs uploaded
+through the runtime's cache stay put while any graph of the device is alive.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from khal_runtime import _cuda
-from khal_runtime._cuda import check
-from khal_runtime.errors import CaptureError, CudaError
+from khal_runtime.capture_state import capturing, current_capture, forbid_in_capture
+from khal_runtime.device import as_stream
 
 __all__ = [
-    "Capture",
     "Graph",
     "begin_capture",
     "capture",
     "capture_graph",
     "capturing",
+    "current_capture",
     "end_capture",
     "forbid_in_capture",
-    "relaxed_capture_mode",
 ]
-
-_LEGACY_HANDLES = (0, 1, 2)  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
-_MODES = ("thread_local", "global", "relaxed")
-
-#: Per thread: ``captures`` = the captures this thread began (innermost last).
-_state = threading.local()
-_lock = threading.Lock()
-#: stream handle -> its open Capture (a Stream has __slots__, so it cannot hold it)
-_open: dict[int, "Capture"] = {}
-_labels = itertools.count(1)
-
-
-def _captures() -> list["Capture"]:
-    try:
-        return _state.captures  # type: ignore[no-any-return]
-    except AttributeError:
-        _state.captures = []
-        return _state.captures  # type: ignore[no-any-return]
-
-
-def capturing(stream: Any = None) -> bool:
-    """Whether this thread has a capture open (through this module), or ``stream`` is capturing
-    (through anyone: PyTorch's ``torch.cuda.graph`` too)."""
-    if getattr(_state, "captures", None):
-        return True
-    if stream is not None:
-        try:
-            return bool(stream.is_capturing())
-        except Exception:
-            return False
-    return False
-
-
-def forbid_in_capture(what: str, advice: str, stream: Any = None) -> None:
-    """Raise CaptureError if this thread is capturing (or ``stream`` is): ``what`` would break it."""
-    if capturing(stream):
-        caps = getattr(_state, "captures", None)
-        where = f" (capture {caps[-1].label!r} on stream 0x{caps[-1].stream.handle:x})" if caps else ""
-        raise CaptureError(f"{what} during CUDA graph capture{where}: {advice}")
-
-
-@contextlib.contextmanager
-def relaxed_capture_mode() -> Iterator[None]:
-    """Allow "unsafe" driver calls (module loads, internal allocations) for a moment while
-    this thread captures; a no-op otherwise."""
-    if not getattr(_state, "captures", None):
-        yield
-        return
-    drv = _cuda.driver()
-    old = check(drv.cuThreadExchangeStreamCaptureMode(
-        drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuThreadExchangeStreamCaptureMode")
-    try:
-        yield
-    finally:
-        check(drv.cuThreadExchangeStreamCaptureMode(old), "cuThreadExchangeStreamCaptureMode")
-
-
-def _mode_enum(mode: str) -> Any:
-    drv = _cuda.driver()
-    m = str(mode).lower().replace("-", "_")
-    if m not in _MODES:
-        raise ValueError(f"capture mode must be one of {', '.join(_MODES)}, got {mode!r}")
-    return getattr(drv.CUstreamCaptureMode, f"CU_STREAM_CAPTURE_MODE_{m.upper()}")
-
-
-def _resolve_stream(stream: Any) -> Any:
-    from khal_runtime.stream import as_stream
-
-    return as_stream(stream)
-
-
-class Capture:
-    """An open capture on one stream. Use as a context manager, or :meth:`end`."""
-
-    def __init__(self, stream: Any = None, *, mode: str = "thread_local", label: str | None = None,
-                 keep: Any = None) -> None:
-        self.stream = _resolve_stream(stream)
-        self.mode = mode
-        self.label = label or f"graph#{next(_labels)}"
-        self.graph: Graph | None = None
-        #: names of the kernels launched into this capture (filled while tracing/profiling)
-        self.kernels: list[str] = []
-        self._keep = keep
-        self._open = False
-
-    # -- begin / end ---------------------------------------------------------------------------
-    def begin(self) -> "Capture":
-        st = self.stream
-        if st.handle in _LEGACY_HANDLES:
-            raise CaptureError(
-                "cannot capture on the legacy NULL stream (the driver answers "
-                "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): capture on the runtime's owned stream "
-                "(khal_runtime.default_stream()) or a stream from khal_runtime.Stream.create()")
-        mode = _mode_enum(self.mode)
-        from khal_runtime.device import ensure_current
-        from khal_runtime.uniforms import cache_for
-
-        ensure_current(st.device_id)
-        with _lock:
-            if st.handle in _open:
-                raise CaptureError(f"stream 0x{st.handle:x} is already capturing "
-                                   f"({_open[st.handle].label!r}); end that capture first")
-            _open[st.handle] = self
-        try:
-            # uploads still in flight would be waited on with events inside the capture: settle them
-            cache_for(st.device_id).settle()
-            check(_cuda.driver().cuStreamBeginCapture(st._cu, mode), "cuStreamBeginCapture")
-        except BaseException:
-            with _lock:
-                _open.pop(st.handle, None)
-            raise
-        self._open = True
-        _captures().append(self)
-        return self
-
-    def _close(self) -> Any:
-        """End the driver capture; the CUgraph (or raise)."""
-        st = self.stream
-        self._open = False
-        caps = _captures()
-        if self in caps:
-            caps.remove(self)
-        with _lock:
-            _open.pop(st.handle, None)
-        drv = _cuda.driver()
-        res = drv.cuStreamEndCapture(st._cu)
-        from khal_runtime.buffers import flush_deferred_frees
-
-        flush_deferred_frees()  # buffers released while capturing
-        if res[0]:
-            name = getattr(res[0], "name", str(res[0]))
-            raise CaptureError(
-                f"capture {self.label!r} failed at cuStreamEndCapture: {name}. Something inside the "
-                "capture was not capturable (a host synchronisation, an allocation, work on the "
-                "legacy stream, or a call from another thread in global mode); run it with "
-                "KHAL_CUDA_TRACE=1 to see the launches it recorded")
-        return res[1]
-
-    def end(self) -> "Graph":
-        """End the capture and instantiate it: the :class:`Graph`."""
-        if not self._open:
-            raise CaptureError(f"capture {self.label!r} is not open")
-        g = self._close()
-        self.graph = Graph._from_capture(g, self)
-        return self.graph
-
-    def abort(self) -> None:
-        """End the capture and discard what it recorded."""
-        if not self._open:
-            return
-        try:
-            g = self._close()
-        except CaptureError:
-            return
-        if g is not None and int(g):
-            _cuda.driver().cuGraphDestroy(g)
-
-    def __enter__(self) -> "Capture":
-        return self.begin()
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is not None:
-            self.abort()
-            return
-        self.end()
-
-
-def current_capture(stream: Any = None) -> Capture | None:
-    """The innermost capture this thread has open (on ``stream`` if given)."""
-    caps = getattr(_state, "captures", None)
-    if not caps:
-        return None
-    if stream is None:
-        return caps[-1]
-    h = getattr(stream, "handle", stream)
-    for c in reversed(caps):
-        if c.stream.handle == h:
-            return c
-    return None
-
-
-def begin_capture(stream: Any = None, *, mode: str = "thread_local", label: str | None = None) -> Capture:
-    """Start capturing ``stream`` (default: the owned stream); finish with :func:`end_capture`."""
-    return Capture(stream, mode=mode, label=label).begin()
-
-
-def end_capture(stream: Any = None) -> "Graph":
-    """End the capture open on ``stream``: the instantiated :class:`Graph`."""
-    st = _resolve_stream(stream)
-    with _lock:
-        cap = _open.get(st.handle)
-    if cap is None:
-        raise CaptureError(f"no capture is open on stream 0x{st.handle:x}; call begin_capture() first")
-    return cap.end()
-
-
-def capture(stream: Any = None, *, mode: str = "thread_local", label: str | None = None) -> Capture:
-    """``with capture() as cap: ...`` then ``cap.graph``."""
-    return Capture(stream, mode=mode, label=label)
-
-
-def capture_graph(fn: Callable[..., Any], *args: Any, stream: Any = None, label: str | None = None,
-                  **kwargs: Any) -> "Graph":
-    """Capture ``fn(*args, **kwargs)`` into a graph that remembers ``fn`` (see :meth:`Graph.rebind`).
-
-    ``fn`` must launch on ``stream`` (pass it through, or use the default stream). The
-    graph keeps ``args`` / ``kwargs`` alive: the memory the captured launches use then
-    outlives the graph."""
-    cap = Capture(stream, label=label or getattr(fn, "__name__", None), keep=(args, kwargs))
-    with cap:
-        fn(*args, **kwargs)
-    g = cap.graph
-    assert g is not None
-    g._fn = fn
-    return g
 
 
 class Graph:
-    """An instantiated CUDA graph (``CUgraphExec``) bound to a device and a default stream."""
+    """A captured step of launches, replayed with :meth:`launch`. Made by a capture
+    (``stream.capture()``, :func:`capture_graph`); each backend has its own subclass."""
 
-    def __init__(self) -> None:  # use Capture / capture_graph
-        raise TypeError("Graph objects come from khal_runtime.graphs.capture() / capture_graph()")
+    label: str
+    device_id: int
+    kernels: list[str]
 
-    @classmethod
-    def _from_capture(cls, cugraph: Any, cap: Capture) -> "Graph":
-        from khal_runtime.uniforms import cache_for
+    def __init__(self) -> None:  # use a capture
+        raise TypeError("Graph objects come from stream.capture() / khal_runtime.capture_graph()")
 
-        self = object.__new__(cls)
-        self.label = cap.label
-        self.stream = cap.stream
-        self.device_id = cap.stream.device_id
-        self.kernels = list(cap.kernels)
-        self._graph = cugraph
-        self._exec = None
-        self._fn: Callable[..., Any] | None = None
-        self._keep = cap._keep
-        self._uniforms = cache_for(self.device_id)
-        self.updates = 0           # in-place cuGraphExecUpdate successes
-        self.reinstantiations = 0  # updates that had to instantiate again
-        try:
-            self._exec = check(_cuda.driver().cuGraphInstantiate(cugraph, 0), "cuGraphInstantiate")
-        except BaseException:
-            _cuda.driver().cuGraphDestroy(cugraph)
-            self._graph = None
-            raise
-        self._uniforms.pins = getattr(self._uniforms, "pins", 0) + 1
-        return self
-
-    # -- queries -------------------------------------------------------------------------------
-    @property
-    def node_count(self) -> int:
-        res = _cuda.driver().cuGraphGetNodes(self._graph, 0)
-        check(res[:1], "cuGraphGetNodes")
-        return int(res[-1])
-
-    @property
-    def handle(self) -> Any:
-        """The ``CUgraphExec``."""
-        return self._exec
-
-    def _stream(self, stream: Any) -> Any:
-        if stream is None:
-            return self.stream
-        st = _resolve_stream(stream)
-        if st.device_id != self.device_id:
-            raise CudaError(f"graph {self.label!r} belongs to device {self.device_id}, "
-                            f"the stream to device {st.device_id}")
-        return st
-
-    def _live(self) -> Any:
-        if self._exec is None:
-            raise CaptureError(f"graph {self.label!r} was closed")
-        return self._exec
-
-    # -- run -----------------------------------------------------------------------------------
-    def upload(self, stream: Any = None) -> "Graph":
-        """Upload the graph's work to the device ahead of the first launch (``cuGraphUpload``)."""
-        st = self._stream(stream)
-        check(_cuda.driver().cuGraphUpload(self._live(), st._cu), "cuGraphUpload")
-        return self
+    def upload(self, stream: Any = None) -> Graph:
+        """Prepare the graph's work on the device ahead of the first launch."""
+        raise NotImplementedError
 
     def launch(self, stream: Any = None) -> None:
         """Enqueue one replay on ``stream`` (default: the stream it was captured on)."""
-        st = self._stream(stream)
-        ex = self._live()
-        from khal_runtime.launching import hooks
+        raise NotImplementedError
 
-        if hooks.active:
-            gl = getattr(hooks.dispatch, "graph_launch", None)
-            if gl is not None:
-                gl(self, st, lambda: self._launch_now(ex, st))
-                return
-        self._launch_now(ex, st)
-
-    def _launch_now(self, ex: Any, st: Any) -> None:
-        err = _cuda.driver().cuGraphLaunch(ex, st._cu)[0]
-        if err:
-            check((err,), f"cuGraphLaunch({self.label})")
-
-    __call__ = launch
-
-    # -- rebinding -----------------------------------------------------------------------------
     def update(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
-        """Re-capture ``fn(*args, **kwargs)`` (same launches, e.g. other buffers of the same shape)
-        and apply it to this graph with ``cuGraphExecUpdate``: no re-instantiation.
-
-        Returns True when updated in place, False when the topology changed and the graph
-        had to be instantiated again (still correct, slower)."""
-        self._live()
-        cap = Capture(self.stream, label=self.label, keep=(args, kwargs))
-        with _lock:
-            busy = self.stream.handle in _open
-        if busy:
-            raise CaptureError(f"graph {self.label!r}: its stream is capturing; end that first")
-        cap.begin()
-        try:
-            fn(*args, **kwargs)
-        except BaseException:
-            cap.abort()
-            raise
-        new = cap._close()
-        drv = _cuda.driver()
-        res = drv.cuGraphExecUpdate(self._exec, new)
-        if res[0]:
-            # topology or node kinds differ: instantiate the new graph instead
-            try:
-                ex = check(drv.cuGraphInstantiate(new, 0), "cuGraphInstantiate")
-            except BaseException:
-                drv.cuGraphDestroy(new)
-                raise
-            drv.cuGraphExecDestroy(self._exec)
-            self._exec = ex
-            self.reinstantiations += 1
-            in_place = False
-        else:
-            self.updates += 1
-            in_place = True
-        drv.cuGraphDestroy(self._graph)
-        self._graph = new
-        self._keep = (args, kwargs)
-        self.kernels = list(cap.kernels) or self.kernels
-        if fn is not None:
-            self._fn = fn
-        return in_place
+        """Re-capture ``fn(*args, **kwargs)`` (the same launches with other buffers) into this
+        graph; True when updated in place, False when it had to be built again."""
+        raise NotImplementedError
 
     def rebind(self, *args: Any, **kwargs: Any) -> bool:
         """:meth:`update` with the function given to :func:`capture_graph` and new arguments."""
-        if self._fn is None:
-            raise CaptureError(f"graph {self.label!r} was not made by capture_graph(fn, ...): "
-                               "use graph.update(fn, *args)")
-        return self.update(self._fn, *args, **kwargs)
+        raise NotImplementedError
 
-    # -- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Destroy the executable graph and its template now. Idempotent."""
-        ex, g = self._exec, self._graph
-        self._exec = self._graph = None
-        if ex is None and g is None:
-            return
-        drv = _cuda.driver()
-        if ex is not None:
-            drv.cuGraphExecDestroy(ex)
-        if g is not None:
-            drv.cuGraphDestroy(g)
-        self._keep = None
-        self._uniforms.pins = max(0, getattr(self._uniforms, "pins", 1) - 1)
+        """Free the graph now. Idempotent."""
+        raise NotImplementedError
 
-    def __del__(self) -> None:
-        try:
-            if getattr(self, "_exec", None) is not None or getattr(self, "_graph", None) is not None:
-                self.close()
-        except Exception:
-            pass
+    def __call__(self, stream: Any = None) -> None:
+        self.launch(stream)
 
-    def __enter__(self) -> "Graph":
+    def __enter__(self) -> Graph:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        state = "closed" if self._exec is None else f"device={self.device_id}"
-        return f"<Graph {self.label!r} {state}>"
+
+def capture(stream: Any = None, *, mode: str = "thread_local", label: str | None = None) -> Any:
+    """``with capture() as cap: ...`` then ``cap.graph`` (default: this thread's stream)."""
+    st = as_stream(stream)
+    return st._bk.capture(st, mode=mode, label=label, keep=None)
+
+
+def begin_capture(stream: Any = None, *, mode: str = "thread_local", label: str | None = None) -> Any:
+    """Start capturing ``stream`` (default: the owned stream); finish with :func:`end_capture`."""
+    return capture(stream, mode=mode, label=label).begin()
+
+
+def end_capture(stream: Any = None) -> Graph:
+    """End the capture open on ``stream``: the instantiated :class:`Graph`."""
+    st = as_stream(stream)
+    return st._bk.end_capture(st)  # type: ignore[no-any-return]
+
+
+def capture_graph(fn: Callable[..., Any], *args: Any, stream: Any = None, label: str | None = None,
+                  **kwargs: Any) -> Graph:
+    """Capture ``fn(*args, **kwargs)`` into a graph that remembers ``fn`` (see :meth:`Graph.rebind`).
+
+    ``fn`` must launch on ``stream`` (pass it through, or use the default stream). The graph
+    keeps ``args`` / ``kwargs`` alive: the memory the captured launches use then outlives it."""
+    st = as_stream(stream)
+    cap = st._bk.capture(st, mode="thread_local", label=label or getattr(fn, "__name__", None),
+                         keep=(args, kwargs))
+    with cap:
+        fn(*args, **kwargs)
+    g = cap.graph
+    g._fn = fn
+    return g  # type: ignore[no-any-return]

@@ -1,9 +1,9 @@
 """A loaded shader package: :func:`load` -> :class:`KernelSet` of :class:`Kernel`.
 
-``load`` reads and validates the manifest (and, for editable installs, checks
-the sources are unchanged) but does no GPU work: the binary is chosen, verified
-and loaded per device on a kernel's first use, so importing a shader package
-works on a machine with no GPU or driver.
+``load`` reads and validates the manifest (and, for editable installs, checks the sources
+are unchanged) but does no GPU work: the binary is chosen, verified and loaded per device on
+a kernel's first use, by the process's backend (:mod:`khal_runtime.backends`), so importing a
+shader package works on a machine with no GPU or driver.
 """
 
 from __future__ import annotations
@@ -13,29 +13,44 @@ import importlib.util
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from khal_runtime import _cuda
-from khal_runtime.device import _tls, ensure_current
-from khal_runtime.errors import KhalError
-from khal_runtime.arguments import dim3, thread_count
-from khal_runtime.launching import LaunchPlan
-from khal_runtime.loader import CrateRuntime
+from khal_runtime import backends, tracing
+from khal_runtime.arguments import check_block, check_grid, diagnose_args, dim3, grid_for, thread_count
+from khal_runtime.arguments import shared_mem as check_shared_mem
+from khal_runtime.device import Stream, _tls, as_stream, current_device_id, default_stream, ensure_current
+from khal_runtime.errors import BackendUnavailableError, KhalError, StaleBuildError
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
-from khal_runtime.stream import Stream, as_stream, default_stream
+from khal_runtime.verify import check_manifest, check_sources, read_artifact
 
-__all__ = ["CrateKernels", "Kernel", "KernelSet", "find_package_dir", "load"]
+__all__ = ["CrateKernels", "Kernel", "KernelSet", "LaunchConfig", "find_package_dir", "launch", "load"]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Grid (blocks), block (threads per block; None = the entry's block size), dynamic shared
+    memory in bytes: ``khal_runtime.launch(stream, LaunchConfig(grid, block, shmem), kernel, ...)``."""
+
+    grid: int | tuple[int, ...]
+    block: int | tuple[int, ...] | None = None
+    shmem: int = 0
+
+
+def launch(stream: Any, config: LaunchConfig, kernel: Kernel, *args: Any) -> None:
+    """``cuda.core``-style launch: ``launch(stream, LaunchConfig(grid, block, shmem), kernels.k, *args)``."""
+    kernel.launch(config.grid, config.block, *args, stream=stream, shared_mem=config.shmem)
 
 
 def _stream_of(stream: Any) -> Stream:
     """``stream=`` of a launch: None (this thread's owned stream), a Stream, or anything
-    :func:`khal_runtime.stream.as_stream` takes."""
+    :func:`khal_runtime.device.as_stream` takes."""
     if stream is None:
         try:
             return _tls.stream  # type: ignore[no-any-return]
         except AttributeError:
-            return _first_stream()
+            return default_stream()
     if type(stream) is Stream:
         return stream
     return as_stream(stream)
@@ -43,36 +58,37 @@ def _stream_of(stream: Any) -> Stream:
 
 class Kernel(functools.partial):  # type: ignore[type-arg]
     """One entry point. ``k(n, *args, stream=None)`` runs ``n`` threads (grid = ceil(n / block.x));
-    ``k.launch(grid, block, *args, stream=None, shared_mem=0)`` takes explicit dimensions.
+    ``k.launch(grid, block, *args, stream=None, shared_mem=0)`` takes explicit dimensions
+    (``block`` must be the compiled one, or None).
 
     Why a ``functools.partial``: calling it is the product's hot path, and CPython calls a
     partial through C-level vectorcall straight into its function, where an object with a
-    Python ``__call__`` goes through a slot lookup and a bound-method call (on 3.12: 72 vs
-    123 ns for a five-argument call; 72 vs 210 ns with ``stream=``). ``func`` starts as the
-    generic path (``func(self, n, ...)``) and becomes the code generated
-    for the entry on its first device (:meth:`_install_fast`), which holds the kernel itself,
-    so the partial has no arguments to prepend and forwards the call as it is. The partial's
-    own attributes (``func``, ``args``) are that machinery, not part of the API."""
+    Python ``__call__`` goes through a slot lookup and a bound-method call. ``func`` starts as
+    the generic path (``func(self, n, ...)``) and becomes the code the backend generated for the
+    entry on its first device (:meth:`_install_fast`), which holds the kernel itself, so the
+    partial has no arguments to prepend and forwards the call as it is. The partial's own
+    attributes (``func``, ``args``) are that machinery, not part of the API."""
 
-    __slots__ = ("entry", "name", "crate", "_runtime", "_plans", "_bx", "_by", "_bz", "_lock")
+    __slots__ = ("entry", "name", "crate", "_crate", "_plans", "_bx", "_by", "_bz", "_flat", "_lock")
 
     entry: Entry
     name: str
     crate: str
 
-    def __new__(cls, runtime: CrateRuntime, entry: Entry) -> Kernel:
+    def __new__(cls, crate: CrateKernels, entry: Entry) -> Kernel:
         self = super().__new__(cls, _generic_call)
         self._set_call(_generic_call, self)
         self.entry = entry
         self.name = entry.name
-        self.crate = runtime.crate.name
-        self._runtime = runtime
-        self._plans: dict[int, LaunchPlan] = {}
+        self.crate = crate.name
+        self._crate = crate
+        self._plans: dict[int, Any] = {}
         self._bx, self._by, self._bz = (int(x) for x in entry.block_size)
+        self._flat = self._by == self._bz == 1  # a 1-D block: ``block=bx`` names it
         self._lock = threading.Lock()
         return self
 
-    def __init__(self, runtime: CrateRuntime, entry: Entry) -> None:  # state set in __new__
+    def __init__(self, crate: CrateKernels, entry: Entry) -> None:  # state set in __new__
         pass
 
     def _set_call(self, fn: Callable[..., None], *bound: Any) -> None:
@@ -91,24 +107,21 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     def params(self) -> tuple[Any, ...]:
         return self.entry.params
 
-    def plan(self, device_id: int) -> LaunchPlan:
-        """The launch plan on a device (loads the crate there on first use)."""
+    def plan(self, device_id: int) -> Any:
+        """The backend's launch plan on a device (loads the crate there on first use)."""
         p = self._plans.get(device_id)
         if p is None:
             with self._lock:
                 p = self._plans.get(device_id)
                 if p is None:
-                    from khal_runtime.uniforms import cache_for
-
-                    mod = self._runtime.module(device_id)
-                    p = LaunchPlan(self.entry, self.crate, device_id, mod.functions[self.name],
-                                   cache_for(device_id), mod.indirect.get(self.name))
+                    module = self._crate.module(device_id)
+                    p = self._crate.backend.plan(self, module, device_id)
                     self._plans[device_id] = p
                     if self.func is _generic_call:
                         self._install_fast(p)
         return p
 
-    def _ready(self, device_id: int) -> LaunchPlan:
+    def _ready(self, device_id: int) -> Any:
         """The plan on ``device_id``, with that device's context current in this thread."""
         try:
             plan = self._plans[device_id]
@@ -118,52 +131,49 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
             ensure_current(device_id)
         return plan
 
-    def _install_fast(self, plan: LaunchPlan) -> None:
+    def _install_fast(self, plan: Any) -> None:
         """Make calls run the code generated for this entry on ``plan``'s device (other devices
         take its slow path); regenerated when the plan inlines a new array type."""
 
-        def regenerate(p: LaunchPlan) -> None:
+        def regenerate(p: Any) -> None:
             self._set_call(p.make_call(_slow_call, self))  # the code holds self: no partial args
 
         regenerate(plan)
         plan.on_regenerate.append(regenerate)
 
     def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int = 0) -> None:
+        """Launch ``grid`` blocks of the compiled block size (``block``: None, or that size)."""
         st = _stream_of(stream)
         plan = self._ready(st.device_id)
-        if type(grid) is int and grid > 0:
+        if type(grid) is int and 0 < grid <= 2**31 - 1:
             gx, gy, gz = grid, 1, 1
         else:
-            gx, gy, gz = dim3(grid, "grid")
-        if block is None:
-            bx, by, bz = self._bx, self._by, self._bz
-        elif type(block) is int and block > 0:
-            bx, by, bz = block, 1, 1
-        else:
-            bx, by, bz = dim3(block, "block")
-        plan.run(gx, gy, gz, bx, by, bz, shared_mem if type(shared_mem) is int else int(shared_mem), st, args)
+            gx, gy, gz = dim3(grid, f"{self.name}.launch(): grid")
+            check_grid(self.name, (gx, gy, gz), self.entry.grid_dims)
+        if block is not None and not (type(block) is int and block == self._bx and self._flat):
+            compiled = (self._bx, self._by, self._bz)
+            check_block(self.name, dim3(block, f"{self.name}.launch(): block"), compiled)
+        shmem = shared_mem if type(shared_mem) is int and 0 <= shared_mem < 2**32 else \
+            check_shared_mem(self.name, shared_mem)
+        plan.run(gx, gy, gz, self._bx, self._by, self._bz, shmem, st, args)
 
     def bind(self, *args: Any, stream: Any = None) -> Any:
-        """A :class:`~khal_runtime.bound.BoundLaunch`: ``args`` checked and packed once, then
-        ``b(n)`` launches ``n`` threads at about the cost of a raw ``cuLaunchKernel``."""
-        from khal_runtime.bound import BoundLaunch
-
+        """A bound launch: ``args`` checked and packed once, then ``b(n)`` launches ``n``
+        threads at about the cost of a raw launch (see :mod:`khal_runtime.backends.cuda.bound`)."""
         st = _stream_of(stream)
-        return BoundLaunch(self, args, st)
+        plan = self._ready(st.device_id)
+        return self._crate.backend.bind(self, plan, args, st)
 
     def dispatch_indirect(self, count: Any, *args: Any, stream: Any = None, grid: Any = None,
                           threads: bool = False, host_read: bool | None = None) -> None:
         """Launch with the workgroup count (``threads=True``: thread count) read from ``count``,
-        a device uint32 buffer written by earlier work. See :mod:`khal_runtime.indirect`."""
-        from khal_runtime.indirect import dispatch_indirect
-
-        dispatch_indirect(self, count, *args, stream=stream, grid=grid, threads=threads,
-                          host_read=host_read)
+        a device uint32 buffer written by earlier work (see the README, "Indirect dispatch")."""
+        st = _stream_of(stream)
+        plan = self._ready(st.device_id)
+        self._crate.backend.dispatch_indirect(self, plan, count, args, st, grid, threads, host_read)
 
     def check_args(self, *args: Any) -> None:
         """Validate arguments without launching (no GPU needed)."""
-        from khal_runtime.arguments import diagnose_args
-
         diagnose_args(self.entry, args)
 
     def __repr__(self) -> str:
@@ -177,48 +187,74 @@ def _generic_call(self: Kernel, n: Any, *args: Any, stream: Any = None) -> None:
 
 def _slow_call(self: Kernel, n: Any, args: tuple[Any, ...], st: Stream) -> None:
     """``Kernel.__call__`` with the stream resolved: any device, any thread count."""
-    if type(n) is not int:
-        n = thread_count(self.name, n)
+    n = thread_count(self.name, n)
     plan = self._ready(st.device_id)
     if n > 0:
         bx = self._bx
-        plan.run((n + bx - 1) // bx, 1, 1, bx, self._by, self._bz, 0, st, args)
+        plan.run(grid_for(self.name, n, bx), 1, 1, bx, self._by, self._bz, 0, st, args)
         return
-    if n < 0:
-        raise ValueError(f"{self.name}(): thread count must be >= 0, got {n}")
-    _check_only(plan, args)
-
-
-def _check_only(plan: LaunchPlan, args: tuple[Any, ...]) -> None:
-    from khal_runtime.arguments import diagnose_args
-
     diagnose_args(plan.entry, args)
 
 
-def _first_stream() -> Stream:
-    """This thread's default stream (BackendUnavailableError, saying why, without CUDA)."""
-    return default_stream()
-
-
 class CrateKernels:
-    """The entries of one crate, as attributes."""
+    """One crate: its manifest record, its verified binaries, its modules per device, and its
+    entries as attributes (``kernels.crates["core"].saxpy``)."""
 
-    def __init__(self, runtime: CrateRuntime) -> None:
-        self._runtime = runtime
-        self._kernels = {e.name: Kernel(runtime, e) for e in runtime.crate.entries}
+    def __init__(self, package: str, package_dir: Path, crate: Crate) -> None:
+        self.package = package
+        self.package_dir = Path(package_dir)
+        self.crate = crate
+        self.name = crate.name
+        self._lock = threading.Lock()
+        self._modules: dict[int, Any] = {}
+        self._blobs: dict[str, bytes] | None = None
+        self._backend: Any = None
+        self._kernels = {e.name: Kernel(self, e) for e in crate.entries}
         for n, k in self._kernels.items():
             if not hasattr(type(self), n):
                 self.__dict__[n] = k
 
     @property
-    def crate(self) -> Crate:
-        return self._runtime.crate
+    def backend(self) -> Any:
+        """The backend this crate runs on (the process's, chosen on first use)."""
+        b = self._backend
+        if b is None:
+            b = self._backend = backends.current()
+        return b
+
+    def blobs(self) -> dict[str, bytes]:
+        """Every artifact's bytes, after the confinement, size and sha256 checks (read once)."""
+        if self._blobs is None:
+            self._blobs = {a.path: read_artifact(self.package_dir, a) for a in self.crate.artifacts}
+        return self._blobs
+
+    def module(self, device_id: int) -> Any:
+        """The crate loaded on a device (loaded on first use, once per device)."""
+        m = self._modules.get(device_id)
+        if m is None:
+            with self._lock:
+                m = self._modules.get(device_id)
+                if m is None:
+                    m = self.backend.load_crate(self, device_id)
+                    self._modules[device_id] = m
+        return m
+
+    def load(self, device: int | None = None) -> None:
+        """Load the crate now (on ``device``, default this thread's) instead of at first use."""
+        self.module(current_device_id() if device is None else int(device))
+
+    def close(self) -> None:
+        """Unload the crate from every device it was loaded on."""
+        with self._lock:
+            for m in self._modules.values():
+                self.backend.unload(m)
+            self._modules.clear()
 
     def __getattr__(self, name: str) -> Kernel:
         try:
-            return self.__dict__["_kernels"][name]
+            return self.__dict__["_kernels"][name]  # type: ignore[no-any-return]
         except KeyError:
-            raise AttributeError(f"crate {self.crate.name!r} has no entry {name!r}; it has "
+            raise AttributeError(f"crate {self.name!r} has no entry {name!r}; it has "
                                  f"{', '.join(self._kernels) or 'none'}") from None
 
     def __getitem__(self, name: str) -> Kernel:
@@ -230,12 +266,6 @@ class CrateKernels:
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self._kernels))
 
-    def load(self, device: int | None = None) -> None:
-        """Load the crate now (on ``device``, default this thread's) instead of at first use."""
-        from khal_runtime.device import current_device_id
-
-        self._runtime.module(current_device_id() if device is None else int(device))
-
 
 class KernelSet:
     """Every entry of a shader package: ``ks.<entry>`` (unique names), ``ks.crates[<crate>].<entry>``."""
@@ -245,7 +275,7 @@ class KernelSet:
         self.package_dir = package_dir
         self.manifest = manifest
         self.crates: dict[str, CrateKernels] = {
-            c.name: CrateKernels(CrateRuntime(package, package_dir, manifest, c)) for c in manifest.crates
+            c.name: CrateKernels(package, package_dir, c) for c in manifest.crates
         }
         by_name: dict[str, list[Kernel]] = {}
         for ck in self.crates.values():
@@ -262,7 +292,7 @@ class KernelSet:
         d = self.__dict__
         k = d.get("_kernels", {}).get(name)
         if k is not None:
-            return k
+            return k  # type: ignore[no-any-return]
         if name in d.get("_ambiguous", {}):
             raise AttributeError(f"entry {name!r} exists in crates {d['_ambiguous'][name]}; "
                                  f"use kernels.crates[<crate>].{name}")
@@ -301,7 +331,7 @@ def find_package_dir(package: str | os.PathLike[str]) -> tuple[str, Path]:
     if mod is not None:
         locations = list(getattr(mod, "__path__", []) or [])
         if not locations and getattr(mod, "__file__", None):
-            locations = [str(Path(mod.__file__).parent)]
+            locations = [str(Path(mod.__file__).parent)]  # type: ignore[arg-type]
     if not locations:
         try:
             spec = importlib.util.find_spec(package)
@@ -321,18 +351,23 @@ def find_package_dir(package: str | os.PathLike[str]) -> tuple[str, Path]:
 def load(package: str | os.PathLike[str]) -> KernelSet:
     """The kernels of a shader package (by import name, or its directory).
 
-    Reads the manifest; checks editable-install sources (StaleBuildError); honours
-    ``KHAL_BACKEND`` ("cuda": CUDA must be usable now). GPU work happens at first use."""
-    from khal_runtime.errors import StaleBuildError
-    from khal_runtime.verify import check_sources
-
-    mode = _cuda.backend_mode()
+    Reads the manifest and checks that it agrees with itself; checks editable-install sources
+    (StaleBuildError); honours ``KHAL_BACKEND`` ("cuda" / "webgpu": that backend must be usable
+    now). GPU work happens at first use."""
+    mode = backends.backend_mode()
     name, pkg_dir = find_package_dir(package)
     manifest = load_manifest(pkg_dir / MANIFEST_DIR / MANIFEST_NAME)
-    stale = check_sources(manifest)
+    problems = check_manifest(manifest)
+    if problems:
+        raise problems[0].exception()
+    stale = check_sources(manifest, pkg_dir)
     if stale:
         more = f" (and {len(stale) - 1} more file(s))" if len(stale) > 1 else ""
         raise StaleBuildError(f"package {name!r}: {stale[0].message}{more}")
-    if mode == "cuda":
-        _cuda.require_cuda()
+    if mode != "auto":
+        try:
+            backends.current()
+        except BackendUnavailableError as exc:
+            raise BackendUnavailableError(f"package {name!r}: {exc}") from None
+    tracing.install_from_env_once()
     return KernelSet(manifest.package or name, pkg_dir, manifest)

@@ -189,9 +189,11 @@ class Param(_Model):
     def slots(self) -> tuple[abi.Slot, ...]:
         return abi.KINDS[self.kind].slots(self.element_type, self.element_size, self.element_align)
 
-    def describe(self) -> str:
+    def describe(self, writable: bool = False) -> str:
+        """``storage float32``, ``uniform Params (16 bytes)``, ... (with ``writable``: `` rw``
+        after a writable storage)."""
         return abi.KINDS[self.kind].describe(self.element_type, self.element_size, self.shape,
-                                            self.length, self.writable)
+                                            self.length, writable and self.writable)
 
 
 class Binding(_Model):
@@ -257,6 +259,9 @@ class Entry(_Model):
     params: tuple[Param, ...] = Field(min_length=1)
     #: Symbol of the persistent-grid (device-side count) variant, if generated.
     indirect_symbol: Optional[str] = None
+    #: how many grid dimensions the entry's thread ids honour: 1 (x only: an explicit launch
+    #: with a y or z grid is refused) up to 3
+    grid_dims: int = Field(default=1, ge=1, le=3)
     #: Slang entries: the WGSL / SPIR-V targets (absent with KHAL_SKIP_SPIRV, and for CUDA C++)
     webgpu: Optional[tuple[WebGpuTarget, ...]] = None
 

@@ -3,9 +3,10 @@
 Nothing here costs anything unless enabled: the generated launch code calls the
 :class:`Dispatcher` installed here only while it is installed (``hooks.install`` and
 ``uninstall`` regenerate every plan's code; bound launches and graph replays read
-``hooks.active``).
+``hooks.active``). GPU times come from the backend's timer (CUDA events; WebGPU timestamp
+queries where the adapter has them).
 
-Environment (read when ``khal_runtime.launching`` is imported):
+Environment (read when the first package is loaded):
 
 ``KHAL_CUDA_TRACE``
     ``1`` (or ``true``/``yes``/``on``): one line per launch — kernel, grid, block,
@@ -41,8 +42,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable
 
-from khal_runtime import _cuda
-from khal_runtime.errors import CudaError
+from khal_runtime import abi, interop
+from khal_runtime.capture_state import capturing, current_capture
+from khal_runtime.errors import CudaError, KhalError
+from khal_runtime.hooks import Hooks
+from khal_runtime.hooks import hooks as _hooks
+from khal_runtime.uniforms import to_uniform
 
 __all__ = [
     "Dispatcher",
@@ -136,8 +141,6 @@ def write_line(line: str, path: str | None = None) -> None:
 
 def trace_alloc(nbytes: int, device_id: int) -> None:
     """``KHAL_CUDA_ALLOC_TRACE``: one line per DeviceBuffer allocation, with its caller."""
-    from khal_runtime.graphs import capturing
-
     where = "?"
     for fr in reversed(traceback.extract_stack()[:-1]):
         if "khal_runtime" not in fr.filename.replace("\\", "/").split("/")[-2:][0]:
@@ -160,20 +163,17 @@ def _fmt_bytes(n: int) -> str:
 def describe_arg(p: Any, obj: Any) -> str:
     """``name=kind type[count] (size)`` for one argument (never raises)."""
     try:
-        if p.kind == "storage":
-            from khal_runtime.buffers import extract
-
-            ptr, count, _key = extract(obj)
-            return (f"{p.name}=storage {p.element_type}[{count}] "
+        reader = abi.kind(p.kind).reader
+        if reader == "array":
+            ptr, count, _key = interop.extract(obj)
+            return (f"{p.name}={p.kind} {p.element_type}[{count}] "
                     f"({_fmt_bytes(count * int(p.element_size))} @0x{ptr:x})")
-        if p.kind == "uniform":
-            from khal_runtime.uniforms import to_uniform
-
+        if reader == "struct":
             u = to_uniform(obj)
             if isinstance(u, bytes):
-                return f"{p.name}=uniform {p.element_type} ({len(u)} B, host)"
-            return f"{p.name}=uniform {p.element_type} ({u[1]} B, device @0x{u[0]:x})"
-        return f"{p.name}=scalar {p.element_type} ({p.element_size} B) = {obj!r}"
+                return f"{p.name}={p.kind} {p.element_type} ({len(u)} B, host)"
+            return f"{p.name}={p.kind} {p.element_type} ({u[1]} B, device @0x{u[0]:x})"
+        return f"{p.name}={p.kind} {p.element_type} ({p.element_size} B) = {obj!r}"
     except Exception as exc:  # a bad argument: the launch itself reports it
         return f"{p.name}=<{type(obj).__name__}: {exc}>"
 
@@ -222,8 +222,9 @@ class _Stat:
 
 
 class Profiler:
-    """Event pairs per launch from a pool; resolved lazily (query when the pool runs low,
-    wait only at report time). Never synchronises a stream per launch."""
+    """Timed launches from the backend's timer (event pairs from a pool), resolved lazily
+    (query when many are pending, wait only at report time). Never synchronises a stream per
+    launch."""
 
     #: pending pairs kept before completed ones are collected (non-blocking)
     COLLECT_AT = 2048
@@ -232,58 +233,48 @@ class Profiler:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.pool: list[Any] = []
         self.pending: list[tuple[str, Any, Any, tuple[str, ...]]] = []
         self.stats: dict[str, _Stat] = {}
         self.captured: dict[str, int] = {}  # launches recorded into graphs (not timed per kernel)
         self.errors = 0
-
-    def _event(self) -> Any:
-        if self.pool:
-            return self.pool.pop()
-        drv = _cuda.driver()
-        return _cuda.check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+        #: where the times come from ("CUDA events", "WebGPU timestamp queries")
+        self.sources: set[str] = set()
 
     def record(self, key: str, stream: Any, do: Callable[[], Any], kernels: tuple[str, ...] = ()) -> Any:
-        drv = _cuda.driver()
+        timer = stream._bk.timer()
         with self.lock:
-            e0 = self._event()
-            e1 = self._event()
-        drv.cuEventRecord(e0, stream._cu)
+            self.sources.add(timer.what)
+            start = timer.start(stream)
         try:
             return do()
         finally:
-            drv.cuEventRecord(e1, stream._cu)
+            token = timer.stop(start, stream)
             with self.lock:
-                self.pending.append((key, e0, e1, kernels))
+                self.pending.append((key, timer, token, kernels))
                 n = len(self.pending)
             if n >= self.COLLECT_AT:
                 self.collect(wait=n >= self.HARD_LIMIT)
 
     def collect(self, wait: bool = False) -> None:
-        """Fold finished event pairs into the stats; with ``wait``, wait for all of them."""
-        drv = _cuda.driver()
+        """Fold finished timings into the stats; with ``wait``, wait for all of them."""
         with self.lock:
             pending, self.pending = self.pending, []
         keep = []
-        for i, (key, e0, e1, kernels) in enumerate(pending):
-            if wait:
-                drv.cuEventSynchronize(e1)
-            elif drv.cuEventQuery(e1)[0]:
+        for i, (key, timer, token, kernels) in enumerate(pending):
+            ms = timer.elapsed_ms(token, wait)
+            if ms is None:
                 keep = pending[i:]  # in order per stream: stop at the first unfinished one
                 break
-            res = drv.cuEventElapsedTime(e0, e1)
             with self.lock:
-                if res[0]:
+                if ms < 0:
                     self.errors += 1
                 else:
                     st = self.stats.get(key)
                     if st is None:
                         st = self.stats[key] = _Stat()
-                    st.add(float(res[1]))
+                    st.add(ms)
                     if kernels:
                         st.kernels = kernels
-                self.pool += [e0, e1]
         if keep:
             with self.lock:
                 self.pending = keep + self.pending
@@ -306,7 +297,8 @@ class Profiler:
         total = sum(s.total for _, s in rows) or 1.0
         calls = sum(s.calls for _, s in rows)
         width = max([len("kernel")] + [len(k) for k, _ in rows])
-        out = [f"khal profile: GPU time per kernel (CUDA events, {calls} timed launches)",
+        src = ", ".join(sorted(self.sources))
+        out = [f"khal profile: GPU time per kernel ({src + ', ' if src else ''}{calls} timed launches)",
                f"{'kernel':<{width}}  {'calls':>8}  {'total ms':>10}  {'mean us':>10}  "
                f"{'min us':>9}  {'max us':>9}  {'%':>5}"]
         for k, s in rows:
@@ -384,8 +376,6 @@ def _load_nvtx() -> _Nvtx | None:
 # the dispatcher
 # ---------------------------------------------------------------------------------------------
 def _capturing(stream: Any) -> bool:
-    from khal_runtime.graphs import capturing
-
     return capturing(stream)
 
 
@@ -413,8 +403,6 @@ class Dispatcher:
         if cfg.profile or cfg.sync or cfg.trace:
             capturing = _capturing(stream)
             if capturing:
-                from khal_runtime.graphs import current_capture
-
                 capture = current_capture(stream)
                 if capture is not None:
                     capture.kernels.append(name)
@@ -446,15 +434,16 @@ class Dispatcher:
                 nv.pop()
 
     def _sync(self, seq: int, name: str, grid: Any, block: Any, stream: Any) -> None:
-        err = _cuda.driver().cuStreamSynchronize(stream._cu)[0]
-        if err:
-            code = getattr(err, "name", str(err))
+        try:
+            stream._bk.synchronize(stream)
+        except KhalError as exc:
+            code = getattr(exc, "code", "") or str(exc)
             g = "x".join(str(int(v)) for v in grid)
             b = "x".join(str(int(v)) for v in block)
             msg = (f"KHAL_CUDA_TRACE=sync: kernel {name} (launch #{seq}, grid={g} block={b}) failed: "
                    f"{code}; it is the first launch whose stream synchronisation failed")
             write_line("khal: " + msg, self.cfg.trace_file)
-            raise CudaError(msg, code=code)
+            raise CudaError(msg, code=code) from None
 
     # graphs.Graph.launch calls this when hooks are active
     def graph_launch(self, graph: Any, stream: Any, do_launch: Callable[[], Any]) -> Any:
@@ -505,14 +494,12 @@ def _at_exit(path: str | None) -> None:
 
 def enable(trace: bool | str = False, *, profile: bool = False, nvtx: bool | None = None,
            trace_file: str | None = None, profile_file: str | None = None,
-           at_exit: bool = False, hooks: Any = None) -> Dispatcher:
+           at_exit: bool = False, hooks: Hooks | None = None) -> Dispatcher:
     """Turn tracing (``trace=True`` or ``"sync"``), profiling and/or NVTX ranges on.
 
     ``nvtx=None``: NVTX ranges whenever the ``nvtx`` package is importable."""
     global _atexit_registered, _current
     if hooks is None:
-        from khal_runtime.launching import hooks as _hooks
-
         hooks = _hooks
     nv = None
     if nvtx or nvtx is None:
@@ -535,18 +522,15 @@ def enable(trace: bool | str = False, *, profile: bool = False, nvtx: bool | Non
     return d
 
 
-def disable(hooks: Any = None) -> None:
+def disable(hooks: Hooks | None = None) -> None:
     global _current
-    if hooks is None:
-        from khal_runtime.launching import hooks as _hooks
-
-        hooks = _hooks
-    hooks.uninstall()
+    (hooks or _hooks).uninstall()
     _current = None
 
 
-def install_from_env(hooks: Any, environ: Any = None) -> Dispatcher | None:
-    """Called by ``khal_runtime.launching`` at import when a tracing variable is set."""
+def install_from_env(hooks: Hooks | None = None, environ: Any = None) -> Dispatcher | None:
+    """Install what the environment's tracing variables ask for (``khal_runtime.load`` calls
+    this once per process)."""
     cfg = parse_env(environ)
     for w in cfg.warnings:
         print(f"khal: {w}", file=sys.stderr)
@@ -555,3 +539,16 @@ def install_from_env(hooks: Any, environ: Any = None) -> Dispatcher | None:
     return enable("sync" if cfg.sync else cfg.trace, profile=cfg.profile,
                   nvtx=True if cfg.nvtx else None, trace_file=cfg.trace_file,
                   profile_file=cfg.profile_file, at_exit=True, hooks=hooks)
+
+
+_env_read = False
+
+
+def install_from_env_once() -> None:
+    """:func:`install_from_env` the first time a package is loaded (later calls: nothing)."""
+    global _env_read
+    if _env_read:
+        return
+    _env_read = True
+    if os.environ.get("KHAL_CUDA_TRACE") or os.environ.get("KHAL_CUDA_PROFILE") or os.environ.get("KHAL_CUDA_NVTX"):
+        install_from_env()

@@ -3,10 +3,15 @@
 No GPU, no driver: used by the runtime before it loads anything, and by the
 build side (``python -m hatch_khal verify``). Checks:
 
+* the manifest agrees with itself: every entry hash is the one its signature and its
+  crate's content hash give (:func:`khal_runtime.abi.entry_hash`), so an edited parameter,
+  kind or block size is caught before anything is launched;
 * every artifact path is relative, normalised and stays inside the package
-  (also after resolving symlinks), exists, and has the manifest's size and sha256;
-* every entry symbol in every PTX/cubin carries the manifest's entry hash;
-* for editable installs, the crate sources still have the hashes they were built from.
+  (also after resolving symlinks), is a regular file, and has the manifest's size and sha256;
+* every entry symbol in every PTX/cubin carries the manifest's entry hash, and each binary is
+  for the arch the manifest says; every WGSL / SPIR-V entry point carries its entry's hash;
+* for editable installs, the crate sources still have the hashes they were built from (read
+  only inside the recorded project root, which must hold the package).
 """
 
 from __future__ import annotations
@@ -17,12 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
-from khal_runtime.errors import ArtifactError, HashMismatchError, KhalError, StaleBuildError
-from khal_runtime.manifest import Artifact, Crate, Manifest, prebuilt_env_var
+from khal_runtime import abi
+from khal_runtime.binaries import BinaryFormatError, khal_symbols, read_binary, webgpu_entry_points
+from khal_runtime.errors import ArtifactError, HashMismatchError, KhalError, ManifestError, StaleBuildError
+from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Crate, Manifest, load_manifest,
+                                   prebuilt_env_var, read_regular_file)
 
 __all__ = [
+    "MAX_ARTIFACT_BYTES",
+    "MAX_SOURCE_BYTES",
     "Problem",
     "artifact_path",
+    "check_manifest",
     "check_package",
     "check_sources",
     "check_symbols",
@@ -33,11 +44,17 @@ __all__ = [
 ]
 
 
+#: An artifact larger than this is refused unread (a cubin of the example is 30 KB).
+MAX_ARTIFACT_BYTES = 1 << 30
+#: An editable install's source larger than this is not read.
+MAX_SOURCE_BYTES = 64 << 20
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a package. ``error`` is the exception class it maps to."""
 
-    kind: str  # "path", "missing", "size", "sha256", "binary", "hash", "stale"
+    kind: str  # "manifest", "path", "missing", "size", "sha256", "binary", "hash", "stale"
     crate: str
     message: str
     error: type[KhalError] = field(default=ArtifactError, compare=False)
@@ -96,13 +113,11 @@ def read_artifact(package_dir: Path, artifact: Artifact) -> bytes:
     """The artifact's bytes after the confinement, size and sha256 checks."""
     path = artifact_path(package_dir, artifact)
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path, MAX_ARTIFACT_BYTES, f"artifact {artifact.path!r}", ArtifactError)
     except FileNotFoundError:
         raise ArtifactError(
             f"artifact {artifact.path!r} is missing from the package; rebuild the package"
         ) from None
-    except OSError as exc:
-        raise ArtifactError(f"artifact {artifact.path!r}: cannot read ({exc.strerror})") from None
     if len(data) != artifact.size:
         raise ArtifactError(
             f"artifact {artifact.path!r} is {len(data)} bytes, the manifest says {artifact.size}: "
@@ -117,10 +132,31 @@ def read_artifact(package_dir: Path, artifact: Artifact) -> bytes:
     return data
 
 
-def check_symbols(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem]:
-    """Every entry of the crate present in the binary with the manifest's hash."""
-    from khal_runtime.binaries import BinaryFormatError, khal_symbols, read_binary
+def check_manifest(manifest: Manifest) -> list[Problem]:
+    """Every entry hash recomputed from the manifest itself (schema 2 and later): an edited
+    parameter (element type, kind, writability, shape), block size or content hash shows as a
+    hash that its own signature does not give."""
+    if manifest.schema_version < 2:
+        return []
+    problems: list[Problem] = []
+    for crate in manifest.crates:
+        for e in crate.entries:
+            want = abi.entry_hash(crate.content_hash, e.signature())
+            if want != e.hash:
+                problems.append(Problem(
+                    "manifest", crate.name,
+                    f"entry {e.name!r} (crate {crate.name!r}): the manifest records hash {e.hash}, but "
+                    f"the entry's own signature and its crate's content hash give {want}: the manifest "
+                    "was edited after the build; rebuild the package",
+                    ManifestError, None, e.name, e.hash, want))
+    return problems
 
+
+def check_symbols(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem]:
+    """The binary is what the manifest says (kind, arch), and every entry is in it with the
+    manifest's hash; a WGSL / SPIR-V artifact's entry point carries its entry's hash."""
+    if artifact.kind in ("wgsl", "spirv"):
+        return _check_entry_point(crate, artifact, data)
     try:
         info = read_binary(data, artifact.path)
     except BinaryFormatError as exc:
@@ -131,6 +167,12 @@ def check_symbols(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem
         problems.append(Problem("binary", crate.name,
                                 f"artifact {artifact.path!r} is a {info.kind}, the manifest says {want_kind}",
                                 ArtifactError, artifact.path))
+    elif artifact.arch is not None and info.arch != abi.parse_arch(artifact.arch).number:
+        what = "a cubin for sm" if info.kind == "cubin" else "PTX for .target sm"
+        problems.append(Problem("binary", crate.name,
+                                f"artifact {artifact.path!r} is {what}_{info.arch}, the manifest says "
+                                f"{artifact.arch}: a binary of another arch is in its place; "
+                                f"{rebuild_hint(crate)}", ArtifactError, artifact.path))
     found = khal_symbols(info)
     functions = set(info.functions)
     for entry in crate.entries:
@@ -153,21 +195,66 @@ def check_symbols(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem
     return problems
 
 
-def check_sources(manifest: Manifest) -> list[Problem]:
-    """Editable installs: crate sources re-hashed against the manifest."""
+def _check_entry_point(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem]:
+    try:
+        names = webgpu_entry_points(data, artifact.kind, artifact.path)
+    except BinaryFormatError as exc:
+        return [Problem("binary", crate.name, str(exc), ArtifactError, artifact.path)]
+    try:
+        entry = crate.entry(artifact.entry or "")
+    except KeyError:
+        return [Problem("binary", crate.name, f"artifact {artifact.path!r} is for entry "
+                        f"{artifact.entry!r}, which crate {crate.name!r} does not have; rebuild the package",
+                        ArtifactError, artifact.path)]
+    if entry.symbol in names:
+        return []
+    found = [split_ for n in names if (split_ := abi.split_symbol(n)) is not None and split_[0] == entry.name]
+    got = found[0][1] if found else None
+    return [Problem(
+        "hash", crate.name,
+        f"entry {entry.name!r} (crate {crate.name!r}) in {artifact.path}: the manifest expects "
+        f"entry point {entry.symbol}, the {artifact.kind.upper()} has "
+        f"{', '.join(names) or 'no compute entry point'}; the shader does not match the host code: "
+        f"{rebuild_hint(crate)}", HashMismatchError, artifact.path, entry.name, entry.hash, got)]
+
+
+def check_sources(manifest: Manifest, package_dir: str | os.PathLike[str] | None = None) -> list[Problem]:
+    """Editable installs: crate sources re-hashed against the manifest. Only regular files
+    inside the recorded project root are read (at most :data:`MAX_SOURCE_BYTES` each), and only
+    when the package itself lives in that root (``package_dir``; a wheel's manifest never has
+    an editable record, so one found elsewhere was tampered with or copied)."""
     if manifest.editable is None:
         return []
     root = Path(manifest.editable.project_root)
+    if not root.is_absolute():
+        raise ManifestError(f"editable install: project root {str(root)!r} is not an absolute path; "
+                            "re-run pip install -e .")
+    root = root.resolve()
+    if package_dir is not None:
+        pkg = Path(package_dir).resolve()
+        if pkg != root and root not in pkg.parents:
+            raise ManifestError(
+                f"the manifest says this is an editable install of {root}, but the package is at "
+                f"{pkg}, outside that project: rebuild the package (pip install -e . in the project, "
+                "or build a wheel)")
     problems: list[Problem] = []
     for crate in manifest.crates:
         for src in crate.sources:
+            if src.path.startswith("<external>/"):
+                continue  # outside the project: recorded by name only, not re-read
             p = root.joinpath(*PurePosixPath(src.path).parts)
+            what = "changed"
             try:
-                digest = hashlib.sha256(p.read_bytes()).hexdigest()
-            except OSError:
-                digest = None
+                resolved = p.resolve()
+                if resolved != root and root not in resolved.parents:
+                    raise ArtifactError("outside the project")
+                digest = hashlib.sha256(read_regular_file(resolved, MAX_SOURCE_BYTES, "source",
+                                                          ArtifactError)).hexdigest()
+            except FileNotFoundError:
+                digest, what = None, "is missing"
+            except (OSError, ArtifactError) as exc:
+                digest, what = None, f"cannot be read ({exc})"
             if digest != src.sha256:
-                what = "is missing" if digest is None else "changed"
                 problems.append(Problem(
                     "stale", crate.name,
                     f"sources changed since the last build ({src.path} {what}, crate "
@@ -191,12 +278,13 @@ def verify_package(package_dir: str | os.PathLike[str], manifest: Manifest | Non
     ``manifest`` defaults to ``<package_dir>/_khal/manifest.json``."""
     pkg = Path(package_dir)
     if manifest is None:
-        from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, load_manifest
-
         manifest = load_manifest(pkg / MANIFEST_DIR / MANIFEST_NAME)
-    problems: list[Problem] = []
+    problems: list[Problem] = check_manifest(manifest)
     if sources:
-        problems.extend(check_sources(manifest))
+        try:
+            problems.extend(check_sources(manifest, pkg))
+        except ManifestError as exc:
+            problems.append(Problem("manifest", "", str(exc), ManifestError))
     for crate in _crates(manifest, crates):
         for art in crate.artifacts:
             try:
@@ -208,7 +296,7 @@ def verify_package(package_dir: str | os.PathLike[str], manifest: Manifest | Non
                 problems.append(Problem(kind, crate.name, f"crate {crate.name!r}: {msg}",
                                         ArtifactError, art.path))
                 continue
-            if symbols and art.kind in ("ptx", "cubin"):
+            if symbols:
                 problems.extend(check_symbols(crate, art, data))
     return problems
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from khal_runtime import abi
 from khal_runtime.binaries import scan_ptx
 from khal_runtime.manifest import (
     SCHEMA_VERSION,
@@ -98,14 +99,21 @@ PARAMS: dict[str, tuple[tuple[Param, ...], tuple[int, int, int]]] = {
 }
 
 
-def entry_hash(name: str, build_id: str) -> str:
-    return hashlib.sha256(f"{build_id}\0{name}\0{KERNELS[name]}".encode()).hexdigest()[:16]
+def content_hash(build_id: str, names: Sequence[str] = tuple(KERNELS)) -> str:
+    """The crate's content hash: its kernel templates (before symbols go in) and the build id."""
+    return hashlib.sha256("\0".join([build_id, *(KERNELS[n] for n in names)]).encode()).hexdigest()
+
+
+def entry_hash(name: str, build_id: str, names: Sequence[str] = tuple(KERNELS)) -> str:
+    """As a build computes it: over the entry's signature and its crate's content hash."""
+    params, block = PARAMS[name]
+    return abi.entry_hash(content_hash(build_id, names), abi.entry_signature(name, block, params))
 
 
 def cuda_source(build_id: str, names: Sequence[str] = tuple(KERNELS)) -> str:
     parts = [f"// synthetic khal crate, build {build_id}\n"]
     for n in names:
-        parts.append(KERNELS[n].format(sym=symbol_for(n, entry_hash(n, build_id))))
+        parts.append(KERNELS[n].format(sym=symbol_for(n, entry_hash(n, build_id, names))))
     return "".join(parts)
 
 
@@ -184,7 +192,7 @@ def build_package(root: Path, name: str = "synth_khal_pkg", *, build_id: str = "
     project_root = None
     sources: tuple[SourceFile, ...] = ()
     if editable:
-        project_root = root / f"{name}_project"
+        project_root = root  # an editable install's package lives in its project
         (project_root / "kernels").mkdir(parents=True, exist_ok=True)
         (project_root / "kernels" / "core.cu").write_text(source)
         sources = (SourceFile(path="kernels/core.cu", sha256=hashlib.sha256(source.encode()).hexdigest()),)
@@ -200,7 +208,7 @@ def build_package(root: Path, name: str = "synth_khal_pkg", *, build_id: str = "
     entry_models = []
     for n in entries:
         params, block = PARAMS[n]
-        h = entry_hash(n, build_id)
+        h = entry_hash(n, build_id, entries)
         entry_models.append(Entry(name=n, symbol=symbol_for(n, h), hash=h, block_size=block, params=params))
     major, minor = nvrtc_version()
     manifest = Manifest(
@@ -208,7 +216,7 @@ def build_package(root: Path, name: str = "synth_khal_pkg", *, build_id: str = "
         package=name,
         toolchain=Toolchain(nvrtc_version=f"{major}.{minor}", hatch_khal_version="0.0.0+synthetic"),
         crates=(Crate(name=CRATE, package_dir=f"_khal/{CRATE}", sources=sources,
-                      content_hash=hashlib.sha256(source.encode()).hexdigest(),
+                      content_hash=content_hash(build_id, entries),
                       artifacts=tuple(artifacts), entries=tuple(entry_models)),),
         editable=Editable(project_root=str(project_root)) if project_root else None,
     )

@@ -12,7 +12,7 @@ from khal_runtime import DeviceBuffer
 from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentError
 from tests.test_runtime_fastcall import P, Tensor, _kernel, fake  # noqa: F401  (fixture)
-from tests.test_runtime_args import FakeDriver
+from tests.fakecuda import FakeDriver
 
 
 def test_bind_packs_once_and_launches_with_the_thread_count(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:

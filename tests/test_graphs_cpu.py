@@ -1,4 +1,4 @@
-"""Graph capture and indirect dispatch on CPU, against a fake driver (tests/_fakecuda.py).
+"""Graph capture and indirect dispatch on CPU, against the fake driver (tests/fakecuda.py).
 
 What a real GPU must confirm is in tests/gpu/test_graphs.py and test_indirect.py; here:
 the driver calls made (and not made), the capture guards and their messages, graph
@@ -14,17 +14,22 @@ import struct
 import numpy as np
 import pytest
 
-from khal_runtime import _cuda, graphs, indirect
+from khal_runtime import graphs
+from khal_runtime.arguments import diagnose_args
+from khal_runtime.backends.cuda import driver as cuda_driver
+from khal_runtime.backends.cuda import graphs as cuda_graphs
+from khal_runtime.backends.cuda import indirect
+from khal_runtime.backends.cuda.launch import LaunchPlan
+from khal_runtime.backends.cuda.uniform_cache import UniformCache, Upload, cache_for
 from khal_runtime.buffers import DeviceBuffer
+from khal_runtime.device import Device, Stream
 from khal_runtime.errors import ArgumentError, CaptureError, CudaError, KhalError
-from khal_runtime.launching import LaunchPlan
-from khal_runtime.stream import Stream
-from khal_runtime.uniforms import UniformCache, cache_for
-from tests._fakecuda import (  # noqa: F401 - fixture
+from tests.fakecuda import (  # noqa: F401 - fixture
     CUresult,
     CUstreamCaptureMode,
     FakeDriver,
     fake,
+    fake_kernels,
     make_entry,
     scalar,
     storage,
@@ -37,8 +42,6 @@ class Params(ctypes.Structure):
 
 
 def _stream(fake: FakeDriver) -> Stream:
-    from khal_runtime.device import Device
-
     return Device(0).default_stream
 
 
@@ -116,10 +119,10 @@ def test_end_capture_failure_is_a_capture_error(fake: FakeDriver) -> None:
 
 def test_capture_driver_errors_become_capture_errors(fake: FakeDriver) -> None:
     with pytest.raises(CaptureError, match="not allowed while a stream captures") as ei:
-        _cuda.check((CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,), "cuMemAlloc")
+        cuda_driver.check((CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,), "cuMemAlloc")
     assert ei.value.code == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"  # type: ignore[attr-defined]
     with pytest.raises(CudaError):
-        _cuda.check((CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,), "cuMemcpy")
+        cuda_driver.check((CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,), "cuMemcpy")
 
 
 # ------------------------------------------------------------------------------ guards
@@ -173,7 +176,7 @@ def test_foreign_capture_is_seen_through_the_stream(fake: FakeDriver) -> None:
 def test_uniform_upload_refused_in_capture_cached_one_fine(fake: FakeDriver) -> None:
     cache = UniformCache(0)
     st = _stream(fake)
-    cache.entries[b"A" * 8] = [0xD000, None, st.handle, None]
+    cache.entries[b"A" * 8] = Upload(0xD000, None, st.handle, None)
     with st.capture():
         assert cache.fetch(b"A" * 8, st) == 0xD000
         with pytest.raises(CaptureError, match="Launch once with the same uniform values before capture"):
@@ -184,11 +187,11 @@ def test_uniform_upload_refused_in_capture_cached_one_fine(fake: FakeDriver) -> 
 def test_capture_settles_pending_uniform_uploads(fake: FakeDriver) -> None:
     cache = cache_for(0)
     st = _stream(fake)
-    cache.entries[b"C" * 8] = [0xD100, "EV_PENDING", st.handle, b"keep"]
+    cache.entries[b"C" * 8] = Upload(0xD100, "EV_PENDING", st.handle, b"keep")
     with st.capture():
         pass
     assert ("cuEventSynchronize", "EV_PENDING") in fake.calls
-    assert cache.entries[b"C" * 8][1] is None
+    assert cache.entries[b"C" * 8].pending is None
     assert fake.calls.index(("cuEventSynchronize", "EV_PENDING")) < fake.names().index("cuStreamBeginCapture")
 
 
@@ -205,11 +208,11 @@ def test_pinned_uniform_cache_never_rewinds(fake: FakeDriver) -> None:
 
 
 def test_relaxed_mode_only_while_capturing(fake: FakeDriver) -> None:
-    with graphs.relaxed_capture_mode():
+    with cuda_graphs.relaxed_capture_mode():
         pass
     assert "cuThreadExchangeStreamCaptureMode" not in fake.names()
     with _stream(fake).capture():
-        with graphs.relaxed_capture_mode():
+        with cuda_graphs.relaxed_capture_mode():
             assert fake.thread_mode == CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
     assert fake.names().count("cuThreadExchangeStreamCaptureMode") == 2
 
@@ -227,7 +230,7 @@ def _plan(fake: FakeDriver, name: str = "axpby", indirect_fn: str | None = "IFUN
 def test_capture_graph_and_rebind(fake: FakeDriver) -> None:
     plan = _plan(fake)
     st = _stream(fake)
-    cache_for(0).entries[bytes(Params(1, 2))] = [0xD200, None, st.handle, None]
+    cache_for(0).entries[bytes(Params(1, 2))] = Upload(0xD200, None, st.handle, None)
 
     def step(x: DeviceBuffer, y: DeviceBuffer) -> None:
         plan.run(1, 1, 1, 256, 1, 1, 0, st, (x, y, Params(1, 2), 0.5))
@@ -259,25 +262,26 @@ def test_rebind_needs_capture_graph(fake: FakeDriver) -> None:
         cap.graph.rebind()
 
 
-def test_first_launch_may_load_inside_capture(fake: FakeDriver) -> None:
-    """Loading a crate inside a capture goes through relaxed mode (loader._load)."""
-    from khal_runtime import loader
+def test_first_launch_may_load_inside_capture(fake: FakeDriver, tmp_path) -> None:
+    """Loading a crate inside a capture goes through relaxed mode: a kernel's first launch may
+    be captured."""
+    e = make_entry("axpby", (storage("x"), storage("y"), uniform("p"), scalar("bias")), block=256)
+    ks = fake_kernels(fake, tmp_path, [e])
+    modes = []
+    load = fake.cuLibraryLoadData
 
-    seen = []
+    def watching(image, *rest):  # type: ignore[no-untyped-def]
+        modes.append(fake.thread_mode)
+        return load(image, *rest)
 
-    def fake_load_now(self, device_id):  # type: ignore[no-untyped-def]
-        seen.append(fake.thread_mode)
-        return "MOD"
-
-    rt = object.__new__(loader.CrateRuntime)
-    orig = loader.CrateRuntime._load_now
-    try:
-        loader.CrateRuntime._load_now = fake_load_now  # type: ignore[method-assign]
-        with _stream(fake).capture():
-            assert rt._load(0) == "MOD"
-    finally:
-        loader.CrateRuntime._load_now = orig  # type: ignore[method-assign]
-    assert seen == [CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED]
+    fake.cuLibraryLoadData = watching  # type: ignore[method-assign]
+    st = _stream(fake)
+    cache_for(0).entries[bytes(Params(1, 2))] = Upload(0xD200, None, st.handle, None)
+    with st.capture():
+        ks.axpby(64, DeviceBuffer(0x1000, 64, "float32", 0), DeviceBuffer(0x2000, 64, "float32", 0),
+                 Params(1, 2), 0.5)
+    assert modes == [CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED]
+    assert fake.thread_mode != CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
 
 
 # ------------------------------------------------------------------------------ indirect dispatch
@@ -298,11 +302,14 @@ class _FakeKernel:
         self.direct.append((grid, args))
 
     def check_args(self, *args):  # type: ignore[no-untyped-def]
-        from khal_runtime.launching import diagnose_args
-
         diagnose_args(self._plan.entry, args)
 
     dispatch_indirect = None  # not used: tests call indirect.dispatch_indirect
+
+
+def _ind(k: _FakeKernel, count, *, grid=None, threads: bool = False, host_read=None) -> None:  # type: ignore[no-untyped-def]
+    """The CUDA backend's indirect dispatch of ``k`` on the owned stream."""
+    indirect.dispatch_indirect(k, k._plan, count, _kargs(), Device(0).default_stream, grid, threads, host_read)
 
 
 def _kargs() -> tuple:
@@ -317,24 +324,24 @@ def test_indirect_device_side_persistent_grid(fake: FakeDriver) -> None:
     ip = indirect._indirect_plan(k, plan)
     fake.layouts["IFUNC"] = ip.layout
     assert ip.layout[:-1] == plan.layout and ip.layout[-1][1:] == ((plan.args_size + 7) // 8 * 8, 8)
-    indirect.dispatch_indirect(k, count, *_kargs())
+    _ind(k, count)
     (l,) = fake.launches
     assert l["f"] == "IFUNC" and l["grid"] == (132 * 8, 1, 1) and l["block"] == (256, 1, 1)
     assert struct.unpack("<Q", l["slots"][-1])[0] == 0xC000  # the trailing const uint32_t*
     assert struct.unpack("<Q", l["slots"][0])[0] == 0x1000
     assert "cuStreamSynchronize" not in fake.names() and "cuMemcpyDtoHAsync" not in fake.names()
-    indirect.dispatch_indirect(k, count, *_kargs(), grid=7)
+    _ind(k, count, grid=7)
     assert fake.launches[-1]["grid"] == (7, 1, 1)
 
 
 def test_indirect_blocks_per_sm_env(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = _plan(fake)
     monkeypatch.setenv("KHAL_CUDA_INDIRECT_BLOCKS_PER_SM", "3")
-    assert indirect.persistent_grid(_FakeKernel(plan), 0) == 396
+    assert indirect.persistent_grid(_FakeKernel(plan), plan) == 396
     indirect._grids.clear()
     monkeypatch.setenv("KHAL_CUDA_INDIRECT_BLOCKS_PER_SM", "zero")
     with pytest.raises(ValueError, match="KHAL_CUDA_INDIRECT_BLOCKS_PER_SM"):
-        indirect.persistent_grid(_FakeKernel(plan), 0)
+        indirect.persistent_grid(_FakeKernel(plan), plan)
 
 
 def test_indirect_thread_count_runs_the_helper_first(fake: FakeDriver) -> None:
@@ -342,14 +349,14 @@ def test_indirect_thread_count_runs_the_helper_first(fake: FakeDriver) -> None:
     k = _FakeKernel(plan)
     fake.layouts["IFUNC"] = indirect._indirect_plan(k, plan).layout
     threads = DeviceBuffer(0xC100, 1, "uint32", 0)
-    indirect.dispatch_indirect(k, threads, *_kargs(), threads=True)
+    _ind(k, threads, threads=True)
     helper, main = fake.launches
     assert helper["f"] == "HELPER" and helper["grid"] == (1, 1, 1) and helper["block"] == (1, 1, 1)
     src, dst, block = (struct.unpack("<Q", helper["slots"][0])[0], struct.unpack("<Q", helper["slots"][1])[0],
                        struct.unpack("<I", helper["slots"][2])[0])
     assert src == 0xC100 and block == 256
     assert struct.unpack("<Q", main["slots"][-1])[0] == dst != src
-    indirect.dispatch_indirect(k, threads, *_kargs(), threads=True)
+    _ind(k, threads, threads=True)
     assert fake.names().count("cuModuleLoadData") == 1 and fake.names().count("cuMemAlloc") == 1
 
 
@@ -357,18 +364,18 @@ def test_indirect_count_checked(fake: FakeDriver) -> None:
     plan = _plan(fake)
     k = _FakeKernel(plan)
     with pytest.raises(ArgumentError, match="uint32"):
-        indirect.dispatch_indirect(k, DeviceBuffer(0xC000, 1, "float32", 0), *_kargs())
+        _ind(k, DeviceBuffer(0xC000, 1, "float32", 0))
     with pytest.raises(ArgumentError, match="host memory"):
-        indirect.dispatch_indirect(k, np.zeros(1, np.uint32), *_kargs())
+        _ind(k, np.zeros(1, np.uint32))
     with pytest.raises(ValueError, match="empty"):
-        indirect.dispatch_indirect(k, DeviceBuffer(0xC000, 0, "uint32", 0), *_kargs())
+        _ind(k, DeviceBuffer(0xC000, 0, "uint32", 0))
     assert not fake.launches
 
 
 def test_indirect_without_variant_says_what_to_do(fake: FakeDriver) -> None:
     plan = _plan(fake, "old", indirect_fn=None)
     with pytest.raises(KhalError, match="host_read=True"):
-        indirect.dispatch_indirect(_FakeKernel(plan), DeviceBuffer(0xC000, 1, "uint32", 0), *_kargs())
+        _ind(_FakeKernel(plan), DeviceBuffer(0xC000, 1, "uint32", 0))
 
 
 @pytest.mark.parametrize("value,threads,grid", [(5, False, 5), (600, True, 3), (512, True, 2), (0, False, None)])
@@ -380,7 +387,7 @@ def test_indirect_host_read(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv("KHAL_CUDA_INDIRECT_SYNC", "1")
     monkeypatch.setenv("KHAL_TRACE_INDIRECT", "1")
     monkeypatch.delenv("KHAL_CUDA_TRACE_FILE", raising=False)
-    indirect.dispatch_indirect(k, DeviceBuffer(0xC000, 1, "uint32", 0), *_kargs(), threads=threads)
+    _ind(k, DeviceBuffer(0xC000, 1, "uint32", 0), threads=threads)
     assert "cuStreamSynchronize" in fake.names() and "cuMemcpyDtoHAsync" in fake.names()
     assert [g for g, _ in k.direct] == ([grid] if grid else [])
     err = capsys.readouterr().err
@@ -393,8 +400,7 @@ def test_indirect_host_read_refused_in_capture(fake: FakeDriver) -> None:
     plan = _plan(fake)
     with _stream(fake).capture():
         with pytest.raises(CaptureError, match="host_read=False"):
-            indirect.dispatch_indirect(_FakeKernel(plan), DeviceBuffer(0xC000, 1, "uint32", 0), *_kargs(),
-                                       host_read=True)
+            _ind(_FakeKernel(plan), DeviceBuffer(0xC000, 1, "uint32", 0), host_read=True)
     assert "cuMemcpyDtoHAsync" not in fake.names()
 
 
@@ -404,7 +410,7 @@ def test_indirect_device_side_is_capturable(fake: FakeDriver) -> None:
     fake.layouts["IFUNC"] = indirect._indirect_plan(k, plan).layout
     st = _stream(fake)
     with st.capture() as cap:
-        indirect.dispatch_indirect(k, DeviceBuffer(0xC100, 1, "uint32", 0), *_kargs(), threads=True)
+        _ind(k, DeviceBuffer(0xC100, 1, "uint32", 0), threads=True)
     assert cap.graph.node_count == 2  # helper + persistent kernel, no host read
 
 

@@ -13,11 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from khal_runtime import _cuda
-from khal_runtime.dtypes import bf16_bits
+from khal_runtime.abi import bf16_bits
+from khal_runtime.arguments import diagnose_args
+from khal_runtime.backends.cuda import driver as cuda_driver
+from khal_runtime.backends.cuda.launch import LaunchPlan
+from khal_runtime.backends.cuda.uniform_cache import Upload
 from khal_runtime.errors import ArgumentError, ArgumentValueError
-from khal_runtime.launching import LaunchPlan, diagnose_args
 from tests._synthetic import CRATE, build_package
+from tests.fakecuda import FakeDriver, fake  # noqa: F401  (fixture)
 
 
 class FakeDeviceArray:
@@ -44,65 +47,25 @@ class FakeDLPack:
         raise AssertionError("not reached")
 
 
-class FakeDriver:
-    """Stands in for cuda.bindings.driver: records launches, decoding the void** block."""
-
-    def __init__(self) -> None:
-        self.launches: list[dict[str, Any]] = []
-        self.layout: list[tuple[str, int, int]] = []
-        self.lock = threading.Lock()
-
-    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):  # noqa: N802
-        assert isinstance(params, int)
-        n = len(self.layout)
-        ptrs = (ctypes.c_void_p * n).from_address(params) if n else []
-        slots = [ctypes.string_at(ptrs[i], size) for i, (_, _, size) in enumerate(self.layout)]
-        with self.lock:
-            self.launches.append(dict(f=f, grid=(gx, gy, gz), block=(bx, by, bz), shmem=shmem,
-                                      stream=stream, slots=slots))
-        return (0,)
-
-
-    class CUlaunchConfig:  # noqa: N801 - the bindings' name
-        """What cuda.bindings' CUlaunchConfig holds, for cuLaunchKernelEx."""
-
-        gridDimX = gridDimY = gridDimZ = blockDimX = blockDimY = blockDimZ = 1  # noqa: N815
-        sharedMemBytes = numAttrs = 0  # noqa: N815
-        hStream: Any = None  # noqa: N815
-
-    ex_calls = 0
-
-    def cuLaunchKernelEx(self, cfg, f, params, extra):  # noqa: N802
-        """Recorded as the cuLaunchKernel it is equivalent to (the runtime uses either)."""
-        self.ex_calls += 1
-        return self.cuLaunchKernel(f, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX,
-                                   cfg.blockDimY, cfg.blockDimZ, cfg.sharedMemBytes, cfg.hStream,
-                                   params, extra)
-
 class FakeUniforms:
+    """Stands in for the CUDA backend's UniformCache: uploads are pointers in a fake range."""
+
     def __init__(self) -> None:
-        self.entries: dict[bytes, list[Any]] = {}
+        self.entries: dict[bytes, Upload] = {}
         self.uploads = 0
 
     def fetch(self, data: bytes, stream: Any) -> int:
         e = self.entries.get(data)
         if e is None:
             self.uploads += 1
-            e = [0xD000_0000 + 256 * self.uploads, None]
+            e = Upload(0xD000_0000 + 256 * self.uploads, None, 0, None)
             self.entries[bytes(data)] = e
-        return int(e[0])
+        return int(e.ptr)
 
 
 @pytest.fixture(scope="module")
 def pkg(tmp_path_factory: pytest.TempPathFactory):
     return build_package(tmp_path_factory.mktemp("args"), "synth_args_pkg")
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
-    drv = FakeDriver()
-    monkeypatch.setattr(_cuda, "_driver", drv)
-    return drv
 
 
 STREAM = SimpleNamespace(_cu="STREAM", handle=7, device_id=0)
@@ -131,7 +94,7 @@ def test_axpby_packs_pointer_count_uniform_and_float32(pkg, fake: FakeDriver) ->
     assert struct.unpack("<Q", s[0])[0] == 0x1000 and struct.unpack("<Q", s[1])[0] == 100
     assert struct.unpack("<Q", s[2])[0] == 0x2000 and struct.unpack("<Q", s[3])[0] == 90
     uptr = struct.unpack("<Q", s[4])[0]
-    assert uni.entries[bytes(AxpbyParams(2.0, 3.0))][0] == uptr
+    assert uni.entries[bytes(AxpbyParams(2.0, 3.0))].ptr == uptr
     assert len(s[5]) == 4 and struct.unpack("<f", s[5])[0] == pytest.approx(0.1, rel=1e-7)
     # same struct bytes again (as bytes, as numpy) -> the cached pointer, no new upload
     rec = np.array((2.0, 3.0), dtype=[("a", "<f4"), ("b", "<f4")])
@@ -280,8 +243,8 @@ def test_bf16_rounding_matches_truncated_float32(v: float) -> None:
 @given(st.integers(-128, 127), st.integers(0, 2**16 - 1), st.integers(-(2**63), 2**63 - 1))
 def test_integer_scalars_roundtrip(a: int, e: int, c: int) -> None:
     drv = FakeDriver()
-    old = _cuda._driver
-    _cuda._driver = drv  # type: ignore[assignment]
+    old = cuda_driver._driver
+    cuda_driver._driver = drv  # type: ignore[assignment]
     try:
         pkg = _PKG[0]
         entry = pkg.manifest.crate(CRATE).entry("scalars")
@@ -289,7 +252,7 @@ def test_integer_scalars_roundtrip(a: int, e: int, c: int) -> None:
         drv.layout = plan.layout
         plan.run(1, 1, 1, 32, 1, 1, 0, STREAM, (FakeDeviceArray(8, "<u8"), a, 0.0, c, 0.0, e, False, 0.0, 0.0))
     finally:
-        _cuda._driver = old  # type: ignore[assignment]
+        cuda_driver._driver = old  # type: ignore[assignment]
     s = drv.launches[0]["slots"]
     assert struct.unpack("<b", s[2])[0] == a
     assert struct.unpack("<q", s[4])[0] == c

@@ -1,5 +1,5 @@
 """The generated per-entry ``Kernel.__call__``: same packing and the same named errors as the
-generic path, on CPU with a fake driver (see test_runtime_args)."""
+generic path, on CPU with the fake driver (tests/fakecuda.py)."""
 
 from __future__ import annotations
 
@@ -10,37 +10,37 @@ from typing import Any
 
 import pytest
 
-from khal_runtime import DeviceBuffer, _cuda, kernels
-from khal_runtime.device import _tls
+import tempfile
+from pathlib import Path
+
+from khal_runtime import DeviceBuffer, kernels, memo
+from khal_runtime.device import Stream, _tls
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.kernels import Kernel
-from khal_runtime.launching import LaunchPlan
-from khal_runtime.manifest import Entry, Param, symbol_for
-from khal_runtime.stream import Stream
-from tests.test_runtime_args import FakeDriver, FakeUniforms
+from khal_runtime.manifest import Param
+from tests.fakecuda import FakeDriver, fake, fake_kernels, make_entry, stream  # noqa: F401  (fixture)
 
 
 class P(ctypes.Structure):
     _fields_ = [("a", ctypes.c_float), ("b", ctypes.c_float)]
 
 
-def _kernel(fake: FakeDriver) -> tuple[Kernel, Any]:
-    st = Stream.__new__(Stream)
-    st.device_id, st.handle, st._cu, st._owned, st._keep = 0, 7, "STREAM", False, None
-    f32 = dict(element_type="float32", element_size=4, element_align=4)
-    params = (Param(name="x", kind="storage", shape="slice", **f32),
-              Param(name="y", kind="storage", shape="slice", writable=True, **f32),
-              Param(name="z", kind="storage", shape="array", length=4, **f32),
-              Param(name="p", kind="uniform", element_type="P", element_size=8, element_align=4),
-              Param(name="s", kind="scalar", **f32))
-    h = "00112233445566ff"
-    e = Entry(name="five", symbol=symbol_for("five", h), hash=h, block_size=(128, 1, 1), params=params)
-    k = Kernel(SimpleNamespace(crate=SimpleNamespace(name="c")), e)  # type: ignore[arg-type]
-    plan = LaunchPlan(e, "c", 0, "FUNC", FakeUniforms())  # type: ignore[arg-type]
-    fake.layout = plan.layout
-    k._plans[0] = plan
-    k._install_fast(plan)
-    return k, st
+FIVE = (Param(name="x", kind="storage", shape="slice", element_type="float32", element_size=4, element_align=4),
+        Param(name="y", kind="storage", shape="slice", writable=True, element_type="float32", element_size=4,
+              element_align=4),
+        Param(name="z", kind="storage", shape="array", length=4, element_type="float32", element_size=4,
+              element_align=4),
+        Param(name="p", kind="uniform", element_type="P", element_size=8, element_align=4),
+        Param(name="s", kind="scalar", element_type="float32", element_size=4, element_align=4))
+
+
+def _kernel(fake: FakeDriver) -> tuple[Kernel, Stream]:
+    """Entry ``five`` of a fake package, loaded and planned on device 0, and a borrowed stream
+    whose native handle reads "STREAM"."""
+    ks = fake_kernels(fake, Path(tempfile.mkdtemp(prefix="khal-fast-")), [make_entry("five", FIVE)])
+    k = ks.five
+    k.plan(0)
+    return k, stream()
 
 
 class Tensor:
@@ -66,13 +66,6 @@ class Tensor:
 Tensor.__module__ = "torch"
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
-    drv = FakeDriver()
-    monkeypatch.setattr(_cuda, "_driver", drv)
-    return drv
-
-
 def test_generated_call_packs_like_the_abi(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     k, st = _kernel(fake)
     assert isinstance(k, Kernel) and k.func is not kernels._generic_call  # generated code installed
@@ -83,7 +76,7 @@ def test_generated_call_packs_like_the_abi(fake: FakeDriver, monkeypatch: pytest
     t = Tensor(0x9000, 50)
     k(300, t, y, z, P(2.0, 3.0), 0.25, stream=st)  # torch-like: learned, then inlined
     k(300, t, y, z, P(2.0, 3.0), 0.25, stream=st)
-    assert "_T0_0" in k._plans[0].call_source and "_UT3_0" in k._plans[0].call_source
+    assert "ArrayT0_0" in k._plans[0].call_source and "StructT3_0" in k._plans[0].call_source
     assert len(fake.launches) == 5
     for l in fake.launches:
         assert l["grid"] == (3, 1, 1) and l["block"] == (128, 1, 1) and l["stream"] == "STREAM"
@@ -148,7 +141,7 @@ def test_prepacked_path_repacks_whatever_changed(fake: FakeDriver, monkeypatch: 
     p.a = 5.0  # same ctypes object, new bytes: the uniform is re-read on the fast path too
     k(300, x, y, z, p, s, stream=st)
     assert _u64(fake.launches[-1], 6) != ptr_p
-    assert _u64(fake.launches[-1], 6) == k._plans[0].uniforms.entries[bytes(p)][0]
+    assert _u64(fake.launches[-1], 6) == k._plans[0].uniforms.entries[bytes(p)].ptr
     assert fake.launches[-1]["slots"][:6] == fake.launches[0]["slots"][:6]
 
     k(300, Tensor(0x9000, 77), y, z, p, s, stream=st)  # another array type in between
@@ -203,8 +196,6 @@ def test_prepacked_path_never_reuses_a_block_something_else_rewrote(fake: FakeDr
     is read on every call; bump_epoch (a free, a uniform-cache flush) clears every memo."""
     import numpy as np
 
-    from khal_runtime import buffers
-
     k, st = _kernel(fake)
     monkeypatch.setattr(_tls, "dev", 0, raising=False)
     x, y, z = (DeviceBuffer(0x1000 * (i + 1), 300 + i, "float32", 0) for i in range(3))
@@ -230,7 +221,7 @@ def test_prepacked_path_never_reuses_a_block_something_else_rewrote(fake: FakeDr
     k(300, x, y, z, p, 0.25, stream=st)
     k(300, x, y, z, p, 0.25, stream=st)
     x.ptr = 0x7000  # white box: only a bump may tell the memo that pointers moved
-    buffers.bump_epoch()
+    memo.bump_epoch()
     k(300, x, y, z, p, 0.25, stream=st)
     assert _u64(fake.launches[-1], 0) == 0x7000
 
@@ -255,13 +246,13 @@ def test_kernel_call_is_the_generated_code_and_hooks_regenerate_it(fake: FakeDri
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import pickle
 
-    from khal_runtime.launching import hooks
+    from khal_runtime.hooks import hooks
 
     k, st = _kernel(fake)
     monkeypatch.setattr(_tls, "dev", 0, raising=False)
     plan = k._plans[0]
     assert k.func.__code__.co_filename == "<khal call five>"
-    assert "_H." not in plan.call_source  # no tracing: no hook check on the launch path
+    assert "hooks." not in plan.call_source  # no tracing: no hook check on the launch path
     seen: list[Any] = []
 
     def dispatch(plan: Any, grid: Any, block: Any, shmem: int, stream: Any, args: Any, go: Any) -> None:
@@ -270,13 +261,13 @@ def test_kernel_call_is_the_generated_code_and_hooks_regenerate_it(fake: FakeDri
 
     hooks.install(dispatch)
     try:
-        assert "_H.dispatch" in plan.call_source and "_H.dispatch" in plan.source
+        assert "hooks.dispatch" in plan.call_source and "hooks.dispatch" in plan.source
         x = DeviceBuffer(0x1000, 300, "float32", 0)
         k(300, x, x, x, P(1, 2), 0.5, stream=st)
         assert seen == [((3, 1, 1), 0.5)] and len(fake.launches) == 1
     finally:
         hooks.uninstall()
-    assert "_H." not in plan.call_source
+    assert "hooks." not in plan.call_source
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(k)
 
@@ -286,8 +277,7 @@ def test_shared_memo_snapshot_is_immutable_and_follows_every_change(fake: FakeDr
     """A launch repeated PROMOTE_AFTER times becomes one of the plan's shared snapshots; what
     changes after (a uniform's bytes, another buffer, the explicit launch, a free) must never
     be launched from a stale snapshot."""
-    from khal_runtime._launchgen import PROMOTE_AFTER
-    from khal_runtime import buffers
+    from khal_runtime.backends.cuda.launchgen import PROMOTE_AFTER
 
     k, st = _kernel(fake)
     monkeypatch.setattr(_tls, "dev", 0, raising=False)
@@ -309,9 +299,9 @@ def test_shared_memo_snapshot_is_immutable_and_follows_every_change(fake: FakeDr
 
     p.b = 7.0  # same struct object, new bytes: the snapshot does not apply
     k(300, x, y, z, p, 0.25, stream=st)
-    assert _u64(fake.launches[-1], 6) == plan.uniforms.entries[bytes(p)][0] != _u64(fake.launches[0], 6)
+    assert _u64(fake.launches[-1], 6) == plan.uniforms.entries[bytes(p)].ptr != _u64(fake.launches[0], 6)
 
-    buffers.bump_epoch()
+    memo.bump_epoch()
     assert plan._shared[0][0] is not x  # cleared
     k(300, x, y, z, p, 0.25, stream=st)
     assert _u64(fake.launches[-1], 0) == 0x1000
@@ -325,7 +315,8 @@ def test_threads_repeating_their_own_arguments_each_launch_their_own(fake: FakeD
     count is its signature in the grid."""
     import threading
 
-    from khal_runtime import launching
+    from khal_runtime.backends.cuda import launch as cuda_launch
+    from khal_runtime.backends.cuda import launchgen
 
     k, st = _kernel(fake)
     errors: list[BaseException] = []
@@ -359,7 +350,7 @@ def test_threads_repeating_their_own_arguments_each_launch_their_own(fake: FakeD
         t = launch["grid"][0] - 1
         assert _u64(launch, 0) == 0x10_0000 * (t + 1) and _u64(launch, 4) == 0x10_0000 * (t + 1) + 0x2000
         assert struct.unpack("<f", launch["slots"][7])[0] == float(t)
-    assert sum(snap[0] is not launching._NOMEMO for snap in k._plans[0]._shared) == launching.SLOTS
+    assert sum(snap[0] is not cuda_launch.NOMEMO for snap in k._plans[0]._shared) == launchgen.SLOTS
 
 
 def _counting_array_type(module: str, name: str) -> type:
@@ -421,7 +412,7 @@ def test_cupy_arrays_are_packed_once_unversioned_tensors_every_call(fake: FakeDr
 def test_alternating_argument_sets_each_get_a_snapshot(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     """Double buffering (step(a, b), step(b, a), ...) and two call sites of one entry: each
     argument set has its own memo slot and, once repeated, its own shared snapshot."""
-    from khal_runtime._launchgen import PROMOTE_AFTER, SLOTS
+    from khal_runtime.backends.cuda.launchgen import PROMOTE_AFTER, SLOTS
 
     k, st = _kernel(fake)
     monkeypatch.setattr(_tls, "dev", 0, raising=False)
@@ -447,19 +438,17 @@ def test_a_finished_threads_memo_slots_are_released(fake: FakeDriver, monkeypatc
     import gc
     import threading
 
-    from khal_runtime import buffers
-
     k, st = _kernel(fake)
     x = DeviceBuffer(0x1000, 300, "float32", 0)
     gc.collect()  # plans of earlier tests, and the slots their threads registered
-    before = len(buffers.THREAD_MEMOS)
+    before = len(memo.THREAD_MEMOS)
     during: list[int] = []
 
     def work() -> None:
         _tls.dev = 0
         for _ in range(3):
             k(300, x, x, x, P(1, 2), 0.5, stream=st)
-        during.append(len(buffers.THREAD_MEMOS))
+        during.append(len(memo.THREAD_MEMOS))
 
     for _ in range(5):
         th = threading.Thread(target=work)
@@ -467,7 +456,7 @@ def test_a_finished_threads_memo_slots_are_released(fake: FakeDriver, monkeypatc
         th.join()
     gc.collect()
     assert during == [before + 1] * 5  # registered while the thread ran
-    assert len(buffers.THREAD_MEMOS) == before
+    assert len(memo.THREAD_MEMOS) == before
     assert len(fake.launches) == 15
 
 

@@ -76,7 +76,7 @@ def test_backend_cuda_is_a_hard_error_at_load(pkg) -> None:
             raise SystemExit('loaded without CUDA')
     """, env_extra={"KHAL_BACKEND": "cuda"}, path=pkg.root)
     assert r.returncode == 0, r.stderr + r.stdout
-    assert "RAISED no CUDA device/driver was found" in r.stdout
+    assert "RAISED package 'synth_import_pkg': KHAL_BACKEND=cuda: no CUDA device/driver was found" in r.stdout
 
 
 def test_unknown_backend_is_rejected(pkg) -> None:

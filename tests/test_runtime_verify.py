@@ -18,12 +18,11 @@ from khal_runtime.errors import (
     PtxTooNewError,
     StaleBuildError,
 )
-from khal_runtime.loader import (
+from khal_runtime.abi import parse_arch
+from khal_runtime.backends.cuda.loader import (
     expected_param_layout,
     max_ptx_isa,
-    parse_arch,
     ptx_isa_supported,
-    select_binary,
     select_candidates,
 )
 from khal_runtime.manifest import Artifact, load_manifest, parse_manifest
@@ -102,8 +101,10 @@ def test_manifest_hash_edited(pkg) -> None:
         update={"crates": (crate.model_copy(update={"entries": entries}),)}))
     problems = verify_package(pkg.package_dir)
     assert problems and all(p.entry == "fill" for p in problems)
-    assert len(problems) == 2  # cubin and PTX
-    assert f"has {fill.hash}" in problems[0].message
+    # the manifest disagrees with itself, and with both binaries (cubin and PTX)
+    assert [p.kind for p in problems] == ["manifest", "hash", "hash"]
+    assert f"give {fill.hash}" in problems[0].message and "edited after the build" in problems[0].message
+    assert f"has {fill.hash}" in problems[1].message
 
 
 def test_missing_symbol_reported_as_missing(pkg, tmp_path: Path) -> None:
@@ -208,32 +209,32 @@ def test_ptx_isa_table() -> None:
     assert max_ptx_isa((14, 0)) is None  # unknown newer driver: try
     assert ptx_isa_supported("9.0", (13, 0)) and not ptx_isa_supported("9.5", (13, 0))
     assert ptx_isa_supported("9.9", (15, 1))
-    assert parse_arch("sm_90a") == (9, 0, "a") and parse_arch("sm_120") == (12, 0, "")
+    assert parse_arch("sm_90a")[1:] == (9, 0, "a") and parse_arch("sm_120")[1:] == (12, 0, "")
 
 
 def test_select_exact_cubin_first() -> None:
     c = _crate_with([("ptx", "compute_75", "9.0"), ("cubin", "sm_80", None), ("cubin", "sm_90", None)])
-    assert select_binary(c, (9, 0), (13, 0)).arch == "sm_90"
+    assert select_candidates(c, (9, 0), (13, 0))[0].arch == "sm_90"
     assert [a.arch for a in select_candidates(c, (9, 0), (13, 0))] == ["sm_90", "compute_75"]
 
 
 def test_select_lower_minor_cubin() -> None:
     c = _crate_with([("cubin", "sm_80", None), ("cubin", "sm_86", None), ("cubin", "sm_90", None)])
-    assert select_binary(c, (8, 9), (13, 0)).arch == "sm_86"
-    assert select_binary(c, (8, 0), (13, 0)).arch == "sm_80"
+    assert select_candidates(c, (8, 9), (13, 0))[0].arch == "sm_86"
+    assert select_candidates(c, (8, 0), (13, 0))[0].arch == "sm_80"
 
 
 def test_arch_specific_cubin_only_exact() -> None:
     c = _crate_with([("cubin", "sm_90a", None)])
-    assert select_binary(c, (9, 0), (13, 0)).arch == "sm_90a"
+    assert select_candidates(c, (9, 0), (13, 0))[0].arch == "sm_90a"
     with pytest.raises(NoCompatibleBinaryError):
-        select_binary(c, (10, 0), (13, 0))
+        select_candidates(c, (10, 0), (13, 0))[0]
 
 
 def test_no_compatible_binary_message() -> None:
     c = _crate_with([("cubin", "sm_80", None)])
     with pytest.raises(NoCompatibleBinaryError) as ei:
-        select_binary(c, (9, 0), (13, 0), package="p", device="NVIDIA H200")
+        select_candidates(c, (9, 0), (13, 0), package="p", device="NVIDIA H200")[0]
     msg = str(ei.value)
     assert not isinstance(ei.value, PtxTooNewError)
     assert "sm_90" in msg and "CUDA 13.0" in msg and "cubin sm_80" in msg and "NVIDIA H200" in msg
@@ -242,17 +243,17 @@ def test_no_compatible_binary_message() -> None:
 def test_ptx_too_new() -> None:
     c = _crate_with([("ptx", "compute_75", "9.5"), ("cubin", "sm_80", None)])
     with pytest.raises(PtxTooNewError) as ei:
-        select_binary(c, (9, 0), (13, 0))
+        select_candidates(c, (9, 0), (13, 0))[0]
     msg = str(ei.value)
     assert "9.5" in msg and "CUDA 13.0" in msg and "sm_90" in msg and "9.0" in msg
-    assert select_binary(c, (9, 0), (13, 5)).kind == "ptx"  # a newer driver JITs it
-    assert select_binary(c, (9, 0), (14, 0)).kind == "ptx"  # unknown newer driver: try
+    assert select_candidates(c, (9, 0), (13, 5))[0].kind == "ptx"  # a newer driver JITs it
+    assert select_candidates(c, (9, 0), (14, 0))[0].kind == "ptx"  # unknown newer driver: try
 
 
 def test_ptx_for_a_newer_arch_does_not_fit() -> None:
     c = _crate_with([("ptx", "compute_100", "9.0")])
     with pytest.raises(NoCompatibleBinaryError):
-        select_binary(c, (9, 0), (13, 0))
+        select_candidates(c, (9, 0), (13, 0))[0]
 
 
 def test_param_layout_of_mixed_scalars(pkg) -> None:

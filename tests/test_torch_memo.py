@@ -1,4 +1,4 @@
-"""The typed call's memo for torch tensors (``buffers.VERSIONED_ARRAY_TYPES``), on CPU with a
+"""The typed call's memo for torch tensors (``interop.VERSIONED_ARRAY_TYPES``), on CPU with a
 fake driver: a repeated launch with the same tensors reuses what it packed, unless a tensor's
 ``_version`` or ``data_ptr()`` moved; the memo keeps each tensor's storage. With torch
 installed, the same against real tensors (CPU tensors that report ``is_cuda``)."""
@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from khal_runtime import DeviceBuffer, buffers
-from khal_runtime._launchgen import PROMOTE_AFTER
+from khal_runtime import DeviceBuffer, interop
+from khal_runtime.backends.cuda.launchgen import PROMOTE_AFTER
 from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentValueError
-from tests.test_runtime_args import FakeDriver
+from tests.fakecuda import FakeDriver
 from tests.test_runtime_fastcall import P, _kernel, _u64, fake  # noqa: F401  (fixture)
 
 
@@ -132,13 +132,13 @@ def call(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_torch_type_is_versioned_and_memoable() -> None:
     t = Tensor(0x1000, 10)
-    buffers.extractor_for(t)
-    assert Tensor in buffers.VERSIONED_ARRAY_TYPES and Tensor in buffers.MEMO_ARRAY_TYPES
-    assert Tensor not in buffers.STABLE_ARRAY_TYPES
-    assert buffers.tensor_memo(t) == (0, t.storage)
-    assert buffers.tensor_memo(DeviceBuffer(0x1000, 1, "float32", 0)) is None
-    buffers.extractor_for(InferenceTensor(0x1000, 10))
-    assert buffers.tensor_memo(InferenceTensor(0x1000, 10)) is None
+    interop.extractor_for(t)
+    assert Tensor in interop.VERSIONED_ARRAY_TYPES and Tensor in interop.MEMO_ARRAY_TYPES
+    assert Tensor not in interop.STABLE_ARRAY_TYPES
+    assert interop.tensor_memo(t) == (0, t.storage)
+    assert interop.tensor_memo(DeviceBuffer(0x1000, 1, "float32", 0)) is None
+    interop.extractor_for(InferenceTensor(0x1000, 10))
+    assert interop.tensor_memo(InferenceTensor(0x1000, 10)) is None
 
 
 @pytest.mark.parametrize("repeats", [2, PROMOTE_AFTER + 3], ids=["memo slot", "shared snapshot"])

@@ -1,4 +1,4 @@
-"""KHAL_CUDA_TRACE / KHAL_CUDA_PROFILE / NVTX on CPU, against a fake driver (tests/_fakecuda.py)."""
+"""KHAL_CUDA_TRACE / KHAL_CUDA_PROFILE / NVTX on CPU, against the fake driver (tests/fakecuda.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import sys
 import pytest
 
 from khal_runtime import graphs, tracing
+from khal_runtime.backends.cuda.launch import LaunchPlan
+from khal_runtime.backends.cuda.uniform_cache import Upload, cache_for
 from khal_runtime.buffers import DeviceBuffer
+from khal_runtime.device import Device
 from khal_runtime.errors import CudaError
-from khal_runtime.launching import LaunchPlan, hooks
-from khal_runtime.uniforms import cache_for
-from tests._fakecuda import (  # noqa: F401 - fixture
+from khal_runtime.hooks import hooks
+from tests.fakecuda import (  # noqa: F401 - fixture
     CUresult,
     FakeDriver,
     fake,
@@ -34,13 +36,11 @@ def _plan(fake: FakeDriver) -> LaunchPlan:
                              scalar("bias")), block=256)
     plan = LaunchPlan(e, "core", 0, "FUNC:axpby", cache_for(0), None)
     fake.layouts["FUNC:axpby"] = plan.layout
-    cache_for(0).entries[bytes(Params(1, 2))] = [0xD000, None, 0, None]
+    cache_for(0).entries[bytes(Params(1, 2))] = Upload(0xD000, None, 0, None)
     return plan
 
 
 def _st():
-    from khal_runtime.device import Device
-
     return Device(0).default_stream
 
 
@@ -84,16 +84,21 @@ def test_parse_env_warns_on_nonsense() -> None:
     assert "KHAL_CUDA_TRACE='loud' is not understood" in cfg.warnings[0]
 
 
-def test_env_installs_hooks_at_import() -> None:
-    code = ("import khal_runtime.launching as l, khal_runtime.tracing as t; "
-            "print(l.hooks.active, type(l.hooks.dispatch).__name__, t._current.cfg.trace, t._current.cfg.sync)")
+def test_env_installs_hooks_when_a_package_is_loaded(tmp_path) -> None:
+    from tests.fakecuda import fake_kernels
+
+    e = make_entry("axpby", (storage("x"), storage("y", writable=True), uniform("p", "AxpbyParams"),
+                             scalar("bias")), block=256)
+    fake_kernels(FakeDriver(), tmp_path, [e])
+    code = ("import khal_runtime, khal_runtime.tracing as t; from khal_runtime.hooks import hooks as h; "
+            f"khal_runtime.load({str(tmp_path / 'fakepkg')!r}); "
+            "print(h.active, type(h.dispatch).__name__, *([t._current.cfg.trace, t._current.cfg.sync] "
+            "if t._current else []))")
     for value, expect in (("sync", "True Dispatcher True True"), ("", "False NoneType")):
         env = dict(os.environ, KHAL_CUDA_TRACE=value)
         env.pop("KHAL_CUDA_PROFILE", None)
         env.pop("KHAL_CUDA_NVTX", None)
-        if not value:
-            code2 = "import khal_runtime.launching as l; print(l.hooks.active, type(l.hooks.dispatch).__name__)"
-        out = subprocess.run([sys.executable, "-c", code if value else code2], env=env,
+        out = subprocess.run([sys.executable, "-c", code], env=env,
                              capture_output=True, text=True, check=True).stdout.strip()
         assert out == expect
 
@@ -233,9 +238,13 @@ def test_profile_collects_when_many_pending(fake: FakeDriver, monkeypatch: pytes
 
 def test_profile_at_exit_in_a_subprocess(tmp_path) -> None:
     """KHAL_CUDA_PROFILE=1: the table is printed at exit (here with no launches: nothing)."""
+    from tests.fakecuda import fake_kernels
+
+    fake_kernels(FakeDriver(), tmp_path, [make_entry("k", (storage("x"),))])
     env = dict(os.environ, KHAL_CUDA_PROFILE="1")
-    r = subprocess.run([sys.executable, "-c", "import khal_runtime.launching as l; print(l.hooks.active)"],
-                       env=env, capture_output=True, text=True, check=True)
+    code = (f"import khal_runtime; khal_runtime.load({str(tmp_path / 'fakepkg')!r}); "
+            "from khal_runtime.hooks import hooks; print(hooks.active)")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "True" and "khal profile" not in r.stderr
 
 

@@ -59,7 +59,8 @@ def main() -> None:
         us = per_call(fn)
         s.synchronize()
         print(f"{name:28s} {us:7.2f} us")
-    print("uniform entry:", plan.uniforms.entries.get(bytes(p))[:3])
+    e = plan.uniforms.entries.get(bytes(p))
+    print("uniform entry:", e.ptr, e.pending, e.stream)
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(20000):

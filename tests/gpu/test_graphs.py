@@ -157,7 +157,7 @@ def test_capture_unsupported_driver_error_is_capture_error(rt) -> None:
     """The real driver refuses capture on the legacy stream; check() turns that into CaptureError."""
     from cuda.bindings import driver
 
-    from khal_runtime._cuda import check
+    from khal_runtime.backends.cuda.driver import check
     from khal_runtime.errors import CaptureError
 
     rt.Device(0).set_current()
@@ -252,7 +252,7 @@ def test_demo_small(example_pkg, rt) -> None:
 def test_buffer_dropped_inside_capture_is_freed_after_it(rt, example_pkg, K, R) -> None:
     """cuMemFree inside a capture would invalidate it: a buffer released there (a temporary,
     or one the launch memo lets go of) is freed when the capture ends."""
-    from khal_runtime import buffers
+    from khal_runtime import capture_state
 
     n = 2048
     st = rt.default_stream()
@@ -268,8 +268,8 @@ def test_buffer_dropped_inside_capture_is_freed_after_it(rt, example_pkg, K, R) 
         del tmp  # the memo still holds it ...
         _step(K, p, params, n, st)  # ... until this launch replaces the memo
         extra.free()  # explicit free inside the capture
-        assert buffers._DEFERRED  # waiting for the capture to end
-    assert not buffers._DEFERRED
+        assert capture_state.pending_releases()  # waiting for the capture to end
+    assert not capture_state.pending_releases()
     cap.graph.launch()
     assert p.to_numpy().tobytes() == R.collide_ground(R.integrate(a0, params), params).tobytes()
     cap.graph.close()

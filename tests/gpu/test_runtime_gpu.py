@@ -19,7 +19,7 @@ from khal_runtime.errors import (
     NoCompatibleBinaryError,
     PtxTooNewError,
 )
-from khal_runtime.loader import ptx_isa_supported
+from khal_runtime.backends.cuda.loader import ptx_isa_supported
 from tests._gpu import require_gpu
 from tests._synthetic import CRATE, build_package
 
@@ -74,7 +74,7 @@ def test_fill_typed_call_and_roundtrip(ks) -> None:
 
 
 def test_axpby_uniform_forms_and_cache(ks) -> None:
-    from khal_runtime.uniforms import cache_for
+    from khal_runtime.backends.cuda.uniform_cache import cache_for
 
     n = 4096
     x = np.random.default_rng(0).random(n, dtype=np.float32)

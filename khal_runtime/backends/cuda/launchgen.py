@@ -1,4 +1,4 @@
-"""The Python source generated for each launch plan (``launching.LaunchPlan``).
+"""The Python source generated for each launch plan (:class:`.launch.LaunchPlan`).
 
 Two functions per plan and device, compiled with ``exec`` from the entry's parameter kinds
 and validated integers only (never from user strings):
@@ -19,11 +19,11 @@ and validated integers only (never from user strings):
      ``PROMOTE_AFTER`` times becomes a shared snapshot.
   3. the full read, check and pack into the least recently filled slot, which is then
      remembered, when every argument is of a kind that cannot change under the same
-     identity unnoticed (``buffers.STABLE_ARRAY_TYPES``, torch tensors with a version
-     counter: ``buffers.VERSIONED_ARRAY_TYPES``, immutable scalars, re-readable uniforms).
+     identity unnoticed (``interop.STABLE_ARRAY_TYPES``, torch tensors with a version
+     counter: ``interop.VERSIONED_ARRAY_TYPES``, immutable scalars, re-readable uniforms).
 
-Anything off these paths goes to the kernel's slow path or to ``_diagnose``, which names the
-bad argument. ``buffers.bump_epoch`` (a free, a uniform-cache flush) clears every memo slot
+Anything off these paths goes to the kernel's slow path or to ``diagnose``, which names the
+bad argument. ``memo.bump_epoch`` (a free, a uniform-cache flush) clears every memo slot
 and snapshot at once.
 """
 
@@ -31,29 +31,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from khal_runtime import abi
+
 if TYPE_CHECKING:
-    from khal_runtime.launching import LaunchPlan
+    from khal_runtime.backends.cuda.launch import LaunchPlan
 
 #: memo slots per thread and shared snapshots per plan (distinct argument sets remembered)
 SLOTS = 4
+#: threads one typed call may launch on its fast path (more: the slow path checks the grid limit)
+MAX_FAST_THREADS = 2**31 - 1
 #: hits of a thread's memo slot that make it a shared snapshot (then counted again from 0, so
 #: threads cycling through more argument sets than SLOTS promote at most once per this many)
 PROMOTE_AFTER = 8
-
-# Array kinds whose extraction the generated code inlines once a type of that kind is seen for
-# a parameter (same checks as the extractor, and the array's device against the plan's;
-# anything off them raises _Short and _diagnose names the problem). ``{a}`` is the argument,
-# ``{i}`` its index, ``{d}`` the plan's device.
-INLINE_CODE: dict[str, list[str]] = {
-    "torch": ["if not ({a}.is_cuda and {a}.get_device() == {d} and {a}.is_contiguous()): raise _Short()",
-              "p{i} = {a}.data_ptr(); c{i} = {a}.numel(); k{i} = {a}.dtype",
-              "if not p{i} and c{i}: raise _Short()"],
-    "cupy_fast": ["if not {a}._c_contiguous or {a}.device.id != {d}: raise _Short()",
-                  "p{i} = {a}.data.ptr; c{i} = {a}.size; k{i} = {a}.dtype"],
-    "cupy": ["if not {a}.flags.c_contiguous or {a}.device.id != {d}: raise _Short()",
-             "p{i} = {a}.data.ptr; c{i} = {a}.size; k{i} = {a}.dtype"],
-}
-
 
 class MemoLayout:
     """Indices into one memo slot, a list:
@@ -62,8 +51,8 @@ class MemoLayout:
     (the stream is the slot's valid flag), and into one shared snapshot, a tuple:
     ``(arg 0 .. arg P-1, stream, n, call args, gx, addr, (reader, bytes) per uniform,
     (version, pointer, storage) per storage parameter, keep)``.
-    The version is None for an array type that cannot change (``buffers.STABLE_ARRAY_TYPES``),
-    else the tensor's ``_version`` when it was packed (``buffers.VERSIONED_ARRAY_TYPES``).
+    The version is None for an array type that cannot change (``interop.STABLE_ARRAY_TYPES``),
+    else the tensor's ``_version`` when it was packed (``interop.VERSIONED_ARRAY_TYPES``).
     A thread's slots live in ``plan._tls.s``:
     ``[slot 0 .. slot SLOTS-1, next victim, scratch, whether any slot was ever filled]``.
     """
@@ -74,13 +63,13 @@ class MemoLayout:
         self.stream, self.n, self.gx = P, P + 1, P + 2
         self.uniform: dict[int, tuple[int, int]] = {}  # param -> (reader, bytes) in a slot
         k = P + 3
-        for i, p in enumerate(plan.entry.params):
-            if p.kind == "uniform":
+        for i, reader in enumerate(plan.readers):
+            if reader == "struct":
                 self.uniform[i] = (k, k + 1)
                 k += 2
         self.tensor: dict[int, tuple[int, int, int]] = {}  # param -> (version, ptr, storage)
-        for i, p in enumerate(plan.entry.params):
-            if p.kind == "storage":
+        for i, reader in enumerate(plan.readers):
+            if reader == "array":
                 self.tensor[i] = (k, k + 1, k + 2)
                 k += 3
         self.buf, self.addr, self.hits, self.ptrs, self.length = k, k + 1, k + 2, k + 3, k + 4
@@ -97,7 +86,7 @@ def uniform_slots(plan: LaunchPlan) -> dict[int, int]:
     """Parameter index -> byte offset in the argument block, of each uniform."""
     out, slot = {}, 0
     for i, p in enumerate(plan.entry.params):
-        if p.kind == "uniform":
+        if plan.readers[i] == "struct":
             out[i] = plan._offsets[slot]
         slot += p.abi_slots
     return out
@@ -106,9 +95,9 @@ def uniform_slots(plan: LaunchPlan) -> dict[int, int]:
 def cached_upload(I: str, size: int) -> tuple[list[str], str]:  # noqa: E741, N803
     """Lines checking host bytes ``u`` against the uniform's size and looking them up in the
     uniform cache, and the expression for their device pointer (uploaded or waited for on
-    ``st`` by ``_ufetch`` when not ready)."""
-    return ([f"{I}if len(u) != {size}: raise _Short()", f"{I}e = _ucache.get(u)"],
-            "e[0] if e is not None and e[1] is None else _ufetch(u, st)")
+    ``st`` by ``fetch_uniform`` when not ready)."""
+    return ([f"{I}if len(u) != {size}: raise Short()", f"{I}e = uniform_entries.get(u)"],
+            "e.ptr if e is not None and e.pending is None else fetch_uniform(u, st)")
 
 
 def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa: E741, N803
@@ -117,18 +106,18 @@ def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa:
     a, size = f"a{i}", int(plan.entry.params[i].element_size)
     lines = [f"{I}t = type({a})"]
     for j, kind in enumerate(plan._uinline[i].values()):
-        lines.append(f"{I}{'if' if j == 0 else 'elif'} t is _UT{i}_{j}:")
+        lines.append(f"{I}{'if' if j == 0 else 'elif'} t is StructT{i}_{j}:")
         lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
     fetch, ptr = cached_upload(I + "    ", size)
     return lines + [
         f"{I}{'else:' if plan._uinline[i] else 'if True:'}",
-        f"{I}    u = _useen({i}, {a})",
+        f"{I}    u = uniform_seen({i}, {a})",
         f"{I}h{i} = u",
         f"{I}if u.__class__ is bytes:",
         *fetch,
         f"{I}    u{i} = {ptr}",
         f"{I}else:",
-        f"{I}    if u[1] < {size}: raise _Short()",
+        f"{I}    if u[1] < {size}: raise Short()",
         f"{I}    u{i} = u[0]",
     ]
 
@@ -141,66 +130,73 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     pack_args: list[str] = []
     for i, p in enumerate(plan.entry.params):
         a = f"a{i}"
-        if p.kind == "storage":
+        reader = plan.readers[i]
+        if reader == "array":
             lines += [
                 f"{I}t{i} = type({a})",
-                f"{I}if t{i} is _DB:",
+                f"{I}if t{i} is DeviceBuffer:",
                 f"{I}    p{i} = {a}.ptr; c{i} = {a}.size",
-                f"{I}    if {a}.device_id != {int(plan.device_id)}: raise _Short()",
-                f"{I}    k{i} = {a}._et if {a}._base is None or {a}._base._et is not _FREED else _FREED",
+                f"{I}    if {a}.device_id != {int(plan.device_id)}: raise Short()",
+                f"{I}    k{i} = {a}._et if {a}._base is None or {a}._base._et is not FREED else FREED",
             ]
-            for j, kind in enumerate(plan._inline[i].values()):
-                lines.append(f"{I}elif t{i} is _T{i}_{j}:")
-                lines += [f"{I}    " + ln.format(a=a, i=i, d=int(plan.device_id)) for ln in INLINE_CODE[kind]]
+            for j, rec in enumerate(plan._inline[i].values()):
+                lines.append(f"{I}elif t{i} is ArrayT{i}_{j}:")
+                lines += [f"{I}    " + ln.format(a=a, i=i, d=int(plan.device_id)) for ln in rec.inline]
             lines += [
                 f"{I}else:",
-                f"{I}    p{i}, c{i}, k{i} = _sseen({i}, {a})",
-                f"{I}if k{i} not in _ok{i}: _learn({i}, k{i})",
+                f"{I}    p{i}, c{i}, k{i} = storage_seen({i}, {a})",
+                f"{I}if k{i} not in accepted_{i}: learn_dtype({i}, k{i})",
             ]
             if p.shape == "array" and p.length:
-                lines.append(f"{I}if c{i} < {int(p.length)}: raise _Short()")
+                lines.append(f"{I}if c{i} < {int(p.length)}: raise Short()")
             elif p.shape == "value":
-                lines.append(f"{I}if c{i} < 1: raise _Short()")
+                lines.append(f"{I}if c{i} < 1: raise Short()")
             pack_args += [f"p{i}", f"c{i}"]
-        elif p.kind == "uniform":
+        elif reader == "struct":
             lines += uniform_param_lines(plan, i, I)
             pack_args.append(f"u{i}")
-        else:
-            pack_args.append(f"_bf16({a})" if p.element_type == "bfloat16" else a)
+        elif p.element_type == "bool":  # struct's '?' would take any object's truth value
+            pack_args.append(f"({a} if {a}.__class__ is bool else scalar_value({i}, {a}))")
+        elif p.element_type == "bfloat16" or abi.SCALARS[p.element_type].family == "complex":
+            pack_args.append(f"scalar_value({i}, {a})" if p.element_type == "bfloat16"
+                             else f"*scalar_value({i}, {a})")
+        else:  # struct's own checks refuse what abi.scalar_value refuses (str, None, float for int)
+            pack_args.append(a)
     if pack_args:
-        lines.append(f"{I}_pack(m[{lo.buf}], 0, {', '.join(pack_args)})")
+        lines.append(f"{I}pack_args(m[{lo.buf}], 0, {', '.join(pack_args)})")
     return lines
 
 
 # -- memo slots ------------------------------------------------------------------------------------
 def slots_lines(I: str) -> list[str]:  # noqa: E741, N803
-    return [f"{I}try:", f"{I}    ms = _tls.s", f"{I}except AttributeError:", f"{I}    ms = _newslots()"]
+    return [f"{I}try:", f"{I}    ms = plan_tls.s", f"{I}except AttributeError:", f"{I}    ms = new_slots()"]
 
 
 def memo_store_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     """After a full read and pack into slot ``m``: remember the arguments, only when every
     buffer is of a type that cannot change under the same identity (DeviceBuffer,
-    cupy.ndarray: ``buffers.STABLE_ARRAY_TYPES``) or, for the parameters that have seen a
+    cupy.ndarray: ``interop.STABLE_ARRAY_TYPES``) or, for the parameters that have seen a
     torch tensor (``plan._versioned``), a tensor with a version counter, whose version,
-    pointer and storage are kept for the reuse check (``buffers.tensor_memo``); every scalar
+    pointer and storage are kept for the reuse check (``interop.tensor_memo``); every scalar
     is immutable (a 0-d NumPy array is not) and every uniform can be re-read
-    (``launching._uniform_reader``). The stream is stored last, and only if nothing was freed
+    (``launch.uniform_reader``). The stream is stored last, and only if nothing was freed
     since the arguments were read."""
     lo, P = plan.memo, plan.memo.P  # noqa: N806
     versioned = plan._versioned
     # (one failed condition skips the rest: an inference tensor costs one tensor_memo call)
-    conds = [f"(q{i} := _STQ if t{i} in _MA else _tmemo(a{i})) is not None" if i in versioned
-             else f"t{i} in _MA" if p.kind == "storage" else f"_IMM[type(a{i})]"
-             for i, p in enumerate(plan.entry.params) if p.kind != "uniform"]
-    body = [f"r{i} = _urd(a{i}, h{i})" for i in lo.uniform]
-    ucond = [f"r{i} is not _NOMEMO" for i in lo.uniform]
+    conds = [f"(q{i} := STABLE_MEMO if t{i} in STABLE_TYPES else tensor_memo(a{i})) is not None"
+             if i in versioned else f"t{i} in STABLE_TYPES" if reader == "array"
+             else f"IMMUTABLE_SCALAR[type(a{i})]"
+             for i, reader in enumerate(plan.readers) if reader != "struct"]
+    body = [f"r{i} = uniform_reader(a{i}, h{i})" for i in lo.uniform]
+    ucond = [f"r{i} is not NOMEMO" for i in lo.uniform]
     inner = [f"m[{rs}] = r{i}; m[{bs}] = h{i}" for i, (rs, bs) in lo.uniform.items()]
     for i, (vs, ps, ks) in lo.tensor.items():
         inner.append(f"m[{vs}] = q{i}[0]; m[{ps}] = p{i}; m[{ks}] = q{i}[1]" if i in versioned
                      else f"m[{vs}] = None")
     inner += [f"m[0:{P}] = ({''.join(f'a{i}, ' for i in range(P))})",
               f"m[{lo.n}] = n; m[{lo.gx}] = gx; m[{lo.hits}] = 0; ms[{SLOTS + 2}] = True",
-              f"if ep == _E[0]: m[{lo.stream}] = st"]
+              f"if ep == EPOCH[0]: m[{lo.stream}] = st"]
     out: list[str] = []
     J = I  # noqa: N806
     if conds:
@@ -232,7 +228,7 @@ def snapshot_hit(plan: LaunchPlan, j: int) -> str:
     """Shared snapshot ``j`` is this very launch (arguments, stream, thread count, uniforms'
     current bytes)."""
     lo, P = plan.memo, plan.memo.P  # noqa: N806
-    conds = [f"a0 is (k := _S[{j}])[0]"] + [f"a{i} is k[{i}]" for i in range(1, P)]
+    conds = [f"a0 is (k := snapshots[{j}])[0]"] + [f"a{i} is k[{i}]" for i in range(1, P)]
     conds += [f"st is k[{P}]", f"n is k[{P + 1}]", "not _more"]
     conds += tensor_unchanged(plan, "k", lo.s_tensor)
     for i, (r, b) in lo.s_uniform.items():
@@ -254,7 +250,7 @@ def uniform_recheck_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741,
             f"{I}    u = r(a{i})",
             f"{I}    if u != m[{bs}]:",
             *fetch,
-            f"{I}        _pq(m[{lo.buf}], {offs[i]}, {ptr})",
+            f"{I}        pack_u64(m[{lo.buf}], {offs[i]}, {ptr})",
             f"{I}        m[{bs}] = u",
         ]
     return lines
@@ -273,13 +269,14 @@ def guarded_chain(plan: LaunchPlan, I: str, chain: list[str], on_error: list[str
 def launch_lines(g: str, b: str, shmem: str, args: str, hooked: bool) -> list[str]:
     if hooked:  # regenerated when hooks are installed or removed
         return [
-            f"    return _H.dispatch(_plan, ({g}), ({b}), {shmem}, st, {args},",
-            f"                       lambda: _failed(_launch(_f, {g}, {b}, {shmem}, st._cu, addr, 0)[0], {g}, {b}))",
+            f"    return hooks.dispatch(plan, ({g}), ({b}), {shmem}, st, {args},",
+            f"                          lambda: launch_failed(cuLaunchKernel(function, {g}, {b}, {shmem}, "
+            f"st._cu, addr, 0)[0], {g}, {b}))",
         ]
     return [
-        f"    r = _launch(_f, {g}, {b}, {shmem}, st._cu, addr, 0)",
+        f"    r = cuLaunchKernel(function, {g}, {b}, {shmem}, st._cu, addr, 0)",
         "    if r[0]:",
-        f"        _failed(r[0], {g}, {b})",
+        f"        launch_failed(r[0], {g}, {b})",
     ]
 
 
@@ -297,67 +294,67 @@ def run_source(plan: LaunchPlan, hooked: bool) -> str:
         lines += read_lines(plan, I)
         lines.append(f"{I}addr = m[{plan.memo.addr}]")
     else:
-        lines += [f"{I}if args: raise _Short()", f"{I}addr = 0"]
-    lines += ["    except Exception as exc:", "        _diagnose(args, exc)", "        raise"]
+        lines += [f"{I}if args: raise Short()", f"{I}addr = 0"]
+    lines += ["    except Exception as exc:", "        diagnose(args, exc)", "        raise"]
     lines += launch_lines("gx, gy, gz", "bx, by, bz", "shmem", "args", hooked)
     return "\n".join(lines) + "\n"
 
 
 def call_source(plan: LaunchPlan, hooked: bool) -> str:
-    """The kernel's call ``(n, a0=_M, ..., *_more, stream=None)`` for ``plan``'s device;
+    """The kernel's call ``(n, a0=MISSING, ..., *_more, stream=None)`` for ``plan``'s device;
     anything off the fast paths (another device, a non-positive or non-int thread count,
-    missing or extra arguments) goes to ``_slow(_K, n, args, st)``."""
+    missing or extra arguments) goes to ``slow_call(kernel, n, args, st)``."""
     lo = plan.memo
     D = int(plan.device_id)  # noqa: N806
     bx, by, bz = (int(v) for v in plan.block)
     P = lo.P  # noqa: N806
     names = [f"a{i}" for i in range(P)]
-    sig = "".join(f"{a}=_M, " for a in names)
+    sig = "".join(f"{a}=MISSING, " for a in names)
     tup = "(" + "".join(f"{a}, " for a in names) + ")"
     lines = [
         f"def __call__(n, {sig}*_more, stream=None):",
         "    if stream is None:",
         "        try:",
-        "            st = _ktls.ready",
+        "            st = thread.ready",
         "        except AttributeError:",
-        "            st = _ready()",
+        "            st = ready_stream()",
         "    else:",
-        "        st = stream if type(stream) is _Stream else _as_stream(stream)",
+        "        st = stream if type(stream) is Stream else as_stream(stream)",
         "        try:",
-        "            cur = _ktls.dev",
+        "            cur = thread.dev",
         "        except AttributeError:",
         "            cur = -1",
         "        if cur != st.device_id:",
-        "            _ensure(st.device_id)",
+        "            ensure_current(st.device_id)",
     ]
-    guard = (f"st.device_id != {D} or type(n) is not int or n <= 0 or _more"
-             + (f" or {names[-1]} is _M" if names else ""))
-    to_slow = f"return _slow(_K, n, tuple(a for a in {tup} if a is not _M) + _more, st)"
+    guard = (f"st.device_id != {D} or type(n) is not int or n <= 0 or n > {MAX_FAST_THREADS} or _more"
+             + (f" or {names[-1]} is MISSING" if names else ""))
+    to_slow = f"return slow_call(kernel, n, tuple(a for a in {tup} if a is not MISSING) + _more, st)"
     if not P:
         lines += [f"    if {guard}:", f"        {to_slow}", "    addr = 0", f"    gx = (n + {bx - 1}) // {bx}"]
         lines += launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0", tup, hooked)
         return "\n".join(lines) + "\n"
 
     # arguments no memo can hold (a host array first) skip the memos after one failed check
-    s0 = next((i for i, p in enumerate(plan.entry.params) if p.kind == "storage"), None)
-    unstable = "" if s0 is None else f" or type(a{s0}) not in _MM"
+    s0 = next((i for i, reader in enumerate(plan.readers) if reader == "array"), None)
+    unstable = "" if s0 is None else f" or type(a{s0}) not in MEMO_TYPES"
     # 1. shared snapshots (filled newest first: an empty first one means none)
     chain: list[str] = []
     for j in range(SLOTS):
         chain.append(f"{'if' if j == 0 else 'elif'} {snapshot_hit(plan, j)}:")
         chain.append("    pass")
         if j == 0:
-            chain += [f"elif k[0] is _NOMEMO{unstable}:", "    k = None"]
+            chain += [f"elif k[0] is NOMEMO{unstable}:", "    k = None"]
     chain += ["else:", "    k = None"]
     # a remembered tensor whose version can no longer be read (swapped with an inference
     # tensor): drop the memo being checked (``k``, set before anything can raise), read in full
-    lines += guarded_chain(plan, "    ", chain, ["_unshare(k)", "k = None"])
+    lines += guarded_chain(plan, "    ", chain, ["unshare(k)", "k = None"])
     lines += ["    if k is not None:"]
     if hooked:
         lines.append(f"        gx = k[{lo.s_gx}]; addr = k[{lo.s_addr}]")
     else:  # the snapshot holds the launch call's whole argument tuple
-        lines += [f"        r = _lx(*k[{lo.s_call}])", "        if r[0]:",
-                  f"            _failed(r[0], k[{lo.s_gx}], 1, 1, {bx}, {by}, {bz})", "        return"]
+        lines += [f"        r = launch_prepared(*k[{lo.s_call}])", "        if r[0]:",
+                  f"            launch_failed(r[0], k[{lo.s_gx}], 1, 1, {bx}, {by}, {bz})", "        return"]
     lines.append("    else:")
     # 2. this thread's memo slots
     J = "        "  # noqa: N806
@@ -370,12 +367,12 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         if j == 0:  # no slot was ever filled, or arguments that are read every time
             chain += [f"elif not ms[{SLOTS + 2}]{unstable}:", "    m = None"]
     chain += ["else:", "    m = None"]
-    lines += guarded_chain(plan, J, chain, [f"m[{lo.stream}] = _NOMEMO", "m = None"])
+    lines += guarded_chain(plan, J, chain, [f"m[{lo.stream}] = NOMEMO", "m = None"])
     lines += [
         f"{J}if m is not None:",
         f"{J}    if n is m[{lo.n}]:",  # the same thread count object: the same grid
         f"{J}        gx = m[{lo.gx}]",
-        f"{J}    elif type(n) is int and n > 0:",
+        f"{J}    elif type(n) is int and 0 < n <= {MAX_FAST_THREADS}:",
         f"{J}        gx = (n + {bx - 1}) // {bx}",
         f"{J}        m[{lo.n}] = n; m[{lo.gx}] = gx",
         f"{J}    else:",
@@ -384,12 +381,12 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
     recheck = uniform_recheck_lines(plan, I)
     if recheck:
         lines += [f"{J}    try:"] + recheck
-        lines += [f"{J}    except Exception as exc:", f"{J}        _diagnose({tup}, exc)", f"{J}        raise"]
+        lines += [f"{J}    except Exception as exc:", f"{J}        diagnose({tup}, exc)", f"{J}        raise"]
     lines += [
         f"{J}    h = m[{lo.hits}] + 1",
         f"{J}    if h >= {PROMOTE_AFTER}:",
         f"{J}        m[{lo.hits}] = 0",
-        f"{J}        _promote(m, st)",
+        f"{J}        promote(m, st)",
         f"{J}    else:",
         f"{J}        m[{lo.hits}] = h",
         # 3. the full read into the least recently filled slot
@@ -401,12 +398,12 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         f"{J}    ms[{SLOTS}] = v + 1 if v < {SLOTS - 1} else 0",
         f"{J}    m = ms[v]",
         f"{J}    try:",
-        f"{J}        ep = _E[0]",
-        f"{J}        m[{lo.stream}] = _NOMEMO",
+        f"{J}        ep = EPOCH[0]",
+        f"{J}        m[{lo.stream}] = NOMEMO",
     ]
     lines += read_lines(plan, I)
     lines += memo_store_lines(plan, I)
-    lines += [f"{J}    except Exception as exc:", f"{J}        _diagnose({tup}, exc)", f"{J}        raise"]
+    lines += [f"{J}    except Exception as exc:", f"{J}        diagnose({tup}, exc)", f"{J}        raise"]
     lines.append(f"{J}addr = m[{lo.addr}]")
     lines += launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0", tup, hooked)
     return "\n".join(lines) + "\n"

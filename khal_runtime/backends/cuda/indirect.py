@@ -37,9 +37,19 @@ import threading
 import time
 from typing import Any
 
-from khal_runtime import _cuda
-from khal_runtime._cuda import check
+from khal_runtime import interop
+from khal_runtime.arguments import dim3
+from khal_runtime.backends.cuda.driver import check, driver
+from khal_runtime.backends.cuda.graphs import relaxed_capture_mode
+from khal_runtime.backends.cuda.launch import LaunchPlan
+from khal_runtime.buffers import DeviceBuffer
+from khal_runtime.capture_state import forbid_in_capture
+from khal_runtime.device import Device, Stream, as_stream, ensure_current
+from khal_runtime.dtypes import dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
+from khal_runtime.interop import BadArgument
+from khal_runtime.manifest import Entry, Param
+from khal_runtime.tracing import write_line
 
 __all__ = ["HELPER_PTX", "dispatch_indirect", "persistent_grid", "threads_to_groups", "prepare"]
 
@@ -99,13 +109,10 @@ def _env_true(name: str) -> bool:
 def _helper(device_id: int) -> Any:
     f = _helpers.get(device_id)
     if f is None:
-        from khal_runtime.device import ensure_current
-        from khal_runtime.graphs import relaxed_capture_mode
-
         with _lock:
             f = _helpers.get(device_id)
             if f is None:
-                drv = _cuda.driver()
+                drv = driver()
                 ensure_current(device_id)
                 with relaxed_capture_mode():
                     mod = check(drv.cuModuleLoadData(HELPER_PTX), "cuModuleLoadData(indirect helper)")
@@ -119,21 +126,18 @@ def prepare(device: int = 0) -> None:
     _helper(int(device))
 
 
-def _indirect_plan(kernel: Any, plan: Any) -> Any:
+def _indirect_plan(kernel: Any, plan: LaunchPlan) -> LaunchPlan:
     ip = _iplans.get(plan)
     if ip is None:
-        from khal_runtime.launching import LaunchPlan
-        from khal_runtime.manifest import Entry, Param
-
         e = plan.entry
         if not e.indirect_symbol or plan.indirect_function is None:
             raise KhalError(
                 f"entry {kernel.crate}.{e.name} has no indirect (persistent-grid) variant in its "
                 "binary (built by an older hatch-khal?): rebuild the package, or pass "
                 "host_read=True to read the count on the host")
-        entry = Entry(
+        entry = Entry.model_construct(
             name=f"{e.name}_indirect", symbol=e.indirect_symbol, hash=e.hash,
-            block_size=e.block_size,
+            block_size=e.block_size, indirect_symbol=None, grid_dims=1, webgpu=None,
             params=tuple(e.params) + (Param(name="khal_group_count", kind="uniform",
                                             element_type="uint32", element_size=4,
                                             element_align=4),),
@@ -144,13 +148,11 @@ def _indirect_plan(kernel: Any, plan: Any) -> Any:
     return ip
 
 
-def persistent_grid(kernel: Any, device_id: int | None = None) -> int:
-    """Blocks of the persistent grid for ``kernel``'s indirect variant: SM count x blocks per SM
-    (``KHAL_CUDA_INDIRECT_BLOCKS_PER_SM``, else the kernel's occupancy limit, else 4)."""
-    from khal_runtime.device import Device, current_device_id
-
-    d = current_device_id() if device_id is None else int(device_id)
-    plan = kernel.plan(d)
+def persistent_grid(kernel: Any, plan: LaunchPlan) -> int:
+    """Blocks of the persistent grid for ``kernel``'s indirect variant on ``plan``'s device: SM
+    count x blocks per SM (``KHAL_CUDA_INDIRECT_BLOCKS_PER_SM``, else the kernel's occupancy
+    limit, else 4)."""
+    d = plan.device_id
     g = _grids.get(plan)
     if g is None:
         dev = Device(d)
@@ -162,12 +164,12 @@ def persistent_grid(kernel: Any, device_id: int | None = None) -> int:
             except ValueError:
                 per_sm = 0
             if per_sm < 1:
-                raise ValueError(f"KHAL_CUDA_INDIRECT_BLOCKS_PER_SM={raw!r}: expected an integer >= 1")
+                raise ArgumentValueError(f"KHAL_CUDA_INDIRECT_BLOCKS_PER_SM={raw!r}: expected an integer >= 1")
         if not per_sm:
             bx, by, bz = kernel.block_size
             fn = plan.indirect_function if plan.indirect_function is not None else plan.function
             try:
-                res = _cuda.driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, bx * by * bz, 0)
+                res = driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, bx * by * bz, 0)
                 per_sm = int(res[1]) if not res[0] else 0
             except Exception:
                 per_sm = 0
@@ -181,14 +183,10 @@ def _scratch_for(device_id: int, stream: Any) -> Any:
     key = (device_id, stream.handle)
     buf = _scratch.get(key)
     if buf is None:
-        from khal_runtime.buffers import DeviceBuffer
-        from khal_runtime.device import ensure_current
-        from khal_runtime.graphs import relaxed_capture_mode
-
         ensure_current(device_id)
         with relaxed_capture_mode():  # an internal word, allocated once per stream
-            dptr = check(_cuda.driver().cuMemAlloc(4), "cuMemAlloc")
-        buf = DeviceBuffer(int(dptr), 1, "uint32", device_id, alloc=dptr)
+            dptr = check(driver().cuMemAlloc(4), "cuMemAlloc")
+        buf = DeviceBuffer(int(dptr), 1, "uint32", device_id, alloc=dptr, backend=stream._bk)
         with _lock:
             buf = _scratch.setdefault(key, buf)
     return buf
@@ -213,8 +211,6 @@ def threads_to_groups(threads: Any, block: int, out: Any = None, stream: Any = N
     """Enqueue ``out[0] = ceil(threads[0] / block)`` on ``stream`` (device-side, capturable).
 
     ``out`` defaults to a per-stream scratch word (valid until the next call on that stream)."""
-    from khal_runtime.stream import as_stream
-
     st = as_stream(stream)
     src = _count_ptr(threads, "threads")
     if out is None:
@@ -224,18 +220,15 @@ def threads_to_groups(threads: Any, block: int, out: Any = None, stream: Any = N
         raise ArgumentValueError(f"threads_to_groups: block must be 1..1024, got {block}")
     f = _helper(st.device_id)
     addr = _helper_block(src, dst, int(block))
-    err = _cuda.driver().cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, st._cu, addr, 0)[0]
+    err = driver().cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, st._cu, addr, 0)[0]
     if err:
         check((err,), "cuLaunchKernel(khal_threads_to_groups)")
     return out
 
 
 def _count_ptr(count: Any, what: str = "count") -> int:
-    from khal_runtime.buffers import BadArgument, extract
-    from khal_runtime.dtypes import dtype_info
-
     try:
-        ptr, n, key = extract(count)
+        ptr, n, key = interop.extract(count)
     except BadArgument as bad:
         raise bad.cls(f"dispatch_indirect: {what} {bad}") from None
     name, _ = dtype_info(key)
@@ -249,7 +242,7 @@ def _count_ptr(count: Any, what: str = "count") -> int:
 def _pinned_word() -> int:
     p = getattr(_tls, "pinned", None)
     if p is None:
-        p = int(check(_cuda.driver().cuMemHostAlloc(8, 0), "cuMemHostAlloc"))
+        p = int(check(driver().cuMemHostAlloc(8, 0), "cuMemHostAlloc"))
         _tls.pinned = p
     return p
 
@@ -257,22 +250,14 @@ def _pinned_word() -> int:
 # ---------------------------------------------------------------------------------------------
 # dispatch
 # ---------------------------------------------------------------------------------------------
-def dispatch_indirect(kernel: Any, count: Any, *args: Any, stream: Any = None, grid: Any = None,
-                      threads: bool = False, host_read: bool | None = None) -> None:
-    """``kernel`` over the workgroup (``threads=True``: thread) count in device buffer ``count``.
+def dispatch_indirect(kernel: Any, plan: LaunchPlan, count: Any, args: tuple[Any, ...], st: Stream,
+                      grid: Any = None, threads: bool = False, host_read: bool | None = None) -> None:
+    """``kernel`` over the workgroup (``threads=True``: thread) count in device buffer ``count``
+    on ``plan``'s device (its context current).
 
     ``grid``: blocks of the persistent grid (device-side path only; default
     :func:`persistent_grid`). ``host_read``: read the count on the host and launch the
     direct kernel (None: ``KHAL_CUDA_INDIRECT_SYNC``)."""
-    from khal_runtime.device import _tls as _dtls
-    from khal_runtime.device import ensure_current
-    from khal_runtime.stream import as_stream
-
-    st = as_stream(stream)
-    d = st.device_id
-    plan = kernel.plan(d)
-    if getattr(_dtls, "dev", -1) != d:
-        ensure_current(d)
     if host_read is None:
         host_read = _env_true("KHAL_CUDA_INDIRECT_SYNC")
     if host_read:
@@ -281,19 +266,12 @@ def dispatch_indirect(kernel: Any, count: Any, *args: Any, stream: Any = None, g
     ip = _indirect_plan(kernel, plan)
     _count_ptr(count)
     groups = threads_to_groups(count, kernel.block_size[0], stream=st) if threads else count
-    if grid is None:
-        gx = persistent_grid(kernel, d)
-    else:
-        from khal_runtime.launching import dim3
-
-        gx = dim3(grid, "grid")[0]
+    gx = persistent_grid(kernel, plan) if grid is None else dim3(grid, "grid")[0]
     bx, by, bz = kernel.block_size
     ip.run(gx, 1, 1, bx, by, bz, 0, st, args + (groups,))
 
 
-def _dispatch_host_read(kernel: Any, count: Any, args: tuple[Any, ...], st: Any, threads: bool) -> None:
-    from khal_runtime.graphs import forbid_in_capture
-
+def _dispatch_host_read(kernel: Any, count: Any, args: tuple[Any, ...], st: Stream, threads: bool) -> None:
     name = f"{kernel.crate}.{kernel.name}"
     forbid_in_capture(
         f"indirect dispatch of {name} with a host read of its count "
@@ -302,7 +280,7 @@ def _dispatch_host_read(kernel: Any, count: Any, args: tuple[Any, ...], st: Any,
         "path (host_read=False, unset KHAL_CUDA_INDIRECT_SYNC), which is capturable", st)
     src = _count_ptr(count)
     kernel.check_args(*args)  # before paying the synchronisation
-    drv = _cuda.driver()
+    drv = driver()
     host = _pinned_word()
     t0 = time.perf_counter()
     check(drv.cuMemcpyDtoHAsync(host, src, 4, st._cu), "cuMemcpyDtoHAsync")
@@ -312,8 +290,6 @@ def _dispatch_host_read(kernel: Any, count: Any, args: tuple[Any, ...], st: Any,
     bx = kernel.block_size[0]
     groups = (value + bx - 1) // bx if threads else value
     if _env_true("KHAL_TRACE_INDIRECT"):
-        from khal_runtime.tracing import write_line
-
         unit = "threads" if threads else "groups"
         launched = f"grid={groups}" if groups else "nothing launched"
         write_line(f"khal: indirect {name} host read count={value} {unit} -> {launched} "

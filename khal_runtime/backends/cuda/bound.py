@@ -23,11 +23,15 @@ import ctypes
 import functools
 from typing import Any, Callable
 
-from khal_runtime.buffers import EPOCH
+from khal_runtime import abi, interop
+from khal_runtime.arguments import diagnose_args, grid_for, thread_count
+from khal_runtime.backends.cuda.driver import driver
+from khal_runtime.backends.cuda.launch import LaunchPlan, launch_call
+from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import _tls, ensure_current
-from khal_runtime.dtypes import bf16_bits
-from khal_runtime.arguments import diagnose_args, thread_count
-from khal_runtime.launching import hooks
+from khal_runtime.hooks import hooks
+from khal_runtime.memo import EPOCH
+from khal_runtime.uniforms import uniform_converter
 
 __all__ = ["BoundLaunch"]
 
@@ -40,26 +44,23 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
 
     __slots__ = ("kernel", "stream", "args", "_plan", "_keep", "_owned")
 
-    def __new__(cls, kernel: Any, args: tuple[Any, ...], stream: Any) -> BoundLaunch:
-        import numpy as np
-
-        from khal_runtime.buffers import DeviceBuffer, extractor_for, tensor_storage
-        from khal_runtime.uniforms import uniform_converter
+    def __new__(cls, kernel: Any, plan: LaunchPlan, args: tuple[Any, ...], stream: Any) -> BoundLaunch:
+        import numpy as np  # lazy: a host uniform's device copy only
 
         dev = stream.device_id
         diagnose_args(kernel.entry, args, device=dev)  # every argument checked, named errors
-        plan = kernel.plan(dev)
         ensure_current(dev)
         values: list[Any] = []
         owned: list[Any] = []
         for p, a in zip(kernel.entry.params, args):
-            if p.kind == "storage":
-                ptr, count, _ = extractor_for(a)(a)
+            reader = abi.kind(p.kind).reader
+            if reader == "array":
+                ptr, count, _ = interop.extract(a)
                 values += [ptr, count]
-                held = tensor_storage(a)  # a torch tensor's storage: the memory bound here
+                held = interop.held_memory(a)  # a torch tensor's storage: the memory bound here
                 if held is not None:
                     owned.append(held)
-            elif p.kind == "uniform":
+            elif reader == "struct":
                 u = uniform_converter(a)(a)
                 if isinstance(u, bytes):  # host struct: a device copy owned by this launch
                     dbuf = DeviceBuffer.from_numpy(np.frombuffer(u, dtype=np.uint8), stream)
@@ -68,7 +69,8 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
                 else:
                     values.append(u[0])
             else:
-                values.append(bf16_bits(a) if p.element_type == "bfloat16" else a)
+                v = abi.scalar_value(p.element_type, a)
+                values += list(v) if isinstance(v, tuple) else [v]
         block = ctypes.create_string_buffer(max(plan.args_size, 8))
         plan.struct.pack_into(block, 0, *values)
         base = ctypes.addressof(block)
@@ -80,7 +82,7 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
         functools.partial.__setstate__(self, (_make_call(kernel, plan, stream, args, addr), (), None, None))
         return self
 
-    def __init__(self, kernel: Any, args: tuple[Any, ...], stream: Any) -> None:  # set in __new__
+    def __init__(self, kernel: Any, plan: LaunchPlan, args: tuple[Any, ...], stream: Any) -> None:  # set in __new__
         pass
 
     def __reduce__(self) -> Any:
@@ -96,14 +98,11 @@ def _unbound(n: int) -> None:  # pragma: no cover - replaced in __new__
 
 def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr: int) -> Callable[[int], None]:
     """``call(n)``: launch ``n`` threads (grid = ceil(n / block.x)) with the bound block."""
-    from khal_runtime import _cuda
-    from khal_runtime.launching import launch_call
-
-    drv = _cuda.driver()
+    drv = driver()
     launch, f, cu, dev = drv.cuLaunchKernel, plan.function, stream._cu, stream.device_id
     fast, call_args = launch_call(drv)
     bx, by, bz = plan.block
-    failed, name, E = plan._launch_failed, kernel.name, EPOCH
+    failed, name, E = plan.launch_failed, kernel.name, EPOCH
     # [epoch the arguments were last checked at, (n, launch_call's arguments for it, gx) of the
     # last call]; one tuple, so two threads never see one's n with the other's grid
     state: list[Any] = [E[0], (object(), (), 0)]
@@ -114,11 +113,9 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
             diagnose_args(kernel.entry, args, device=dev)
             state[0] = ep
         n = thread_count(name, n)
-        if n < 0:
-            raise ValueError(f"{name}(): thread count must be >= 0, got {n}")
         if n == 0:
             return 0
-        gx = (n + bx - 1) // bx
+        gx = grid_for(name, n, bx)
         state[1] = (n, call_args(f, (gx, 1, 1), (bx, by, bz), 0, cu, addr), gx)
         return gx
 

@@ -1,0 +1,201 @@
+"""The backend seam: which backend runs kernels, and what the generic layer asks of it.
+
+Two backends implement :class:`Backend`: CUDA (:mod:`khal_runtime.backends.cuda`, the
+driver API through cuda-bindings) and WebGPU (:mod:`khal_runtime.backends.webgpu`, wgpu-py).
+The generic modules (``device``, ``buffers``, ``kernels``, ``graphs``, ``tracing``) call a
+backend only through this interface and never import a backend package: :func:`get` loads
+one by name, like a plugin, the first time it is needed. That keeps ``import khal_runtime``
+free of cuda-bindings and wgpu, and every import pointing down the layers (ARCHITECTURE.md).
+
+``KHAL_BACKEND`` (read at first use): ``auto`` (default) uses CUDA when it is usable, else
+WebGPU when an adapter exists, printing one line to stderr that says why CUDA was not used
+(and that an NVIDIA device is visible, if one is); ``cuda`` and ``webgpu`` force one, and a
+forced backend that is unusable is a hard error, never a substitute.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from khal_runtime.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from khal_runtime.device import Device, Stream
+
+__all__ = [
+    "BACKEND_ENV",
+    "MODES",
+    "Backend",
+    "BackendStatus",
+    "backend_mode",
+    "backend_status",
+    "current",
+    "get",
+    "reset",
+]
+
+BACKEND_ENV = "KHAL_BACKEND"
+MODES = ("auto", "cuda", "webgpu")
+#: backend name -> module holding its ``BACKEND`` object
+_MODULES = {"cuda": "khal_runtime.backends.cuda", "webgpu": "khal_runtime.backends.webgpu"}
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """Whether a backend can run kernels here, and why not."""
+
+    usable: bool
+    reason: str = ""
+    #: the backend's name ("cuda" / "webgpu"); in :func:`backend_status`: the one chosen
+    backend: str = ""
+    driver_version: tuple[int, int] | None = None
+    device_count: int = 0
+    #: WebGPU: adapter name, backend type (Vulkan/Metal/DX12), adapter type (CPU/GPU)
+    adapter: dict[str, str] = field(default_factory=dict)
+    #: why the chosen backend was chosen (``auto``: why CUDA was not used)
+    why: str = ""
+
+
+class Backend(Protocol):
+    """What the generic layer asks of a backend. ``Device`` / ``Stream`` objects are the
+    generic classes of :mod:`khal_runtime.device`; ``native`` values are the backend's own."""
+
+    name: str
+
+    # -- availability --------------------------------------------------------------------------
+    def status(self) -> BackendStatus: ...
+
+    # -- devices and streams -------------------------------------------------------------------
+    def open_device(self, ordinal: int) -> Any: ...
+    def make_current(self, device: Device) -> None: ...
+    def create_stream(self, device: Device) -> Stream: ...
+    def destroy_stream(self, stream: Stream) -> None: ...
+    def native_stream(self, handle: int) -> Any: ...
+    def stream_device(self, handle: int) -> int: ...
+    def is_legacy_stream(self, handle: int) -> bool: ...
+    def synchronize(self, stream: Stream) -> None: ...
+    def synchronize_device(self, device: Device) -> None: ...
+    def is_capturing(self, stream: Stream) -> bool: ...
+    def wait_event(self, stream: Stream, event: Any) -> None: ...
+
+    # -- memory (``buf``: a :class:`khal_runtime.DeviceBuffer` of this backend) ----------------
+    def alloc(self, device: Device, nbytes: int, what: str) -> tuple[int, Any]: ...
+    def free(self, device_id: int, allocation: Any) -> None: ...
+    def copy_from_host(self, buf: Any, host: Any, stream: Stream) -> None: ...
+    def copy_to_host(self, host: Any, buf: Any, stream: Stream) -> None: ...
+    def fill_zero(self, buf: Any, stream: Stream) -> None: ...
+
+    # -- kernels (``crate``: a :class:`khal_runtime.kernels.CrateKernels`) ----------------------
+    def load_crate(self, crate: Any, device_id: int) -> Any: ...
+    def plan(self, kernel: Any, module: Any, device_id: int) -> Any: ...
+    def unload(self, module: Any) -> None: ...
+    def bind(self, kernel: Any, plan: Any, args: tuple[Any, ...], stream: Stream) -> Any: ...
+    def dispatch_indirect(self, kernel: Any, plan: Any, count: Any, args: tuple[Any, ...],
+                          stream: Stream, grid: Any, threads: bool, host_read: bool | None) -> None: ...
+
+    # -- graphs and profiling ------------------------------------------------------------------
+    def capture(self, stream: Stream, *, mode: str, label: str | None, keep: Any) -> Any: ...
+    def end_capture(self, stream: Stream) -> Any: ...
+    def timer(self) -> Any: ...
+
+
+_lock = threading.Lock()
+_loaded: dict[str, Backend] = {}
+_current: Backend | None = None
+_why = ""
+#: where the one line of ``auto``'s fallback goes (tests redirect it)
+_report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+
+
+def backend_mode() -> str:
+    """``KHAL_BACKEND``: "auto" (unset), "cuda" or "webgpu"; anything else is an error."""
+    raw = os.environ.get(BACKEND_ENV, "").strip()
+    mode = raw.lower() or "auto"
+    if mode not in MODES:
+        raise BackendUnavailableError(
+            f"{BACKEND_ENV}={raw!r} is not a backend khal_runtime provides; "
+            f"use one of {', '.join(MODES)} (or leave it unset for auto-detection)"
+        )
+    return mode
+
+
+def get(name: str) -> Backend:
+    """The backend called ``name``, its package imported on first use (a plugin lookup: the
+    generic layer depends on the :class:`Backend` interface, not on an implementation)."""
+    b = _loaded.get(name)
+    if b is None:
+        module = importlib.import_module(_MODULES[name])
+        b = _loaded.setdefault(name, module.BACKEND)
+    return b
+
+
+def _nvidia_visible() -> bool:
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")
+
+
+def _choose() -> tuple[Backend, str]:
+    mode = backend_mode()
+    if mode != "auto":
+        b = get(mode)
+        st = b.status()
+        if not st.usable:
+            raise BackendUnavailableError(f"{BACKEND_ENV}={mode}: {st.reason}")
+        return b, f"{BACKEND_ENV}={mode}"
+    cuda = get("cuda")
+    cst = cuda.status()
+    if cst.usable:
+        return cuda, "CUDA is usable"
+    try:
+        webgpu = get("webgpu")
+        wst = webgpu.status()
+    except ImportError as exc:  # pragma: no cover - the package ships with the runtime
+        wst = BackendStatus(False, f"the WebGPU backend cannot be imported ({exc})", "webgpu")
+    if not wst.usable:
+        raise BackendUnavailableError(
+            f"{cst.reason}; and no WebGPU fallback: {wst.reason}")
+    hint = (" An NVIDIA device is visible (/dev/nvidiactl): this probably hides a broken CUDA "
+            "setup; set KHAL_BACKEND=cuda to see the error.") if _nvidia_visible() else ""
+    name = wst.adapter.get("name", "an adapter")
+    kind = wst.adapter.get("adapter_type", "")
+    line = (f"khal: KHAL_BACKEND=auto: using WebGPU ({name}{', ' + kind if kind else ''}) because "
+            f"CUDA is not usable: {cst.reason}.{hint}")
+    _report(line)
+    return webgpu, f"CUDA is not usable ({cst.reason}); fell back to WebGPU"
+
+
+def current() -> Backend:
+    """The backend of this process, chosen on first use (BackendUnavailableError saying why
+    when there is none)."""
+    global _current, _why
+    b = _current
+    if b is None:
+        with _lock:
+            if _current is None:
+                _current, _why = _choose()
+            b = _current
+    return b
+
+
+def backend_status() -> BackendStatus:
+    """The chosen backend (choosing it now if needed), its devices or adapter, and why it was
+    chosen; ``usable=False`` with the reason when no backend can run kernels here."""
+    try:
+        b = current()
+    except BackendUnavailableError as exc:
+        return BackendStatus(False, str(exc), "", why=str(exc))
+    st = b.status()
+    return BackendStatus(st.usable, st.reason, b.name, st.driver_version, st.device_count,
+                         dict(st.adapter), _why)
+
+
+def reset() -> None:
+    """Forget the chosen backend (tests; a changed ``KHAL_BACKEND``)."""
+    global _current, _why
+    with _lock:
+        _current = None
+        _why = ""

@@ -1,0 +1,349 @@
+"""CUDA launch plans: per (entry, device), a precompiled argument path.
+
+A :class:`LaunchPlan` is built once per entry and device. It holds the ``CUfunction``, a
+``struct.Struct`` for the whole kernel-argument block (laid out at the C ABI offsets the
+binary was checked against, from the ABI table's slots), per-thread packing buffers with a
+``void*[]`` already pointing into them, and generated Python (:mod:`.launchgen`) that, per
+call, reads each argument (inlined for the array types seen), checks its dtype against a
+learned set, packs everything with one ``pack_into`` and calls ``cuLaunchKernel`` with the
+``void**`` as an int. Anything unexpected falls to :meth:`LaunchPlan.diagnose`, which
+re-checks the arguments one by one (:func:`khal_runtime.arguments.diagnose_args`) and raises a
+named ArgumentError / ArgumentValueError; nothing is launched then. A repeated launch (same
+argument objects) skips the reading and packing: see :mod:`.launchgen` for the per-thread
+memo and the shared snapshots, and :mod:`khal_runtime.memo` for what clears them.
+
+Launch hooks (tracing, profiling) are compiled into the generated code only while installed
+(:mod:`khal_runtime.hooks`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import sys
+import threading
+from typing import Any, Callable
+
+from khal_runtime import abi, interop
+from khal_runtime.arguments import Short, diagnose_args, dtype_ok
+from khal_runtime.backends.cuda.driver import driver
+from khal_runtime.backends.cuda.launchgen import SLOTS, MemoLayout, call_source, run_source
+from khal_runtime.backends.cuda.loader import expected_param_layout
+from khal_runtime.backends.cuda.uniform_cache import UniformCache
+from khal_runtime.buffers import FREED, DeviceBuffer
+from khal_runtime.device import Stream, _tls, as_stream, ensure_current, ready_stream
+from khal_runtime.errors import CudaError
+from khal_runtime.hooks import hooks
+from khal_runtime.manifest import Entry
+from khal_runtime.memo import EPOCH, register_memo
+from khal_runtime.uniforms import cached_converter, is_converter, uniform_converter
+
+__all__ = ["MISSING", "NOMEMO", "LaunchPlan", "launch_call"]
+
+#: array types whose read a parameter's code inlines at most
+MAX_INLINE = 3
+MISSING = object()  # default of the generated __call__'s parameters: "not passed"
+NOMEMO = object()  # a memo slot item no argument is identical to
+_PACK_U64 = struct.Struct("<Q").pack_into
+
+
+def uniform_reader(obj: Any, converted: Any) -> Any:
+    """How the prepacked path re-reads a uniform argument it saw before: None when its identity
+    is enough (``bytes`` never change; a device buffer's pointer is fixed until it is freed,
+    which moves the EPOCH), else a function giving its current bytes (a ctypes struct or a
+    NumPy value can be changed in place); ``NOMEMO`` for a type it cannot re-read."""
+    if converted.__class__ is not bytes or type(obj) is bytes:
+        return None
+    conv = cached_converter(type(obj))
+    if conv is None:
+        return NOMEMO
+    if is_converter(conv, "ctypes") or is_converter(conv, "buffer"):
+        return bytes
+    return conv
+
+
+class _ImmutableScalars(dict):  # type: ignore[type-arg]
+    """type -> whether a scalar argument of that type can never change in place (so the
+    prepacked path may reuse what it packed from the same object): Python and NumPy scalars
+    can't, a 0-d NumPy array or a ctypes number can."""
+
+    def __missing__(self, tp: type) -> bool:
+        np = sys.modules.get("numpy")
+        ok = issubclass(tp, (int, float)) or (np is not None and issubclass(tp, np.generic))
+        self[tp] = ok
+        return ok
+
+
+IMMUTABLE_SCALAR = _ImmutableScalars()
+
+
+class _ThreadOwner:
+    """Owns one thread's memo slots of one plan in ``memo.THREAD_MEMOS``."""
+
+    __slots__ = ("__weakref__",)
+
+
+class LaunchPlan:
+    """Everything needed to launch one entry on one device, precomputed."""
+
+    def __init__(self, entry: Entry, crate: str, device_id: int, function: Any,
+                 uniforms: UniformCache, indirect_function: Any = None) -> None:
+        self.entry = entry
+        self.crate = crate
+        self.device_id = device_id
+        self.function = function
+        self.indirect_function = indirect_function
+        self.uniforms = uniforms
+        self.block = tuple(entry.block_size)
+        #: per parameter, how the host reads it: "array", "struct" or "value" (abi.KINDS)
+        self.readers = [abi.kind(p.kind).reader for p in entry.params]
+        layout = expected_param_layout(entry)
+        self.layout = layout
+        self.args_size = (layout[-1][1] + layout[-1][2]) if layout else 0
+        fmt = ["<"]
+        pos = 0
+        codes = [slot.code for p in entry.params for slot in p.slots]
+        for (_, off, size), code in zip(layout, codes):
+            if off > pos:
+                fmt.append(f"{off - pos}x")
+            fmt.append(code)
+            pos = off + size
+        self.struct = struct.Struct("".join(fmt))
+        if self.struct.size != self.args_size:
+            raise CudaError(f"entry {entry.name!r}: argument block {self.struct.format} is "
+                            f"{self.struct.size} bytes, the layout {self.args_size}")
+        self._offsets = [off for _, off, _ in layout]
+        self._tls = threading.local()
+        self._keep_lock = threading.Lock()  # guards regeneration
+        self.accepted: list[set[Any]] = [set() for _ in entry.params]
+        #: per storage parameter: array types whose read is inlined (type -> its record)
+        self._inline: list[dict[type, interop.ArrayType]] = [{} for _ in entry.params]
+        #: storage parameters that have seen a versioned array (torch): their memos check it
+        self._versioned: set[int] = set()
+        #: per uniform parameter: host struct types converted inline (type -> "ctypes"/"bytes")
+        self._uinline: list[dict[type, str]] = [{} for _ in entry.params]
+        #: called with the plan after the launch code was regenerated (a new type inlined)
+        self.on_regenerate: list[Callable[[LaunchPlan], None]] = []
+        #: indices into memo slots and snapshots (.launchgen)
+        self.memo = MemoLayout(self)
+        #: the shared snapshots, newest first; each bump_epoch() empties them
+        self._shared: list[tuple[Any, ...]] = [self._shared_empty()] * SLOTS
+        for j in range(SLOTS):
+            register_memo(self._shared, j, self._shared[0])
+        self.source = ""
+        self.call_source = ""
+        self.run = self._generate()
+        hooks.watch(self)
+
+    # per-thread argument blocks --------------------------------------------------------------
+    def _new_block(self) -> tuple[Any, Any, int]:
+        """(argument block, the ``void*[]`` pointing into it, that array's address)."""
+        buf = ctypes.create_string_buffer(max(self.args_size, 8))
+        base = ctypes.addressof(buf)
+        n = len(self._offsets)
+        if n:
+            ptrs = (ctypes.c_void_p * n)(*[base + off for off in self._offsets])
+            addr = ctypes.addressof(ptrs)
+        else:
+            ptrs, addr = None, 0
+        return buf, ptrs, addr
+
+    def _new_slots(self) -> list[Any]:
+        """This thread's memo slots, each with its own argument block, then the index of the
+        slot the next full read fills, then a scratch slot for the explicit launch (see
+        :class:`.launchgen.MemoLayout`). A slot's stream item is its valid flag, cleared by
+        ``memo.bump_epoch`` for as long as the thread lives (they are registered under an
+        owner only this thread's thread-local storage holds)."""
+        lo = self.memo
+        owner = _ThreadOwner()
+        slots: list[Any] = []
+        for j in range(SLOTS + 1):
+            m: list[Any] = [NOMEMO] * lo.length
+            m[lo.buf], m[lo.ptrs], m[lo.addr] = self._new_block()
+            m[lo.hits] = 0
+            if j < SLOTS:
+                register_memo(m, lo.stream, owner=owner)
+            slots.append(m)
+        ms = slots[:SLOTS] + [0, slots[SLOTS], False]
+        self._tls.owner = owner
+        self._tls.s = ms
+        return ms
+
+    # dtype learning ---------------------------------------------------------------------------
+    def _learn(self, i: int, key: Any) -> None:
+        ok, _ = dtype_ok(self.entry.params[i], key)
+        if not ok:
+            raise Short()
+        self.accepted[i].add(key)
+
+    def _storage_seen(self, i: int, obj: Any) -> tuple[int, int, Any]:
+        """Read a storage argument of a type not inlined yet; inline the built-in kinds (torch,
+        CuPy) the first time one is seen for this parameter."""
+        tp = type(obj)
+        rec = interop.array_type(obj)
+        out = rec.extract(obj)
+        if rec.device is not None and interop.device_of(obj) not in (None, self.device_id):
+            raise Short()  # on another device (the inlined code checks it too)
+        seen = self._inline[i]
+        inline = bool(rec.inline) and tp not in seen and len(seen) < MAX_INLINE
+        versioned = tp in interop.VERSIONED_ARRAY_TYPES and i not in self._versioned
+        if inline or versioned:  # new code for this parameter (two threads may both regenerate)
+            with self._keep_lock:
+                if inline:
+                    seen.setdefault(tp, rec)
+                if versioned:
+                    self._versioned.add(i)
+                self._regenerate()
+        return out
+
+    def _uniform_seen(self, i: int, obj: Any) -> Any:
+        """Convert a uniform argument of a type not inlined yet; inline ctypes / bytes types."""
+        tp = type(obj)
+        conv = cached_converter(tp) or uniform_converter(obj)
+        u = conv(obj)
+        kind = "ctypes" if is_converter(conv, "ctypes") else "bytes" if tp is bytes else None
+        seen = self._uinline[i]
+        if kind is not None and tp not in seen and len(seen) < MAX_INLINE:
+            with self._keep_lock:
+                if tp not in seen:
+                    seen[tp] = kind
+                    self._regenerate()
+        return u
+
+    def _scalar(self, i: int, obj: Any) -> Any:
+        """A scalar the fast path does not pack as it is (bool, bfloat16, complex): converted by
+        the ABI's one rule set (TypeError / ValueError: the launch diagnoses the argument)."""
+        return abi.scalar_value(self.entry.params[i].element_type, obj)
+
+    # code generation --------------------------------------------------------------------------
+    def _namespace(self) -> dict[str, Any]:
+        drv = driver()
+        ns: dict[str, Any] = {
+            "uniform_entries": self.uniforms.entries, "fetch_uniform": self.uniforms.fetch,
+            "Short": Short, "learn_dtype": self._learn, "plan_tls": self._tls,
+            "new_slots": self._new_slots, "pack_args": self.struct.pack_into,
+            "scalar_value": self._scalar, "hooks": hooks,
+            "cuLaunchKernel": drv.cuLaunchKernel, "launch_prepared": launch_call(drv)[0],
+            "function": self.function, "plan": self, "diagnose": self.diagnose,
+            "launch_failed": self.launch_failed, "bytes": bytes, "DeviceBuffer": DeviceBuffer,
+            "thread": _tls, "ensure_current": ensure_current, "Stream": Stream,
+            "as_stream": as_stream, "uniform_seen": self._uniform_seen, "NOMEMO": NOMEMO,
+            "EPOCH": EPOCH, "STABLE_TYPES": interop.STABLE_ARRAY_TYPES,
+            "MEMO_TYPES": interop.MEMO_ARRAY_TYPES, "STABLE_MEMO": (None, None),
+            "tensor_memo": interop.tensor_memo, "FREED": FREED,
+            "IMMUTABLE_SCALAR": IMMUTABLE_SCALAR, "uniform_reader": uniform_reader,
+            "ready_stream": ready_stream, "pack_u64": _PACK_U64, "storage_seen": self._storage_seen,
+        }
+        for i, reader in enumerate(self.readers):
+            if reader == "array":
+                ns[f"accepted_{i}"] = self.accepted[i]
+                for j, tp in enumerate(self._inline[i]):
+                    ns[f"ArrayT{i}_{j}"] = tp
+            elif reader == "struct":
+                for j, tp in enumerate(self._uinline[i]):
+                    ns[f"StructT{i}_{j}"] = tp
+        return ns
+
+    def regenerate_code(self) -> None:
+        """Generate the launch code again (hooks installed or removed)."""
+        with self._keep_lock:
+            self._regenerate()
+
+    def _regenerate(self) -> None:
+        self.run = self._generate()
+        for cb in list(self.on_regenerate):
+            cb(self)
+
+    def _compile(self, src: str, what: str, extra: dict[str, Any] | None = None) -> Any:
+        ns = self._namespace()
+        ns.update(extra or {})
+        exec(compile(src, f"<khal {what} {self.entry.name}>", "exec"), ns)
+        return ns
+
+    def _generate(self) -> Callable[..., None]:
+        """``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: the explicit launch."""
+        self.source = run_source(self, hooks.active)
+        return self._compile(self.source, "launch")["run"]  # type: ignore[no-any-return]
+
+    def make_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
+        """The kernel's call, specialised for this entry on this device: ``(n, *args,
+        stream=None)``, off its fast paths ``slow(kernel, n, args, st)``. The paths, and what
+        lets a launch reuse an earlier one's packed arguments: :mod:`.launchgen`."""
+        self.call_source = call_source(self, hooks.active)
+        extra = {"slow_call": slow, "kernel": kernel, "MISSING": MISSING, "snapshots": self._shared,
+                 "promote": self._promote, "unshare": self._unshare}
+        return self._compile(self.call_source, "call", extra)["__call__"]  # type: ignore[no-any-return]
+
+    def _shared_empty(self) -> tuple[Any, ...]:
+        """A snapshot no call can match."""
+        return (NOMEMO,) * (self.memo.s_length - 1) + (None,)
+
+    def _promote(self, m: list[Any], st: Any) -> None:
+        """Make this thread's memo slot ``m``, just hit again, the newest shared snapshot: a
+        copy of its argument block that is never written again, and the launch call's whole
+        argument tuple (:func:`launch_call`). The oldest snapshot goes."""
+        lo = self.memo
+        ep = EPOCH[0]
+        src = m[lo.buf]
+        blk = ctypes.create_string_buffer(src.raw, len(src))
+        base = ctypes.addressof(blk)
+        ptrs = (ctypes.c_void_p * len(self._offsets))(*[base + off for off in self._offsets])
+        addr = ctypes.addressof(ptrs)
+        uni: list[Any] = []
+        for rs, bs in lo.uniform.values():
+            uni += [m[rs], m[bs]]
+        for vs, ps, ks in lo.tensor.values():
+            uni += [m[vs], m[ps], m[ks]]
+        gx = m[lo.gx]
+        args = launch_call(driver())[1](self.function, (gx, 1, 1), self.block, 0, st._cu, addr)
+        snap = (*m[:lo.P], st, m[lo.n], args, gx, addr, *uni, (blk, ptrs))
+        if m[lo.stream] is st and EPOCH[0] == ep:  # nothing freed or flushed meanwhile
+            shared = self._shared
+            shared[:] = [snap] + shared[:SLOTS - 1]
+
+    def _unshare(self, snap: tuple[Any, ...]) -> None:
+        """Drop shared snapshot ``snap`` (its check raised: it can never match again)."""
+        shared = self._shared
+        keep = [s for s in shared if s is not snap]
+        shared[:] = keep + [self._shared_empty()] * (SLOTS - len(keep))
+
+    # failures ---------------------------------------------------------------------------------
+    def launch_failed(self, err: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int) -> None:
+        if not err:
+            return
+        name = getattr(err, "name", str(err))
+        raise CudaError(
+            f"cuLaunchKernel({self.entry.symbol}) failed: {name} "
+            f"(grid {(gx, gy, gz)}, block {(bx, by, bz)}, device {self.device_id})",
+            code=name,
+        )
+
+    def diagnose(self, args: tuple[Any, ...], exc: BaseException) -> None:
+        """Re-check every argument slowly; raise a named error for the first bad one."""
+        diagnose_args(self.entry, args, exc, device=self.device_id)
+
+
+def launch_call(drv: Any) -> tuple[Callable[..., Any], Callable[..., tuple[Any, ...]]]:
+    """(launch function, ``args(f, grid, block, shmem, cu_stream, params_addr)``) for launches
+    whose grid and stream are known ahead (the shared snapshot, a bound launch): the argument
+    tuple is built once and each launch is ``fn(*args)``.
+
+    ``cuLaunchKernelEx`` with a ``CUlaunchConfig`` built once, where the bindings have it: on
+    the H200 it measured 3-4% faster per launch than ``cuLaunchKernel`` through cuda-bindings
+    (``benchmarks/RESULTS.md``; fewer arguments to convert), and it is what ``cuda.core``
+    launches with. Otherwise ``cuLaunchKernel``."""
+    ex = getattr(drv, "cuLaunchKernelEx", None)
+    config = getattr(drv, "CUlaunchConfig", None)
+    if ex is None or config is None:
+        launch = drv.cuLaunchKernel
+        return launch, lambda f, g, b, shmem, cu, addr: (f, *g, *b, shmem, cu, addr, 0)
+
+    def args(f: Any, g: tuple[int, int, int], b: tuple[int, int, int], shmem: int, cu: Any,
+             addr: int) -> tuple[Any, ...]:
+        cfg = config()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
+        cfg.sharedMemBytes, cfg.hStream, cfg.numAttrs = shmem, cu, 0
+        return (cfg, f, addr, 0)
+
+    return ex, args

@@ -1,0 +1,241 @@
+"""Choosing, verifying and loading a crate's binary on a CUDA device.
+
+:func:`select_candidates` is pure (CPU-testable): exact cubin for the device's compute
+capability, then a cubin of the same major with a lower minor, then PTX the driver can JIT
+(by PTX ISA version). :func:`load_module` does the GPU half: check the chosen binary's entry
+symbols carry the manifest hashes (and its arch is the manifest's), load it with
+``cuLibraryLoadData``, resolve every kernel (a wrong-arch image only fails at lookup), and
+check each kernel's parameter layout (``cuFuncGetParamInfo``) against the manifest's ABI.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from khal_runtime import abi
+from khal_runtime.backends.cuda.driver import check, driver
+from khal_runtime.errors import CudaError, NoCompatibleBinaryError, ParamLayoutError, PtxTooNewError
+from khal_runtime.manifest import Artifact, Crate, Entry
+from khal_runtime.verify import check_symbols
+
+__all__ = [
+    "PTX_ISA_BY_DRIVER",
+    "LoadedModule",
+    "describe_shipped",
+    "expected_param_layout",
+    "load_module",
+    "max_ptx_isa",
+    "ptx_isa_supported",
+    "select_candidates",
+]
+
+#: Highest PTX ISA each driver (CUDA version) can JIT. Between entries the lower one holds.
+PTX_ISA_BY_DRIVER: dict[tuple[int, int], tuple[int, int]] = {
+    (11, 0): (7, 0), (11, 1): (7, 1), (11, 2): (7, 2), (11, 3): (7, 3), (11, 4): (7, 4),
+    (11, 5): (7, 5), (11, 6): (7, 6), (11, 7): (7, 7), (11, 8): (7, 8),
+    (12, 0): (8, 0), (12, 1): (8, 1), (12, 2): (8, 2), (12, 3): (8, 3), (12, 4): (8, 4),
+    (12, 5): (8, 5), (12, 6): (8, 5), (12, 8): (8, 7), (12, 9): (8, 8),
+    (13, 0): (9, 0), (13, 1): (9, 1), (13, 2): (9, 2),
+}
+
+
+def max_ptx_isa(driver: tuple[int, int]) -> tuple[int, int] | None:
+    """Highest PTX ISA the driver JITs; None when the driver is newer than this table (try)."""
+    if driver > max(PTX_ISA_BY_DRIVER):
+        return None
+    best: tuple[int, int] = (6, 0)
+    for drv, isa in sorted(PTX_ISA_BY_DRIVER.items()):
+        if drv <= driver:
+            best = isa
+    return best
+
+
+def _isa_tuple(isa: str | None) -> tuple[int, int] | None:
+    if not isa:
+        return None
+    m = re.match(r"^(\d+)\.(\d+)$", isa.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def ptx_isa_supported(isa: str | None, driver: tuple[int, int]) -> bool:
+    limit = max_ptx_isa(driver)
+    got = _isa_tuple(isa)
+    return limit is None or got is None or got <= limit
+
+
+def describe_shipped(crate: Crate) -> str:
+    parts = []
+    for a in crate.artifacts:
+        if a.kind == "cubin":
+            parts.append(f"cubin {a.arch}")
+        elif a.kind == "ptx":
+            parts.append(f"PTX {a.arch}" + (f" (PTX ISA {a.ptx_isa})" if a.ptx_isa else ""))
+    return ", ".join(parts) or "no CUDA binaries"
+
+
+def select_candidates(crate: Crate, cc: tuple[int, int], driver: tuple[int, int],
+                      *, package: str = "", device: str = "") -> list[Artifact]:
+    """Binaries that fit, best first. Raises NoCompatibleBinaryError / PtxTooNewError if none."""
+    exact: list[Artifact] = []
+    lower: list[tuple[int, Artifact]] = []
+    ptx_ok: list[tuple[tuple[int, int], Artifact]] = []
+    ptx_too_new: list[Artifact] = []
+    for a in crate.artifacts:
+        if a.arch is None or a.kind not in ("cubin", "ptx"):
+            continue
+        major, minor, suffix = abi.parse_arch(a.arch)[1:]
+        if a.kind == "cubin":
+            if (major, minor) == cc:
+                exact.append(a)
+            elif major == cc[0] and minor < cc[1] and suffix in ("", "f"):
+                lower.append((minor, a))
+        else:
+            fits = (major, minor) == cc if suffix == "a" else (major, minor) <= cc
+            if not fits:
+                continue
+            if ptx_isa_supported(a.ptx_isa, driver):
+                ptx_ok.append(((major, minor), a))
+            else:
+                ptx_too_new.append(a)
+    exact.sort(key=lambda a: a.arch != f"sm_{cc[0]}{cc[1]}")  # plain before "a"/"f" variants
+    out = exact + [a for _, a in sorted(lower, key=lambda t: -t[0])]
+    out += [a for _, a in sorted(ptx_ok, key=lambda t: t[0], reverse=True)]
+    if out:
+        return out
+    where = f"crate {crate.name!r}" + (f" of package {package!r}" if package else "")
+    dev = f"{device} " if device else ""
+    arch = f"sm_{cc[0]}{cc[1]}"
+    drv = f"CUDA {driver[0]}.{driver[1]}"
+    if ptx_too_new:
+        limit = max_ptx_isa(driver)
+        isas = ", ".join(sorted({a.ptx_isa or "?" for a in ptx_too_new}))
+        raise PtxTooNewError(
+            f"{where}: no cubin for the device {dev}({arch}), and its PTX (ISA {isas}) is newer "
+            f"than the driver ({drv}, JITs PTX ISA up to {limit[0]}.{limit[1] if limit else ''}) "
+            f"can compile; the package ships: {describe_shipped(crate)}. Update the NVIDIA driver, "
+            f"or rebuild with a cubin for {arch} (or with an NVRTC no newer than the driver)"
+        )
+    raise NoCompatibleBinaryError(
+        f"{where}: no binary for the device {dev}({arch}) with driver {drv}; the package ships: "
+        f"{describe_shipped(crate)}. Rebuild it with {arch} in its arch list, or ship PTX"
+    )
+
+
+def expected_param_layout(entry: Entry) -> list[tuple[str, int, int]]:
+    """(slot description, offset, size) of every kernel parameter the ABI pushes."""
+    out: list[tuple[str, int, int]] = []
+    off = 0
+    for p in entry.params:
+        for slot in p.slots:
+            off = (off + slot.align - 1) // slot.align * slot.align
+            desc = (f"{p.name} (scalar {p.element_type})" if slot.what == "value"
+                    else f"{p.name} ({p.kind} {slot.what})")
+            out.append((desc, off, slot.size))
+            off += slot.size
+    return out
+
+
+@dataclass
+class LoadedModule:
+    device_id: int
+    artifact: Artifact
+    library: Any
+    #: entry name -> CUfunction
+    functions: dict[str, Any] = field(default_factory=dict)
+    #: entry name -> CUfunction of its indirect (persistent-grid) variant
+    indirect: dict[str, Any] = field(default_factory=dict)
+
+
+def load_module(crate: Crate, package: str, blobs: dict[str, bytes], device: Any,
+                driver_version: tuple[int, int]) -> LoadedModule:
+    """Load the best binary of ``crate`` that fits ``device`` (its context current)."""
+    cc = device.compute_capability()
+    label = f"{device.name} #{device.device_id}"
+    candidates = select_candidates(crate, cc, driver_version, package=package, device=label)
+    failures: list[tuple[Artifact, CudaError]] = []
+    for art in candidates:
+        problems = check_symbols(crate, art, blobs[art.path])
+        if problems:
+            raise problems[0].exception()
+        try:
+            return _load_artifact(crate, device.device_id, art, blobs[art.path])
+        except CudaError as exc:
+            failures.append((art, exc))
+    art, exc = failures[0]
+    arch = f"sm_{cc[0]}{cc[1]}"
+    where = f"crate {crate.name!r} of package {package!r}"
+    drv = f"CUDA {driver_version[0]}.{driver_version[1]}"
+    tried = "; ".join(f"{a.path}: {e.code or e}" for a, e in failures)
+    if any(e.code == "CUDA_ERROR_UNSUPPORTED_PTX_VERSION" for _, e in failures):
+        raise PtxTooNewError(
+            f"{where}: the driver ({drv}) rejected the PTX as too new for it "
+            f"(CUDA_ERROR_UNSUPPORTED_PTX_VERSION) on {label} ({arch}); tried {tried}; "
+            f"the package ships: {describe_shipped(crate)}. Update the NVIDIA driver or "
+            f"rebuild with a cubin for {arch}"
+        ) from exc
+    if all(e.code in ("CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_IMAGE",
+                      "CUDA_ERROR_INVALID_PTX", "CUDA_ERROR_INVALID_SOURCE") for _, e in failures):
+        raise NoCompatibleBinaryError(
+            f"{where}: the driver ({drv}) could not load any shipped binary on {label} ({arch}): "
+            f"{tried}; the package ships: {describe_shipped(crate)}"
+        ) from exc
+    raise exc
+
+
+def _load_artifact(crate: Crate, device_id: int, art: Artifact, data: bytes) -> LoadedModule:
+    drv = driver()
+    image = data if art.kind == "cubin" or data.endswith(b"\0") else data + b"\0"
+    lib = check(drv.cuLibraryLoadData(image, None, None, 0, None, None, 0), "cuLibraryLoadData")
+    mod = LoadedModule(device_id, art, lib)
+    try:
+        for entry in crate.entries:
+            mod.functions[entry.name] = _resolve(lib, entry.symbol)
+            _check_layout(crate, entry, mod.functions[entry.name], art)
+            if entry.indirect_symbol:
+                mod.indirect[entry.name] = _resolve(lib, entry.indirect_symbol)
+    except Exception:
+        drv.cuLibraryUnload(lib)
+        raise
+    return mod
+
+
+def _resolve(lib: Any, symbol: str) -> Any:
+    drv = driver()
+    kernel = check(drv.cuLibraryGetKernel(lib, symbol.encode()), f"cuLibraryGetKernel({symbol})")
+    func = check(drv.cuKernelGetFunction(kernel), f"cuKernelGetFunction({symbol})")
+    if hasattr(drv, "cuFuncLoad"):
+        check(drv.cuFuncLoad(func), f"cuFuncLoad({symbol})")
+    return func
+
+
+def _check_layout(crate: Crate, entry: Entry, func: Any, art: Artifact) -> None:
+    drv = driver()
+    if not hasattr(drv, "cuFuncGetParamInfo"):
+        return
+    want = expected_param_layout(entry)
+    where = f"entry {entry.name!r} (crate {crate.name!r}) in {art.path}"
+    for i, (desc, off, size) in enumerate(want):
+        res = drv.cuFuncGetParamInfo(func, i)
+        if res[0]:
+            raise ParamLayoutError(
+                f"{where}: the binary has {i} kernel parameter(s), the manifest's ABI needs "
+                f"{len(want)} (missing {desc}); rebuild the package"
+            )
+        got_off, got_size = int(res[1]), int(res[2])
+        if (got_off, got_size) != (off, size):
+            raise ParamLayoutError(
+                f"{where}: kernel parameter {i} ({desc}) is {got_size} bytes at offset {got_off} "
+                f"in the binary, the manifest says {size} bytes at offset {off}; rebuild the package"
+            )
+    extra = drv.cuFuncGetParamInfo(func, len(want))
+    if not extra[0]:
+        raise ParamLayoutError(
+            f"{where}: the binary takes more than the {len(want)} kernel parameter(s) the "
+            "manifest's ABI describes; rebuild the package"
+        )
+
+
+def unload(module: LoadedModule) -> None:
+    driver().cuLibraryUnload(module.library)

@@ -1,0 +1,196 @@
+"""The registry of array libraries: one :class:`ArrayType` record per library.
+
+An :class:`ArrayType` says, for one array library, how to read an object as a storage
+argument (``extract``: device pointer, element count, dtype key), which device its memory is
+on, whether a launch may reuse what it read from the same object (its memo policy), what a
+launch must hold to keep the memory alive, and (for the built-in records) the few lines the
+CUDA launch path inlines for it. The first time the runtime meets a type it asks the probes
+in order; the answer is cached per type, so the hot path is one dict lookup.
+
+Built in: :class:`khal_runtime.DeviceBuffer` (registered by :mod:`khal_runtime.buffers`),
+PyTorch (:mod:`.torch`), CuPy (:mod:`.cupy`), anything with ``__cuda_array_interface__``
+(:mod:`.cai`) and DLPack (:mod:`.dlpack`); host arrays are refused with a hint. Teach the
+runtime another library with :func:`register_array_type`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Literal
+
+from khal_runtime.errors import ArgumentError
+
+__all__ = [
+    "MEMO_ARRAY_TYPES",
+    "add_probe",
+    "STABLE_ARRAY_TYPES",
+    "VERSIONED_ARRAY_TYPES",
+    "ArrayType",
+    "BadArgument",
+    "Extractor",
+    "array_type",
+    "device_of",
+    "extract",
+    "extractor_for",
+    "held_memory",
+    "register_array_type",
+    "tensor_memo",
+]
+
+#: obj -> (device pointer, element count, dtype key); raises :class:`BadArgument`
+Extractor = Callable[[Any], "tuple[int, int, Hashable]"]
+
+
+class BadArgument(Exception):
+    """An extractor rejected an object. ``cls`` is the public error to raise (the caller adds
+    the entry and parameter to the message)."""
+
+    def __init__(self, cls: type[Exception], message: str) -> None:
+        super().__init__(message)
+        self.cls = cls
+
+
+@dataclass(frozen=True, eq=False)
+class ArrayType:
+    """How the runtime reads one library's device arrays."""
+
+    name: str
+    extract: Extractor
+    #: the device ordinal an object's memory is on, when the library says so cheaply
+    device: Callable[[Any], "int | None"] | None = None
+    #: "stable": pointer, count, dtype and contiguity never change for the object's life, so a
+    #: repeated launch may reuse what it read; "versioned": they may change, but a cheap check
+    #: (``version``) notices; None: read on every launch
+    memo: Literal["stable", "versioned"] | None = None
+    #: versioned: ``(version, memory to hold)`` of an object, None when it cannot be remembered
+    version: Callable[[Any], "tuple[int, Any] | None"] | None = None
+    #: the memory object a launch holds so that the pointer it packed stays valid
+    storage: Callable[[Any], Any] | None = None
+    #: internal: lines of the CUDA launch path's inlined read (``{a}`` the argument, ``{i}``
+    #: its index, ``{d}`` the plan's device; set ``p{i}``, ``c{i}``, ``k{i}``; ``raise _Short()``
+    #: for anything off the fast path)
+    inline: tuple[str, ...] = ()
+
+
+_lock = threading.Lock()
+#: type -> its record; read lock-free on the hot path
+_BY_TYPE: dict[type, ArrayType] = {}
+#: first sight of a type: each probe returns a record for it, or None
+_PROBES: list[Callable[[Any], "ArrayType | None"]] = []
+_VERSION: dict[type, Callable[[Any], "tuple[int, Any] | None"]] = {}
+
+#: Array types a launch may remember under the same identity (see ``ArrayType.memo``).
+STABLE_ARRAY_TYPES: set[type] = set()
+VERSIONED_ARRAY_TYPES: set[type] = set()
+MEMO_ARRAY_TYPES: set[type] = set()
+
+
+def _cache(tp: type, rec: ArrayType) -> None:
+    with _lock:
+        _BY_TYPE[tp] = rec
+        if rec.memo == "stable":
+            STABLE_ARRAY_TYPES.add(tp)
+        elif rec.memo == "versioned" and rec.version is not None:
+            VERSIONED_ARRAY_TYPES.add(tp)
+            _VERSION[tp] = rec.version
+        if rec.memo is not None:
+            MEMO_ARRAY_TYPES.add(tp)
+
+
+def register_array_type(tp: type, extract: Extractor, *, device: Callable[[Any], "int | None"] | None = None,
+                        memo: Literal["stable", "versioned"] | None = None,
+                        version: Callable[[Any], "tuple[int, Any] | None"] | None = None,
+                        storage: Callable[[Any], Any] | None = None, name: str | None = None,
+                        inline: tuple[str, ...] = ()) -> ArrayType:
+    """Teach the runtime a device-array type.
+
+    ``extract(obj)`` returns ``(device pointer, element count, dtype)`` where dtype is a NumPy
+    dtype (or anything ``numpy.dtype`` takes), a torch dtype, or an ABI element type name
+    (``"float32"``); it raises ``khal_runtime.interop.BadArgument(ArgumentError, "why")`` for an
+    object it cannot pass. ``device(obj)`` gives the device ordinal when known (the launch then
+    refuses an array of another device). ``memo="stable"`` promises that an object's pointer,
+    count and dtype never change for its life, so a repeated launch reuses what it read.
+    Subclasses of ``tp`` are looked up separately (register them too if they differ)."""
+    if memo not in (None, "stable", "versioned"):
+        raise ValueError(f"memo must be None, 'stable' or 'versioned', got {memo!r}")
+    if memo == "versioned" and version is None:
+        raise ValueError("memo='versioned' needs version(obj) -> (version, memory) or None")
+    rec = ArrayType(name or f"{tp.__module__}.{tp.__qualname__}", extract, device, memo, version,
+                    storage, tuple(inline))
+    _cache(tp, rec)
+    return rec
+
+
+def add_probe(probe: Callable[[Any], "ArrayType | None"], first: bool = False) -> None:
+    """Internal: a probe asked about types not registered yet (built-in libraries)."""
+    with _lock:
+        if first:
+            _PROBES.insert(0, probe)
+        else:
+            _PROBES.append(probe)
+
+
+def _not_an_array(obj: Any) -> tuple[int, int, Hashable]:
+    raise BadArgument(
+        ArgumentError,
+        f"expected a device array (DeviceBuffer, torch/CuPy array, __cuda_array_interface__ or "
+        f"DLPack), got {type(obj).__module__}.{type(obj).__qualname__}",
+    )
+
+
+_NOT_AN_ARRAY = ArrayType("not an array", _not_an_array)
+
+
+def array_type(obj: Any) -> ArrayType:
+    """The record for ``type(obj)`` (found by the probes on first sight, then cached)."""
+    rec = _BY_TYPE.get(type(obj))
+    if rec is not None:
+        return rec
+    for probe in list(_PROBES):
+        rec = probe(obj)
+        if rec is not None:
+            if rec.name != "host":  # refusals are not cached: the type may be registered later
+                _cache(type(obj), rec)
+            return rec
+    return _NOT_AN_ARRAY
+
+
+def extractor_for(obj: Any) -> Extractor:
+    """The extractor for ``type(obj)``."""
+    return array_type(obj).extract
+
+
+def extract(obj: Any) -> tuple[int, int, Hashable]:
+    """(device pointer, element count, dtype key) of any supported device array."""
+    return array_type(obj).extract(obj)
+
+
+def device_of(obj: Any) -> int | None:
+    """The device an array's memory is on, for the types that say so cheaply; None when
+    unknown (``__cuda_array_interface__``, DLPack)."""
+    rec = array_type(obj)
+    if rec.device is None:
+        return None
+    try:
+        return rec.device(obj)
+    except Exception:  # noqa: BLE001  (a look-alike without these attributes)
+        return None
+
+
+def tensor_memo(t: Any) -> tuple[int, Any] | None:
+    """What a memo keeps of an array of a versioned type: ``(version, memory)``; None when it
+    cannot be remembered (e.g. a torch inference tensor)."""
+    f = _VERSION.get(type(t))
+    return None if f is None else f(t)
+
+
+def held_memory(obj: Any) -> Any:
+    """The memory object a launch holds for ``obj`` (a torch tensor's storage), else None."""
+    rec = _BY_TYPE.get(type(obj))
+    if rec is None or rec.storage is None:
+        return None
+    try:
+        return rec.storage(obj)
+    except Exception:  # noqa: BLE001  (a tensor-like without storage)
+        return None

@@ -1,0 +1,82 @@
+"""PyTorch tensors as storage arguments (recognised by module name; torch is never imported).
+
+``data_ptr()`` (0.18 us) rather than ``__cuda_array_interface__`` (3.5 us). A tensor can change
+in place (``resize_``, ``set_``, ``t_``, ``.data =``) but not without a sign: every in-place op
+bumps its ``_version`` (under ``no_grad`` and ``inference_mode`` too) and ``.data =`` moves its
+``data_ptr()``, so its memo policy is "versioned": a repeated launch checks both. A launch holds
+the tensor's storage so that its address cannot be handed to other data while remembered.
+Inference tensors have no version counter and are read on every launch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+from khal_runtime.errors import ArgumentError, ArgumentValueError
+from khal_runtime.interop.registry import ArrayType, BadArgument
+
+__all__ = ["probe", "stream_handle"]
+
+
+def _bad(t: Any) -> BadArgument:
+    if not t.is_cuda:
+        kind = getattr(getattr(t, "device", None), "type", "cpu")
+        what = "a host tensor" if kind == "cpu" else "not a CUDA tensor"
+        return BadArgument(ArgumentError, f"is {what} (device {t.device}); move it with .cuda()")
+    return BadArgument(ArgumentValueError, "is a non-contiguous tensor; pass .contiguous()")
+
+
+def extract(t: Any) -> tuple[int, int, Hashable]:
+    if t.is_cuda and t.is_contiguous():
+        ptr, count = t.data_ptr(), t.numel()
+        if ptr or not count:
+            return ptr, count, t.dtype
+        raise BadArgument(ArgumentValueError, f"is a tensor of {count} elements with no memory "
+                          "(its storage was freed, e.g. untyped_storage().resize_(0)); "
+                          "reallocate it before the launch, or pass another tensor")
+    raise _bad(t)
+
+
+def device(t: Any) -> int | None:
+    # is_cuda first: get_device() also numbers other accelerators' devices
+    return int(t.get_device()) if t.is_cuda else None
+
+
+def storage(t: Any) -> Any:
+    return t.untyped_storage()
+
+
+def version(t: Any) -> tuple[int, Any] | None:
+    try:
+        # asked first: an inference tensor's _version raises a C++ error, whose backtrace
+        # costs tens of microseconds
+        if t.is_inference():
+            return None
+        return t._version, t.untyped_storage()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+INLINE = (
+    "if not ({a}.is_cuda and {a}.get_device() == {d} and {a}.is_contiguous()): raise _Short()",
+    "p{i} = {a}.data_ptr(); c{i} = {a}.numel(); k{i} = {a}.dtype",
+    "if not p{i} and c{i}: raise _Short()",
+)
+
+
+def probe(obj: Any) -> ArrayType | None:
+    tp = type(obj)
+    if not (tp.__module__ or "").startswith("torch") or not hasattr(obj, "data_ptr") \
+            or not hasattr(obj, "is_cuda"):
+        return None
+    versioned = hasattr(tp, "_version") and hasattr(obj, "untyped_storage") and hasattr(obj, "is_inference")
+    return ArrayType("torch.Tensor", extract, device, "versioned" if versioned else None,
+                     version if versioned else None, storage if hasattr(obj, "untyped_storage") else None,
+                     INLINE)
+
+
+def stream_handle(obj: Any) -> tuple[int, int | None] | None:
+    """(CUstream handle, device) of a ``torch.cuda.Stream``, else None."""
+    if not (type(obj).__module__ or "").startswith("torch") or not hasattr(obj, "cuda_stream"):
+        return None
+    return int(obj.cuda_stream), int(obj.device_index)

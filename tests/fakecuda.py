@@ -1,0 +1,472 @@
+"""The one fake ``cuda.bindings.driver`` of the CPU tests, and its fixture.
+
+:class:`FakeDriver` records every call, keeps devices, streams, events, graphs and captures
+as plain objects, loads "modules" from PTX text by reading their ``.entry`` lines, decodes
+each launch's ``void**`` block with the parameter layout of the launched function, and lets a
+test plant errors (``fail[name] = CUresult``). No GPU, no libcuda.
+
+The :func:`fake` fixture installs it as the CUDA backend's driver with a fresh runtime state
+(device 0 with 132 SMs, compute capability 9.0, driver CUDA 13.0); :func:`fake_kernels` writes
+a package of PTX for given entries and loads it through ``khal_runtime.load``, so tests reach
+kernels through the public API.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import pytest
+
+from khal_runtime import abi, backends, capture_state, device
+from khal_runtime.backends import cuda as cuda_backend
+from khal_runtime.backends.cuda import driver as cuda_driver
+from khal_runtime.backends.cuda import graphs as cuda_graphs
+from khal_runtime.backends.cuda import indirect as cuda_indirect
+from khal_runtime.backends.cuda import uniform_cache
+from khal_runtime.backends.cuda.loader import expected_param_layout
+from khal_runtime.hooks import hooks
+from khal_runtime.manifest import SCHEMA_VERSION, Entry, Param, symbol_for
+
+#: content hash of the fake packages' crate (entry hashes are computed from it)
+CONTENT = "c0" * 32
+
+
+class CUresult(enum.IntEnum):
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_OUT_OF_MEMORY = 2
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+    CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222
+    CUDA_ERROR_NOT_FOUND = 500
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
+    CUDA_ERROR_NOT_READY = 600
+    CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910
+
+
+class CUstreamCaptureMode(enum.IntEnum):
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
+
+class CUstreamCaptureStatus(enum.IntEnum):
+    CU_STREAM_CAPTURE_STATUS_NONE = 0
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+
+
+class CUevent_flags(enum.IntEnum):  # noqa: N801
+    CU_EVENT_DEFAULT = 0
+    CU_EVENT_DISABLE_TIMING = 2
+
+
+class CUstream_flags(enum.IntEnum):  # noqa: N801
+    CU_STREAM_DEFAULT = 0
+    CU_STREAM_NON_BLOCKING = 1
+
+
+class CUdevice_attribute(enum.IntEnum):  # noqa: N801
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+
+
+class FakeGraph:
+    def __init__(self, gid: int, nodes: list[Any]) -> None:
+        self.id = gid
+        self.nodes = nodes
+
+    def __int__(self) -> int:
+        return 0x6000 + self.id
+
+
+class FakeDriver:
+    CUresult = CUresult
+    CUstreamCaptureMode = CUstreamCaptureMode
+    CUstreamCaptureStatus = CUstreamCaptureStatus
+    CUevent_flags = CUevent_flags
+    CUstream_flags = CUstream_flags
+    CUdevice_attribute = CUdevice_attribute
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.launches: list[dict[str, Any]] = []
+        #: function -> parameter layout (what cuFuncGetParamInfo answers and launches decode with)
+        self.layouts: dict[Any, list[tuple[str, int, int]]] = {}
+        #: the layout of launches of a function not in ``layouts``
+        self.layout: list[tuple[str, int, int]] = []
+        self.attributes = {CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9,
+                           CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0,
+                           CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 132}
+        self.devices = 1
+        self.version = 13000
+        self.freed: list[int] = []
+        self.memory: dict[int, bytes] = {}  # device pointer -> bytes copied there
+        self.libraries: dict[Any, dict[str, Any]] = {}
+        self.stream_ids = itertools.count(0x5000)
+        self.alloc_ids = itertools.count(0)
+        self.capturing: dict[Any, int] = {}      # stream -> capture mode
+        self.captured: dict[Any, list[Any]] = {}  # stream -> launches recorded
+        self.thread_mode = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+        self.fail: dict[str, CUresult] = {}
+        self.elapsed = itertools.cycle([0.5, 1.5])  # ms per event pair
+        self.event_ids = itertools.count(1)
+        self.graph_ids = itertools.count(1)
+        self.host_words: dict[int, int] = {}      # device pointer -> uint32 value (for DtoH)
+        self.occupancy = 8
+
+    def _r(self, name: str, *rest: Any) -> tuple[Any, ...]:
+        err = self.fail.get(name, CUresult.CUDA_SUCCESS)
+        return (err, *rest) if not err else (err,) + tuple(None for _ in rest)
+
+    def _log(self, *call: Any) -> None:
+        self.calls.append(call)
+
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+    # init, devices, contexts
+    def cuInit(self, flags: int) -> tuple[Any, ...]:  # noqa: N802
+        return self._r("cuInit")
+
+    def cuDriverGetVersion(self) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS, self.version)
+
+    def cuDeviceGetCount(self) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS, self.devices)
+
+    def cuDeviceGet(self, ordinal: int) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS, ordinal)
+
+    def cuDevicePrimaryCtxRetain(self, dev: Any) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS, f"CTX{dev}")
+
+    def cuDeviceGetAttribute(self, attr: Any, dev: Any) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS, self.attributes[attr])
+
+    def cuDeviceGetName(self, n: int, dev: Any) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS, b"Fake H200\0")
+
+    def cuCtxSetCurrent(self, ctx: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuCtxSetCurrent", ctx)
+        return (CUresult.CUDA_SUCCESS,)
+
+    # streams
+    def CUstream(self, h: int) -> Any:  # noqa: N802
+        return f"CUstream({h})"
+
+    def cuStreamCreate(self, flags: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuStreamCreate", flags)
+        return (CUresult.CUDA_SUCCESS, _Handle(next(self.stream_ids)))
+
+    def cuStreamDestroy(self, s: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuStreamDestroy", s)
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuStreamGetDevice(self, s: Any) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS, 0)
+
+    def cuStreamWaitEvent(self, s: Any, ev: Any, flags: int) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuStreamWaitEvent", s, ev)
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuStreamIsCapturing(self, s: Any) -> tuple[Any, ...]:  # noqa: N802
+        st = CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE if s in self.capturing \
+            else CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+        return (CUresult.CUDA_SUCCESS, st)
+
+    def cuStreamSynchronize(self, s: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuStreamSynchronize", s)
+        return self._r("cuStreamSynchronize")
+
+    def cuStreamBeginCapture(self, s: Any, mode: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuStreamBeginCapture", s, mode)
+        self.capturing[s] = mode
+        self.captured[s] = []
+        return self._r("cuStreamBeginCapture")
+
+    def cuStreamEndCapture(self, s: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuStreamEndCapture", s)
+        self.capturing.pop(s, None)
+        nodes = self.captured.pop(s, [])
+        return self._r("cuStreamEndCapture", FakeGraph(next(self.graph_ids), nodes))
+
+    def cuThreadExchangeStreamCaptureMode(self, mode: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuThreadExchangeStreamCaptureMode", mode)
+        old, self.thread_mode = self.thread_mode, mode
+        return (CUresult.CUDA_SUCCESS, old)
+
+    # graphs
+    def cuGraphInstantiate(self, g: Any, flags: int) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuGraphInstantiate", g.id)
+        return self._r("cuGraphInstantiate", SimpleNamespace(graph=g))
+
+    def cuGraphExecUpdate(self, ex: Any, g: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuGraphExecUpdate", g.id)
+        if self.fail.get("cuGraphExecUpdate"):
+            return (self.fail["cuGraphExecUpdate"], None)
+        ex.graph = g
+        return (CUresult.CUDA_SUCCESS, SimpleNamespace(result=0))
+
+    def cuGraphGetNodes(self, g: Any, n: int = 0) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS, [], len(g.nodes))
+
+    def cuGraphUpload(self, ex: Any, s: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuGraphUpload", ex.graph.id, s)
+        return self._r("cuGraphUpload")
+
+    def cuGraphLaunch(self, ex: Any, s: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuGraphLaunch", ex.graph.id, s)
+        return self._r("cuGraphLaunch")
+
+    def cuGraphDestroy(self, g: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuGraphDestroy", g.id)
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuGraphExecDestroy(self, ex: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuGraphExecDestroy", ex.graph.id)
+        return (CUresult.CUDA_SUCCESS,)
+
+    # events
+    def cuEventCreate(self, flags: Any) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS, f"ev{next(self.event_ids)}")
+
+    def cuEventRecord(self, ev: Any, s: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuEventRecord", ev, s)
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuEventQuery(self, ev: Any) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuEventSynchronize(self, ev: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuEventSynchronize", ev)
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuEventElapsedTime(self, a: Any, b: Any) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS, next(self.elapsed))
+
+    def cuEventDestroy(self, ev: Any) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS,)
+
+    # kernels
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):  # noqa: N802
+        assert isinstance(params, int)
+        layout = self.layouts.get(f, self.layout)
+        slots = []
+        if layout:
+            ptrs = (ctypes.c_void_p * len(layout)).from_address(params)
+            slots = [ctypes.string_at(ptrs[i], size) for i, (_, _, size) in enumerate(layout)]
+        rec = dict(f=f, grid=(gx, gy, gz), block=(bx, by, bz), shmem=shmem, stream=stream, slots=slots)
+        self.launches.append(rec)
+        self._log("cuLaunchKernel", f, stream)
+        if stream in self.capturing:
+            self.captured[stream].append(rec)
+        return self._r("cuLaunchKernel")
+
+    class CUlaunchConfig:  # noqa: N801 - the bindings' name
+        """What cuda.bindings' CUlaunchConfig holds, for cuLaunchKernelEx."""
+
+        gridDimX = gridDimY = gridDimZ = blockDimX = blockDimY = blockDimZ = 1  # noqa: N815
+        sharedMemBytes = numAttrs = 0  # noqa: N815
+        hStream: Any = None  # noqa: N815
+
+    ex_calls = 0
+
+    def cuLaunchKernelEx(self, cfg, f, params, extra):  # noqa: N802
+        """Recorded as the cuLaunchKernel it is equivalent to (the runtime uses either)."""
+        self.ex_calls += 1
+        return self.cuLaunchKernel(f, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX,
+                                   cfg.blockDimY, cfg.blockDimZ, cfg.sharedMemBytes, cfg.hStream,
+                                   params, extra)
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, f: Any, block: int, smem: int):  # noqa: N802
+        return (CUresult.CUDA_SUCCESS, self.occupancy)
+
+    def cuModuleLoadData(self, image: bytes) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuModuleLoadData", len(image))
+        return (CUresult.CUDA_SUCCESS, "HELPER_MODULE")
+
+    def cuModuleGetFunction(self, mod: Any, name: bytes) -> tuple[Any, ...]:  # noqa: N802
+        self.layouts["HELPER"] = [("threads", 0, 8), ("groups", 8, 8), ("block", 16, 4)]
+        return (CUresult.CUDA_SUCCESS, "HELPER")
+
+    # libraries (a "library" is PTX text: its .entry lines are its kernels)
+    def cuLibraryLoadData(self, image: bytes, *rest: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuLibraryLoadData", len(image))
+        if self.fail.get("cuLibraryLoadData"):
+            return (self.fail["cuLibraryLoadData"], None)
+        from khal_runtime.binaries import scan_ptx
+
+        lib = _Handle(0x11B000 + len(self.libraries))
+        self.libraries[lib] = {name: f"FUNC:{name}" for name in scan_ptx(image.rstrip(b"\0")).functions}
+        return (CUresult.CUDA_SUCCESS, lib)
+
+    def cuLibraryGetKernel(self, lib: Any, name: bytes) -> tuple[Any, ...]:  # noqa: N802
+        fn = self.libraries[lib].get(name.decode())
+        return (CUresult.CUDA_SUCCESS, fn) if fn else (CUresult.CUDA_ERROR_NOT_FOUND, None)
+
+    def cuKernelGetFunction(self, kernel: Any) -> tuple[Any, ...]:  # noqa: N802
+        return (CUresult.CUDA_SUCCESS, kernel)
+
+    def cuFuncGetParamInfo(self, func: Any, i: int) -> tuple[Any, ...]:  # noqa: N802
+        layout = self.layouts.get(func, [])
+        if i >= len(layout):
+            return (CUresult.CUDA_ERROR_INVALID_VALUE, None, None)
+        return (CUresult.CUDA_SUCCESS, layout[i][1], layout[i][2])
+
+    def cuLibraryUnload(self, lib: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuLibraryUnload", lib)
+        return (CUresult.CUDA_SUCCESS,)
+
+    # memory
+    def cuMemAlloc(self, n: int) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuMemAlloc", n)
+        return self._r("cuMemAlloc", _Handle(0xA110C000 + 0x10000 * next(self.alloc_ids)))
+
+    def cuMemFree(self, p: Any) -> tuple[Any, ...]:  # noqa: N802
+        self.freed.append(int(p))
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuMemcpyHtoDAsync(self, dst: int, src: int, n: int, s: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuMemcpyHtoDAsync", int(dst), n, s)
+        self.memory[int(dst)] = ctypes.string_at(src, n)
+        return self._r("cuMemcpyHtoDAsync")
+
+    def cuMemsetD8Async(self, dst: int, value: int, n: int, s: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuMemsetD8Async", int(dst), n, s)
+        self.memory[int(dst)] = bytes([value]) * n
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuMemHostAlloc(self, n: int, flags: int) -> tuple[Any, ...]:  # noqa: N802
+        buf = ctypes.create_string_buffer(n)
+        self.calls.append(("cuMemHostAlloc", n))
+        self._keep = getattr(self, "_keep", []) + [buf]
+        return (CUresult.CUDA_SUCCESS, ctypes.addressof(buf))
+
+    def cuMemcpyDtoHAsync(self, dst: int, src: int, n: int, s: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuMemcpyDtoHAsync", int(src), n, s)
+        if int(src) in self.memory:
+            data = self.memory[int(src)][:n]
+            ctypes.memmove(dst, data, len(data))
+        else:
+            ctypes.c_uint32.from_address(dst).value = self.host_words.get(int(src), 0)
+        return self._r("cuMemcpyDtoHAsync")
+
+    def cuCtxSynchronize(self) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuCtxSynchronize")
+        return (CUresult.CUDA_SUCCESS,)
+
+
+class _Handle(int):
+    """A driver handle: an int, as cuda-bindings' handles convert to."""
+
+
+def make_entry(name: str, params: tuple[Param, ...], block: int | tuple[int, int, int] = 128,
+               indirect: bool = True, content: str = CONTENT, grid_dims: int = 1) -> Entry:
+    """An entry whose hash is the one its signature and ``content`` give (as a build makes it)."""
+    bs = (block, 1, 1) if isinstance(block, int) else tuple(block)
+    h = abi.entry_hash(content, abi.entry_signature(name, bs, params))
+    return Entry(name=name, symbol=symbol_for(name, h), hash=h, block_size=bs, params=params,
+                 indirect_symbol=abi.indirect_symbol_for(name, h) if indirect else None,
+                 grid_dims=grid_dims)
+
+
+def storage(name: str, et: str = "float32", size: int = 4, **kw: Any) -> Param:
+    return Param(name=name, kind="storage", element_type=et, element_size=size, element_align=size,
+                 shape=kw.pop("shape", "slice"), **kw)
+
+
+def uniform(name: str, et: str = "Params", size: int = 8) -> Param:
+    return Param(name=name, kind="uniform", element_type=et, element_size=size, element_align=4)
+
+
+def scalar(name: str, et: str = "float32", size: int = 4) -> Param:
+    return Param(name=name, kind="scalar", element_type=et, element_size=size, element_align=size)
+
+
+def _reset_runtime() -> None:
+    backends.reset()
+    cuda_driver.reset_status()
+    device._devices.clear()
+    device._foreign.clear()
+    device._tls.__dict__.clear()
+    uniform_cache._caches.clear()
+    for d in (cuda_indirect._helpers, cuda_indirect._iplans, cuda_indirect._grids, cuda_indirect._scratch,
+              cuda_indirect._helper_args):
+        d.clear()
+    cuda_indirect._tls.__dict__.clear()
+    cuda_graphs._open.clear()
+    capture_state._state.__dict__.pop("captures", None)
+    hooks.uninstall()
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDriver]:
+    """The fake driver as the CUDA backend's, with a fresh runtime state: device 0 (132 SMs,
+    sm_90, driver CUDA 13.0) current in this thread, its owned stream made."""
+    drv = FakeDriver()
+    monkeypatch.setenv("KHAL_BACKEND", "cuda")
+    monkeypatch.setattr(cuda_driver, "_driver", drv)
+    _reset_runtime()
+    device.Device(0).default_stream  # noqa: B018  (make the owned stream now: tests count calls)
+    device.ensure_current(0)
+    drv.calls.clear()
+    yield drv
+    _reset_runtime()
+
+
+def stream(handle: int = 7, native: Any = "STREAM", device_id: int = 0) -> device.Stream:
+    """A borrowed CUDA stream with a recognisable native handle."""
+    return device.Stream(handle, device_id, native=native, backend=cuda_backend.BACKEND)
+
+
+def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: str = "c",
+                 package: str = "fakepkg", language: str = "cuda") -> Any:
+    """Write a package whose one artifact is PTX text naming ``entries``' kernels (and their
+    indirect variants), register their parameter layouts with the fake driver, and load it
+    through ``khal_runtime.load``."""
+    import khal_runtime
+
+    pkg = root / package
+    art_dir = pkg / "_khal" / crate
+    art_dir.mkdir(parents=True, exist_ok=True)
+    lines = [".version 9.0", ".target sm_90", ".address_size 64", ""]
+    for e in entries:
+        for sym in (e.symbol, e.indirect_symbol):
+            if sym:
+                lines.append(f".visible .entry {sym}(")
+                lines.append(")\n{\n    ret;\n}")
+        layout = expected_param_layout(e)
+        drv.layouts[f"FUNC:{e.symbol}"] = layout
+        if e.indirect_symbol:
+            drv.layouts[f"FUNC:{e.indirect_symbol}"] = layout + [
+                ("khal_group_count", (layout[-1][1] + layout[-1][2] + 7) // 8 * 8 if layout else 0, 8)]
+    ptx = ("\n".join(lines) + "\n").encode()
+    rel = f"_khal/{crate}/{crate}.compute_90.ptx"
+    (pkg / rel).write_bytes(ptx)
+    manifest = {
+        "schema_version": SCHEMA_VERSION, "package": package,
+        "toolchain": {"hatch_khal_version": "test", "abi_version": abi.ABI_VERSION},
+        "crates": [{
+            "name": crate, "language": language, "package_dir": f"_khal/{crate}", "sources": [],
+            "content_hash": CONTENT,
+            "artifacts": [{"kind": "ptx", "arch": "compute_90", "path": rel, "ptx_isa": "9.0",
+                           "sha256": hashlib.sha256(ptx).hexdigest(), "size": len(ptx)}],
+            "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries],
+        }],
+    }
+    (pkg / "_khal" / "manifest.json").write_text(json.dumps(manifest))
+    return khal_runtime.load(pkg)
+
+
+__all__ = ["CONTENT", "CUresult", "CUstreamCaptureMode", "FakeDriver", "fake", "fake_kernels", "make_entry",
+           "scalar", "storage", "stream", "uniform", "SimpleNamespace"]
