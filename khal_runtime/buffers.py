@@ -232,7 +232,7 @@ class DeviceBuffer:
         bump_epoch()  # after the buffer reads as freed: a launch packing it from now on sees it
 
     def __del__(self) -> None:
-        if self._base is None and getattr(self, "_alloc", None) is not None:
+        if getattr(self, "_base", None) is None and getattr(self, "_alloc", None) is not None:
             try:
                 self.free()
             except Exception:  # noqa: BLE001  (the context may be gone at exit)

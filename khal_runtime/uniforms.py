@@ -71,11 +71,15 @@ def _c_device(obj: Any) -> tuple[int, int]:
 
 
 _CONVERTERS: dict[type, UniformConverter] = {bytes: _c_bytes, bytearray: _c_buffer, memoryview: _c_buffer}
+#: ctypes structures of the other byte order (their bytes are not what the device reads)
+_SWAPPED = tuple(getattr(ctypes, n) for n in (
+    ("BigEndianStructure", "BigEndianUnion") if sys.byteorder == "little" else ("LittleEndianStructure", "LittleEndianUnion"))
+    if hasattr(ctypes, n))
 
 
 def _choose(obj: Any) -> UniformConverter:
     if isinstance(obj, (ctypes.Structure, ctypes.Union, ctypes.Array)):
-        if getattr(type(obj), "_swappedbytes_", None) is not None:
+        if isinstance(obj, _SWAPPED):
             order = "big" if sys.byteorder == "little" else "little"
             raise BadArgument(ArgumentError, f"is a {order}-endian ctypes structure; the device reads "
                               "native numbers: use ctypes.Structure")
