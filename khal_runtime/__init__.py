@@ -124,7 +124,7 @@ def __getattr__(name: str) -> Any:
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'khal_runtime' has no attribute {name!r}")
-    import importlib
+    import importlib  # lazy: only for the first use of each public name
 
     value = getattr(importlib.import_module(mod), name)
     globals()[name] = value

@@ -116,7 +116,7 @@ _U32 = struct.Struct("<I")
 
 def bf16_bits(value: Any) -> int:
     """Round-to-nearest-even bfloat16 bits of a number (NaN stays NaN)."""
-    bits = _U32.unpack(_F32.pack(float(value)))[0]
+    bits: int = _U32.unpack(_F32.pack(float(value)))[0]
     if (bits & 0x7F800000) == 0x7F800000 and (bits & 0x007FFFFF):
         return ((bits >> 16) | 0x0040) & 0xFFFF
     bits += 0x7FFF + ((bits >> 16) & 1)
@@ -172,9 +172,13 @@ def scalar_value(element_type: str, obj: Any) -> Any:
             getattr(obj.dtype, "kind", "") == "c":
         raise TypeError(f"expected a real number, got {tp.__name__} {obj!r}")
     try:
-        v = float(obj)
+        f = float(obj)
     except (TypeError, ValueError):
         raise TypeError(f"expected a number, got {tp.__name__} {obj!r}") from None
+    return _float_in_range(element_type, f)
+
+
+def _float_in_range(element_type: str, v: float) -> float | int:
     if element_type == "bfloat16":
         return bf16_bits(v)
     if element_type == "float32" and math.isfinite(v) and abs(v) > 3.4028234663852886e38:

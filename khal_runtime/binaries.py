@@ -96,7 +96,7 @@ def _cubin_arch(e_flags: int, abi_version: int) -> int:
 
 def read_cubin(data: bytes, source: str = "cubin") -> BinaryInfo:
     """Arch and kernel symbols of a CUDA ELF cubin (via pyelftools)."""
-    from elftools.common.exceptions import ELFError
+    from elftools.common.exceptions import ELFError  # lazy: cubins only
     from elftools.elf.elffile import ELFFile
 
     if not is_elf(data):

@@ -288,7 +288,7 @@ def _foreign_handle(obj: Any) -> tuple[int, int | None]:
         ver_handle = obj.__cuda_stream__()
         return int(ver_handle[1]), None
     for lib in (_torch, _cupy):
-        got = lib.stream_handle(obj)
+        got: tuple[int, int | None] | None = lib.stream_handle(obj)
         if got is not None:
             return got
     for attr in ("handle", "ptr", "cuda_stream"):
@@ -306,7 +306,7 @@ def as_stream(obj: Any) -> Stream:
     if obj is None:
         return default_stream()
     if type(obj) is Stream or isinstance(obj, Stream):
-        return obj  # type: ignore[no-any-return]
+        return obj
     if isinstance(obj, bool):
         raise TypeError("stream: expected a stream, got a bool")
     if isinstance(obj, int):

@@ -48,7 +48,7 @@ def element_type_of_numpy(dt: Any) -> tuple[str, int]:
     name = getattr(dt, "name", str(dt))
     size = int(getattr(dt, "itemsize", 0))
     if getattr(dt, "byteorder", "=") not in ("=", "|") and size > 1 and not getattr(dt, "fields", None):
-        import sys
+        import sys  # lazy: only for a dtype of another byte order
 
         if dt.byteorder != ("<" if sys.byteorder == "little" else ">"):
             return f"{name} of non-native byte order ({dt.str})", size
@@ -68,7 +68,7 @@ def dtype_info(key: Hashable) -> tuple[str, int]:
         if key in SCALAR_TYPES:
             return key, SCALAR_TYPES[key]
         try:
-            import numpy as np
+            import numpy as np  # lazy: dtype names only
 
             return element_type_of_numpy(np.dtype(key))
         except Exception:

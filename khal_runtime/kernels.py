@@ -74,6 +74,13 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     entry: Entry
     name: str
     crate: str
+    _crate: CrateKernels
+    _plans: dict[int, Any]
+    _bx: int
+    _by: int
+    _bz: int
+    _flat: bool
+    _lock: threading.Lock
 
     def __new__(cls, crate: CrateKernels, entry: Entry) -> Kernel:
         self = super().__new__(cls, _generic_call)
@@ -82,7 +89,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         self.name = entry.name
         self.crate = crate.name
         self._crate = crate
-        self._plans: dict[int, Any] = {}
+        self._plans = {}
         self._bx, self._by, self._bz = (int(x) for x in entry.block_size)
         self._flat = self._by == self._bz == 1  # a 1-D block: ``block=bx`` names it
         self._lock = threading.Lock()
@@ -93,7 +100,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
 
     def _set_call(self, fn: Callable[..., None], *bound: Any) -> None:
         """What calling this kernel runs: ``fn(*bound, n, *args, stream=None)``."""
-        functools.partial.__setstate__(self, (fn, bound, None, None))
+        functools.partial.__setstate__(self, (fn, bound, None, None))  # type: ignore[attr-defined]
 
     def __reduce__(self) -> Any:
         raise TypeError(f"Kernel {self.name!r} cannot be pickled: it holds loaded GPU code; "

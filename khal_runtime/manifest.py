@@ -301,7 +301,7 @@ class Entry(_Model):
             if t.entry_point != self.symbol:
                 raise ValueError(f"entry {self.name!r}: its {t.target} entry point {t.entry_point!r} "
                                  f"is not its symbol {self.symbol!r}")
-            unknown = {b.param for b in t.bindings} - set(names) - {None}
+            unknown = {b.param for b in t.bindings if b.param is not None} - set(names)
             unknown |= {s.param for s in t.scalar_slots} - set(names)
             if unknown:
                 raise ValueError(f"entry {self.name!r}: its {t.target} target binds unknown "

@@ -350,7 +350,7 @@ def reset_profile() -> None:
 # ---------------------------------------------------------------------------------------------
 class _Nvtx:
     def __init__(self) -> None:
-        import nvtx  # type: ignore[import-not-found]
+        import nvtx  # type: ignore[import-not-found]  # lazy: optional, only with NVTX ranges
 
         self.domain = nvtx.get_domain("khal")
         self.attrs: dict[str, Any] = {}

@@ -1,6 +1,6 @@
 """PyTorch tensors as storage arguments (recognised by module name; torch is never imported).
 
-``data_ptr()`` (0.18 us) rather than ``__cuda_array_interface__`` (3.5 us). A tensor can change
+``data_ptr()``, many times cheaper than ``__cuda_array_interface__`` (benchmarks/RESULTS.md). A tensor can change
 in place (``resize_``, ``set_``, ``t_``, ``.data =``) but not without a sign: every in-place op
 bumps its ``_version`` (under ``no_grad`` and ``inference_mode`` too) and ``.data =`` moves its
 ``data_ptr()``, so its memo policy is "versioned": a repeated launch checks both. A launch holds

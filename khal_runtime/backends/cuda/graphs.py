@@ -1,4 +1,4 @@
-"""CUDA graphs: record a step of launches once, replay it for ~0.5 us per kernel.
+"""CUDA graphs: record a step of launches once, replay it for a fraction of a launch's cost.
 
 The user-facing API (``stream.capture()``, ``capture_graph``, :class:`Graph`) is described in
 :mod:`khal_runtime.graphs`; this is its CUDA implementation. Capture runs in thread-local mode

@@ -328,10 +328,10 @@ def launch_call(drv: Any) -> tuple[Callable[..., Any], Callable[..., tuple[Any, 
     whose grid and stream are known ahead (the shared snapshot, a bound launch): the argument
     tuple is built once and each launch is ``fn(*args)``.
 
-    ``cuLaunchKernelEx`` with a ``CUlaunchConfig`` built once, where the bindings have it: on
-    the H200 it measured 3-4% faster per launch than ``cuLaunchKernel`` through cuda-bindings
-    (``benchmarks/RESULTS.md``; fewer arguments to convert), and it is what ``cuda.core``
-    launches with. Otherwise ``cuLaunchKernel``."""
+    ``cuLaunchKernelEx`` with a ``CUlaunchConfig`` built once, where the bindings have it: it
+    measured faster per launch than ``cuLaunchKernel`` through cuda-bindings (fewer arguments
+    to convert; ``benchmarks/RESULTS.md``), and it is what ``cuda.core`` launches with.
+    Otherwise ``cuLaunchKernel``."""
     ex = getattr(drv, "cuLaunchKernelEx", None)
     config = getattr(drv, "CUlaunchConfig", None)
     if ex is None or config is None:

@@ -1,0 +1,169 @@
+"""The layering rules of ARCHITECTURE.md, checked by parsing the imports of both packages.
+
+Imports inside functions count (an import in a function is still a dependency); imports under
+``if TYPE_CHECKING:`` do not (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("khal_runtime", "hatch_khal")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            rel = path.relative_to(ROOT).with_suffix("")
+            name = ".".join(rel.parts)
+            out[name.removesuffix(".__init__")] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING":
+            skip.update(id(x) for b in n.body for x in ast.walk(b))
+    return skip
+
+
+def imports(module: str) -> list[tuple[str, int, bool]]:
+    """(imported module, line, inside a function) for every run-time import of ``module``."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text("utf-8"))
+    skip = _type_checking_nodes(tree)
+    base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    in_function: set[int] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            in_function.update(id(x) for x in ast.walk(n) if x is not n)
+    out = []
+    for n in ast.walk(tree):
+        if id(n) in skip:
+            continue
+        if isinstance(n, ast.Import):
+            out += [(a.name, n.lineno, id(n) in in_function) for a in n.names]
+        elif isinstance(n, ast.ImportFrom):
+            m = ".".join(base[: len(base) - (n.level - 1)] + ([n.module] if n.module else [])) if n.level \
+                else (n.module or "")
+            subs = [f"{m}.{a.name}" for a in n.names if f"{m}.{a.name}" in MODULES]
+            out += [(s, n.lineno, id(n) in in_function) for s in subs]
+            if len(subs) < len(n.names):
+                out.append((m, n.lineno, id(n) in in_function))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    return {m: {i for i, _, _ in imports(m) if i in MODULES and i != m} for m in MODULES}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected sets of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                out.append(sorted(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_counting_imports_inside_functions() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _where(module: str, line: int) -> str:
+    return f"{MODULES[module].relative_to(ROOT)}:{line}"
+
+
+def test_generic_runtime_modules_never_import_a_backend() -> None:
+    """The generic layer reaches backends through khal_runtime.backends' registry only."""
+    bad = [f"{_where(m, line)} imports {i}" for m in MODULES if m.startswith("khal_runtime")
+           and not m.startswith("khal_runtime.backends.") for i, line, _ in imports(m)
+           if i.startswith(("khal_runtime.backends.", "cuda", "wgpu"))]
+    assert bad == []
+
+
+def test_only_the_backends_import_their_libraries() -> None:
+    owner = {"cuda.bindings": "khal_runtime.backends.cuda", "wgpu": "khal_runtime.backends.webgpu"}
+    bad = []
+    for m in MODULES:
+        if not m.startswith("khal_runtime"):
+            continue
+        for i, line, _ in imports(m):
+            for lib, pkg in owner.items():
+                if (i == lib or i.startswith(lib + ".")) and not m.startswith(pkg):
+                    bad.append(f"{_where(m, line)} imports {i}")
+    assert bad == []
+
+
+def test_backends_do_not_import_each_other() -> None:
+    bad = [f"{_where(m, line)} imports {i}" for m in MODULES for i, line, _ in imports(m)
+           for a, b in (("cuda", "webgpu"), ("webgpu", "cuda"))
+           if m.startswith(f"khal_runtime.backends.{a}") and i.startswith(f"khal_runtime.backends.{b}")]
+    assert bad == []
+
+
+#: what the build side may import of the runtime: the shared contract, nothing that runs kernels
+SHARED = {"khal_runtime", "khal_runtime.abi", "khal_runtime.manifest", "khal_runtime.binaries",
+          "khal_runtime.verify", "khal_runtime.errors"}
+
+
+def test_the_build_side_imports_only_the_shared_runtime_modules() -> None:
+    bad = [f"{_where(m, line)} imports {i}" for m in MODULES if m.startswith("hatch_khal")
+           for i, line, _ in imports(m) if i.startswith("khal_runtime") and i not in SHARED]
+    assert bad == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_an_import_inside_a_function_says_why(package: str) -> None:
+    """In-function imports of the project's own modules are for laziness (import cost), and say so;
+    never to dodge a cycle (the cycle test above would see it)."""
+    bad = []
+    for m in MODULES:
+        if not m.startswith(package):
+            continue
+        lines = MODULES[m].read_text("utf-8").splitlines()
+        for i, line, inside in imports(m):
+            if inside and i in MODULES and "lazy" not in lines[line - 1]:
+                bad.append(f"{_where(m, line)} imports {i} inside a function without saying why")
+    assert bad == []
