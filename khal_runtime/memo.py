@@ -21,8 +21,9 @@ from typing import Any
 __all__ = ["EPOCH", "MEMOS", "THREAD_MEMOS", "bump_epoch", "register_memo"]
 
 EPOCH = [0]
-MEMOS: list[tuple[list[Any], int, Any]] = []
-THREAD_MEMOS: weakref.WeakKeyDictionary[Any, list[tuple[list[Any], int, Any]]] = weakref.WeakKeyDictionary()
+#: (memo, its valid flag: an index of a list or an attribute name, the value that clears it)
+MEMOS: list[tuple[Any, int | str, Any]] = []
+THREAD_MEMOS: weakref.WeakKeyDictionary[Any, list[tuple[Any, int | str, Any]]] = weakref.WeakKeyDictionary()
 # reentrant: taking it can allocate, allocating can collect a dropped DeviceBuffer, and its
 # __del__ frees it, which bumps the epoch again in the same thread
 _EPOCH_LOCK = threading.RLock()
@@ -32,15 +33,17 @@ def bump_epoch() -> None:
     """Invalidate every remembered launch (device memory some of them point at is going)."""
     with _EPOCH_LOCK:  # two racing ``+= 1`` could leave the epoch changed once, not twice
         EPOCH[0] += 1
-        for memo, flag, reset in MEMOS:
-            memo[flag] = reset
-        for group in list(THREAD_MEMOS.values()):
+        for group in (MEMOS, *list(THREAD_MEMOS.values())):
             for memo, flag, reset in group:
-                memo[flag] = reset
+                if flag.__class__ is str:
+                    setattr(memo, flag, reset)  # type: ignore[arg-type]
+                else:
+                    memo[flag] = reset
 
 
-def register_memo(memo: list[Any], flag: int, reset: Any = None, owner: Any = None) -> None:
-    """Have every bump_epoch() set ``memo[flag] = reset`` (while ``owner`` lives, if given)."""
+def register_memo(memo: Any, flag: int | str, reset: Any = None, owner: Any = None) -> None:
+    """Have every bump_epoch() set ``memo[flag]`` (an attribute, for a name) to ``reset`` (while
+    ``owner`` lives, if given)."""
     with _EPOCH_LOCK:
         if owner is None:
             MEMOS.append((memo, flag, reset))

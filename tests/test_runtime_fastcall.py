@@ -286,7 +286,7 @@ def test_shared_memo_snapshot_is_immutable_and_follows_every_change(fake: FakeDr
     p = P(2.0, 3.0)
     for _ in range(PROMOTE_AFTER + 1):
         k(300, x, y, z, p, 0.25, stream=st)
-    assert plan._shared[0][0] is x  # promoted
+    assert plan._shared[0].a0 is x  # promoted
     assert fake.ex_calls == 0
     k(300, x, y, z, p, 0.25, stream=st)
     assert fake.ex_calls == 1  # the snapshot launches through cuLaunchKernelEx, config built once
@@ -302,7 +302,7 @@ def test_shared_memo_snapshot_is_immutable_and_follows_every_change(fake: FakeDr
     assert _u64(fake.launches[-1], 6) == plan.uniforms.entries[bytes(p)].ptr != _u64(fake.launches[0], 6)
 
     memo.bump_epoch()
-    assert plan._shared[0][0] is not x  # cleared
+    assert plan._shared[0].a0 is not x  # cleared
     k(300, x, y, z, p, 0.25, stream=st)
     assert _u64(fake.launches[-1], 0) == 0x1000
 
@@ -350,7 +350,7 @@ def test_threads_repeating_their_own_arguments_each_launch_their_own(fake: FakeD
         t = launch["grid"][0] - 1
         assert _u64(launch, 0) == 0x10_0000 * (t + 1) and _u64(launch, 4) == 0x10_0000 * (t + 1) + 0x2000
         assert struct.unpack("<f", launch["slots"][7])[0] == float(t)
-    assert sum(snap[0] is not cuda_launch.NOMEMO for snap in k._plans[0]._shared) == launchgen.SLOTS
+    assert sum(snap.a0 is not cuda_launch.NOMEMO for snap in k._plans[0]._shared) == launchgen.SLOTS
 
 
 def _counting_array_type(module: str, name: str) -> type:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from khal_runtime import abi, interop
 from khal_runtime.arguments import Short, diagnose_args, dtype_ok
 from khal_runtime.backends.cuda.driver import driver
-from khal_runtime.backends.cuda.launchgen import SLOTS, MemoLayout, call_source, run_source
+from khal_runtime.backends.cuda.launchgen import SLOTS, MemoLayout, ThreadSlots, call_source, run_source
 from khal_runtime.backends.cuda.loader import expected_param_layout
 from khal_runtime.backends.cuda.uniform_cache import UniformCache
 from khal_runtime.buffers import FREED, DeviceBuffer
@@ -124,10 +124,10 @@ class LaunchPlan:
         self._uinline: list[dict[type, str]] = [{} for _ in entry.params]
         #: called with the plan after the launch code was regenerated (a new type inlined)
         self.on_regenerate: list[Callable[[LaunchPlan], None]] = []
-        #: indices into memo slots and snapshots (.launchgen)
+        #: the fields of memo slots and snapshots, and their classes (.launchgen)
         self.memo = MemoLayout(self)
         #: the shared snapshots, newest first; each bump_epoch() empties them
-        self._shared: list[tuple[Any, ...]] = [self._shared_empty()] * SLOTS
+        self._shared: list[Any] = [self._shared_empty()] * SLOTS
         for j in range(SLOTS):
             register_memo(self._shared, j, self._shared[0])
         self.source = ""
@@ -148,23 +148,28 @@ class LaunchPlan:
             ptrs, addr = None, 0
         return buf, ptrs, addr
 
-    def _new_slots(self) -> list[Any]:
-        """This thread's memo slots, each with its own argument block, then the index of the
-        slot the next full read fills, then a scratch slot for the explicit launch (see
-        :class:`.launchgen.MemoLayout`). A slot's stream item is its valid flag, cleared by
-        ``memo.bump_epoch`` for as long as the thread lives (they are registered under an
-        owner only this thread's thread-local storage holds)."""
+    def _new_slots(self) -> ThreadSlots:
+        """This thread's memo slots, each with its own argument block, and a scratch slot for
+        the explicit launch (see :class:`.launchgen.ThreadSlots`). A slot's ``stream`` is its
+        valid flag, cleared by ``memo.bump_epoch`` for as long as the thread lives (they are
+        registered under an owner only this thread's thread-local storage holds)."""
         lo = self.memo
         owner = _ThreadOwner()
         slots: list[Any] = []
         for j in range(SLOTS + 1):
-            m: list[Any] = [NOMEMO] * lo.length
-            m[lo.buf], m[lo.ptrs], m[lo.addr] = self._new_block()
-            m[lo.hits] = 0
+            m = lo.Slot()
+            for name in lo.slot_fields:
+                setattr(m, name, NOMEMO)
+            m.buf, m.ptrs, m.addr = self._new_block()
+            m.hits = 0
             if j < SLOTS:
-                register_memo(m, lo.stream, owner=owner)
+                register_memo(m, "stream", NOMEMO, owner=owner)
             slots.append(m)
-        ms = slots[:SLOTS] + [0, slots[SLOTS], False]
+        ms = ThreadSlots()
+        ms.all = tuple(slots[:SLOTS])
+        for j in range(SLOTS):
+            setattr(ms, f"s{j}", slots[j])
+        ms.victim, ms.scratch, ms.filled, ms.owner = 0, slots[SLOTS], False, owner
         self._tls.owner = owner
         self._tls.s = ms
         return ms
@@ -274,34 +279,32 @@ class LaunchPlan:
                  "promote": self._promote, "unshare": self._unshare}
         return self._compile(self.call_source, "call", extra)["__call__"]  # type: ignore[no-any-return]
 
-    def _shared_empty(self) -> tuple[Any, ...]:
+    def _shared_empty(self) -> Any:
         """A snapshot no call can match."""
-        return (NOMEMO,) * (self.memo.s_length - 1) + (None,)
+        lo = self.memo
+        return lo.snapshot(**{name: NOMEMO for name in lo.snapshot_fields if name != "keep"}, keep=None)
 
-    def _promote(self, m: list[Any], st: Any) -> None:
+    def _promote(self, m: Any, st: Any) -> None:
         """Make this thread's memo slot ``m``, just hit again, the newest shared snapshot: a
         copy of its argument block that is never written again, and the launch call's whole
         argument tuple (:func:`launch_call`). The oldest snapshot goes."""
         lo = self.memo
         ep = EPOCH[0]
-        src = m[lo.buf]
+        src = m.buf
         blk = ctypes.create_string_buffer(src.raw, len(src))
         base = ctypes.addressof(blk)
         ptrs = (ctypes.c_void_p * len(self._offsets))(*[base + off for off in self._offsets])
         addr = ctypes.addressof(ptrs)
-        uni: list[Any] = []
-        for rs, bs in lo.uniform.values():
-            uni += [m[rs], m[bs]]
-        for vs, ps, ks in lo.tensor.values():
-            uni += [m[vs], m[ps], m[ks]]
-        gx = m[lo.gx]
-        args = launch_call(driver())[1](self.function, (gx, 1, 1), self.block, 0, st._cu, addr)
-        snap = (*m[:lo.P], st, m[lo.n], args, gx, addr, *uni, (blk, ptrs))
-        if m[lo.stream] is st and EPOCH[0] == ep:  # nothing freed or flushed meanwhile
+        fields = {name: getattr(m, name) for name in lo.snapshot_fields if name in lo.slot_fields}
+        fields.update(stream=st, call=launch_call(driver())[1](self.function, (m.gx, 1, 1), self.block, 0,
+                                                                  st._cu, addr),
+                      addr=addr, keep=(blk, ptrs))
+        snap = lo.snapshot(**fields)
+        if m.stream is st and EPOCH[0] == ep:  # nothing freed or flushed meanwhile
             shared = self._shared
             shared[:] = [snap] + shared[:SLOTS - 1]
 
-    def _unshare(self, snap: tuple[Any, ...]) -> None:
+    def _unshare(self, snap: Any) -> None:
         """Drop shared snapshot ``snap`` (its check raised: it can never match again)."""
         shared = self._shared
         keep = [s for s in shared if s is not snap]

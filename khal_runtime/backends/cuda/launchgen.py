@@ -45,40 +45,48 @@ MAX_FAST_THREADS = 2**31 - 1
 PROMOTE_AFTER = 8
 
 class MemoLayout:
-    """Indices into one memo slot, a list:
-    ``[arg 0 .. arg P-1, stream, n, gx, (reader, bytes) per uniform,
-    (version, pointer, storage) per storage parameter, buf, addr, hits, ptrs]``
-    (the stream is the slot's valid flag), and into one shared snapshot, a tuple:
-    ``(arg 0 .. arg P-1, stream, n, call args, gx, addr, (reader, bytes) per uniform,
-    (version, pointer, storage) per storage parameter, keep)``.
+    """The fields of a memo slot and of a shared snapshot of ``plan``, and a class for each
+    (``__slots__`` classes made per plan, so the generated code reads ``m.stream``, ``k.gx``).
+
+    A memo slot (this thread's, rewritten on every full read): ``a0 .. a{P-1}`` (the argument
+    objects), ``stream`` (also its valid flag), ``n``, ``gx``, per uniform ``reader{i}`` and
+    ``bytes{i}``, per storage ``version{i}``, ``pointer{i}`` and ``storage{i}``, then ``buf`` (the
+    argument block), ``addr`` (the ``void*[]`` address), ``hits`` and ``ptrs``.
+    A shared snapshot (never written after it is made): ``a0 .. a{P-1}``, ``stream``, ``n``,
+    ``call`` (the launch call's whole argument tuple), ``gx``, ``addr``, the same per-uniform and
+    per-storage fields, and ``keep`` (what must outlive it).
     The version is None for an array type that cannot change (``interop.STABLE_ARRAY_TYPES``),
     else the tensor's ``_version`` when it was packed (``interop.VERSIONED_ARRAY_TYPES``).
-    A thread's slots live in ``plan._tls.s``:
-    ``[slot 0 .. slot SLOTS-1, next victim, scratch, whether any slot was ever filled]``.
+    A thread's slots live in ``plan._tls.s``, a :class:`ThreadSlots`.
     """
 
     def __init__(self, plan: LaunchPlan) -> None:
         P = len(plan.entry.params)  # noqa: N806
         self.P = P
-        self.stream, self.n, self.gx = P, P + 1, P + 2
-        self.uniform: dict[int, tuple[int, int]] = {}  # param -> (reader, bytes) in a slot
-        k = P + 3
-        for i, reader in enumerate(plan.readers):
-            if reader == "struct":
-                self.uniform[i] = (k, k + 1)
-                k += 2
-        self.tensor: dict[int, tuple[int, int, int]] = {}  # param -> (version, ptr, storage)
-        for i, reader in enumerate(plan.readers):
-            if reader == "array":
-                self.tensor[i] = (k, k + 1, k + 2)
-                k += 3
-        self.buf, self.addr, self.hits, self.ptrs, self.length = k, k + 1, k + 2, k + 3, k + 4
-        # snapshot indices
-        self.s_call, self.s_gx, self.s_addr = P + 2, P + 3, P + 4
-        self.s_uniform = {i: (P + 5 + 2 * j, P + 6 + 2 * j) for j, i in enumerate(self.uniform)}
-        k = P + 5 + 2 * len(self.uniform)
-        self.s_tensor = {i: (k + 3 * j, k + 3 * j + 1, k + 3 * j + 2) for j, i in enumerate(self.tensor)}
-        self.s_length = k + 3 * len(self.tensor) + 1
+        self.args = [f"a{i}" for i in range(P)]
+        self.uniform = [i for i, reader in enumerate(plan.readers) if reader == "struct"]
+        self.tensor = [i for i, reader in enumerate(plan.readers) if reader == "array"]
+        per_param = [n for i in self.uniform for n in (f"reader{i}", f"bytes{i}")]
+        per_param += [n for i in self.tensor for n in (f"version{i}", f"pointer{i}", f"storage{i}")]
+        self.slot_fields = (*self.args, "stream", "n", "gx", *per_param, "buf", "addr", "hits", "ptrs")
+        self.snapshot_fields = (*self.args, "stream", "n", "call", "gx", "addr", *per_param, "keep")
+        self.Slot = type("MemoSlot", (), {"__slots__": self.slot_fields})
+        self.Snapshot = type("Snapshot", (), {"__slots__": self.snapshot_fields})
+
+    def snapshot(self, **fields: object) -> object:
+        """A snapshot with ``fields`` (the others NOMEMO-like: given by the caller)."""
+        snap = self.Snapshot()
+        for k, v in fields.items():
+            setattr(snap, k, v)
+        return snap
+
+
+class ThreadSlots:
+    """One thread's memo slots of one plan: ``all`` (the SLOTS slots, also as ``s0``..),
+    ``victim`` (the slot the next full read fills), ``scratch`` (the explicit launch's, which no
+    memo uses) and ``filled`` (whether any slot was ever filled)."""
+
+    __slots__ = ("all", *(f"s{j}" for j in range(SLOTS)), "victim", "scratch", "filled", "owner")
 
 
 # -- argument reading ------------------------------------------------------------------------------
@@ -125,7 +133,6 @@ def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa:
 def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     """Lines that read ``a0..`` and pack them into the block of slot ``m``. Sets ``t{i}``
     (storage types) and ``h{i}`` (uniforms as converted) on the way."""
-    lo = plan.memo
     lines: list[str] = []
     pack_args: list[str] = []
     for i, p in enumerate(plan.entry.params):
@@ -163,7 +170,7 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
         else:  # struct's own checks refuse what abi.scalar_value refuses (str, None, float for int)
             pack_args.append(a)
     if pack_args:
-        lines.append(f"{I}pack_args(m[{lo.buf}], 0, {', '.join(pack_args)})")
+        lines.append(f"{I}pack_args(m.buf, 0, {', '.join(pack_args)})")
     return lines
 
 
@@ -181,7 +188,7 @@ def memo_store_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     is immutable (a 0-d NumPy array is not) and every uniform can be re-read
     (``launch.uniform_reader``). The stream is stored last, and only if nothing was freed
     since the arguments were read."""
-    lo, P = plan.memo, plan.memo.P  # noqa: N806
+    lo = plan.memo
     versioned = plan._versioned
     # (one failed condition skips the rest: an inference tensor costs one tensor_memo call)
     conds = [f"(q{i} := STABLE_MEMO if t{i} in STABLE_TYPES else tensor_memo(a{i})) is not None"
@@ -190,13 +197,13 @@ def memo_store_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
              for i, reader in enumerate(plan.readers) if reader != "struct"]
     body = [f"r{i} = uniform_reader(a{i}, h{i})" for i in lo.uniform]
     ucond = [f"r{i} is not NOMEMO" for i in lo.uniform]
-    inner = [f"m[{rs}] = r{i}; m[{bs}] = h{i}" for i, (rs, bs) in lo.uniform.items()]
-    for i, (vs, ps, ks) in lo.tensor.items():
-        inner.append(f"m[{vs}] = q{i}[0]; m[{ps}] = p{i}; m[{ks}] = q{i}[1]" if i in versioned
-                     else f"m[{vs}] = None")
-    inner += [f"m[0:{P}] = ({''.join(f'a{i}, ' for i in range(P))})",
-              f"m[{lo.n}] = n; m[{lo.gx}] = gx; m[{lo.hits}] = 0; ms[{SLOTS + 2}] = True",
-              f"if ep == EPOCH[0]: m[{lo.stream}] = st"]
+    inner = [f"m.reader{i} = r{i}; m.bytes{i} = h{i}" for i in lo.uniform]
+    for i in lo.tensor:
+        inner.append(f"m.version{i} = q{i}[0]; m.pointer{i} = p{i}; m.storage{i} = q{i}[1]" if i in versioned
+                     else f"m.version{i} = None")
+    inner += ["; ".join(f"m.{a} = {a}" for a in lo.args),
+              "m.n = n; m.gx = gx; m.hits = 0; ms.filled = True",
+              "if ep == EPOCH[0]: m.stream = st"]
     out: list[str] = []
     J = I  # noqa: N806
     if conds:
@@ -209,49 +216,48 @@ def memo_store_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     return out + [J + ln for ln in inner]
 
 
-def tensor_unchanged(plan: LaunchPlan, m: str, where: dict[int, tuple[int, int, int]]) -> list[str]:
+def tensor_unchanged(plan: LaunchPlan, m: str) -> list[str]:
     """Each tensor the memo ``m`` holds (for the parameters that have seen one) has the
     version and pointer it had when packed (an array of a stable type has version None)."""
-    return [f"({m}[{vs}] is None or (a{i}._version == {m}[{vs}] and a{i}.data_ptr() == {m}[{ps}]))"
-            for i, (vs, ps, _) in where.items() if i in plan._versioned]
+    return [f"({m}.version{i} is None or (a{i}._version == {m}.version{i} and a{i}.data_ptr() == {m}.pointer{i}))"
+            for i in plan.memo.tensor if i in plan._versioned]
 
 
 def slot_hit(plan: LaunchPlan, j: int) -> str:
     """Slot ``j`` of this thread holds this launch's argument objects for this stream."""
-    P = plan.memo.P  # noqa: N806  (>= 1: entries without parameters have no memo)
-    conds = [f"a0 is (m := ms[{j}])[0]"] + [f"a{i} is m[{i}]" for i in range(1, P)]
-    conds += [f"st is m[{plan.memo.stream}]", "not _more"]
-    return " and ".join(conds + tensor_unchanged(plan, "m", plan.memo.tensor))
+    args = plan.memo.args  # (>= 1: entries without parameters have no memo)
+    conds = [f"a0 is (m := ms.s{j}).a0"] + [f"{a} is m.{a}" for a in args[1:]]
+    conds += ["st is m.stream", "not _more"]
+    return " and ".join(conds + tensor_unchanged(plan, "m"))
 
 
 def snapshot_hit(plan: LaunchPlan, j: int) -> str:
     """Shared snapshot ``j`` is this very launch (arguments, stream, thread count, uniforms'
     current bytes)."""
-    lo, P = plan.memo, plan.memo.P  # noqa: N806
-    conds = [f"a0 is (k := snapshots[{j}])[0]"] + [f"a{i} is k[{i}]" for i in range(1, P)]
-    conds += [f"st is k[{P}]", f"n is k[{P + 1}]", "not _more"]
-    conds += tensor_unchanged(plan, "k", lo.s_tensor)
-    for i, (r, b) in lo.s_uniform.items():
-        conds.append(f"(k[{r}] is None or k[{r}](a{i}) == k[{b}])")
+    lo = plan.memo
+    conds = [f"a0 is (k := snapshots[{j}]).a0"] + [f"{a} is k.{a}" for a in lo.args[1:]]
+    conds += ["st is k.stream", "n is k.n", "not _more"]
+    conds += tensor_unchanged(plan, "k")
+    for i in lo.uniform:
+        conds.append(f"(k.reader{i} is None or k.reader{i}(a{i}) == k.bytes{i})")
     return " and ".join(conds)
 
 
 def uniform_recheck_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     """Slot hit: a host uniform may have new bytes under the same identity; re-read it, and
     re-pack its device pointer only if they changed."""
-    lo = plan.memo
     offs = uniform_slots(plan)
     lines: list[str] = []
-    for i, (rs, bs) in lo.uniform.items():
+    for i in plan.memo.uniform:
         fetch, ptr = cached_upload(I + "        ", int(plan.entry.params[i].element_size))
         lines += [
-            f"{I}r = m[{rs}]",
+            f"{I}r = m.reader{i}",
             f"{I}if r is not None:",
             f"{I}    u = r(a{i})",
-            f"{I}    if u != m[{bs}]:",
+            f"{I}    if u != m.bytes{i}:",
             *fetch,
-            f"{I}        pack_u64(m[{lo.buf}], {offs[i]}, {ptr})",
-            f"{I}        m[{bs}] = u",
+            f"{I}        pack_u64(m.buf, {offs[i]}, {ptr})",
+            f"{I}        m.bytes{i} = u",
         ]
     return lines
 
@@ -290,9 +296,9 @@ def run_source(plan: LaunchPlan, hooked: bool) -> str:
     if n:
         lines.append(f"{I}{', '.join(names)}{',' if n == 1 else ''} = args")
         lines += slots_lines(I)
-        lines.append(f"{I}m = ms[{SLOTS + 1}]")
+        lines.append(f"{I}m = ms.scratch")
         lines += read_lines(plan, I)
-        lines.append(f"{I}addr = m[{plan.memo.addr}]")
+        lines.append(f"{I}addr = m.addr")
     else:
         lines += [f"{I}if args: raise Short()", f"{I}addr = 0"]
     lines += ["    except Exception as exc:", "        diagnose(args, exc)", "        raise"]
@@ -344,17 +350,17 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         chain.append(f"{'if' if j == 0 else 'elif'} {snapshot_hit(plan, j)}:")
         chain.append("    pass")
         if j == 0:
-            chain += [f"elif k[0] is NOMEMO{unstable}:", "    k = None"]
+            chain += [f"elif k.a0 is NOMEMO{unstable}:", "    k = None"]
     chain += ["else:", "    k = None"]
     # a remembered tensor whose version can no longer be read (swapped with an inference
     # tensor): drop the memo being checked (``k``, set before anything can raise), read in full
     lines += guarded_chain(plan, "    ", chain, ["unshare(k)", "k = None"])
     lines += ["    if k is not None:"]
     if hooked:
-        lines.append(f"        gx = k[{lo.s_gx}]; addr = k[{lo.s_addr}]")
+        lines.append("        gx = k.gx; addr = k.addr")
     else:  # the snapshot holds the launch call's whole argument tuple
-        lines += [f"        r = launch_prepared(*k[{lo.s_call}])", "        if r[0]:",
-                  f"            launch_failed(r[0], k[{lo.s_gx}], 1, 1, {bx}, {by}, {bz})", "        return"]
+        lines += ["        r = launch_prepared(*k.call)", "        if r[0]:",
+                  f"            launch_failed(r[0], k.gx, 1, 1, {bx}, {by}, {bz})", "        return"]
     lines.append("    else:")
     # 2. this thread's memo slots
     J = "        "  # noqa: N806
@@ -365,16 +371,16 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         chain.append(f"{'if' if j == 0 else 'elif'} {slot_hit(plan, j)}:")
         chain.append("    pass")
         if j == 0:  # no slot was ever filled, or arguments that are read every time
-            chain += [f"elif not ms[{SLOTS + 2}]{unstable}:", "    m = None"]
+            chain += [f"elif not ms.filled{unstable}:", "    m = None"]
     chain += ["else:", "    m = None"]
-    lines += guarded_chain(plan, J, chain, [f"m[{lo.stream}] = NOMEMO", "m = None"])
+    lines += guarded_chain(plan, J, chain, ["m.stream = NOMEMO", "m = None"])
     lines += [
         f"{J}if m is not None:",
-        f"{J}    if n is m[{lo.n}]:",  # the same thread count object: the same grid
-        f"{J}        gx = m[{lo.gx}]",
+        f"{J}    if n is m.n:",  # the same thread count object: the same grid
+        f"{J}        gx = m.gx",
         f"{J}    elif type(n) is int and 0 < n <= {MAX_FAST_THREADS}:",
         f"{J}        gx = (n + {bx - 1}) // {bx}",
-        f"{J}        m[{lo.n}] = n; m[{lo.gx}] = gx",
+        f"{J}        m.n = n; m.gx = gx",
         f"{J}    else:",
         f"{J}        {to_slow}",
     ]
@@ -383,27 +389,27 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         lines += [f"{J}    try:"] + recheck
         lines += [f"{J}    except Exception as exc:", f"{J}        diagnose({tup}, exc)", f"{J}        raise"]
     lines += [
-        f"{J}    h = m[{lo.hits}] + 1",
+        f"{J}    h = m.hits + 1",
         f"{J}    if h >= {PROMOTE_AFTER}:",
-        f"{J}        m[{lo.hits}] = 0",
+        f"{J}        m.hits = 0",
         f"{J}        promote(m, st)",
         f"{J}    else:",
-        f"{J}        m[{lo.hits}] = h",
+        f"{J}        m.hits = h",
         # 3. the full read into the least recently filled slot
         f"{J}else:",
         f"{J}    if {guard}:",
         f"{J}        {to_slow}",
         f"{J}    gx = (n + {bx - 1}) // {bx}",
-        f"{J}    v = ms[{SLOTS}]",
-        f"{J}    ms[{SLOTS}] = v + 1 if v < {SLOTS - 1} else 0",
-        f"{J}    m = ms[v]",
+        f"{J}    v = ms.victim",
+        f"{J}    ms.victim = v + 1 if v < {SLOTS - 1} else 0",
+        f"{J}    m = ms.all[v]",
         f"{J}    try:",
         f"{J}        ep = EPOCH[0]",
-        f"{J}        m[{lo.stream}] = NOMEMO",
+        f"{J}        m.stream = NOMEMO",
     ]
     lines += read_lines(plan, I)
     lines += memo_store_lines(plan, I)
     lines += [f"{J}    except Exception as exc:", f"{J}        diagnose({tup}, exc)", f"{J}        raise"]
-    lines.append(f"{J}addr = m[{lo.addr}]")
+    lines.append(f"{J}addr = m.addr")
     lines += launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0", tup, hooked)
     return "\n".join(lines) + "\n"
