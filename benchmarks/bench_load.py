@@ -31,7 +31,7 @@ e.kernels.saxpy(e.elementwise_threads(1024), x, y, e.SaxpyParams(a=2.0))
 y.to_numpy()
 t3 = time.perf_counter()
 nvrtc = any(m.startswith("cuda.bindings.nvrtc") or m.startswith("cupy") for m in sys.modules)
-art = e.kernels.saxpy._runtime.module(0).artifact
+art = e.kernels.saxpy._crate.module(0).artifact
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "context_alloc_ms": (t2 - t1) * 1e3,
                   "first_launch_ms": (t3 - t2) * 1e3, "total_ms": (t3 - t0) * 1e3,
                   "nvrtc_imported": nvrtc, "artifact": f"{art.kind} {art.arch}"}))
