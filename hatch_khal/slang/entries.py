@@ -268,6 +268,15 @@ def _leaves(t: dict[str, Any], base: int = 0, path: str = "") -> list[tuple[str,
     return [(path, base, _type_name(t), t["size"])]
 
 
+def _names(t: dict[str, Any]) -> list[Any]:
+    """The field names of a type, nested (what a rename would change)."""
+    if t.get("kind") == "struct":
+        return [[f["name"], _names(f["type"])] for f in t["fields"]]
+    if t.get("kind") == "array" and t.get("element") is not None:
+        return _names(t["element"])
+    return []
+
+
 # ---------------------------------------------------------------------------------------------
 # WebGPU targets
 # ---------------------------------------------------------------------------------------------
@@ -280,12 +289,16 @@ def webgpu_target(crate: str, entry: SlangEntry, target: str, reflected: dict[st
         raise w.error(f"the {target} compile named its entry point {reflected['name']!r}, not {entry.symbol!r}")
     params = [p for p in reflected["params"] if not _is_system_value(p)]
     names = [p["name"] for p in params]
-    if names != [p.name for p in entry.params]:
-        raise w.error(
-            f"compiling for {target} with -D {entry.name}={entry.symbol} changed the parameters "
-            f"({[p.name for p in entry.params]} -> {names}): the entry's name is also used as another "
-            "identifier (a parameter, field or variable); rename one of them"
+
+    def renamed(what: str) -> SourceError:
+        return w.error(
+            f"compiling for {target} with -D {entry.name}={entry.symbol} (how the WebGPU entry point gets "
+            f"its symbol) changed {what}: the entry's name is also used as another identifier (a parameter, "
+            "a struct field); rename one of them"
         )
+
+    if names != [p.name for p in entry.params]:
+        raise renamed(f"the parameters ({[p.name for p in entry.params]} -> {names})")
     base = reflected["offsets"].get("descriptor_slot", [0, 0])
     bindings: list[Binding] = []
     slots: list[ScalarSlot] = []
@@ -302,6 +315,9 @@ def webgpu_target(crate: str, entry: SlangEntry, target: str, reflected: dict[st
         if slot is None:
             raise w.error(f"{target}: Slang gave the parameter no binding slot", mp.name)
         element = t.get("element")
+        if element is not None and _names(element) != _names(entry.cuda_elements[mp.name]):
+            raise renamed(f"the fields of {element.get('name')!r} ({_names(entry.cuda_elements[mp.name])} -> "
+                          f"{_names(element)})")
         if mp.kind == "uniform":
             layouts[mp.name] = struct_layout(element, w, mp.name)
         elif element is not None and element["kind"] == "struct":
