@@ -230,7 +230,8 @@ def ptx_params(ptx: str) -> dict[str, tuple[list[str], tuple[int, ...] | None]]:
     """entry name -> (param types in order, .maxntid) of every ``.entry`` in the PTX."""
     out = {}
     for m in re.finditer(r"\.entry\s+(\w+)\s*\((.*?)\)\s*(\.maxntid\s+([\d,\s]+))?", ptx, re.S):
-        types = re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)", m.group(2))
+        types = ["".join(t) for t in re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+\w+(\[\d+\])?",
+                                                 m.group(2))]
         ntid = tuple(int(x) for x in m.group(4).split(",")) if m.group(4) else None
         out[m.group(1)] = (types, ntid)
     return out

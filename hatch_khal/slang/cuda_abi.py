@@ -39,11 +39,20 @@ __all__ = ["CODEGEN_VERSION", "DEFAULT_NVRTC_OPTIONS", "CudaUnit", "build_cuda_u
 
 #: Bumped whenever the generated code changes: part of every Slang crate's content hash.
 CODEGEN_VERSION = 1
-#: NVRTC options every Slang unit gets: C++17, Slang's prelude warnings #1444 / #222 silenced, and
+#: NVRTC options every Slang unit gets: C++17, the warnings Slang's prelude causes (#1444, #222; #177
+#: for its unused half-precision surface templates) silenced, and
 #: no FMA contraction (Vulkan / WebGPU need not fuse ``a*x+y``: CUDA then agrees bit for bit).
-DEFAULT_NVRTC_OPTIONS = ["-std=c++17", "-diag-suppress=1444,222", "--fmad=false"]
+DEFAULT_NVRTC_OPTIONS = ["-std=c++17", "-diag-suppress=1444,222,177", "--fmad=false"]
 _FMAD_RE = re.compile(r"^-{1,2}fmad(=|$)")
 _DEMOTED = "static __device__ __forceinline__ void"
+#: Types in Slang's CUDA output that need a feature of its prelude: (type, define, header).
+#: Slang passes these defines to NVRTC itself when it compiles; here the hook does.
+_FEATURES = (
+    ("__half", "SLANG_CUDA_ENABLE_HALF", "cuda_fp16.h"),
+    ("__nv_bfloat16", "SLANG_CUDA_ENABLE_BF16", "cuda_bf16.h"),
+    ("__nv_fp8_e4m3", "SLANG_CUDA_ENABLE_FP8", "cuda_fp8.h"),
+    ("__nv_fp8_e5m2", "SLANG_CUDA_ENABLE_FP8", "cuda_fp8.h"),
+)
 
 _HELPERS = """\
 // khal: parameter types of the demoted Slang bodies, read with decltype.
@@ -65,6 +74,9 @@ class CudaUnit:
     text: str
     #: NVRTC options it needs (defaults, then the crate's own), without ``--gpu-architecture``
     options: list[str]
+    #: CUDA toolkit headers the unit includes (``cuda_fp16.h`` when the module uses ``half``):
+    #: the builder puts the CUDA headers on the include path for these, as for CUDA crates
+    system_includes: tuple[str, ...] = ()
 
 
 def nvrtc_options(user: list[str]) -> list[str]:
@@ -194,7 +206,9 @@ def build_cuda_unit(crate: str, code: str, prelude_chars: int, entries: list[Sla
     for e in entries:
         module = _demote(module, e, crate)
     _check_builtins_in_bodies(module, [_body_span(module, e) for e in entries], crate)
+    features = sorted({(d, h) for t, d, h in _FEATURES if re.search(rf"\b{t}\b", module)})
     text = "".join([
+        *(f"#define {d} 1\n" for d, _ in features),
         prelude,
         "\n// khal: the group id and count of the Slang bodies are parameters (direct and indirect launch)\n",
         "#define blockIdx khal_bid_\n#define gridDim khal_gdim_\n",
@@ -204,4 +218,5 @@ def build_cuda_unit(crate: str, code: str, prelude_chars: int, entries: list[Sla
         _HELPERS,
         *(_entry_code(e) for e in entries),
     ])
-    return CudaUnit(text=text, options=nvrtc_options(user_options))
+    return CudaUnit(text=text, options=nvrtc_options(user_options),
+                    system_includes=tuple(sorted({h for _, h in features})))

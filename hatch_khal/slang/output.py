@@ -104,6 +104,9 @@ class SlangOutput:
     warnings: tuple[str, ...] = ()
     #: seconds: "session", "cuda", "<entry>.<target>", "worker" (wall time of the whole call)
     timings: dict[str, float] = field(default_factory=dict)
+    #: CUDA toolkit headers the unit includes (``cuda_fp16.h`` for ``half``): put the CUDA headers
+    #: (:func:`hatch_khal.headers.resolve_headers`) on NVRTC's include path when not empty
+    system_includes: tuple[str, ...] = ()
 
     @property
     def webgpu_built(self) -> bool:
@@ -146,6 +149,7 @@ class SlangOutput:
             "entries": [e.model_dump(mode="json", exclude_none=True) for e in self.entries],
             "webgpu_files": {k: base64.b64encode(v).decode("ascii") for k, v in sorted(self.webgpu_files.items())},
             "warnings": list(self.warnings), "timings": self.timings,
+            "system_includes": list(self.system_includes),
         }, sort_keys=True).encode()
 
     @classmethod
@@ -162,6 +166,7 @@ class SlangOutput:
                 entries=tuple(Entry.model_validate(e) for e in d["entries"]),
                 webgpu_files={k: base64.b64decode(v) for k, v in d["webgpu_files"].items()},
                 warnings=tuple(d["warnings"]), timings=dict(d["timings"]),
+                system_includes=tuple(d["system_includes"]),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise KhalBuildError(f"a cached Slang output is unreadable ({exc}); clear the khal cache") from None

@@ -63,7 +63,7 @@ def plan_slang_crate(
 
     ``patterns``: globs of ``.slang`` files under ``root``; ``include_dirs``: module folders (Slang's
     ``-I``), relative to ``root``; ``defines``: preprocessor defines for Slang; ``options``: NVRTC
-    options (after the defaults ``-std=c++17 -diag-suppress=1444,222 --fmad=false``);
+    options (after the defaults ``-std=c++17 -diag-suppress=1444,222,177 --fmad=false``);
     ``slang_options``: extra Slang options (``-O3``, ``-warnings-as-errors ...``). ``finder``
     replaces :func:`importlib.util.find_spec` when locating slangpy (tests).
     Raises SlangNotFound (no slangpy), ConfigError, SourceError."""
@@ -173,6 +173,7 @@ def compile_slang_crate(plan: SlangPlan, targets: Iterable[str] = ALL_TARGETS) -
         crate=plan.crate, content_hash=plan.content_hash, slang_version=first.get("version", plan.slang.version),
         targets=wanted, cuda_unit=unit.text, unit_name=f"{plan.crate}.slang.cu", nvrtc_options=tuple(unit.options),
         entries=manifest_entries, webgpu_files=wfiles, warnings=tuple(warnings), timings=timings,
+        system_includes=unit.system_includes,
     )
 
 
