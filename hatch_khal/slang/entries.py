@@ -70,15 +70,32 @@ class SlangEntry:
         return x * y * z
 
 
+#: ABI scalar -> its Slang spelling (for messages)
+_SPELLING = {"bool": "bool", "int32": "int", "uint32": "uint", "int64": "int64_t", "uint64": "uint64_t",
+             "float16": "half", "float32": "float", "float64": "double", "int8": "int8_t", "uint8": "uint8_t",
+             "int16": "int16_t", "uint16": "uint16_t", "bfloat16": "bfloat16"}
+#: SlangResourceShape base shapes -> Slang type names (for messages)
+_RESOURCES = {1: "Texture1D", 2: "Texture2D", 3: "Texture3D", 4: "TextureCube", 5: "Buffer",
+              6: "StructuredBuffer", 7: "ByteAddressBuffer", 9: "RaytracingAccelerationStructure"}
+
+
 def _type_name(t: dict[str, Any]) -> str:
+    """How Slang spells a reflected type, as far as messages need it."""
     kind = t.get("kind", "?")
+    scalar = _SPELLING.get(SLANG_SCALARS.get(t.get("scalar", 0), ""), t.get("name") or "scalar")
     if kind == "scalar":
-        return SLANG_SCALARS.get(t.get("scalar", 0), t.get("name") or "scalar")
+        return scalar
     if kind == "vector":
-        return f"{t.get('name') or 'vector'} of {t.get('count')}"
+        return f"{scalar}{t.get('count')}"
+    if kind == "matrix":
+        return f"matrix {t.get('rows')}x{t.get('cols')}"
     if kind == "array":
-        return f"array of {_type_name(t['element']) if t.get('element') else '?'}"
-    if t.get("element") and kind in ("resource", "constant_buffer", "parameter_block"):
+        return f"{_type_name(t['element']) if t.get('element') else '?'}[{t.get('count', '')}]"
+    if kind == "resource" and (t.get("shape", 0) & 0x0F) in _RESOURCES:
+        base = _RESOURCES[t["shape"] & 0x0F]
+        name = ("RW" if t.get("access") == _ACCESS_READ_WRITE else "") + base
+        return f"{name}<{_type_name(t['element'])}>" if t.get("element") else name
+    if t.get("element") and kind in ("constant_buffer", "parameter_block"):
         return f"{t.get('name') or kind}<{_type_name(t['element'])}>"
     return t.get("name") or kind
 
@@ -102,7 +119,7 @@ class _Where:
 def _no_bool(t: dict[str, Any], w: _Where, param: str, path: str) -> None:
     """bool has no host-shareable layout in WGSL (and differs in size between targets)."""
     if t.get("kind") == "scalar" and t.get("scalar") == 2:
-        raise w.error(f"{path or 'the value'} is a bool, which has no portable layout (1 byte in CUDA, "
+        raise w.error(f"{path or 'it'} is a bool, which has no portable layout (1 byte in CUDA, "
                       "none in WGSL buffers); use uint (0 or 1)", param)
     for f in t.get("fields") or ():
         _no_bool(f["type"], w, param, f"field {f['name']!r}" if not path else f"{path}.{f['name']}")
@@ -171,9 +188,8 @@ def entries_from_reflection(crate: str, reflected: list[dict[str, Any]], global_
     """The crate's entries from the reflection of its whole-module CUDA compile, sorted by name."""
     if global_params:
         g = global_params[0]
-        where = _Where(crate, locator, g["name"])
         raise SourceError(
-            f"{where.locator.entry(g['name'])}: crate {crate!r}: global shader parameter {g['name']!r} "
+            f"{locator.name(g['name'])}: crate {crate!r}: global shader parameter {g['name']!r} "
             f"({_type_name(g['type'])}): khal binds entry-point parameters only; make it a 'uniform' "
             "parameter of each entry that uses it"
         )
@@ -327,7 +343,7 @@ def webgpu_target(crate: str, entry: SlangEntry, target: str, reflected: dict[st
                     f"struct {element['name']!r} is laid out differently in CUDA "
                     f"({entry.cuda_elements[mp.name]['stride']} bytes: {cuda}) and {target} "
                     f"({element['stride']} bytes: {here}); the host passes the same bytes to both: "
-                    "reorder or pad its fields (e.g. no float3 followed by a lone float, 16-byte-aligned vectors)",
+                    "put float3 / float4 fields first or at 16-byte offsets (pad with floats), or use scalars",
                     mp.name)
         if p.get("used") is False:
             continue  # Slang dropped it from the shader: nothing to bind

@@ -46,6 +46,15 @@ class Locator:
         rel, text, at = found
         return f"{rel}:{text.count(chr(10), 0, at) + 1}"
 
+    def name(self, identifier: str) -> str:
+        """``file:line`` of the first use of ``identifier`` (a global's declaration, say)."""
+        pattern = re.compile(rf"\b{re.escape(identifier)}\b")
+        for rel, text in self._clean:
+            m = pattern.search(text)
+            if m:
+                return f"{rel}:{text.count(chr(10), 0, m.start()) + 1}"
+        return f"crate {self.crate!r}"
+
     def param(self, entry: str, param: str) -> str:
         """``file:line`` of parameter ``param`` of entry ``entry`` (else the entry's place)."""
         found = self._definition(entry)
