@@ -89,6 +89,13 @@ def plan_slang_crate(
                      options=tuple(options), slang_options=tuple(slang_options), slang=slang, content_hash=content)
 
 
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix() or "."
+    except ValueError:
+        return str(path)
+
+
 def _diagnostics_error(plan: SlangPlan, stage: str, diagnostics: str) -> KhalBuildError:
     text = diagnostics.strip() or "no diagnostics"
     if stage == "options":
@@ -135,7 +142,8 @@ def compile_slang_crate(plan: SlangPlan, targets: Iterable[str] = ALL_TARGETS) -
     request = {
         "crate": plan.crate, "root": str(plan.root),
         "sources": [{"rel": f.rel, "text": f.text} for f in plan.files.sources],
-        "search_paths": [str(d) for d in plan.include_dirs],
+        # relative to the project (the worker runs there): no build-machine path in #line or messages
+        "search_paths": [_relative(d, plan.root) for d in plan.include_dirs],
         "defines": plan.defines, "slang_options": list(plan.slang_options),
     }
     warnings: list[str] = []
