@@ -258,13 +258,12 @@ def ensure_current(ordinal: int) -> None:
 
 def default_stream() -> Stream:
     """The owned stream of this thread's current device."""
-    try:
-        return _tls.stream  # type: ignore[no-any-return]
-    except AttributeError:
+    s: Stream | None = _tls.__dict__.get("stream")
+    if s is None:  # made outside any except block: its errors (no GPU) come unchained
         s = Device(current_device_id()).default_stream
         ensure_current(s.device_id)
         _tls.stream = s
-        return s
+    return s
 
 
 def ready_stream() -> Stream:

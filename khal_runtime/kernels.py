@@ -47,10 +47,9 @@ def _stream_of(stream: Any) -> Stream:
     """``stream=`` of a launch: None (this thread's owned stream), a Stream, or anything
     :func:`khal_runtime.device.as_stream` takes."""
     if stream is None:
-        try:
-            return _tls.stream  # type: ignore[no-any-return]
-        except AttributeError:
-            return default_stream()
+        st: Stream | None = _tls.__dict__.get("stream")
+        # outside the lookup's handler: an error making the stream (no GPU) is not chained to it
+        return st if st is not None else default_stream()
     if type(stream) is Stream:
         return stream
     return as_stream(stream)

@@ -63,6 +63,7 @@ def test_import_shader_package_without_gpu_then_use_raises(pkg) -> None:
     assert r.returncode == 0, r.stderr + r.stdout
     assert "['axpby', 'fill', 'scalars']" in r.stdout
     assert "RAISED no CUDA device/driver was found" in r.stdout
+    assert "ONE ERROR" in r.stdout  # not buried under the lookups that led to it
 
 
 def test_backend_cuda_is_a_hard_error_at_load(pkg) -> None:

@@ -323,6 +323,8 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         "        try:",
         "            st = thread.ready",
         "        except AttributeError:",
+        "            st = None",
+        "        if st is None:",  # outside the handler: an error here (no GPU) comes unchained
         "            st = ready_stream()",
         "    else:",
         "        st = stream if type(stream) is Stream else as_stream(stream)",
