@@ -57,6 +57,7 @@ def test_import_shader_package_without_gpu_then_use_raises(pkg) -> None:
             p.kernels.fill(16, None, 1)
         except BackendUnavailableError as e:
             print('RAISED', e)
+            print('CHAINED' if e.__context__ is not None or e.__cause__ is not None else 'ONE ERROR')
         else:
             raise SystemExit('no error')
     """, path=pkg.root)
