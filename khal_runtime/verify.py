@@ -161,7 +161,12 @@ def check_sources(manifest: Manifest) -> list[Problem]:
     problems: list[Problem] = []
     for crate in manifest.crates:
         for src in crate.sources:
-            p = root.joinpath(*PurePosixPath(src.path).parts)
+            if src.path.startswith("<external>/"):
+                # a file outside the project: "<external>/../shared/x.h" (relative to the project
+                # root) or "<external>//opt/inc/x.h" (absolute): both resolve from the root
+                p = root / src.path[len("<external>/"):]
+            else:
+                p = root.joinpath(*PurePosixPath(src.path).parts)
             try:
                 digest = hashlib.sha256(p.read_bytes()).hexdigest()
             except OSError:
