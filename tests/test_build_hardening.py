@@ -16,7 +16,7 @@ import pytest
 from hatch_khal.builder import build_packages
 from hatch_khal.cache import Cache
 from hatch_khal.errors import ConfigError, EntryParseError, KhalBuildError, PrebuiltError, SourceError
-from khal_runtime.binaries import read_binary
+from khal_runtime.binaries import khal_symbols, read_binary
 from khal_runtime.manifest import parse_manifest
 from khal_runtime.verify import check_sources
 
@@ -142,13 +142,10 @@ def test_swapped_cache_entries_are_rebuilt_not_shipped(tmp_path: Path) -> None:
     root = make_project(tmp_path / "p", hook='archs = ["sm_80", "sm_90"]\nptx-arch = "compute_75"\n')
     cache = tmp_path / "cache"
     build(root, cache)
-    entries: dict[tuple[int, str], Path] = {}
+    by_crate: dict[tuple[str, ...], dict[tuple[int, str], Path]] = {}
     for art in (cache / "v1").glob("*/*/artifact.bin"):
         info = read_binary(art.read_bytes())
-        entries[(info.arch, info.kind, tuple(sorted(info.functions)))] = art.parent  # type: ignore[index]
-    by_crate: dict[tuple[str, ...], dict[tuple[int, str], Path]] = {}
-    for (arch, kind, fns), d in entries.items():  # type: ignore[misc]
-        by_crate.setdefault(fns, {})[(arch, kind)] = d
+        by_crate.setdefault(tuple(sorted(khal_symbols(info))), {})[(info.arch, info.kind)] = art.parent
     for slots in by_crate.values():  # swap sm_80 <-> sm_90 contents (meta included: sha256 stays valid)
         a, b = slots[(80, "cubin")], slots[(90, "cubin")]
         tmp = a.parent / "swap"
