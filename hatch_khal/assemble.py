@@ -119,7 +119,7 @@ def _read_prebuilt(plan: CratePlan, root: Path) -> tuple[bytes, BinaryInfo]:
         raise PrebuiltError(f"{var}={raw}: is a directory; point it at a .ptx or .cubin file")
     try:
         # a regular file of bounded size: never /dev/zero, a FIFO or a huge sparse file
-        data = read_regular_file(path, MAX_PREBUILT_BYTES, "file", _Unreadable)
+        data = read_regular_file(path, MAX_PREBUILT_BYTES, "it", _Unreadable)
     except FileNotFoundError:
         raise PrebuiltError(f"{var}={raw}: no such file (crate {plan.cfg.name!r})") from None
     except _Unreadable as exc:
