@@ -211,18 +211,12 @@ def build_bench_package(archs: list[str] | None = None, where: Path | None = Non
 def crate_unit(root: Path, cfg: Any) -> tuple[str, list[str]]:
     """(the hook's translation unit, its compile options) for a resolved crate, exactly as
     the builder makes them (so nvcc / CuPy can compile the very same text)."""
-    from hatch_khal.builder import _BASE_OPTIONS, _plan_crate, khal_include_dir
-    from hatch_khal.codegen import generate_unit
+    from hatch_khal.cuda import CUDA
 
     root = root.resolve()
-    plan = _plan_crate(root, cfg)
-    unit = generate_unit(cfg.name, [s.path for s in plan.sources.sources], plan.entries)
-    opts = list(_BASE_OPTIONS) + [f"-I{khal_include_dir()}"]
-    opts += [f"-I{(root / d).resolve()}" for d in cfg.include_dirs]
-    opts += [f"-I{d}" for d in plan.headers.include_dirs]
-    opts += [f"-D{k}={v}" if v != "" else f"-D{k}" for k, v in sorted(cfg.defines.items())]
-    opts += list(cfg.options)
-    return unit.text, opts
+    plan = CUDA.plan(root, cfg)
+    job = CUDA.jobs(plan, root, ["compute_75"])[0]  # the unit and options are the same for every arch
+    return job.text, list(job.options)
 
 
 def generated_unit_text(root: Path, crate: str, sources: list[Path]) -> str:

@@ -20,6 +20,8 @@ from typing import Iterator
 from khal_runtime.errors import KhalError
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Manifest, load_manifest
 
+from hatch_khal.__about__ import __version__
+
 __all__ = ["main"]
 
 _MANIFEST_SUFFIX = f"{MANIFEST_DIR}/{MANIFEST_NAME}"
@@ -111,7 +113,7 @@ def _inspect(target: str, as_json: bool) -> int:
 
 
 def _verify(target: str) -> int:
-    from khal_runtime.verify import verify_package
+    from khal_runtime.verify import verify_package  # lazy: only the verify command needs it
 
     bad = 0
     checked = 0
@@ -130,8 +132,16 @@ def _verify(target: str) -> int:
     return 0
 
 
+_DESCRIPTION = (
+    "Look into a built shader package, no GPU needed. PATH is a wheel (.whl), a directory (a "
+    "package directory holding _khal/manifest.json, or a tree with such packages below it), or "
+    "the name of an installed package."
+)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hatch_khal", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hatch_khal", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"hatch-khal {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p_inspect = sub.add_parser("inspect", help="print crates, entries, hashes, parameters and artifacts")
     p_inspect.add_argument("path", help="a wheel, a directory or an installed package name")

@@ -4,8 +4,9 @@ Layout: ``<dir>/v1/<key[:2]>/<key>/{artifact.bin,meta.json}``. An entry is
 written into a temporary directory and renamed into place, so a build killed
 mid-write leaves no partial entry; a per-key file lock keeps two builds from
 compiling the same thing twice; every hit is re-hashed, and a damaged entry is
-dropped and rebuilt. A cache location that cannot be written degrades to no
-cache, with a warning.
+dropped and rebuilt. A cache location that cannot be written (the root, a fan-out
+folder that is a file or read-only, an entry that cannot be read) degrades to no cache
+for what it affects, with one warning per kind of problem; it never fails a build.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class CachedArtifact:
 
 class Cache:
     def __init__(self, root: Path | None, warn: Callable[[str], None] = lambda m: None) -> None:
-        self.warn = warn
+        self._warn = warn
+        self._warned: set[str] = set()
         self.root: Path | None = None
         if root is not None:
             try:
@@ -61,6 +63,18 @@ class Cache:
                 self.root = root / _LAYOUT
             except OSError as exc:
                 warn(f"khal cache at {root} is not writable ({exc.strerror or exc}); building without a cache")
+
+    def warn(self, message: str, kind: str | None = None) -> None:
+        """Warn once per ``kind`` (every message when None)."""
+        if kind is not None:
+            if kind in self._warned:
+                return
+            self._warned.add(kind)
+        self._warn(message)
+
+    def _unusable(self, what: str, path: Path, exc: OSError) -> None:
+        self.warn(f"khal cache: cannot {what} {path} ({exc.strerror or exc}); compiling without the cache "
+                  "for the entries there", kind=what)
 
     @property
     def enabled(self) -> bool:
@@ -77,22 +91,32 @@ class Cache:
             data = (d / "artifact.bin").read_bytes()
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):
-            self._drop(key, "unreadable")
+        except ValueError:
+            self.drop(key, "unreadable; rebuilding it")
+            return None
+        except OSError as exc:  # a fan-out folder that is a file, no permission, ...
+            self._unusable("read", d, exc)
             return None
         if not isinstance(meta, dict) or meta.get("sha256") != sha256_bytes(data) or meta.get("size") != len(data):
-            self._drop(key, "corrupted (sha256 mismatch)")
+            self.drop(key, "corrupted (sha256 mismatch); rebuilding it")
             return None
         return CachedArtifact(data=data, log=str(meta.get("log", "")), hit=True)
 
-    def _drop(self, key: str, why: str) -> None:
-        self.warn(f"khal cache entry {key[:12]} is {why}; rebuilding it")
+    def drop(self, key: str, why: str) -> None:
+        """Remove a damaged entry, saying why (``why`` ends the warning)."""
+        if self.root is None:
+            return
+        self.warn(f"khal cache entry {key[:12]} is {why}")
         shutil.rmtree(self._dir(key), ignore_errors=True)
 
     def _write(self, key: str, data: bytes, log: str) -> None:
         final = self._dir(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=final.parent))
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=final.parent))
+        except OSError as exc:
+            self._unusable("write to", final.parent, exc)
+            return
         try:
             (tmp / "artifact.bin").write_bytes(data)
             meta = {"sha256": sha256_bytes(data), "size": len(data), "log": log}
@@ -101,7 +125,7 @@ class Cache:
                 shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
         except OSError as exc:
-            self.warn(f"could not store khal cache entry {key[:12]} ({exc.strerror or exc})")
+            self._unusable("store an entry in", final.parent, exc)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -113,7 +137,7 @@ class Cache:
             lock = FileLock(str(lock_path), timeout=600)
             lock.acquire()
         except (OSError, Timeout) as exc:
-            self.warn(f"khal cache lock {lock_path} unavailable ({exc}); compiling without it")
+            self.warn(f"khal cache lock {lock_path} unavailable ({exc}); compiling without it", kind="lock")
             yield
             return
         try:

@@ -1,20 +1,22 @@
 """The hook's configuration, validated with pydantic.
 
 Read from ``[tool.hatch.build.targets.wheel.hooks.khal]`` (hatchling) or
-``[tool.khal]`` (setuptools). Unknown keys are an error naming the key;
-hatchling's own hook keys are tolerated. Environment variables may override
-the arch lists (``KHAL_CUDA_ARCHS``, ``KHAL_PTX_ARCH``).
+``[tool.khal]`` (setuptools). Unknown keys are an error naming the key (and the
+right one, for a near miss such as ``include_dirs``); hatchling's own hook keys are
+tolerated. Environment variables may override the arch lists (``KHAL_CUDA_ARCHS``,
+``KHAL_PTX_ARCH``) and set the number of parallel compiles (``KHAL_JOBS``).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from typing import Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from khal_runtime.manifest import prebuilt_env_var
+from khal_runtime.abi import Arch, parse_arch, prebuilt_env_var
 
 from hatch_khal.errors import ConfigError
 
@@ -26,6 +28,7 @@ __all__ = [
     "HookConfig",
     "ResolvedCrate",
     "env_var_for_crate",
+    "jobs_from_env",
     "parse_config",
 ]
 
@@ -41,42 +44,115 @@ HATCH_RESERVED_KEYS = frozenset(
 )
 
 _CRATE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
-_SM = re.compile(r"^sm_(\d+)[af]?$")
-_COMPUTE = re.compile(r"^compute_(\d+)[af]?$")
 _DEFINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-
-#: khal-builder's rule (upper-case, '-' to '_'); one definition, in the shared manifest module.
+#: khal-builder's rule (upper-case, '-' to '_'); one definition, in the shared ABI module.
 env_var_for_crate = prebuilt_env_var
 
+#: Compiler options that make the compiler read (or write) files the hook does not hash:
+#: option -> what to use instead. ``-I`` and ``-isystem`` also match their attached forms.
+_FILE_OPTIONS: dict[str, str] = {
+    "-I": "list the folder in 'include-dirs'",
+    "--include-path": "list the folder in 'include-dirs'",
+    "-isystem": "list the folder in 'include-dirs'",
+    "-include": "#include the header from a source",
+    "--pre-include": "#include the header from a source",
+    "--pch-dir": "leave precompiled-header files out of 'options'",
+    "--create-pch": "leave precompiled-header files out of 'options'",
+    "--use-pch": "leave precompiled-header files out of 'options'",
+    "-optf": "list the options themselves in 'options'",
+    "--options-file": "list the options themselves in 'options'",
+}
+_ATTACHED = ("-I", "-isystem")
 
-def _check_sm(v: str) -> str:
-    if not _SM.match(v):
-        raise ValueError(f"{v!r} is not a cubin arch like 'sm_90'")
+#: Spellings people reach for, mapped to the real key (close matches are found too).
+_ALIASES = {
+    "include": "include-dirs", "includes": "include-dirs", "include-path": "include-dirs",
+    "include-paths": "include-dirs", "include-dir": "include-dirs", "arch": "archs",
+    "sm": "archs", "ptx": "ptx-arch", "source": "sources", "srcs": "sources", "define": "defines",
+    "option": "options", "flags": "options", "crate": "crates", "packages": "package",
+    "headers": "cuda-headers", "nvrtc": "nvrtc-requirement",
+}
+
+
+def _cubin_arch(v: str) -> Arch:
+    try:
+        return parse_arch(v, ("sm",))
+    except ValueError:
+        raise ValueError(f"{v!r} is not a cubin arch like 'sm_90'") from None
+
+
+def _ptx_arch(v: str | None) -> str | None:
+    if v in (None, "", "none"):
+        return None
+    try:
+        parse_arch(v, ("compute",))
+    except ValueError:
+        raise ValueError(f"{v!r} is not a PTX arch like 'compute_75' (or 'none' for no PTX)") from None
     return v
 
 
-def _check_compute(v: str | None) -> str | None:
-    if v in (None, "", "none"):
-        return None
-    if not _COMPUTE.match(v):
-        raise ValueError(f"{v!r} is not a PTX arch like 'compute_75' (or 'none' for no PTX)")
+def _check_options(v: list[str]) -> list[str]:
+    for opt in v:
+        for flag, instead in _FILE_OPTIONS.items():
+            attached = flag in _ATTACHED and opt.startswith(flag)
+            if opt == flag or opt.startswith(flag + "=") or attached:
+                raise ValueError(
+                    f"{opt!r} makes the compiler read files that hatch-khal does not hash (so the cache "
+                    f"and the entry hashes would miss their changes); {instead} instead "
+                    "('include-dirs' folders are hashed file by file)"
+                )
     return v
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, strict=True)
+    # aliases only: 'include_dirs' is an unknown key (named with its right spelling), not a synonym
+    model_config = ConfigDict(extra="forbid", populate_by_name=False, frozen=True, strict=True)
 
 
-class CrateConfig(_Strict):
-    name: str
-    sources: list[str] = Field(min_length=1)
-    include_dirs: list[str] = Field(default_factory=list, alias="include-dirs")
+class _CommonOptions(_Strict):
+    """The options a crate and the hook table share (the hook's are every crate's defaults)."""
+
     package: Optional[str] = None
     archs: Optional[list[str]] = None
-    ptx_arch: Optional[str] = Field(default="default", alias="ptx-arch")
     options: list[str] = Field(default_factory=list)
     defines: dict[str, Union[str, int]] = Field(default_factory=dict)
+    include_dirs: list[str] = Field(default_factory=list, alias="include-dirs")
+
+    @field_validator("archs")
+    @classmethod
+    def _archs(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("must list at least one arch (or be left out for the defaults)")
+            for a in v:
+                _cubin_arch(a)
+        return v
+
+    @field_validator("ptx_arch", check_fields=False)
+    @classmethod
+    def _ptx(cls, v: str | None) -> str | None:
+        return v if v == "default" else _ptx_arch(v)
+
+    @field_validator("defines")
+    @classmethod
+    def _defines(cls, v: dict[str, str | int]) -> dict[str, str]:
+        for k in v:
+            if not _DEFINE.match(k):
+                raise ValueError(f"define name {k!r} is not a C identifier")
+        return {k: str(val) for k, val in v.items()}
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, v: list[str]) -> list[str]:
+        return _check_options(v)
+
+
+class CrateConfig(_CommonOptions):
+    name: str
+    sources: list[str] = Field(min_length=1)
+    #: "default": the hook-level value
+    ptx_arch: Optional[str] = Field(default="default", alias="ptx-arch")
     cuda_headers: Optional[Literal["wheels", "system", "none"]] = Field(default=None, alias="cuda-headers")
     spirv: bool = False
 
@@ -87,58 +163,17 @@ class CrateConfig(_Strict):
             raise ValueError(f"crate name {v!r} must start with a letter and use only letters, digits, '-' and '_'")
         return v
 
-    @field_validator("archs")
-    @classmethod
-    def _archs(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None:
-            if not v:
-                raise ValueError("must list at least one arch (or be left out for the defaults)")
-            [_check_sm(a) for a in v]
-        return v
 
-    @field_validator("ptx_arch")
-    @classmethod
-    def _ptx(cls, v: str | None) -> str | None:
-        return v if v == "default" else _check_compute(v)
-
-    @field_validator("defines")
-    @classmethod
-    def _defines(cls, v: dict[str, str | int]) -> dict[str, str]:
-        for k in v:
-            if not _DEFINE.match(k):
-                raise ValueError(f"define name {k!r} is not a C identifier")
-        return {k: str(val) for k, val in v.items()}
-
-
-class HookConfig(_Strict):
+class HookConfig(_CommonOptions):
     crates: list[CrateConfig] = Field(min_length=1)
-    package: Optional[str] = None
-    archs: Optional[list[str]] = None
     ptx_arch: Optional[str] = Field(default=DEFAULT_PTX_ARCH, alias="ptx-arch")
-    options: list[str] = Field(default_factory=list)
-    defines: dict[str, Union[str, int]] = Field(default_factory=dict)
-    include_dirs: list[str] = Field(default_factory=list, alias="include-dirs")
     cuda_headers: Literal["wheels", "system", "none"] = Field(default="wheels", alias="cuda-headers")
     nvrtc_requirement: str = Field(default=DEFAULT_NVRTC_REQUIREMENT, alias="nvrtc-requirement")
-
-    @field_validator("archs")
-    @classmethod
-    def _archs(cls, v: list[str] | None) -> list[str] | None:
-        return CrateConfig._archs(v)  # type: ignore[operator]
-
-    @field_validator("ptx_arch")
-    @classmethod
-    def _ptx(cls, v: str | None) -> str | None:
-        return _check_compute(v)
-
-    @field_validator("defines")
-    @classmethod
-    def _defines(cls, v: dict[str, str | int]) -> dict[str, str]:
-        return CrateConfig._defines(v)  # type: ignore[operator]
 
     @field_validator("nvrtc_requirement")
     @classmethod
     def _req(cls, v: str) -> str:
+        # lazy: packaging is only needed when the table is validated
         from packaging.requirements import InvalidRequirement, Requirement
 
         try:
@@ -163,12 +198,18 @@ class HookConfig(_Strict):
         return self
 
 
+def _keys(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
 class ResolvedCrate(BaseModel):
     """A crate with the hook-level defaults and the environment applied."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str
+    #: the source language; "cuda" (CUDA C++) is the one this version builds
+    language: str = "cuda"
     sources: list[str]
     include_dirs: list[str]
     package: str
@@ -188,6 +229,64 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "<root>"
 
 
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    key = str(loc[-1])
+    in_crate = len(loc) >= 3 and loc[0] == "crates"
+    valid = _keys(CrateConfig) if in_crate else _keys(HookConfig)
+    other = _keys(HookConfig) if in_crate else _keys(CrateConfig)
+    norm = key.strip().lower().replace("_", "-")
+    guess = norm if norm in valid else _ALIASES.get(norm)
+    if guess is None or guess not in valid:
+        close = difflib.get_close_matches(norm, valid, n=1, cutoff=0.7)
+        guess = close[0] if close else None
+    if guess is not None and guess != key:
+        return f"; did you mean {guess!r}?"
+    if norm in other:
+        return f"; {norm!r} is an option of {'the hook table, not of a crate' if in_crate else 'each crate'}"
+    return ""
+
+
+def jobs_from_env() -> int | None:
+    """``KHAL_JOBS``: the number of parallel compiles, or None when unset."""
+    raw = os.environ.get("KHAL_JOBS", "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(
+            f"KHAL_JOBS={raw!r} is not a positive integer (the number of parallel compiles); "
+            "set it to 1 or more, or unset it to use every CPU"
+        )
+    return n
+
+
+def _env_archs() -> list[str] | None:
+    raw = os.environ.get("KHAL_CUDA_ARCHS", "").strip()
+    if not raw:
+        return None
+    parsed = [a.strip() for a in raw.replace(";", ",").split(",") if a.strip()]
+    for a in parsed:
+        try:
+            _cubin_arch(a)
+        except ValueError as exc:
+            raise ConfigError(f"KHAL_CUDA_ARCHS: {exc}") from None
+    return parsed
+
+
+def _env_ptx() -> str | None:
+    """KHAL_PTX_ARCH: None when unset, "none" for no PTX, else the arch."""
+    raw = os.environ.get("KHAL_PTX_ARCH", "").strip()
+    if not raw:
+        return None
+    try:
+        return _ptx_arch(raw) or "none"
+    except ValueError as exc:
+        raise ConfigError(f"KHAL_PTX_ARCH: {exc}") from None
+
+
 def parse_config(
     raw: Mapping[str, Any], *, default_package: str | None, where: str = "khal hook"
 ) -> tuple[HookConfig, list[ResolvedCrate]]:
@@ -200,26 +299,16 @@ def parse_config(
         for err in exc.errors():
             loc = _loc(err["loc"])
             if err["type"] == "extra_forbidden":
-                problems.append(f"unknown option {loc!r}")
+                problems.append(f"unknown option {loc!r}{_did_you_mean(err['loc'])}")
             elif err["type"] == "missing":
                 problems.append(f"option {loc!r} is required")
             else:
-                problems.append(f"option {loc!r}: {err['msg']} (got {err.get('input')!r})")
+                msg = str(err["msg"]).removeprefix("Value error, ")
+                problems.append(f"option {loc!r}: {msg} (got {err.get('input')!r})")
         raise ConfigError(f"{where}: invalid configuration: " + "; ".join(problems)) from None
 
-    env_archs = os.environ.get("KHAL_CUDA_ARCHS", "").strip()
-    env_ptx = os.environ.get("KHAL_PTX_ARCH", "").strip()
-    if env_archs:
-        parsed = [a.strip() for a in env_archs.replace(";", ",").split(",") if a.strip()]
-        for a in parsed:
-            if not _SM.match(a):
-                raise ConfigError(f"KHAL_CUDA_ARCHS: {a!r} is not a cubin arch like 'sm_90'")
-    if env_ptx:
-        try:
-            env_ptx = _check_compute(env_ptx) or "none"
-        except ValueError as exc:
-            raise ConfigError(f"KHAL_PTX_ARCH: {exc}") from None
-
+    env_archs = _env_archs()
+    env_ptx = _env_ptx()
     resolved = []
     for i, c in enumerate(cfg.crates):
         package = c.package or cfg.package or default_package
@@ -228,10 +317,9 @@ def parse_config(
                 f"{where}: crates[{i}] {c.name!r}: option 'package' is not set and no default could be "
                 "derived from the project name; set 'package' to the package directory"
             )
-        archs_explicit = bool(env_archs) or c.archs is not None or cfg.archs is not None
-        archs = parsed if env_archs else list(c.archs or cfg.archs or DEFAULT_ARCHS)
+        archs = env_archs or list(c.archs or cfg.archs or DEFAULT_ARCHS)
         ptx = cfg.ptx_arch if c.ptx_arch == "default" else c.ptx_arch
-        if env_ptx:
+        if env_ptx is not None:
             ptx = None if env_ptx == "none" else env_ptx
         resolved.append(
             ResolvedCrate(
@@ -239,11 +327,11 @@ def parse_config(
                 sources=list(c.sources),
                 include_dirs=list(cfg.include_dirs) + list(c.include_dirs),
                 package=package.strip("/"),
-                archs=sorted(set(archs), key=lambda a: (int(_SM.match(a).group(1)), a)),  # type: ignore[union-attr]
-                archs_explicit=archs_explicit,
+                archs=sorted(set(archs), key=lambda a: (_cubin_arch(a).number, a)),
+                archs_explicit=env_archs is not None or c.archs is not None or cfg.archs is not None,
                 ptx_arch=ptx,
                 options=list(cfg.options) + list(c.options),
-                defines={**cfg.defines, **c.defines},
+                defines={**cfg.defines, **c.defines},  # type: ignore[dict-item]  # validated to str
                 cuda_headers=c.cuda_headers or cfg.cuda_headers,
                 spirv=c.spirv,
             )

@@ -85,34 +85,29 @@ class EntryDecl:
         return abi.entry_signature(self.name, (self.block_size, 1, 1), [p.signature() for p in self.params])
 
 
-def strip_comments(text: str) -> str:
-    """Blank comments, string and char literals; keep newlines so line numbers hold."""
-    out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        nxt = text[i + 1] if i + 1 < n else ""
-        if c == "/" and nxt == "/":
-            j = text.find("\n", i)
-            j = n if j < 0 else j
-            out.append(" " * (j - i))
-            i = j
-        elif c == "/" and nxt == "*":
-            j = text.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            out.append("".join(ch if ch == "\n" else " " for ch in text[i:j]))
-            i = j
-        elif c in "\"'":
-            j = i + 1
-            while j < n and text[j] != c and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            j = min(j + 1, n)
-            out.append(c + " " * max(0, j - i - 2) + (c if j - i >= 2 else ""))
-            i = j
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
+_LEXEME = re.compile(r"""//[^\n]*|/\*[\s\S]*?(?:\*/|\Z)|"(?:\\[\s\S]|[^"\\\n])*"?|'(?:\\[\s\S]|[^'\\\n])*'?""")
+_NOT_NEWLINE = re.compile(r"[^\n]")
+
+
+def _blank(segment: str) -> str:
+    return _NOT_NEWLINE.sub(" ", segment)
+
+
+def strip_comments(text: str, *, keep_strings: bool = False) -> str:
+    """Blank comments (and, unless ``keep_strings``, the insides of string and char literals);
+    keep every newline, so line numbers hold. One regular-expression pass: linear time."""
+
+    def repl(m: re.Match[str]) -> str:
+        s = m.group(0)
+        if s[0] == "/":
+            return _blank(s)
+        if keep_strings:
+            return s
+        if len(s) >= 2 and s[-1] == s[0]:
+            return s[0] + _blank(s[1:-1]) + s[0]
+        return s[0] + _blank(s[1:])
+
+    return _LEXEME.sub(repl, text)
 
 
 def _blank_preprocessor(text: str) -> str:
@@ -130,7 +125,9 @@ def _blank_preprocessor(text: str) -> str:
 
 def _split_top(args: str) -> list[str]:
     """Split on commas not inside parentheses."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in args:
         if ch == "(":
             depth += 1
@@ -213,8 +210,10 @@ def find_entries(text: str, display_path: str) -> list[EntryDecl]:
     """Every KHAL_ENTRY marker in ``text``; raises EntryParseError with file:line."""
     clean = _blank_preprocessor(strip_comments(text))
     entries: list[EntryDecl] = []
+    line, counted = 1, 0  # line numbers counted incrementally: one pass over the text in all
     for m in _MARKER_RE.finditer(clean):
-        line = clean.count("\n", 0, m.start()) + 1
+        line += clean.count("\n", counted, m.start())
+        counted = m.start()
         where = f"{display_path}:{line}"
         open_at = m.end()
         while open_at < len(clean) and clean[open_at].isspace():

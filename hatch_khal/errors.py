@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "CompileError", "EntryParseError", "KhalBuildError", "PrebuiltError", "SourceError"]
+__all__ = ["CompileError", "ConfigError", "EntryParseError", "KhalBuildError", "OutputError", "PrebuiltError",
+           "SourceError"]
 
 
 class KhalBuildError(Exception):
@@ -27,3 +28,7 @@ class CompileError(KhalBuildError):
 
 class PrebuiltError(KhalBuildError):
     """A CUDA_OXIDE_SHADERS_PTX_<CRATE> file is unusable or stale."""
+
+
+class OutputError(KhalBuildError):
+    """The build would write outside the project, or replace files it did not write."""

@@ -25,7 +25,9 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-canonical = abi.canonical
+def canonical(obj: Any) -> bytes:
+    """:func:`khal_runtime.abi.canonical`: what every hash of the project is over."""
+    return abi.canonical(obj)
 
 
 @lru_cache(maxsize=1)
@@ -37,7 +39,8 @@ def khal_header_sha256() -> str:
 def crate_content_hash(
     files: Iterable[SourceFile], defines: dict[str, str], options: list[str], extra: dict[str, Any] | None = None
 ) -> str:
-    """Hash over every source and local header (path + bytes), the defines and options."""
+    """Hash over every file of the crate (key + bytes: sources, headers, everything under its
+    folders, see :mod:`hatch_khal.sources`), the defines and options."""
     return sha256_bytes(
         canonical(
             {

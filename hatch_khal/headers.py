@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -44,7 +45,7 @@ def header_requirements(nvrtc_requirement: str) -> list[str]:
     its own version specifier (``~=13.0.0``, ``>=12.8``, ``==13.5.37``, ...); CCCL has
     its own release numbers, so it is pinned to NVRTC's CUDA major only.
     """
-    from packaging.requirements import Requirement
+    from packaging.requirements import Requirement  # lazy: only the hook's dependencies() asks
 
     spec = Requirement(nvrtc_requirement).specifier
     pinned = sorted({int(sp.version.split(".")[0]) for sp in spec if sp.operator in ("==", "~=", "===")})
@@ -61,7 +62,7 @@ def header_requirements(nvrtc_requirement: str) -> list[str]:
 
 
 def _dist_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version  # lazy: only crates with CUDA headers
 
     try:
         return version(name)
@@ -75,7 +76,6 @@ def _locate(lib: str, marker: str) -> Path | None:
     sys.path first (an isolated build environment's packages are only there), then
     cuda-pathfinder, which searches the interpreter's site-packages.
     """
-    import sys
 
     for base in sys.path:
         if not base or not Path(base).is_dir():
@@ -85,6 +85,7 @@ def _locate(lib: str, marker: str) -> Path | None:
             if (d / marker).is_file():
                 return d
     try:
+        # lazy: cuda-pathfinder only when the headers are not on sys.path
         from cuda.pathfinder import locate_nvidia_header_directory
     except ImportError:  # older cuda-pathfinder
         return None

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
+
+from khal_runtime.abi import parse_arch
 
 from hatch_khal.errors import CompileError, ConfigError, KhalBuildError
+from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity
 
-__all__ = ["CompileResult", "compile_unit", "nvrtc_version", "supported_archs"]
+__all__ = ["NVRTC", "CompileResult", "NvrtcCompiler", "compile_unit", "nvrtc_version", "supported_archs"]
 
 
-def _nvrtc():  # type: ignore[no-untyped-def]
+def _nvrtc() -> Any:
     try:
+        # lazy: importing cuda.bindings costs ~100 ms; prebuilt-only builds never need it
         from cuda.bindings import nvrtc
     except ImportError as exc:  # pragma: no cover - cuda-bindings is a dependency
         raise KhalBuildError(
@@ -58,7 +64,7 @@ def _preload_nvrtc() -> None:
     lib = _find_wheel_nvrtc()
     if lib is None:
         return
-    import ctypes
+    import ctypes  # lazy: only when a wheel's libnvrtc is to be preloaded
 
     # libnvrtc dlopens its builtins library by soname: load that first from the same folder.
     for dep in sorted(lib.parent.glob("libnvrtc-builtins.so.*")) + [lib]:
@@ -99,8 +105,6 @@ def supported_archs() -> tuple[int, ...]:
 class CompileResult:
     data: bytes
     log: str  # warnings (empty when clean)
-
-
 
 
 def compile_unit(
@@ -150,3 +154,41 @@ def compile_unit(
         return CompileResult(data=data, log=log)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+class NvrtcCompiler:
+    """NVRTC behind the :class:`hatch_khal.compilers.Compiler` seam (CUDA C++ -> PTX / cubin)."""
+
+    name = "nvrtc"
+
+    def identity(self) -> CompilerIdentity:
+        major, minor = nvrtc_version()
+        return CompilerIdentity(self.name, f"{major}.{minor}")
+
+    def supported_archs(self) -> tuple[int, ...]:
+        return supported_archs()
+
+    def compile(self, job: CompileJob) -> CompileOutput:
+        t0 = time.perf_counter()
+        r = compile_unit(job.text, job.name, job.target, list(job.options), job.crate)
+        return CompileOutput(r.data, r.log, time.perf_counter() - t0)
+
+    def check_output(self, job: CompileJob, data: bytes) -> str | None:
+        # lazy: pyelftools is needed only once outputs are checked
+        from khal_runtime.binaries import BinaryFormatError, read_binary
+
+        want = parse_arch(job.target)
+        kind = "cubin" if want.kind == "sm" else "ptx"
+        try:
+            info = read_binary(data, f"crate {job.crate} {job.target}")
+        except BinaryFormatError as exc:
+            return str(exc)
+        if info.kind != kind:
+            return f"it is a {info.kind}, not a {kind}"
+        if info.arch != want.number:
+            what = "cubin for sm_" if kind == "cubin" else "PTX for .target sm_"
+            return f"it is a {what}{info.arch}, not for {job.target}"
+        return None
+
+
+NVRTC = NvrtcCompiler()

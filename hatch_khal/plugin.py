@@ -3,14 +3,16 @@
 Enable it with ``hatch-khal`` in ``build-system.requires`` and a
 ``[tool.hatch.build.targets.wheel.hooks.khal]`` table (see the README for the
 options). Standard wheels get the artifacts through ``force_include`` from a
-staging directory (removed in ``finalize``); editable wheels do not carry
-artifacts, so those builds write them into the package in place, where the
-runtime finds them at import.
+staging directory (removed in ``finalize``, or at once if the build fails); editable
+wheels do not carry artifacts, so those builds write them into the package in place,
+where the runtime finds them at import.
+
+The build itself is :func:`hatch_khal.builder.build_packages`; what this hook shares with
+the setuptools command is in :mod:`hatch_khal.frontend`.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from functools import cached_property
@@ -21,46 +23,34 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 from khal_runtime.manifest import MANIFEST_DIR
 
-from hatch_khal.builder import BuildResult, build_packages, write_package_output
-from hatch_khal.config import HookConfig, ResolvedCrate, env_var_for_crate, parse_config
+from hatch_khal.builder import build_packages
+from hatch_khal.config import HookConfig, ResolvedCrate, parse_config
 from hatch_khal.errors import ConfigError
+from hatch_khal.frontend import CallbackReporter, all_prebuilt, check_packages, default_package, summary
 from hatch_khal.headers import header_requirements
+from hatch_khal.model import BuildResult
+from hatch_khal.output import remove_output, write_package_output
 
 __all__ = ["KhalBuildHook"]
 
 
-class _AppReporter:
-    """Build messages through hatchling's display functions."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    def info(self, message: str) -> None:
-        self.app.display_info(message)
-
-    def warn(self, message: str) -> None:
-        self.app.display_warning(message)
-
-    def debug(self, message: str) -> None:
-        self.app.display_debug(message)
-
-
-class KhalBuildHook(BuildHookInterface):
+class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     PLUGIN_NAME = "khal"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._staging: Path | None = None
 
-    # -- configuration -------------------------------------------------------
+    # -- configuration: each accessor names the hook (and the option) in its errors --------
+
+    @cached_property
+    def where(self) -> str:
+        return f"build hook `{self.PLUGIN_NAME}` (tool.hatch.build.targets.{self.target_name}.hooks.khal)"
 
     @cached_property
     def _parsed(self) -> tuple[HookConfig, list[ResolvedCrate]]:
-        return parse_config(
-            self.config,
-            default_package=self._default_package(),
-            where=f"build hook `{self.PLUGIN_NAME}` (tool.hatch.build.targets.{self.target_name}.hooks.khal)",
-        )
+        name = self.metadata.core.raw_name
+        return parse_config(self.config, default_package=default_package(Path(self.root), name), where=self.where)
 
     @cached_property
     def hook_config(self) -> HookConfig:
@@ -68,28 +58,21 @@ class KhalBuildHook(BuildHookInterface):
 
     @cached_property
     def crates(self) -> list[ResolvedCrate]:
+        """The resolved crates; option `package` of each checked to be a directory in the project."""
         crates = self._parsed[1]
-        for c in crates:
-            if not (Path(self.root) / c.package).is_dir():
-                raise ConfigError(
-                    f"build hook `{self.PLUGIN_NAME}`: crate {c.name!r}: option `package` = {c.package!r} "
-                    f"is not a directory under {self.root}"
-                )
+        check_packages(Path(self.root), crates, self.where)
         return crates
 
-    def _default_package(self) -> str | None:
-        name = self.metadata.core.raw_name.replace("-", "_").replace(".", "_").lower()
-        for candidate in (name, f"src/{name}"):
-            if (Path(self.root) / candidate / "__init__.py").is_file():
-                return candidate
-        return None
+    @cached_property
+    def reporter(self) -> CallbackReporter:
+        return CallbackReporter(self.app.display_info, self.app.display_warning, self.app.display_debug)
 
     # -- hatchling API ---------------------------------------------------------
 
     def dependencies(self) -> list[str]:
         # NVRTC is needed only to compile: a build whose crates are all prebuilt needs none.
-        _, crates = self._parsed
-        if crates and all(os.environ.get(env_var_for_crate(c.name)) for c in crates):
+        crates = self._parsed[1]
+        if all_prebuilt(crates):
             return []
         deps = [self.hook_config.nvrtc_requirement]
         if any(c.cuda_headers == "wheels" for c in crates):
@@ -98,7 +81,7 @@ class KhalBuildHook(BuildHookInterface):
 
     def clean(self, versions: list[str]) -> None:  # noqa: ARG002
         for c in self.crates:
-            shutil.rmtree(Path(self.root) / c.package / MANIFEST_DIR, ignore_errors=True)
+            remove_output(Path(self.root) / c.package)  # ours only: anything else is refused
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         if self.target_name != "wheel":
@@ -108,17 +91,14 @@ class KhalBuildHook(BuildHookInterface):
                 f"{self.target_name} target (kernel sources travel in the sdist as plain files)"
             )
         editable = version == "editable"
-        reporter = _AppReporter(self.app)
-        result = build_packages(Path(self.root), self.crates, reporter, editable=editable)
+        result = build_packages(Path(self.root), self.crates, self.reporter, editable=editable)
         if editable:
             for out in result.packages:
                 write_package_output(out, Path(self.root) / out.package)
-                self.app.display_info(
-                    f"khal: editable install: kernels written to {out.package}/{MANIFEST_DIR}/"
-                )
+                self.reporter.info(f"khal: editable install: kernels written to {out.package}/{MANIFEST_DIR}/")
         else:
             self._stage(result, build_data)
-        self._summary(result)
+        self.reporter.info(summary(result))
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:  # noqa: ARG002
         self._cleanup()
@@ -147,22 +127,14 @@ class KhalBuildHook(BuildHookInterface):
         rel = f"{package}/{MANIFEST_DIR}/"
         if self.build_config.path_is_excluded(rel):
             return
-        import pathspec
+        import pathspec  # lazy: only after an editable build left kernels in place
 
         extra = pathspec.GitIgnoreSpec.from_lines([f"/{rel}"])
         current = self.build_config.exclude_spec
         self.build_config.__dict__["exclude_spec"] = extra if current is None else current + extra
-        self.app.display_debug(f"khal: leaving the in-place {rel} of an editable build out of the wheel")
+        self.reporter.debug(f"khal: leaving the in-place {rel} of an editable build out of the wheel")
 
     def _cleanup(self) -> None:
         if self._staging is not None:
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
-
-    def _summary(self, result: BuildResult) -> None:
-        n_crates = sum(len(p.manifest.crates) for p in result.packages)
-        n_art = sum(len(c.artifacts) for p in result.packages for c in p.manifest.crates)
-        self.app.display_info(
-            f"khal: {n_crates} crate(s), {n_art} artifact(s): {result.compiled} compiled, "
-            f"{result.cached} from cache, in {result.seconds:.2f}s"
-        )

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from setuptools import Command
 
 from hatch_khal.errors import ConfigError, KhalBuildError  # dependency-free, cheap
+from hatch_khal.frontend import CallbackReporter, all_prebuilt, check_packages, default_package, summary  # cheap
 
 if TYPE_CHECKING:
     from setuptools.dist import Distribution
 
-    from hatch_khal.builder import BuildResult
     from hatch_khal.config import HookConfig, ResolvedCrate
 
 __all__ = ["BuildKhal", "finalize_distribution_options", "read_khal_table"]
@@ -71,10 +71,11 @@ def _read(root: Path) -> dict[str, Any] | None:
         return None  # setup.py-only project: nothing to do
     if b"khal" not in raw:  # the common case for every other setuptools project: no TOML parse
         return None
+    # lazy: a TOML parse only for a pyproject.toml that mentions khal
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - exercised on 3.10 only
-        import tomli as tomllib
+        import tomli as tomllib  # lazy, as above
     data = tomllib.loads(raw.decode("utf-8"))
     tool = data.get("tool", {})
     table = tool.get("khal")
@@ -107,23 +108,7 @@ def finalize_distribution_options(dist: Distribution) -> None:
         build.sub_commands.append((COMMAND, _has_khal))
 
 
-class _CommandReporter:
-    """Build messages through the command's logging (``pip -v`` shows them)."""
-
-    def __init__(self, cmd: Command) -> None:
-        self.cmd = cmd
-
-    def info(self, message: str) -> None:
-        self.cmd.announce(message, level=logging.INFO)
-
-    def warn(self, message: str) -> None:
-        self.cmd.warn(message)
-
-    def debug(self, message: str) -> None:
-        self.cmd.announce(message, level=logging.DEBUG)
-
-
-class BuildKhal(Command):
+class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type information
     """Compile the ``[tool.khal]`` kernel crates (build_lib, or in place for editable builds)."""
 
     command_name = COMMAND  # what setuptools' warnings call it
@@ -149,32 +134,21 @@ class BuildKhal(Command):
         table = read_khal_table(self.distribution)
         if table is None:
             return None
-        from hatch_khal.config import parse_config
+        from hatch_khal.config import parse_config  # lazy: pydantic, only for projects with [tool.khal]
 
-        hook, crates = parse_config(
-            table, default_package=self._default_package(root), where=f"{_TABLE} (setuptools command {COMMAND})"
-        )
-        for c in crates:
-            if not (root / c.package).is_dir():
-                raise ConfigError(
-                    f"{_TABLE}: crate {c.name!r}: option `package` = {c.package!r} is not a directory under {root}"
-                )
+        where = f"{_TABLE} (setuptools command {COMMAND})"
+        name = self.distribution.get_name() or ""
+        hook, crates = parse_config(table, default_package=default_package(root, name), where=where)
+        check_packages(root, crates, where)
         return hook, crates
-
-    def _default_package(self, root: Path) -> str | None:
-        name = (self.distribution.get_name() or "").replace("-", "_").replace(".", "_").lower()
-        for candidate in (name, f"src/{name}"):
-            if name and (root / candidate / "__init__.py").is_file():
-                return candidate
-        return None
 
     def _dist_package(self, root: Path, package: str) -> str:
         """The import path (``a/b``) of the distribution package whose source directory is ``package``."""
         build_py = self.get_finalized_command("build_py")
         want = (root / package).resolve()
-        names = list(self.distribution.packages or [])
+        names: list[str] = list(self.distribution.packages or [])
         for name in names:
-            if (root / build_py.get_package_dir(name)).resolve() == want:  # type: ignore[attr-defined]
+            if (root / build_py.get_package_dir(name)).resolve() == want:
                 return name.replace(".", "/")
         raise ConfigError(
             f"{_TABLE}: package directory {package!r} is not one of the distribution's packages "
@@ -197,12 +171,14 @@ class BuildKhal(Command):
         if parsed is None:
             return
         hook, crates = parsed
+        # lazy: the build core (pydantic, NVRTC) only for projects with [tool.khal]
         from hatch_khal.builder import build_packages, write_package_output
 
         # where each package's kernels go in build_lib: checked before anything is compiled
         assert self.build_lib is not None
         dests = {c.package: Path(self.build_lib) / self._dist_package(root, c.package) for c in crates}
-        reporter = _CommandReporter(self)
+        reporter = CallbackReporter(lambda m: self.announce(m, level=logging.INFO), self.warn,
+                                    lambda m: self.announce(m, level=logging.DEBUG))
         self._check_nvrtc(hook, crates)
         try:
             result = build_packages(root, crates, reporter, editable=self.editable_mode)
@@ -216,7 +192,7 @@ class BuildKhal(Command):
             # build_lib: the wheel; for editable builds, what strict mode copies into its link tree
             # (copies, not links: the runtime refuses artifacts that resolve outside the package)
             self._outputs.extend(str(p) for p in write_package_output(out, dests[out.package]))
-        self._summary(result, reporter)
+        reporter.info(summary(result))
 
     def get_outputs(self) -> list[str]:
         return list(self._outputs)
@@ -231,10 +207,9 @@ class BuildKhal(Command):
 
     def _check_nvrtc(self, hook: HookConfig, crates: list[ResolvedCrate]) -> None:
         """setuptools has no way to add build requirements: NVRTC must be in build-system.requires."""
-        from hatch_khal.config import env_var_for_crate
-        from hatch_khal.nvrtc import nvrtc_version
+        from hatch_khal.nvrtc import nvrtc_version  # lazy: cuda-bindings, only when compiling
 
-        if all(os.environ.get(env_var_for_crate(c.name)) for c in crates):
+        if all_prebuilt(crates):
             return  # every crate prebuilt: no compiler needed
         requirement = hook.nvrtc_requirement
         try:
@@ -248,6 +223,7 @@ class BuildKhal(Command):
 
     def _header_note(self, hook: HookConfig, crates: list[ResolvedCrate]) -> str:
         """After a failed build: the CUDA header wheels the hatch hook would have added, if absent."""
+        # lazy: only after a failed build
         from importlib.metadata import PackageNotFoundError, version
 
         from hatch_khal.headers import HEADER_PACKAGES, header_requirements
@@ -270,6 +246,7 @@ class BuildKhal(Command):
         )
 
     def _warn_unmet_requirement(self, requirement: str) -> None:
+        # lazy: only when this project builds kernels
         from importlib.metadata import PackageNotFoundError, version
 
         from packaging.requirements import Requirement
@@ -285,16 +262,9 @@ class BuildKhal(Command):
                 "setuptools does not install it for you: pin it in [build-system] requires"
             )
 
-    def _summary(self, result: BuildResult, reporter: _CommandReporter) -> None:
-        n_crates = sum(len(p.manifest.crates) for p in result.packages)
-        n_art = sum(len(c.artifacts) for p in result.packages for c in p.manifest.crates)
-        reporter.info(
-            f"khal: {n_crates} crate(s), {n_art} artifact(s): {result.compiled} compiled, "
-            f"{result.cached} from cache, in {result.seconds:.2f}s"
-        )
-
 
 def _setup_error(message: str) -> Exception:
-    from setuptools.errors import SetupError
+    from setuptools.errors import SetupError  # lazy: only on failure
 
-    return SetupError(message)
+    error: Exception = SetupError(message)
+    return error

@@ -241,7 +241,9 @@ def check_sources(manifest: Manifest, package_dir: str | os.PathLike[str] | None
     for crate in manifest.crates:
         for src in crate.sources:
             if src.path.startswith("<external>/"):
-                continue  # outside the project: recorded by name only, not re-read
+                # outside the project (an include dir like ../shared): never read at run time,
+                # so that a manifest cannot make the runtime read files outside the project
+                continue
             p = root.joinpath(*PurePosixPath(src.path).parts)
             what = "changed"
             try:

@@ -372,3 +372,17 @@ def test_a_clean_compile_leaves_cpythons_shared_bytes_alone() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[32]|a b|1 2"
+
+
+def test_cache_key_and_toolchain_follow_the_compilers_identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compile cache asks the compiler (hatch_khal.compilers) for its name and version."""
+    from hatch_khal import nvrtc
+    from hatch_khal.model import CompilerIdentity
+
+    root = make_project(tmp_path / "p")
+    cache = tmp_path / "cache"
+    assert build(root, cache)[0].compiled == 4
+    assert build(root, cache)[0].compiled == 0
+    monkeypatch.setattr(nvrtc.NvrtcCompiler, "identity", lambda self: CompilerIdentity("nvrtc", "99.9"))
+    result, _ = build(root, cache)
+    assert result.compiled == 4 and manifest_of(result)[0].toolchain.nvrtc_version == "99.9"

@@ -83,3 +83,44 @@ def test_env_var_name() -> None:
 def test_no_package_anywhere() -> None:
     with pytest.raises(ConfigError, match="'package' is not set"):
         parse_config({"crates": [CRATE]}, default_package=None)
+
+
+@pytest.mark.parametrize(
+    "key, level, right",
+    [
+        ("include_dirs", "crate", "include-dirs"),
+        ("includes", "crate", "include-dirs"),
+        ("arch", "crate", "archs"),
+        ("ptx_arch", "crate", "ptx-arch"),
+        ("cuda_headers", "crate", "cuda-headers"),
+        ("source", "crate", "sources"),
+        ("define", "crate", "defines"),
+        ("include_dirs", "hook", "include-dirs"),
+        ("nvrtc_requirement", "hook", "nvrtc-requirement"),
+        ("ptx_arch", "hook", "ptx-arch"),
+        ("crate", "hook", "crates"),
+    ],
+)
+def test_near_miss_keys_name_the_right_one(key: str, level: str, right: str) -> None:
+    value: object = ["x"] if key not in ("ptx_arch", "cuda_headers", "nvrtc_requirement") else "x"
+    raw = {"crates": [{**CRATE, key: value}]} if level == "crate" else {"crates": [CRATE], key: value}
+    loc = f"crates[0].{key}" if level == "crate" else key
+    with pytest.raises(ConfigError, match=rf"unknown option '{loc.replace('[', '.').replace(']', '.')}'; "
+                                          rf"did you mean '{right}'\?"):
+        parse(raw)
+
+
+def test_hook_level_option_in_a_crate_says_where_it_belongs() -> None:
+    with pytest.raises(ConfigError, match=r"'nvrtc-requirement' is an option of the hook table, not of a crate"):
+        parse({"crates": [{**CRATE, "nvrtc-requirement": "nvidia-cuda-nvrtc"}]})
+
+
+@pytest.mark.parametrize("arch", ["sm_9", "sm_90x", "compute_90", "sm90", "SM_90"])
+def test_archs_are_parsed_by_the_abi(arch: str) -> None:
+    with pytest.raises(ConfigError, match=rf"'{arch}' is not a cubin arch like 'sm_90'"):
+        parse({"crates": [{**CRATE, "archs": [arch]}]})
+
+
+def test_suffixed_archs_sort_by_number() -> None:
+    _, (crate,) = parse({"crates": [{**CRATE, "archs": ["sm_100a", "sm_90a", "sm_90", "sm_120f"]}]})
+    assert crate.archs == ["sm_90", "sm_90a", "sm_100a", "sm_120f"]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any, Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hatch_khal import entries
 from hatch_khal.entries import find_entries, strip_comments
 from hatch_khal.errors import EntryParseError
 
@@ -81,20 +85,46 @@ def test_strip_comments_keeps_length_of_lines() -> None:
     assert out.count("\n") == src.count("\n") and "b" in out and "x" not in out and "y" not in out
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.text(alphabet=st.sampled_from(list("KHAL_ENTRY(),/*\"'\n #:<>STORAGEUNIFMCflo0123456789 ")), max_size=200))
-def test_parser_fuzz_only_documented_errors(text: str) -> None:
+def _check_located(text: str, found: Callable[[], list[Any]]) -> list[Any]:
+    """Run the parser: an error must name fuzz.cu and a line holding a marker; every entry
+    found must sit on a line holding its marker."""
+    lines = text.split("\n")
     try:
-        find_entries(text, "fuzz.cu")
-    except EntryParseError:
-        pass
+        result = found()
+    except EntryParseError as exc:
+        m = re.match(r"^fuzz\.cu:(\d+): ", str(exc))
+        assert m, f"error without file:line: {exc}"
+        assert 1 <= int(m.group(1)) <= len(lines) and "KHAL_ENTRY" in lines[int(m.group(1)) - 1], str(exc)
+        return []
+    for e in result:
+        assert "KHAL_ENTRY" in lines[e.line - 1] and e.file == "fuzz.cu"
+    return result
 
 
-@settings(max_examples=200, deadline=None)
+_KNOWN = "KHAL_ENTRY(known, 32, (KHAL_STORAGE(float, x)))\n{ }\n"
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(st.text(alphabet=st.sampled_from(list("KHAL_ENTRY(),:<>STORAGEUNIFMCflo0123456789 \n")), max_size=200),
+       st.text(alphabet=st.sampled_from(list("abc xyz;{}\n")), max_size=40))
+def test_parser_fuzz_noise_around_a_known_entry(noise: str, tail: str) -> None:
+    """Marker-like noise (no comments or quotes, which could hide the marker), then a
+    known entry on its own line: the entry is found on its line, or the noise holds a
+    broken marker and the error points at it."""
+    text = noise + "\n" + _KNOWN + tail
+    line = noise.count("\n") + 2
+    found = _check_located(text, lambda: entries.find_entries(text, "fuzz.cu"))
+    if found:
+        assert ("known", 32, line) in [(e.name, e.block_size, e.line) for e in found]
+    else:  # the parser stopped at a broken marker in the noise, before the known one
+        with pytest.raises(EntryParseError, match=r"^fuzz\.cu:(\d+): ") as err:
+            entries.find_entries(text, "fuzz.cu")
+        assert int(re.match(r"^fuzz\.cu:(\d+)", str(err.value)).group(1)) < line  # type: ignore[union-attr]
+
+
+@settings(max_examples=150, deadline=None, database=None)
 @given(st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=300))
 def test_parser_fuzz_arbitrary_text(text: str) -> None:
-    try:
-        find_entries("KHAL_ENTRY(" + text, "fuzz.cu")
-        find_entries(text, "fuzz.cu")
-    except EntryParseError:
-        pass
+    """Anything after an opening marker: an error at a marker's line, or entries on marker lines."""
+    for t in ("KHAL_ENTRY(" + text, text):
+        _check_located(t, lambda: entries.find_entries(t, "fuzz.cu"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hatch_khal import builder as builder_mod
+from hatch_khal import cuda as cuda_lang
 from hatch_khal.errors import CompileError
 from hatch_khal.headers import HeaderSet, header_requirements, resolve_headers
 
@@ -63,13 +63,13 @@ def test_fp16_cub_and_cooperative_groups_compile_from_wheels(tmp_path: Path) -> 
 def test_header_versions_enter_the_hash_of_including_crates_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = make_project(tmp_path / "p", hook=ONE_ARCH, files={"kernels/beta/fill.cu": HALF_CU})
     before, _ = manifest_of(build(root, None)[0])
-    real = builder_mod.resolve_headers
+    real = cuda_lang.resolve_headers
 
     def upgraded(mode: str, major: int | None) -> HeaderSet:
         hs = real(mode, major)
         return HeaderSet(hs.mode, hs.include_dirs, tuple((p, "99.0") for p, _ in hs.fingerprint))
 
-    monkeypatch.setattr(builder_mod, "resolve_headers", upgraded)
+    monkeypatch.setattr(cuda_lang, "resolve_headers", upgraded)
     after, _ = manifest_of(build(root, None)[0])
     assert after.crate("beta").entries[0].hash != before.crate("beta").entries[0].hash  # includes CCCL
     assert after.crate("alpha").entries[0].hash == before.crate("alpha").entries[0].hash  # local headers only

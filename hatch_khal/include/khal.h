@@ -66,8 +66,17 @@ struct Storage {
 #define KHAL_UNPAREN_(...) __VA_ARGS__
 #define KHAL_UNPAREN(args) KHAL_UNPAREN_ args
 
+// Under the hook, every entry must be one the hook's scanner read (it declares
+// khal_scanned_entry_<name> for those): a KHAL_ENTRY made by a macro is an error here.
+#ifdef KHAL_SCANNED
+#define KHAL_CHECK_SCANNED_(name) static_assert(khal_scanned_entry_##name, "KHAL_ENTRY hidden from hatch-khal");
+#else
+#define KHAL_CHECK_SCANNED_(name)
+#endif
+
 // Entry marker: KHAL_ENTRY(name, block_size, (params...)) { body }
 #define KHAL_ENTRY(name, block_size, params) \
+    KHAL_CHECK_SCANNED_(name) \
     __device__ __forceinline__ void khal_entry_##name( \
         const ::khal::Invocation khal_invocation, KHAL_UNPAREN(params))
 

@@ -1,0 +1,244 @@
+"""Stage 3: turn planned crates and their binaries into manifests and package files.
+
+Every binary (compiled, cached or prebuilt) is read back: each entry symbol must carry
+the hash the current sources give, and each parameter's size comes from the compiler's
+own ``sizeof`` probes in the binary. Prebuilt files (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``)
+enter here, read as regular files of bounded size only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from khal_runtime import abi
+from khal_runtime.abi import indirect_symbol_for, symbol_for
+from khal_runtime.binaries import BinaryFormatError, BinaryInfo, khal_symbols, read_binary
+from khal_runtime.manifest import (
+    MANIFEST_DIR,
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    Artifact,
+    Crate,
+    Editable,
+    Entry,
+    Manifest,
+    Param,
+    Prebuilt,
+    SourceFile,
+    Toolchain,
+    read_regular_file,
+)
+
+from hatch_khal.codegen import probe_names
+from hatch_khal.entries import EntryDecl
+from hatch_khal.errors import KhalBuildError, PrebuiltError
+from hatch_khal.hashing import sha256_bytes
+from hatch_khal.model import CompileOutput, CratePlan, PackageOutput
+
+__all__ = ["MAX_PREBUILT_BYTES", "assemble_packages"]
+
+#: A prebuilt binary larger than this is refused unread (real ones are a few MB).
+MAX_PREBUILT_BYTES = 256 << 20
+
+
+def _params(crate: str, decl: EntryDecl, probes: dict[str, int]) -> tuple[Param, ...]:
+    out = []
+    for i, p in enumerate(decl.params):
+        size_name, align_name = probe_names(decl.name, i)
+        if size_name not in probes:
+            raise KhalBuildError(
+                f"crate {crate!r}: entry {decl.name!r}: the binary lacks the size probe {size_name}; "
+                "was it built by hatch-khal from these sources?"
+            )
+        size, align = probes[size_name], probes.get(align_name, 1)
+        scalar = abi.c_scalar(p.ctype)
+        if scalar is not None and scalar.size != size:
+            raise KhalBuildError(
+                f"crate {crate!r}: entry {decl.name!r} parameter {p.name!r}: {p.ctype} is {size} bytes "
+                f"on the device, expected {scalar.size}"
+            )
+        out.append(
+            Param(
+                name=p.name,
+                kind=p.kind,
+                element_type=p.element_type,
+                element_size=size,
+                element_align=align,
+                shape=p.shape,  # type: ignore[arg-type]  # the scanner's shapes are the manifest's
+                length=p.length,
+                writable=p.writable,
+            )
+        )
+    return tuple(out)
+
+
+def _check_binary(plan: CratePlan, info: BinaryInfo, what: str, error: type[KhalBuildError]) -> None:
+    """Every entry symbol (direct and indirect) carries the hash the current sources give."""
+    found = khal_symbols(info)
+    var = plan.prebuilt_var
+    hint = (
+        f" ({var}={plan.prebuilt_path}); rebuild that file from the current sources or unset {var}"
+        if var
+        else ""
+    )
+    for decl, h in plan.entries:
+        got = found.get(decl.name)
+        if got is None:
+            raise error(
+                f"crate {plan.cfg.name!r}: {what} has no kernel for entry {decl.name!r} "
+                f"(expected symbol {symbol_for(decl.name, h)}){hint}"
+            )
+        if got != h:
+            raise error(
+                f"crate {plan.cfg.name!r}: entry {decl.name!r}: {what} carries hash {got}, the current "
+                f"sources give {h}{hint}"
+            )
+    expected = {d.name for d, _ in plan.entries} | {f"{d.name}_indirect" for d, _ in plan.entries}
+    extra = sorted(set(found) - expected)
+    if extra:
+        raise error(
+            f"crate {plan.cfg.name!r}: {what} has kernels for entries this crate does not define "
+            f"({', '.join(extra)}): is it the binary of another crate?{hint}"
+        )
+
+
+class _Unreadable(Exception):
+    pass
+
+
+def _read_prebuilt(plan: CratePlan, root: Path) -> tuple[bytes, BinaryInfo]:
+    var = plan.prebuilt_var
+    assert var is not None
+    raw = os.environ[var]
+    path = Path(raw)
+    if not path.is_absolute():
+        path = root / path
+    plan.prebuilt_path = path
+    if path.is_dir():
+        raise PrebuiltError(f"{var}={raw}: is a directory; point it at a .ptx or .cubin file")
+    try:
+        # a regular file of bounded size: never /dev/zero, a FIFO or a huge sparse file
+        data = read_regular_file(path, MAX_PREBUILT_BYTES, "it", _Unreadable)
+    except FileNotFoundError:
+        raise PrebuiltError(f"{var}={raw}: no such file (crate {plan.cfg.name!r})") from None
+    except _Unreadable as exc:
+        reason = str(exc).removeprefix(f"{path}: ")
+        raise PrebuiltError(f"{var}={raw}: {reason} (crate {plan.cfg.name!r}); point {var} at a .ptx or "
+                            ".cubin file") from None
+    if not data:
+        raise PrebuiltError(f"{var}={raw}: file is empty; expected PTX text or a cubin")
+    try:
+        info = read_binary(data, f"{var}={raw}")
+    except BinaryFormatError as exc:
+        raise PrebuiltError(str(exc)) from None
+    _check_binary(plan, info, f"prebuilt {info.kind} {path.name}", PrebuiltError)
+    if info.kind == "cubin" and f"sm_{info.arch}" not in plan.cfg.archs:
+        raise PrebuiltError(
+            f"{var}={raw}: the cubin is for sm_{info.arch}, but crate {plan.cfg.name!r} targets "
+            f"{', '.join(plan.cfg.archs)}; build it for one of those, add sm_{info.arch} to 'archs', "
+            "or give PTX instead"
+        )
+    return data, info
+
+
+def _artifact(crate: str, kind: str, arch: str, data: bytes, isa: str | None) -> tuple[Artifact, str]:
+    ext = "ptx" if kind == "ptx" else "cubin"
+    path = f"{MANIFEST_DIR}/{crate}/{crate}.{arch}.{ext}"
+    art = Artifact(kind=kind, arch=arch, path=path, sha256=sha256_bytes(data), size=len(data),  # type: ignore[arg-type]
+                   ptx_isa=isa)
+    return art, path
+
+
+def _finish_crate(plan: CratePlan, root: Path, outputs: dict[tuple[str, str], CompileOutput]
+                  ) -> tuple[Crate, dict[str, bytes]]:
+    cfg = plan.cfg
+    files: dict[str, bytes] = {}
+    artifacts: list[Artifact] = []
+    prebuilt: Prebuilt | None = None
+    probe_info: BinaryInfo | None = None
+    if plan.prebuilt_var:
+        data, info = _read_prebuilt(plan, root)
+        arch = f"sm_{info.arch}" if info.kind == "cubin" else f"compute_{info.arch}"
+        art, path = _artifact(cfg.name, info.kind, arch, data, info.ptx_isa)
+        artifacts.append(art)
+        files[path] = data
+        assert plan.prebuilt_path is not None
+        prebuilt = Prebuilt(variable=plan.prebuilt_var, kind=info.kind,  # type: ignore[arg-type]
+                            file_name=plan.prebuilt_path.name)
+        probe_info = info
+    else:
+        isa = None
+        infos: list[tuple[str, bytes, BinaryInfo]] = []
+        for job in plan.jobs:
+            data = outputs[(cfg.name, job.target)].data
+            try:
+                info = read_binary(data, f"crate {cfg.name} {job.target}")
+            except BinaryFormatError as exc:
+                raise KhalBuildError(f"the compiler produced an unreadable binary: {exc}") from None
+            _check_binary(plan, info, f"compiled {job.target}", KhalBuildError)
+            if info.kind == "ptx":
+                isa = info.ptx_isa
+            infos.append((job.target, data, info))
+        for target, data, info in infos:
+            kind = "ptx" if target.startswith("compute_") else "cubin"
+            art, path = _artifact(cfg.name, kind, target, data, info.ptx_isa or isa)
+            artifacts.append(art)
+            files[path] = data
+            if probe_info is None or info.kind == "ptx":
+                probe_info = info
+    assert probe_info is not None
+    probes = dict(probe_info.globals_u64)
+    entries = tuple(
+        Entry(
+            name=decl.name,
+            symbol=symbol_for(decl.name, h),
+            hash=h,
+            block_size=(decl.block_size, 1, 1),
+            params=_params(cfg.name, decl, probes),
+            indirect_symbol=indirect_symbol_for(decl.name, h),
+        )
+        for decl, h in plan.entries
+    )
+    crate = Crate(
+        name=cfg.name,
+        language=plan.language,  # type: ignore[arg-type]  # a registered language is a manifest one
+        package_dir=f"{MANIFEST_DIR}/{cfg.name}",
+        sources=tuple(SourceFile(path=f.rel, sha256=sha256_bytes(f.data)) for f in plan.sources.all_files),
+        content_hash=plan.content_hash,
+        artifacts=tuple(sorted(artifacts, key=lambda a: (a.kind, a.sm or 0, a.arch or ""))),
+        entries=entries,
+        prebuilt=prebuilt,
+        spirv=plan.spirv,
+    )
+    return crate, files
+
+
+def assemble_packages(
+    plans: list[CratePlan],
+    outputs: dict[tuple[str, str], CompileOutput],
+    root: Path,
+    toolchain: Toolchain,
+    *,
+    editable: bool = False,
+) -> list[PackageOutput]:
+    """One :class:`PackageOutput` per target package, sorted by package."""
+    crates: dict[str, list[Crate]] = {}
+    files: dict[str, dict[str, bytes]] = {}
+    for plan in plans:
+        crate, crate_files = _finish_crate(plan, root, outputs)
+        crates.setdefault(plan.cfg.package, []).append(crate)
+        files.setdefault(plan.cfg.package, {}).update(crate_files)
+    out = []
+    for package in sorted(crates):
+        manifest = Manifest(
+            schema_version=SCHEMA_VERSION,
+            package=package.split("/")[-1],
+            toolchain=toolchain,
+            crates=tuple(sorted(crates[package], key=lambda c: c.name)),
+            editable=Editable(project_root=str(root)) if editable else None,
+        )
+        pkg_files = files[package]
+        pkg_files[f"{MANIFEST_DIR}/{MANIFEST_NAME}"] = manifest.to_json().encode()
+        out.append(PackageOutput(package, manifest, pkg_files))
+    return out

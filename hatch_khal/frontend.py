@@ -1,0 +1,86 @@
+"""What the two front-ends share: the hatchling hook (:mod:`hatch_khal.plugin`) and the
+setuptools command (:mod:`hatch_khal.setuptools_ext`).
+
+Reporting through the front-end's own display, the default package, the checks on each
+crate's ``package`` (a directory inside the project), whether a build needs a compiler at
+all, and the one-line summary. Cheap to import: no pydantic, no NVRTC.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from hatch_khal.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hatch_khal.config import ResolvedCrate
+    from hatch_khal.model import BuildResult
+
+__all__ = ["CallbackReporter", "all_prebuilt", "check_packages", "default_package", "summary"]
+
+_PREBUILT_PREFIX = "CUDA_OXIDE_SHADERS_PTX_"  # khal_runtime.abi.prebuilt_env_var's, without importing it
+
+
+class CallbackReporter:
+    """A :class:`~hatch_khal.model.Reporter` over three callables (hatchling's
+    ``app.display_*``, a setuptools command's ``announce``/``warn``)."""
+
+    def __init__(self, info: Callable[[str], object], warn: Callable[[str], object],
+                 debug: Callable[[str], object]) -> None:
+        self._info, self._warn, self._debug = info, warn, debug
+
+    def info(self, message: str) -> None:
+        self._info(message)
+
+    def warn(self, message: str) -> None:
+        self._warn(message)
+
+    def debug(self, message: str) -> None:
+        self._debug(message)
+
+
+def default_package(root: Path, project_name: str) -> str | None:
+    """The package directory named after the project (``my-pkg`` -> ``my_pkg`` or ``src/my_pkg``)."""
+    name = project_name.replace("-", "_").replace(".", "_").lower()
+    if not name:
+        return None
+    for candidate in (name, f"src/{name}"):
+        if (root / candidate / "__init__.py").is_file():
+            return candidate
+    return None
+
+
+def check_packages(root: Path, crates: list[ResolvedCrate], where: str) -> None:
+    """Each crate's ``package`` is a directory inside the project (also after symlinks): the
+    build writes ``<package>/_khal`` and the wheel ships it, so it may point nowhere else."""
+    top = root.resolve()
+    for c in crates:
+        path = Path(c.package)
+        inside = not path.is_absolute() and ".." not in path.parts and path.parts != ()
+        resolved = (top / path).resolve()
+        if not inside or resolved == top or top not in resolved.parents:
+            raise ConfigError(
+                f"{where}: crate {c.name!r}: option 'package' = {c.package!r} must name a package directory "
+                f"inside the project ({top}), relative to it (the kernels are written to <package>/_khal "
+                "and shipped there)"
+            )
+        if not resolved.is_dir():
+            raise ConfigError(
+                f"{where}: crate {c.name!r}: option 'package' = {c.package!r} is not a directory under {root}"
+            )
+
+
+def all_prebuilt(crates: list[ResolvedCrate]) -> bool:
+    """Every crate comes from a ``CUDA_OXIDE_SHADERS_PTX_<CRATE>`` file: no compiler needed."""
+    return bool(crates) and all(
+        os.environ.get(_PREBUILT_PREFIX + c.name.upper().replace("-", "_"), "").strip() for c in crates
+    )
+
+
+def summary(result: BuildResult) -> str:
+    n_crates = sum(len(p.manifest.crates) for p in result.packages)
+    n_art = sum(len(c.artifacts) for p in result.packages for c in p.manifest.crates)
+    return (f"khal: {n_crates} crate(s), {n_art} artifact(s): {result.compiled} compiled, "
+            f"{result.cached} from cache, in {result.seconds:.2f}s")

@@ -1,0 +1,126 @@
+"""The data the build stages hand each other: reporters, crate plans, compile jobs.
+
+Stages (one module each, in this order): :mod:`hatch_khal.plan` (sources, entries,
+hashes), :mod:`hatch_khal.compiling` (jobs, cache, workers), :mod:`hatch_khal.assemble`
+(the manifest), :mod:`hatch_khal.output` (files on disk); :mod:`hatch_khal.builder`
+runs them. Nothing here imports a stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Manifest, SpirvStatus
+
+    from hatch_khal.config import ResolvedCrate
+    from hatch_khal.entries import EntryDecl
+    from hatch_khal.headers import HeaderSet
+    from hatch_khal.sources import CrateSources
+
+__all__ = [
+    "BuildResult",
+    "CompileJob",
+    "CompileOutput",
+    "CompilerIdentity",
+    "CratePlan",
+    "PackageOutput",
+    "PrintReporter",
+    "Reporter",
+]
+
+
+class Reporter(Protocol):
+    """Where build messages go (hatchling's display, setuptools' log, stdout)."""
+
+    def info(self, message: str) -> None: ...
+    def warn(self, message: str) -> None: ...
+    def debug(self, message: str) -> None: ...
+
+
+class PrintReporter:
+    """Messages on stdout (scripts, benchmarks)."""
+
+    def __init__(self, verbose: bool = False) -> None:
+        self.verbose = verbose
+
+    def info(self, message: str) -> None:
+        print(message)
+
+    def warn(self, message: str) -> None:
+        print(f"warning: {message}")
+
+    def debug(self, message: str) -> None:
+        if self.verbose:
+            print(message)
+
+
+@dataclass(frozen=True)
+class CompilerIdentity:
+    """What names a compiler in cache keys and in the manifest's toolchain."""
+
+    name: str  # "nvrtc"
+    version: str  # "13.5"
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """One compile: a translation unit for one target. Picklable (worker processes get it)."""
+
+    crate: str
+    #: what comes out: an arch string ("sm_90" -> cubin, "compute_75" -> PTX)
+    target: str
+    #: name of the compiler in :func:`hatch_khal.compilers.get_compiler`'s registry
+    compiler: str
+    text: str
+    name: str  # the unit's file name in diagnostics
+    options: tuple[str, ...]
+    #: content-addressed cache key of the output
+    key: str
+    #: how the CUDA headers were provided (for hints on a missing header)
+    header_mode: str = "wheels"
+    #: includes CUDA / CCCL headers: seconds per arch, compiled in worker processes
+    heavy: bool = False
+
+
+@dataclass(frozen=True)
+class CompileOutput:
+    data: bytes
+    log: str  # warnings (empty when clean)
+    seconds: float = 0.0
+    cached: bool = False
+
+
+@dataclass
+class CratePlan:
+    """Everything known about a crate before anything is compiled."""
+
+    cfg: ResolvedCrate
+    language: str
+    sources: CrateSources
+    content_hash: str
+    #: the entries, sorted by name, each with its entry hash
+    entries: list[tuple[EntryDecl, str]]
+    spirv: SpirvStatus
+    headers: HeaderSet
+    prebuilt_var: str | None = None
+    prebuilt_path: Path | None = None
+    jobs: list[CompileJob] = field(default_factory=list)
+
+
+@dataclass
+class PackageOutput:
+    package: str  # package directory relative to the project root
+    manifest: Manifest
+    #: package-relative POSIX path -> bytes (the manifest included)
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class BuildResult:
+    packages: list[PackageOutput]
+    compiled: int = 0
+    cached: int = 0
+    seconds: float = 0.0

@@ -1,0 +1,94 @@
+"""Stage 1: plan every crate (sources, entries, hashes) before anything is compiled.
+
+Each crate is planned by its language (:mod:`hatch_khal.languages`); then the checks
+that span crates (entry names unique per package), the prebuilt-binary variables
+(``CUDA_OXIDE_SHADERS_PTX_<CRATE>``, and a warning for one that names no crate) and the
+targets each crate compiles for.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+from khal_runtime.abi import parse_arch
+
+from hatch_khal.compilers import get_compiler
+from hatch_khal.config import ResolvedCrate, env_var_for_crate
+from hatch_khal.errors import ConfigError, SourceError
+from hatch_khal.languages import get_language
+from hatch_khal.model import CratePlan, Reporter
+
+__all__ = ["PREBUILT_PREFIX", "check_prebuilt_variables", "plan_crates", "targets"]
+
+PREBUILT_PREFIX = "CUDA_OXIDE_SHADERS_PTX_"
+
+
+def check_prebuilt_variables(crates: list[ResolvedCrate], reporter: Reporter) -> None:
+    """Warn about a ``CUDA_OXIDE_SHADERS_PTX_*`` variable that names no crate (a typo would
+    otherwise be ignored in silence), or one that is set but empty."""
+    known = {env_var_for_crate(c.name): c.name for c in crates}
+    listing = ", ".join(f"{name!r} ({var})" for var, name in sorted(known.items(), key=lambda kv: kv[1]))
+    for var in sorted(os.environ):
+        if not var.startswith(PREBUILT_PREFIX):
+            continue
+        if var in known:
+            if not os.environ[var].strip():
+                reporter.warn(f"{var} is set but empty: crate {known[var]!r} is compiled from its sources")
+            continue
+        close = difflib.get_close_matches(var, list(known), n=1, cutoff=0.8)
+        guess = f"; did you mean {close[0]} (crate {known[close[0]]!r})?" if close else ""
+        reporter.warn(f"{var} is set but no crate of this build is called that, so it is ignored{guess} "
+                      f"The crates and their variables: {listing}")
+
+
+def plan_crates(root: Path, crates: list[ResolvedCrate], reporter: Reporter) -> list[CratePlan]:
+    plans = [get_language(c.language, c.name).plan(root, c) for c in crates]
+    # Entry names are the runtime's attribute names: unique across one package.
+    seen: dict[tuple[str, str], str] = {}
+    for plan in plans:
+        for decl, _ in plan.entries:
+            k = (plan.cfg.package, decl.name)
+            if k in seen:
+                raise SourceError(
+                    f"entry {decl.name!r} is defined in crate {seen[k]!r} and in crate {plan.cfg.name!r} "
+                    f"of package {plan.cfg.package!r}; entry names must be unique per package"
+                )
+            seen[k] = plan.cfg.name
+    check_prebuilt_variables(crates, reporter)
+    for plan in plans:
+        var = env_var_for_crate(plan.cfg.name)
+        if os.environ.get(var, "").strip():
+            plan.prebuilt_var = var
+    return plans
+
+
+def targets(plan: CratePlan, reporter: Reporter) -> list[str]:
+    """The PTX arch (if any) then the cubin archs this crate compiles for, those the
+    compiler cannot target dropped (defaults, with a warning) or refused (explicit ones)."""
+    cfg = plan.cfg
+    compiler = get_compiler(get_language(plan.language, cfg.name).compiler)
+    supported = compiler.supported_archs()
+    version = compiler.identity().version
+    archs: list[str] = []
+    for a in cfg.archs:
+        if parse_arch(a).number in supported:
+            archs.append(a)
+        elif cfg.archs_explicit:
+            raise ConfigError(
+                f"crate {cfg.name!r}: arch {a!r} (option 'archs' / KHAL_CUDA_ARCHS) is not supported by "
+                f"{compiler.name.upper()} {version}; it supports " + ", ".join(f"sm_{s}" for s in supported)
+            )
+        else:
+            reporter.warn(f"crate {cfg.name!r}: default arch {a} is not supported by this "
+                          f"{compiler.name.upper()}; skipping it")
+    ptx = cfg.ptx_arch
+    if ptx is not None and parse_arch(ptx).number not in supported:
+        raise ConfigError(
+            f"crate {cfg.name!r}: PTX arch {ptx!r} (option 'ptx-arch' / KHAL_PTX_ARCH) is not supported "
+            f"by this {compiler.name.upper()}; it supports " + ", ".join(f"compute_{s}" for s in supported)
+        )
+    if not archs and ptx is None:
+        raise ConfigError(f"crate {cfg.name!r}: no cubin arch and no PTX arch left to build")
+    return ([ptx] if ptx else []) + archs
