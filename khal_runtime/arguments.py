@@ -56,7 +56,7 @@ def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
         raise ArgumentValueError(f"{what}: expected up to 3 dimensions, got {v!r}")
     if any(x < 1 for x in t):
         raise ArgumentValueError(f"{what}: every dimension must be >= 1, got {t}")
-    return t  # type: ignore[return-value]
+    return t
 
 
 def thread_count(kernel: str, n: Any) -> int:

@@ -116,7 +116,7 @@ def read_cubin(data: bytes, source: str = "cubin") -> BinaryInfo:
         functions = tuple(
             sorted(
                 s.name
-                for s in symtab.iter_symbols()
+                for s in symtab.iter_symbols()  # type: ignore[attr-defined]
                 if s["st_info"]["type"] == "STT_FUNC" and s.name
             )
         )

@@ -36,7 +36,7 @@ def bump_epoch() -> None:
         for group in (MEMOS, *list(THREAD_MEMOS.values())):
             for memo, flag, reset in group:
                 if flag.__class__ is str:
-                    setattr(memo, flag, reset)  # type: ignore[arg-type]
+                    setattr(memo, flag, reset)
                 else:
                     memo[flag] = reset
 

@@ -91,7 +91,7 @@ def _flag(environ: Any, name: str, warnings: list[str], extra: tuple[str, ...] =
     if v in _TRUE:
         return "1"
     if v in extra:
-        return v
+        return str(v)
     warnings.append(f"{name}={raw!r} is not understood (use 1{''.join('/' + e for e in extra)} or 0); "
                     "taking it as 1")
     return "1"
@@ -350,7 +350,7 @@ def reset_profile() -> None:
 # ---------------------------------------------------------------------------------------------
 class _Nvtx:
     def __init__(self) -> None:
-        import nvtx  # type: ignore[import-not-found]  # lazy: optional, only with NVTX ranges
+        import nvtx  # lazy: optional, only with NVTX ranges
 
         self.domain = nvtx.get_domain("khal")
         self.attrs: dict[str, Any] = {}

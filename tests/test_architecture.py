@@ -7,6 +7,9 @@ Imports inside functions count (an import in a function is still a dependency); 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -156,14 +159,27 @@ def test_the_build_side_imports_only_the_shared_runtime_modules() -> None:
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_an_import_inside_a_function_says_why(package: str) -> None:
-    """In-function imports of the project's own modules are for laziness (import cost), and say so;
-    never to dodge a cycle (the cycle test above would see it)."""
+    """Imports inside functions are for laziness (import cost, optional dependencies), and say so
+    in a comment on the import or just above it; never to dodge a cycle (the cycle test above
+    would see it)."""
     bad = []
     for m in MODULES:
         if not m.startswith(package):
             continue
         lines = MODULES[m].read_text("utf-8").splitlines()
         for i, line, inside in imports(m):
-            if inside and i in MODULES and "lazy" not in lines[line - 1]:
+            if inside and "lazy" not in " ".join(lines[max(0, line - 4):line + 1]):
                 bad.append(f"{_where(m, line)} imports {i} inside a function without saying why")
     assert bad == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_py_typed_is_shipped(package: str) -> None:
+    assert (ROOT / package / "py.typed").is_file()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (test extra)")
+def test_mypy_strict_passes() -> None:
+    """Both packages, strict (pyproject.toml [tool.mypy])."""
+    out = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

@@ -238,7 +238,7 @@ def test_an_editable_record_pointing_elsewhere_reads_nothing(tmp_path: Path) -> 
     assert any(p.kind == "manifest" and "outside that project" in p.message for p in problems)
 
 
-def test_editable_sources_are_regular_files_inside_the_root(tmp_path: Path) -> None:
+def test_editable_sources_are_regular_files_named_inside_the_root(tmp_path: Path) -> None:
     pkg = build_package(tmp_path, "synth_hard_editable2", editable=True)
     outside = tmp_path.parent / "khal-outside-secret.txt"
     outside.write_text("secret")
@@ -249,8 +249,17 @@ def test_editable_sources_are_regular_files_inside_the_root(tmp_path: Path) -> N
                                        ("kernels/fifo.cu", "0" * 64)])
     with pytest.raises(khal_runtime.StaleBuildError) as ei:
         khal_runtime.load(pkg.package_dir)  # returns (no hang on the FIFO), naming the first problem
-    assert "kernels/link.cu cannot be read (outside the project)" in str(ei.value)
+    # the author's own symlink is followed (its target changed: stale); the FIFO is not read
+    assert "kernels/link.cu changed" in str(ei.value)
     assert "(and 1 more file(s))" in str(ei.value)
+    from khal_runtime.verify import check_sources
+
+    msgs = [p.message for p in check_sources(khal_runtime.manifest.load_manifest(pkg.manifest_path),
+                                              pkg.package_dir)]
+    assert any("kernels/fifo.cu cannot be read" in m and "not a regular file" in m for m in msgs)
+    _set_editable(pkg, str(tmp_path), [("../outside.cu", "0" * 64)])
+    with pytest.raises(ManifestError, match="leaves the package"):
+        khal_runtime.load(pkg.package_dir)  # a manifest cannot name a path outside the project
 
 
 # -- (7, 9) manifests that disagree with themselves, or are not manifests ------------------------------

@@ -14,6 +14,7 @@ __all__ = ["SlangOutput", "SlangPlan", "compile_slang_crate", "plan_slang_crate"
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
+        # lazy: the stage (pydantic models) only when its names are used
         from hatch_khal.slang import stage
 
         return getattr(stage, name)

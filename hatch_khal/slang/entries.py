@@ -20,7 +20,7 @@ the entry and the parameter. Pure Python: runs in the build process, never loads
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from khal_runtime import abi
 from khal_runtime.manifest import Binding, Param, ScalarSlot, StructField, StructLayout, WebGpuTarget
@@ -94,14 +94,14 @@ def _type_name(t: dict[str, Any]) -> str:
     if kind == "resource" and (t.get("shape", 0) & 0x0F) in _RESOURCES:
         base = _RESOURCES[t["shape"] & 0x0F]
         name = ("RW" if t.get("access") == _ACCESS_READ_WRITE else "") + base
-        return f"{name}<{_type_name(t['element'])}>" if t.get("element") else name
+        return f"{name}<{_type_name(t['element'])}>" if t.get("element") else str(name)
     if t.get("element") and kind in ("constant_buffer", "parameter_block"):
         return f"{t.get('name') or kind}<{_type_name(t['element'])}>"
-    return t.get("name") or kind
+    return str(t.get("name") or kind)
 
 
 def _is_system_value(p: dict[str, Any]) -> bool:
-    return p.get("semantic", "").upper().startswith("SV_")
+    return bool(str(p.get("semantic") or "").upper().startswith("SV_"))
 
 
 class _Where:
@@ -163,9 +163,10 @@ def _param(p: dict[str, Any], w: _Where) -> tuple[Param, dict[str, Any] | None]:
                      layouts={"cuda": layout}), el
     if kind == "scalar":
         _no_bool(t, w, name, "")
-        etype = SLANG_SCALARS.get(t["scalar"])
-        if etype is None:
+        scalar_name = SLANG_SCALARS.get(t["scalar"])
+        if scalar_name is None:
             raise w.error(f"{t.get('name') or 'this scalar type'} is not an ABI scalar type", name)
+        etype = scalar_name
         return Param(name=name, kind="scalar", element_type=etype, element_size=abi.SCALARS[etype].size,
                      element_align=abi.SCALARS[etype].align), None
     if not p["offsets"] and not p.get("semantic"):
@@ -220,7 +221,7 @@ def entries_from_reflection(crate: str, reflected: list[dict[str, Any]], global_
         if not params:
             raise w.error("has no parameters; the ABI needs at least one (a buffer, uniform or scalar)")
         signature = abi.entry_signature(name, block, params)
-        out.append(SlangEntry(name, block, tuple(params), abi.entry_hash(content_hash, signature),  # type: ignore[arg-type]
+        out.append(SlangEntry(name, block, tuple(params), abi.entry_hash(content_hash, signature),
                               locator.entry(name), elements))
     names = [x.name for x in out]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -347,7 +348,8 @@ def webgpu_target(crate: str, entry: SlangEntry, target: str, reflected: dict[st
                     mp.name)
         if p.get("used") is False:
             continue  # Slang dropped it from the shader: nothing to bind
-        access = "uniform" if mp.kind == "uniform" else ("read_write" if mp.writable else "read")
+        access: Literal["read", "read_write", "uniform"] = (
+            "uniform" if mp.kind == "uniform" else ("read_write" if mp.writable else "read"))
         bindings.append(Binding(param=mp.name, group=slot[1] + base[1], binding=slot[0] + base[0], access=access))
     scalars = None
     block = reflected.get("scalar_block_size", 0) if slots else 0

@@ -97,6 +97,7 @@ def find_slang(finder: Callable[[str], Any] | None = None) -> SlangLocation:
 
 
 def _slangpy_version() -> str:
+    # lazy: metadata only when the version is asked for
     from importlib import metadata
 
     try:

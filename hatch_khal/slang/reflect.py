@@ -145,7 +145,7 @@ def read_entries(lib: SlangLibrary, request: int) -> list[dict[str, Any]]:
             p = lib.spReflectionEntryPoint_getParameterByIndex(ep, j)
             v = lib.spReflectionVariableLayout_GetVariable(p)
             tl = lib.spReflectionVariableLayout_GetTypeLayout(p)
-            param = {
+            param: dict[str, Any] = {
                 "name": _s(lib.spReflectionVariable_GetName(v)),
                 "semantic": _s(lib.spReflectionVariableLayout_GetSemanticName(p)),
                 "offsets": _offsets(lib, p, tl),

@@ -63,7 +63,7 @@ def _read(path: Path, root: Path, crate: str, what: str) -> SourceFile:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise SourceError(f"{rel}:{line}: crate {crate!r}: {what} is not valid UTF-8; save it as UTF-8") from None
-    return SourceFile(path, rel, text, data)
+    return SourceFile(path, rel, data)
 
 
 def _resolve_globs(root: Path, patterns: list[str], crate: str) -> list[Path]:

@@ -68,6 +68,7 @@ def _maybe_crash(stage: str) -> None:
 
 class _Compiler:
     def __init__(self, request: dict[str, Any]) -> None:
+        # lazy: the Slang library only in the worker process
         from hatch_khal.slang.library import load_slang
 
         self.lib = load_slang()
@@ -97,7 +98,7 @@ class _Compiler:
             lib.spAddTranslationUnitSourceString(r, tu, src["rel"].encode(), src["text"].encode())
         if entry is not None:
             lib.spAddEntryPoint(r, tu, entry.encode(), _STAGE_COMPUTE)
-        return r
+        return int(r)
 
     def _compile(self, r: int) -> tuple[bool, str, float]:
         t0 = time.perf_counter()
@@ -107,6 +108,7 @@ class _Compiler:
         return rc >= 0, diag, secs
 
     def cuda(self) -> dict[str, Any]:
+        # lazy: the reflection module only in the worker, when asked
         from hatch_khal.slang.reflect import read_entries, read_global_params
 
         lib = self.lib
@@ -136,6 +138,7 @@ class _Compiler:
             lib.spDestroyCompileRequest(r)
 
     def webgpu(self, entry: str, symbol: str, target: str) -> dict[str, Any]:
+        # lazy: the reflection module only in the worker, when asked
         from hatch_khal.slang.reflect import read_entries
 
         lib = self.lib

@@ -84,7 +84,7 @@ def extract(obj: Any) -> tuple[int, int, Hashable]:
 
         descr = np.dtype([tuple(d) for d in cai["descr"]])
         for name in descr.names or ():
-            native_typestr(descr.fields[name][0].str)
+            native_typestr(descr[name].str)
         key = descr
     return int(ptr or 0), count, key
 

@@ -51,8 +51,9 @@ def probe(obj: Any) -> ArrayType | None:
         obj._c_contiguous
     except AttributeError:
         return ArrayType("cupy", extract, device, None, None, None, INLINE)
-    memo = "stable" if tp.__name__ == "ndarray" else None
-    return ArrayType("cupy.ndarray", extract_fast, device, memo, None, None, INLINE_FAST)
+    if tp.__name__ == "ndarray":
+        return ArrayType("cupy.ndarray", extract_fast, device, "stable", None, None, INLINE_FAST)
+    return ArrayType("cupy.ndarray", extract_fast, device, None, None, None, INLINE_FAST)
 
 
 def stream_handle(obj: Any) -> tuple[int, int | None] | None:

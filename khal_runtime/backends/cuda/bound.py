@@ -42,7 +42,15 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
     A ``functools.partial`` of a closure over the packed block, for the reason given on
     :class:`khal_runtime.kernels.Kernel`: CPython calls it through C-level vectorcall."""
 
-    __slots__ = ("kernel", "stream", "args", "_plan", "_keep", "_owned")
+    __slots__ = ("kernel", "stream", "arguments", "_plan", "_keep", "_owned")
+
+    kernel: Any
+    stream: Any
+    #: what was bound (``partial.args`` is the partial's own machinery)
+    arguments: tuple[Any, ...]
+    _plan: LaunchPlan
+    _keep: Any
+    _owned: list[Any]
 
     def __new__(cls, kernel: Any, plan: LaunchPlan, args: tuple[Any, ...], stream: Any) -> BoundLaunch:
         import numpy as np  # lazy: a host uniform's device copy only
@@ -77,9 +85,9 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
         ptrs = (ctypes.c_void_p * max(len(plan._offsets), 1))(*[base + off for off in plan._offsets])
         addr = ctypes.addressof(ptrs) if plan._offsets else 0
         self = super().__new__(cls, _unbound)
-        self.kernel, self.stream, self.args = kernel, stream, args
+        self.kernel, self.stream, self.arguments = kernel, stream, args
         self._plan, self._keep, self._owned = plan, (block, ptrs), owned
-        functools.partial.__setstate__(self, (_make_call(kernel, plan, stream, args, addr), (), None, None))
+        functools.partial.__setstate__(self, (_make_call(kernel, plan, stream, args, addr), (), None, None))  # type: ignore[attr-defined]
         return self
 
     def __init__(self, kernel: Any, plan: LaunchPlan, args: tuple[Any, ...], stream: Any) -> None:  # set in __new__
@@ -134,7 +142,7 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
             cur = -1
         if cur != dev:
             ensure_current(dev)
-        if hooks.active:
+        if hooks.active and hooks.dispatch is not None:
             hooks.dispatch(plan, (gx, 1, 1), (bx, by, bz), 0, stream, args,
                            lambda: failed(launch(f, gx, 1, 1, bx, by, bz, 0, cu, addr, 0)[0],
                                           gx, 1, 1, bx, by, bz))

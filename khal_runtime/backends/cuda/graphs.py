@@ -162,6 +162,16 @@ def end_capture(stream: Any = None) -> "Graph":
 class Graph(GraphAPI):
     """An instantiated CUDA graph (``CUgraphExec``) bound to a device and a default stream."""
 
+    stream: Stream
+    _graph: Any
+    _exec: Any
+    _fn: Callable[..., Any] | None
+    _keep: Any
+    _uniforms: Any
+    #: in-place cuGraphExecUpdate successes, and updates that had to instantiate again
+    updates: int
+    reinstantiations: int
+
     @classmethod
     def _from_capture(cls, cugraph: Any, cap: Capture) -> "Graph":
         self = object.__new__(cls)
@@ -171,11 +181,11 @@ class Graph(GraphAPI):
         self.kernels = list(cap.kernels)
         self._graph = cugraph
         self._exec = None
-        self._fn: Callable[..., Any] | None = None
+        self._fn = None
         self._keep = cap._keep
         self._uniforms = cache_for(self.device_id)
-        self.updates = 0           # in-place cuGraphExecUpdate successes
-        self.reinstantiations = 0  # updates that had to instantiate again
+        self.updates = 0
+        self.reinstantiations = 0
         try:
             self._exec = check(driver().cuGraphInstantiate(cugraph, 0), "cuGraphInstantiate")
         except BaseException:

@@ -145,7 +145,7 @@ def _indirect_plan(kernel: Any, plan: LaunchPlan) -> LaunchPlan:
         ip = LaunchPlan(entry, plan.crate, plan.device_id, plan.indirect_function, plan.uniforms)
         with _lock:
             ip = _iplans.setdefault(plan, ip)
-    return ip
+    return ip  # type: ignore[no-any-return]
 
 
 def persistent_grid(kernel: Any, plan: LaunchPlan) -> int:

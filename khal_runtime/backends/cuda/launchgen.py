@@ -29,7 +29,7 @@ and snapshot at once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from khal_runtime import abi
 
@@ -87,6 +87,12 @@ class ThreadSlots:
     memo uses) and ``filled`` (whether any slot was ever filled)."""
 
     __slots__ = ("all", *(f"s{j}" for j in range(SLOTS)), "victim", "scratch", "filled", "owner")
+
+    all: tuple[Any, ...]
+    victim: int
+    scratch: Any
+    filled: bool
+    owner: Any
 
 
 # -- argument reading ------------------------------------------------------------------------------

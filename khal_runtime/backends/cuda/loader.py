@@ -111,9 +111,10 @@ def select_candidates(crate: Crate, cc: tuple[int, int], driver: tuple[int, int]
     if ptx_too_new:
         limit = max_ptx_isa(driver)
         isas = ", ".join(sorted({a.ptx_isa or "?" for a in ptx_too_new}))
+        up_to = f"{limit[0]}.{limit[1]}" if limit else "?"
         raise PtxTooNewError(
             f"{where}: no cubin for the device {dev}({arch}), and its PTX (ISA {isas}) is newer "
-            f"than the driver ({drv}, JITs PTX ISA up to {limit[0]}.{limit[1] if limit else ''}) "
+            f"than the driver ({drv}, JITs PTX ISA up to {up_to}) "
             f"can compile; the package ships: {describe_shipped(crate)}. Update the NVIDIA driver, "
             f"or rebuild with a cubin for {arch} (or with an NVRTC no newer than the driver)"
         )
@@ -163,7 +164,7 @@ def load_module(crate: Crate, package: str, blobs: dict[str, bytes], device: Any
             return _load_artifact(crate, device.device_id, art, blobs[art.path])
         except CudaError as exc:
             failures.append((art, exc))
-    art, exc = failures[0]
+    first = failures[0][1]
     arch = f"sm_{cc[0]}{cc[1]}"
     where = f"crate {crate.name!r} of package {package!r}"
     drv = f"CUDA {driver_version[0]}.{driver_version[1]}"
@@ -174,14 +175,14 @@ def load_module(crate: Crate, package: str, blobs: dict[str, bytes], device: Any
             f"(CUDA_ERROR_UNSUPPORTED_PTX_VERSION) on {label} ({arch}); tried {tried}; "
             f"the package ships: {describe_shipped(crate)}. Update the NVIDIA driver or "
             f"rebuild with a cubin for {arch}"
-        ) from exc
+        ) from first
     if all(e.code in ("CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_IMAGE",
                       "CUDA_ERROR_INVALID_PTX", "CUDA_ERROR_INVALID_SOURCE") for _, e in failures):
         raise NoCompatibleBinaryError(
             f"{where}: the driver ({drv}) could not load any shipped binary on {label} ({arch}): "
             f"{tried}; the package ships: {describe_shipped(crate)}"
-        ) from exc
-    raise exc
+        ) from first
+    raise first
 
 
 def _load_artifact(crate: Crate, device_id: int, art: Artifact, data: bytes) -> LoadedModule:
