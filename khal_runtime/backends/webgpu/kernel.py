@@ -1,0 +1,391 @@
+"""The typed call on WebGPU: one entry on one device, from user arguments to a recorded dispatch.
+
+:class:`KernelPlan` is what the generic ``Kernel`` holds per WebGPU device (as it holds a
+``LaunchPlan`` per CUDA device); each user-facing operation is one method:
+
+==========================================  ==============================================
+``k(n, *args)``                             ``plan.call(n, args)``
+``k.launch(grid, block, *args)``            ``plan.launch(grid, block, args, shared_mem)``
+``k.bind(*args)`` then ``b(n)``             ``plan.bind(args)`` -> :class:`BoundDispatch`
+``k.dispatch_indirect(count, *args, ...)``  ``plan.dispatch_indirect(count, args, threads=)``
+``k.check_args(*args)``                     ``plan.check_args(args)``
+==========================================  ==============================================
+
+Arguments: a storage parameter takes a :class:`~.arrays.WgpuArray` (or any type registered
+with :func:`register_storage_type`, e.g. the generic ``DeviceBuffer`` once it wraps one); a
+uniform takes a dict of its fields, a ctypes Structure, a NumPy structured scalar or the bytes
+of its C layout (:class:`~.packing.UniformPacker`); a scalar takes a number, under
+:func:`khal_runtime.abi.scalar_value`. Every mistake raises ArgumentError /
+ArgumentValueError naming the entry and the parameter before anything is recorded.
+
+The call is the hot path: see ``benchmarks/bench_webgpu.py`` for its cost against a raw
+wgpu-py dispatch.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Sequence
+
+from khal_runtime.backends.webgpu import memory
+from khal_runtime.backends.webgpu.arrays import WgpuArray
+from khal_runtime.backends.webgpu.bindings import BoundGroup, Immediates
+from khal_runtime.backends.webgpu.device import WebGpuDevice
+from khal_runtime.backends.webgpu.launch import Launcher, group_limit_error
+from khal_runtime.backends.webgpu.memory import Allocation, Resource
+from khal_runtime.backends.webgpu.packing import ScalarPacker, UniformPacker
+from khal_runtime.backends.webgpu.pipeline import get_pipeline, select_target
+from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
+from khal_runtime.manifest import Entry, Param, WebGpuTarget
+
+__all__ = ["BoundDispatch", "KernelPlan", "StorageInfo", "register_storage_type"]
+
+#: what a storage argument gives: (Resource, element type name, element count, the error that
+#: stops it being bound or None, its Allocation)
+StorageInfo = tuple[Resource, str, int, "KhalError | None", Allocation]
+
+
+def _x_array(a: WgpuArray) -> StorageInfo:
+    return a._res, a._et, a.size, a._bind_error, a.allocation
+
+
+#: type -> function giving a storage argument's StorageInfo
+STORAGE_TYPES: dict[type, Callable[[Any], StorageInfo]] = {WgpuArray: _x_array}
+
+
+def register_storage_type(tp: type, fn: Callable[[Any], StorageInfo]) -> None:
+    """Teach the WebGPU launch path a device-array type: ``fn(obj) -> StorageInfo``."""
+    STORAGE_TYPES[tp] = fn
+
+
+def _not_storage(obj: Any) -> StorageInfo:
+    tp = type(obj)
+    if hasattr(obj, "__array_interface__") or isinstance(obj, (bytes, bytearray, memoryview, list, tuple)):
+        raise ArgumentError(f"is host memory ({tp.__module__}.{tp.__qualname__}); copy it to the device "
+                            "first, e.g. WgpuArray.from_numpy(a)")
+    raise ArgumentError(f"expected a WebGPU device array, got {tp.__module__}.{tp.__qualname__}")
+
+
+def _storage_info(obj: Any) -> StorageInfo:
+    fn = STORAGE_TYPES.get(type(obj))
+    if fn is None:
+        for tp, f in list(STORAGE_TYPES.items()):
+            if isinstance(obj, tp):
+                return f(obj)
+        return _not_storage(obj)
+    return fn(obj)
+
+
+def _desc(p: Param) -> str:
+    return p.describe()
+
+
+class KernelPlan:
+    """One entry on one WebGPU device (see the module docstring)."""
+
+    def __init__(self, entry: Entry, device: WebGpuDevice, code: bytes | str | Callable[[], bytes | str],
+                 crate: str = "", target: WebGpuTarget | None = None) -> None:
+        self.entry = entry
+        self.device = device
+        self.target = target or select_target(entry, crate)
+        self.pipeline = get_pipeline(device, entry, self.target, code, crate)
+        self.launcher = Launcher(self.pipeline)
+        self.stream = device.stream
+        self.name = self.pipeline.name
+        self.block = tuple(entry.block_size)
+        self._bx = self.block[0]
+        self.max_groups = device.max_groups
+        self.params = entry.params
+        t = self.target.target
+        self._upack = {p.name: UniformPacker(entry.name, p, t) for p in entry.params if p.kind == "uniform"}
+        scalars = [p for p in entry.params if p.kind == "scalar"]
+        self._spack = ScalarPacker(entry.name, entry.params, self.target) if scalars else None
+        self._scalar_mode = self.target.scalars
+        self._pool = self.launcher.pool
+        #: (index, param, kind, whether any element count will do)
+        self._kinds = tuple((i, p, p.kind, p.shape in (None, "slice")) for i, p in enumerate(entry.params))
+        # single-group fast path: where each binding of group 0 comes from
+        plan = self.launcher.plan
+        self._single = len(plan) == 1
+        if self._single:
+            g, src = plan[0]
+            self._g0 = g
+            storage_at = [i for i, p in enumerate(entry.params) if p.kind == "storage"]
+            self._src0 = tuple(("s", storage_at[k]) if kind == "s" else (kind, k) for kind, k in src)
+        self._bgcache = self.launcher.groups_cache.groups
+        #: the previous memoable call: its arguments, pool generation, FREES, bind groups, immediates
+        self._memo: list[Any] = [object()] * (len(self.params) + 4)
+        self.call_source = ""
+        self.call = self._make_call()  # type: ignore[method-assign]
+
+    # -- arguments -------------------------------------------------------------------------------
+    def _where(self, p: Param) -> str:
+        return f"{self.name}(): argument {p.name!r} ({_desc(p)})"
+
+    def _storage(self, p: Param, obj: Any) -> Resource:
+        try:
+            res, et, count, err, alloc = _storage_info(obj)
+        except (ArgumentError, ArgumentValueError) as exc:
+            raise type(exc)(f"{self._where(p)} {exc}") from None
+        if et != p.element_type:
+            self._bad_type(p, obj, et)
+        if err is not None or alloc.freed or alloc.device is not self.device:
+            self._bad_storage(p, obj, err, alloc)
+        if p.shape == "array" and p.length and count < p.length:
+            raise ArgumentValueError(f"{self._where(p)}: needs {p.length} elements, got {count}")
+        if p.shape == "value" and count < 1:
+            raise ArgumentValueError(f"{self._where(p)}: needs 1 element, got an empty array")
+        return res
+
+    def _bad_type(self, p: Param, obj: Any, et: str) -> None:
+        if p.element_type in memory_scalar_types():
+            raise ArgumentError(f"{self._where(p)}: expected element type {p.element_type} "
+                                f"({p.element_size} bytes), got {et}")
+        size = getattr(getattr(obj, "dtype", None), "itemsize", None)
+        if size != p.element_size or et in memory_scalar_types():
+            raise ArgumentError(f"{self._where(p)}: expected elements of struct {p.element_type} "
+                                f"({p.element_size} bytes), got {et} ({size} bytes)")
+
+    def _bad_storage(self, p: Param, obj: Any, err: KhalError | None, alloc: Allocation) -> None:
+        where = self._where(p)
+        if alloc.freed:
+            raise ArgumentValueError(f"{where}: the buffer was freed")
+        if alloc.device is not self.device:
+            raise ArgumentValueError(f"{where} is on WebGPU device {alloc.device.ordinal}, the launch on "
+                                     f"device {self.device.ordinal}: copy it there")
+        assert err is not None
+        raise type(err)(str(err).replace("argument", where, 1)) from None
+
+    def resolve(self, args: Sequence[Any]) -> tuple[tuple[BoundGroup, ...], Immediates | None]:
+        """Check and bind ``args``: the bind groups and push constants of a dispatch."""
+        if len(args) != len(self.params):
+            sig = ", ".join(p.name for p in self.params)
+            raise ArgumentError(f"{self.name}() takes {len(self.params)} argument(s) ({sig}) after the "
+                                f"thread count, got {len(args)}")
+        items: list[Any] = [None] * len(args)
+        svals: list[Any] = []
+        dev = self.device
+        for i, p, kind, plain in self._kinds:
+            a = args[i]
+            if kind == "storage":
+                if plain and type(a) is WgpuArray and a._et == p.element_type and a._bind_error is None \
+                        and not a.allocation.freed and a.allocation.device is dev:
+                    items[i] = a._res
+                else:
+                    items[i] = self._storage(p, a)
+            elif kind == "uniform":
+                items[i] = self._pool.region(self._upack[p.name].pack(a))
+            else:
+                svals.append(a)
+        block = None
+        imm = None
+        if self._spack is not None:
+            data = self._spack.pack(svals)
+            if self._scalar_mode == "uniform":
+                block = self._pool.region(data)
+            elif self._scalar_mode == "push_constants":
+                imm = self.launcher.immediates(data)
+        if self._single:
+            g = self._g0
+            res = [items[k] if kind != "b" else block for kind, k in self._src0]
+            key = (g.lid,) + tuple(x for r in res for x in r[1:])
+            bg = self._bgcache.get(key)
+            if bg is None:
+                bg = self.launcher.groups_cache.create(g.layout, key, g.bindings, res)
+            return (bg,), imm
+        storages = [items[i] for i, p, kind, _ in self._kinds if kind == "storage"]
+        uniforms = {p.name: items[i] for i, p, kind, _ in self._kinds if kind == "uniform"}
+        return self.launcher.resolve(storages, uniforms, block), imm
+
+    def check_args(self, args: Sequence[Any]) -> None:
+        """Check ``args`` (and bind them: a bind group and uniform regions may be created)."""
+        self.resolve(args)
+
+    # -- launches ----------------------------------------------------------------------------------
+    def _make_call(self) -> Callable[[Any, Sequence[Any]], None]:
+        """The call, specialised for this entry: when every argument is the same object as in
+        the previous call (or an equal int / non-zero float), the bind groups and push
+        constants of that call are reused at the cost of a few identity checks; anything else
+        takes :meth:`_call_slow`. Valid only while no buffer was freed (``memory.FREES``) and
+        the uniform pool kept its regions (``generation``)."""
+        n = len(self.params)
+        names = [f"a{i}" for i in range(n)]
+        conds = []
+        for i, p in enumerate(self.params):
+            if p.kind == "scalar":
+                conds.append(f"(m[{i}] is a{i} or (type(a{i}) is int is type(m[{i}]) and a{i} == m[{i}]) "
+                             f"or (type(a{i}) is float is type(m[{i}]) and a{i} == m[{i}] and a{i} != 0.0))")
+            else:
+                conds.append(f"m[{i}] is a{i}")
+        unpack = (", ".join(names) + ("," if n == 1 else "")) if n else "_"
+        src = (
+            "def call(n, args):\n"
+            f"    if type(n) is int and n > 0 and len(args) == {n}:\n"
+            f"        {unpack} = args\n" if n else
+            "def call(n, args):\n"
+            f"    if type(n) is int and n > 0 and len(args) == 0:\n"
+        )
+        src += (
+            "        m = _memo\n"
+            f"        if {' and '.join(conds + [f'm[{n}] == _pool.generation', f'm[{n + 1}] == _FREES[0]'])}:\n"
+            f"            gx = (n + {self._bx - 1}) // {self._bx}\n"
+            f"            if gx <= {self.max_groups}:\n"
+            f"                _rec(_pl, m[{n + 2}], gx, 1, 1, m[{n + 3}])\n"
+            "                return\n"
+            "    _slow(n, args)\n"
+        )
+        ns: dict[str, Any] = {"_memo": self._memo, "_pool": self._pool, "_FREES": memory.FREES,
+                              "_rec": self.stream.record, "_pl": self.pipeline, "_slow": self._call_slow}
+        exec(compile(src, f"<khal webgpu call {self.name}>", "exec"), ns)
+        self.call_source = src
+        return ns["call"]  # type: ignore[no-any-return]
+
+    def _memoable(self, args: Sequence[Any]) -> bool:
+        for p, a in zip(self.params, args):
+            tp = type(a)
+            if p.kind == "storage":
+                if tp is not WgpuArray:
+                    return False
+            elif p.kind == "uniform":
+                if tp is not bytes:
+                    return False
+            elif tp is not int and tp is not float:
+                return False
+        return True
+
+    def call(self, n: Any, args: Sequence[Any]) -> None:
+        """``k(n, *args)``: ``ceil(n / block.x)`` workgroups; ``n == 0`` checks only.
+        (Replaced per instance by the specialised :meth:`_make_call`.)"""
+        self._call_slow(n, args)
+
+    def _call_slow(self, n: Any, args: Sequence[Any]) -> None:
+        if type(n) is not int:
+            n = _thread_count(self.name, n)
+        if n <= 0:
+            if n < 0:
+                raise ValueError(f"{self.name}(): thread count must be >= 0, got {n}")
+            self.resolve(args)
+            return
+        gx = (n + self._bx - 1) // self._bx
+        if gx > self.max_groups:
+            raise group_limit_error(self.name, (gx, 1, 1), self.max_groups, self.device)
+        gen, frees = self._pool.generation, memory.FREES[0]
+        bgs, imm = self.resolve(args)
+        self.stream.record(self.pipeline, bgs, gx, 1, 1, imm)
+        if self._memoable(args):
+            self._memo[:] = [*args, gen, frees, bgs, imm]
+
+    def launch(self, grid: Any, block: Any, args: Sequence[Any], shared_mem: int = 0) -> None:
+        """``k.launch(grid, block, *args)``: explicit workgroup counts. The workgroup size is
+        compiled into the shader: ``block`` must be None or the entry's block size."""
+        g = (grid, 1, 1) if type(grid) is int and grid > 0 else dim3(grid, "grid")
+        if block is not None:
+            b = (block, 1, 1) if type(block) is int else dim3(block, "block")
+            if tuple(b) != self.block:
+                raise ArgumentValueError(
+                    f"{self.name}.launch(): block {tuple(b)} differs from the entry's {self.block}; on "
+                    "WebGPU the workgroup size is compiled into the shader: pass block=None (or that size)")
+        if shared_mem:
+            raise ArgumentValueError(f"{self.name}.launch(): shared_mem={shared_mem}: WebGPU workgroup "
+                                     "memory is declared in the shader; pass 0")
+        self.launcher.check_groups(*g)
+        bgs, imm = self.resolve(args)
+        self.stream.record(self.pipeline, bgs, g[0], g[1], g[2], imm)
+
+    def bind(self, args: Sequence[Any]) -> BoundDispatch:
+        """``k.bind(*args)``: arguments checked and packed once; ``b(n)`` launches."""
+        return BoundDispatch(self, tuple(args))
+
+    def dispatch_indirect(self, count: Any, args: Sequence[Any], threads: bool = False) -> None:
+        """``k.dispatch_indirect(count, *args, threads=)``: the workgroup count (``threads=True``:
+        thread count, rounded up to whole groups) is the first uint32 of device array ``count``."""
+        from khal_runtime.backends.webgpu.indirect import dispatch_indirect
+
+        try:
+            res, et, n, err, alloc = _storage_info(count)
+        except (ArgumentError, ArgumentValueError) as exc:
+            raise type(exc)(f"{self.name}.dispatch_indirect(): count {exc}") from None
+        if et not in ("uint32", "int32"):
+            raise ArgumentError(f"{self.name}.dispatch_indirect(): count must be a device array of "
+                                f"uint32, got {et}")
+        if n < 1:
+            raise ArgumentValueError(f"{self.name}.dispatch_indirect(): count is empty; it must hold the count")
+        if alloc.freed or alloc.device is not self.device:
+            raise ArgumentValueError(f"{self.name}.dispatch_indirect(): count was freed or is on another device")
+        cv = memory.View(alloc, res[2], 4)
+        memory.check_storage(cv, f"{self.name}.dispatch_indirect(): count")
+        bgs, imm = self.resolve(args)
+        dispatch_indirect(self.launcher, cv, bool(threads), self._bx, bgs, imm)
+
+
+def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
+    """An int or up to 3 ints (NumPy integers too; never floats) as (x, y, z), each >= 1
+    (the rule of the CUDA path's ``khal_runtime.arguments.dim3``)."""
+    try:
+        if isinstance(v, (str, bytes)):
+            raise TypeError
+        t = (operator.index(v), 1, 1) if not hasattr(v, "__len__") else \
+            tuple(operator.index(x) for x in v) + (1,) * (3 - len(v))
+    except TypeError:
+        raise ArgumentError(f"{what}: expected an integer or up to 3 integers, got {v!r}") from None
+    if len(t) != 3:
+        raise ArgumentValueError(f"{what}: expected up to 3 dimensions, got {v!r}")
+    if any(x < 1 for x in t):
+        raise ArgumentValueError(f"{what}: every dimension must be >= 1, got {t}")
+    return t  # type: ignore[return-value]
+
+
+def memory_scalar_types() -> dict[str, Any]:
+    from khal_runtime.abi import SCALARS
+
+    return SCALARS
+
+
+def _thread_count(name: str, n: Any) -> int:
+    try:
+        return operator.index(n)
+    except TypeError:
+        raise ArgumentError(f"{name}(): the first argument is the thread count, an integer >= 0; "
+                            f"got {n!r} ({type(n).__name__})") from None
+
+
+class BoundDispatch:
+    """A kernel with its arguments checked and bound once: ``b(n)`` records ``ceil(n / block.x)``
+    workgroups at about the cost of a raw wgpu-py dispatch; ``b.launch(grid)`` takes explicit
+    counts. Re-binds by itself when a buffer was freed or the uniform pool recycled."""
+
+    __slots__ = ("plan", "args", "bgs", "imm", "_gen", "_frees", "_pool", "_rec", "_pl", "_bx", "_max")
+
+    def __init__(self, plan: KernelPlan, args: tuple[Any, ...]) -> None:
+        self.plan = plan
+        self.args = args
+        self._pool = plan._pool
+        self._rec = plan.stream.record
+        self._pl = plan.pipeline
+        self._bx = plan._bx
+        self._max = plan.max_groups
+        self._bind()
+
+    def _bind(self) -> None:
+        self._gen = self._pool.generation
+        self._frees = memory.FREES[0]
+        self.bgs, self.imm = self.plan.resolve(self.args)
+
+    def __call__(self, n: int) -> None:
+        if self._gen != self._pool.generation or self._frees != memory.FREES[0]:
+            self._bind()
+        gx = (n + self._bx - 1) // self._bx
+        if gx > self._max or gx <= 0:
+            if gx <= 0 and n == 0:
+                return
+            if gx > self._max:
+                raise group_limit_error(self.plan.name, (gx, 1, 1), self._max, self.plan.device)
+            raise ValueError(f"{self.plan.name}(): thread count must be >= 0, got {n}")
+        self._rec(self._pl, self.bgs, gx, 1, 1, self.imm)
+
+    def launch(self, grid: Any) -> None:
+        if self._gen != self._pool.generation or self._frees != memory.FREES[0]:
+            self._bind()
+        g = dim3(grid, "grid")
+        self.plan.launcher.check_groups(*g)
+        self._rec(self._pl, self.bgs, g[0], g[1], g[2], self.imm)
