@@ -111,7 +111,9 @@ class KernelPlan:
             g, src = plan[0]
             self._g0 = g
             storage_at = [i for i, p in enumerate(entry.params) if p.kind == "storage"]
-            self._src0 = tuple(("s", storage_at[k]) if kind == "s" else (kind, k) for kind, k in src)
+            index = {p.name: i for i, p in enumerate(entry.params)}
+            self._src0 = tuple(("s", storage_at[k]) if kind == "s" else ("u", index[k]) if kind == "u"
+                               else (kind, k) for kind, k in src)
         self._bgcache = self.launcher.groups_cache.groups
         #: the previous memoable call: its arguments, pool generation, FREES, bind groups, immediates
         self._memo: list[Any] = [object()] * (len(self.params) + 4)

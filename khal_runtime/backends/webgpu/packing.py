@@ -359,9 +359,11 @@ class ScalarPacker:
     def pack(self, values: Sequence[Any]) -> bytes:
         out: list[Any] = []
         for (p, packed, fast), v in zip(self._plan, values):
-            if fast is None or type(v) not in fast:
-                v = self.convert(p, v)
-            if packed:
+            if not packed:
+                self.convert(p, v)  # dropped by the shader: checked, not packed
+            elif fast is None or type(v) not in fast:
+                out.append(self.convert(p, v))
+            else:
                 out.append(v)
         if self._order is not None:
             out = [out[i] for i in self._order]
