@@ -123,28 +123,28 @@ def dispatch_costs(dev: Any, n: int, rounds: int) -> list[tuple[str, float, floa
     bgs, _imm = plan.resolve(args)
     pl = plan.pipeline
     d = dev.device
-    bg = bgs[0].gpu
+    bg, dyn = bgs[0].gpu, list(bgs[0].dyn)  # the scalar block's dynamic offset
 
     def raw_public(k: int) -> None:
         enc = d.create_command_encoder()
         p = enc.begin_compute_pass()
         for _ in range(k):
             p.set_pipeline(pl.gpu)
-            p.set_bind_group(0, bg)
+            p.set_bind_group(0, bg, dyn)
             p.dispatch_workgroups(1, 1, 1)
         p.end()
         st._enc_bench = enc  # submitted below, as one batch
 
     def raw_c(k: int) -> None:
-        lib, ffi = st._lib, st._ffi
+        lib = st._lib
         enc = d.create_command_encoder()
         p = enc.begin_compute_pass()
-        praw, plr, bgr, null = p._internal, pl.raw, bgs[0].raw, ffi.NULL
+        praw, plr, bgr, nd, offs = p._internal, pl.raw, bgs[0].raw, bgs[0].n_dyn, bgs[0].offsets
         sp, sb, dw = (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
                       lib.wgpuComputePassEncoderDispatchWorkgroups)
         for _ in range(k):
             sp(praw, plr)
-            sb(praw, 0, bgr, 0, null)
+            sb(praw, 0, bgr, nd, offs)
             dw(praw, 1, 1, 1)
         p.end()
         st._enc_bench = enc

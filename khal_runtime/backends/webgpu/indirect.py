@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from typing import Any
 from khal_runtime.backends.webgpu.bindings import BoundGroup, Immediates
 from khal_runtime.backends.webgpu.device import WebGpuDevice
 from khal_runtime.backends.webgpu.launch import Launcher
@@ -87,11 +88,10 @@ class IndirectHelper:
         self.scratch_res = self.scratch.resource(0, 16)
         self.device = device
 
-    def args_groups(self, count: View, threads: bool, block: int) -> tuple[BoundGroup, ...]:
+    def args_groups(self, count: View, threads: bool, block: int) -> tuple[Any, ...]:
         region = self.launcher.pool.region(struct.pack("<4I", block, self.device.max_groups, int(threads), 0))
         g, _ = self.launcher.plan[0]
-        res = [count.alloc.resource(count.offset, 4), self.scratch_res, region]
-        return (self.launcher.groups_cache.get(g.layout, g.lid, g.bindings, res),)
+        return (self.launcher.bind_group(g, [count.alloc.resource(count.offset, 4), self.scratch_res, region]),)
 
 
 def indirect_helper(device: WebGpuDevice) -> IndirectHelper:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from khal_runtime.backends.webgpu import memory
 from khal_runtime.backends.webgpu.arrays import WgpuArray
-from khal_runtime.backends.webgpu.bindings import BoundGroup, Immediates
+from khal_runtime.backends.webgpu.bindings import BoundGroup, DynBound, Immediates
 from khal_runtime.backends.webgpu.device import WebGpuDevice
 from khal_runtime.backends.webgpu.launch import Launcher, group_limit_error
 from khal_runtime.backends.webgpu.memory import Allocation, Resource
@@ -112,8 +112,8 @@ class KernelPlan:
             self._g0 = g
             storage_at = [i for i, p in enumerate(entry.params) if p.kind == "storage"]
             index = {p.name: i for i, p in enumerate(entry.params)}
-            self._src0 = tuple(("s", storage_at[k]) if kind == "s" else ("u", index[k]) if kind == "u"
-                               else (kind, k) for kind, k in src)
+            self._src0 = tuple((("s", storage_at[k]) if kind == "s" else ("u", index[k]) if kind == "u"
+                                else (kind, k)) + (dy,) for (kind, k), dy in zip(src, g.dynamic))
         self._bgcache = self.launcher.groups_cache.groups
         #: the previous memoable call: its arguments, pool generation, FREES, bind groups, immediates
         self._memo: list[Any] = [object()] * (len(self.params) + 4)
@@ -158,8 +158,14 @@ class KernelPlan:
         assert err is not None
         raise type(err)(str(err).replace("argument", where, 1)) from None
 
-    def resolve(self, args: Sequence[Any]) -> tuple[tuple[BoundGroup, ...], Immediates | None]:
+    def resolve(self, args: Sequence[Any]) -> tuple[tuple[BoundGroup | DynBound, ...], Immediates | None]:
         """Check and bind ``args``: the bind groups and push constants of a dispatch."""
+        bgs, imm, _memo = self._resolve(args)
+        return bgs, imm
+
+    def _resolve(self, args: Sequence[Any]) -> tuple[tuple[BoundGroup | DynBound, ...], Immediates | None, bool]:
+        """:meth:`resolve`, and whether the call may be memoised (every argument of a type that
+        cannot change under the same object: WgpuArray, bytes, int, float)."""
         if len(args) != len(self.params):
             sig = ", ".join(p.name for p in self.params)
             raise ArgumentError(f"{self.name}() takes {len(self.params)} argument(s) ({sig}) after the "
@@ -167,6 +173,7 @@ class KernelPlan:
         items: list[Any] = [None] * len(args)
         svals: list[Any] = []
         dev = self.device
+        memo = True
         for i, p, kind, plain in self._kinds:
             a = args[i]
             if kind == "storage":
@@ -175,10 +182,13 @@ class KernelPlan:
                     items[i] = a._res
                 else:
                     items[i] = self._storage(p, a)
+                    memo = memo and type(a) is WgpuArray
             elif kind == "uniform":
                 items[i] = self._pool.region(self._upack[p.name].pack(a))
+                memo = memo and type(a) is bytes
             else:
                 svals.append(a)
+                memo = memo and (type(a) is int or type(a) is float)
         block = None
         imm = None
         if self._spack is not None:
@@ -189,15 +199,28 @@ class KernelPlan:
                 imm = self.launcher.immediates(data)
         if self._single:
             g = self._g0
-            res = [items[k] if kind != "b" else block for kind, k in self._src0]
-            key = (g.lid,) + tuple(x for r in res for x in r[1:])
+            res: list[Any] = []
+            dyn: list[int] = []
+            for kind, k, dy in self._src0:
+                if kind == "s":
+                    res.append(items[k])
+                else:
+                    reg = items[k] if kind == "u" else block
+                    if dy:
+                        res.append(reg[1])
+                        dyn.append(reg[2])
+                    else:
+                        res.append(reg[0])
+            key = (g.lid, *res)
             bg = self._bgcache.get(key)
             if bg is None:
                 bg = self.launcher.groups_cache.create(g.layout, key, g.bindings, res)
-            return (bg,), imm
+            if dyn:
+                return (self.launcher.groups_cache.with_offsets(bg, tuple(dyn)),), imm, memo
+            return (bg,), imm, memo
         storages = [items[i] for i, p, kind, _ in self._kinds if kind == "storage"]
         uniforms = {p.name: items[i] for i, p, kind, _ in self._kinds if kind == "uniform"}
-        return self.launcher.resolve(storages, uniforms, block), imm
+        return self.launcher.resolve(storages, uniforms, block), imm, memo
 
     def check_args(self, args: Sequence[Any]) -> None:
         """Check ``args`` (and bind them: a bind group and uniform regions may be created)."""
@@ -242,19 +265,6 @@ class KernelPlan:
         self.call_source = src
         return ns["call"]  # type: ignore[no-any-return]
 
-    def _memoable(self, args: Sequence[Any]) -> bool:
-        for p, a in zip(self.params, args):
-            tp = type(a)
-            if p.kind == "storage":
-                if tp is not WgpuArray:
-                    return False
-            elif p.kind == "uniform":
-                if tp is not bytes:
-                    return False
-            elif tp is not int and tp is not float:
-                return False
-        return True
-
     def call(self, n: Any, args: Sequence[Any]) -> None:
         """``k(n, *args)``: ``ceil(n / block.x)`` workgroups; ``n == 0`` checks only.
         (Replaced per instance by the specialised :meth:`_make_call`.)"""
@@ -272,9 +282,9 @@ class KernelPlan:
         if gx > self.max_groups:
             raise group_limit_error(self.name, (gx, 1, 1), self.max_groups, self.device)
         gen, frees = self._pool.generation, memory.FREES[0]
-        bgs, imm = self.resolve(args)
+        bgs, imm, memo = self._resolve(args)
         self.stream.record(self.pipeline, bgs, gx, 1, 1, imm)
-        if self._memoable(args):
+        if memo:
             self._memo[:] = [*args, gen, frees, bgs, imm]
 
     def launch(self, grid: Any, block: Any, args: Sequence[Any], shared_mem: int = 0) -> None:

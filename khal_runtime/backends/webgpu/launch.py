@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from khal_runtime.backends.webgpu.bindings import (
     BoundGroup,
+    DynBound,
     Immediates,
     bind_group_cache,
     immediates_cache,
@@ -27,7 +28,7 @@ from khal_runtime.backends.webgpu.bindings import (
 from khal_runtime.backends.webgpu.errors import GroupLimitError
 from khal_runtime.backends.webgpu.memory import Resource, View, check_storage
 from khal_runtime.backends.webgpu.pipeline import Pipeline
-from khal_runtime.backends.webgpu.uniforms import uniform_pool
+from khal_runtime.backends.webgpu.uniforms import Region, uniform_pool
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 
 __all__ = ["Launcher", "group_limit_error"]
@@ -82,15 +83,31 @@ class Launcher:
             raise group_limit_error(self.name, (gx, gy, gz), m, self.device)
 
     # -- binding ---------------------------------------------------------------------------------
-    def resolve(self, res: Sequence[Resource], uniforms: Mapping[str, Resource],
-                block: Resource | None) -> tuple[BoundGroup, ...]:
+    def bind_group(self, g: Any, items: Sequence[Any]) -> BoundGroup | DynBound:
+        """The bind group of group plan ``g`` whose bindings take ``items``: a Resource per
+        storage binding, a uniform Region (:meth:`.uniforms.UniformPool.region`) per uniform one."""
+        res: list[Resource] = []
+        dyn: list[int] = []
+        for item, access, dy in zip(items, g.access, g.dynamic):
+            if access != "uniform":
+                res.append(item)
+            elif dy:
+                res.append(item[1])
+                dyn.append(item[2])
+            else:
+                res.append(item[0])
+        bg = self.groups_cache.get(g.layout, g.lid, g.bindings, res)
+        return self.groups_cache.with_offsets(bg, tuple(dyn)) if dyn else bg
+
+    def resolve(self, res: Sequence[Resource], uniforms: Mapping[str, Region],
+                block: Region | None) -> tuple[BoundGroup | DynBound, ...]:
         """The bind groups binding ``res`` (one Resource per storage parameter), the uniform
         regions and the scalar block's region."""
         out = []
         for g, src in self.plan:
             items = [res[k] if kind == "s" else uniforms[k] if kind == "u" else block
                      for kind, k in src]
-            out.append(self.groups_cache.get(g.layout, g.lid, g.bindings, items))  # type: ignore[arg-type]
+            out.append(self.bind_group(g, items))
         return tuple(out)
 
     def immediates(self, block: bytes | None) -> Immediates | None:
@@ -102,7 +119,7 @@ class Launcher:
         return self.imm_cache.get(block)
 
     def prepare(self, storages: Sequence[View], uniforms: Mapping[str, bytes] | None = None,
-                scalars: bytes | None = None) -> tuple[tuple[BoundGroup, ...], Immediates | None]:
+                scalars: bytes | None = None) -> tuple[tuple[BoundGroup | DynBound, ...], Immediates | None]:
         """Check and bind the arguments: (bind groups, immediates) for :meth:`record`."""
         if len(storages) != len(self.storage_params):
             raise ArgumentError(f"{self.name}: {len(self.storage_params)} storage view(s) expected "
@@ -116,7 +133,7 @@ class Launcher:
             check_storage(v, where, self._itemsize[name])
             res.append(v.alloc.resource(v.offset, v.size))
         uniforms = uniforms or {}
-        regions: dict[str, Resource] = {}
+        regions: dict[str, Region] = {}
         for name in self.uniform_params:
             data = uniforms.get(name)
             if data is None:

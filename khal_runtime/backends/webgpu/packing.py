@@ -345,6 +345,31 @@ class ScalarPacker:
         self._struct = struct.Struct(fmt)
         self._order = order if order != list(range(len(order))) else None
         self._complex = any(abi.SCALARS[p.element_type].family == "complex" for p in self.params)
+        self._fast_pack = self._make_fast()
+
+    def _make_fast(self) -> Callable[[Sequence[Any]], bytes] | None:
+        """``pack`` specialised for arguments of the plain Python types of their slots (an int
+        for an integer, an int or float for a float), every slot packed: one type check per
+        value and one ``struct`` call; anything else (or out of range) takes the general path."""
+        if self._complex or not all(packed and fast for _p, packed, fast in self._plan):
+            return None
+        n = len(self._plan)
+        names = [f"v{i}" for i in range(n)]
+        checks = " and ".join(
+            f"type(v{i}) is int" if fast == (int,) else f"(type(v{i}) is float or type(v{i}) is int)"
+            for i, (_p, _packed, fast) in enumerate(self._plan)) or "True"
+        order = self._order if self._order is not None else list(range(n))
+        src = (f"def pack(values):\n"
+               f"    {', '.join(names)}{',' if n == 1 else ''} = values\n"
+               f"    if {checks}:\n"
+               f"        try:\n"
+               f"            return _pack({', '.join(names[i] for i in order)})\n"
+               f"        except (_err, OverflowError):\n"
+               f"            pass\n"
+               f"    return _slow(values)\n") if n else "def pack(values):\n    return _slow(values)\n"
+        ns: dict[str, Any] = {"_pack": self._struct.pack, "_err": struct.error, "_slow": self._pack_slow}
+        exec(compile(src, f"<khal scalar packer {self.entry}>", "exec"), ns)
+        return ns["pack"]  # type: ignore[no-any-return]
 
     def convert(self, p: Param, v: Any) -> Any:
         where = f"{self.entry}(): argument {p.name!r} (scalar {p.element_type})"
@@ -357,6 +382,13 @@ class ScalarPacker:
         return int(x) if p.element_type == "bool" else x
 
     def pack(self, values: Sequence[Any]) -> bytes:
+        """The scalar block of ``values`` (the entry's scalar arguments, in order)."""
+        fast = self._fast_pack
+        if fast is not None and len(values) == len(self._plan):
+            return fast(values)  # type: ignore[no-any-return]
+        return self._pack_slow(values)
+
+    def _pack_slow(self, values: Sequence[Any]) -> bytes:
         out: list[Any] = []
         for (p, packed, fast), v in zip(self._plan, values):
             if not packed:

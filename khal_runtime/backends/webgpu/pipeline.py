@@ -56,6 +56,8 @@ class GroupPlan(NamedTuple):
     bindings: tuple[int, ...]
     params: tuple[str | None, ...]
     access: tuple[str, ...]
+    #: per binding: whether it takes a dynamic offset (uniform bindings, where the device allows)
+    dynamic: tuple[bool, ...]
 
 
 class Pipeline:
@@ -106,6 +108,8 @@ def _create(device: WebGpuDevice, entry: Entry, target: WebGpuTarget, code: byte
     else:
         source = bytes(code) if not isinstance(code, str) else code.encode()
     used = sorted({b.group for b in target.bindings})
+    n_uniform = sum(1 for b in target.bindings if b.access == "uniform")
+    dyn_ok = n_uniform <= device.limits.get("max-dynamic-uniform-buffers-per-pipeline-layout", 8)
     n_groups = (used[-1] + 1) if used else 0
     groups: list[GroupPlan] = []
     layouts: list[Any] = []
@@ -113,12 +117,14 @@ def _create(device: WebGpuDevice, entry: Entry, target: WebGpuTarget, code: byte
         module = d.create_shader_module(label=entry.symbol, code=source)
         for g in range(n_groups):
             bs = sorted((b for b in target.bindings if b.group == g), key=lambda b: b.binding)
+            dyn = tuple(dyn_ok and b.access == "uniform" for b in bs)
             entries = [{"binding": b.binding, "visibility": wgpu.ShaderStage.COMPUTE,
-                        "buffer": {"type": _ACCESS[b.access]}} for b in bs]
+                        "buffer": {"type": _ACCESS[b.access], "has_dynamic_offset": dy}}
+                       for b, dy in zip(bs, dyn)]
             layout = d.create_bind_group_layout(label=f"{entry.symbol} group {g}", entries=entries)
             layouts.append(layout)
             groups.append(GroupPlan(g, layout, next(_lids), tuple(b.binding for b in bs),
-                                    tuple(b.param for b in bs), tuple(b.access for b in bs)))
+                                    tuple(b.param for b in bs), tuple(b.access for b in bs), dyn))
         playout = d.create_pipeline_layout(label=entry.symbol, bind_group_layouts=layouts,
                                            immediate_size=immediate)
         gpu = d.create_compute_pipeline(label=entry.symbol, layout=playout,

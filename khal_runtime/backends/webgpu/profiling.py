@@ -92,7 +92,7 @@ class Timer:
         p = enc.begin_compute_pass(label=f"khal timed {pl.name}", **self._pass_args(len(self._names)))
         p.set_pipeline(pl.gpu)
         for i, bg in enumerate(bgs):
-            p.set_bind_group(i, bg.gpu)
+            p.set_bind_group(i, bg.gpu, bg.dyn)
         if imm is not None:
             p.set_immediates(0, imm.data, 0, imm.size)
         if indirect is None:

@@ -91,7 +91,7 @@ class Recording:
         for c in self.commands:
             if c[0] in ("d", "i"):
                 for bg in c[2]:
-                    if any(s in freed for s in bg.key[1::3]):
+                    if any(s in freed for s in bg.serials):
                         raise CaptureError(
                             f"recording {self.label!r}: a buffer bound by its launch of {c[1].name} was "
                             "freed; keep every buffer a recording uses alive, or re-record it "
@@ -184,7 +184,7 @@ def encode(commands: list[tuple[Any, ...]], enc: Any, st: CommandStream,
            pass_args: Callable[[int, int], dict[str, Any]] | None = None) -> None:
     """Encode recorded ``commands`` into ``enc``: consecutive dispatches share one compute pass.
     ``pass_args(first, last)`` gives extra ``begin_compute_pass`` arguments (timestamps)."""
-    lib, ffi = st._lib, st._ffi
+    lib = st._lib
     p = None
     praw: Any = None
     last_pl: Any = None
@@ -206,7 +206,7 @@ def encode(commands: list[tuple[Any, ...]], enc: Any, st: CommandStream,
                     last_pl = pl
                 for i, bg in enumerate(bgs):
                     if last_bg[i] is not bg:
-                        lib.wgpuComputePassEncoderSetBindGroup(praw, i, bg.raw, 0, ffi.NULL)
+                        lib.wgpuComputePassEncoderSetBindGroup(praw, i, bg.raw, bg.n_dyn, bg.offsets)
                         last_bg[i] = bg
                 if imm is not None and imm is not last_imm:
                     lib.wgpuComputePassEncoderSetImmediates(praw, 0, imm.cdata, imm.size)
@@ -221,7 +221,7 @@ def encode(commands: list[tuple[Any, ...]], enc: Any, st: CommandStream,
                     last_pl = pl
                 for i, bg in enumerate(bgs):
                     if last_bg[i] is not bg:
-                        p.set_bind_group(i, bg.gpu)
+                        p.set_bind_group(i, bg.gpu, bg.dyn)
                         last_bg[i] = bg
                 if imm is not None and imm is not last_imm:
                     p.set_immediates(0, imm.data, 0, imm.size)

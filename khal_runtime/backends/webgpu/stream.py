@@ -89,6 +89,8 @@ class CommandStream:
         self.timer: Any = None
         #: tracing hook: ``on_dispatch(pipeline, groups, indirect)`` per recorded dispatch
         self.on_dispatch: Callable[[Any, tuple[int, int, int], bool], None] | None = None
+        #: called (lock held) before every submit of this device's queue: the uniform pool's commit
+        self.pre_submit: list[Callable[[], None]] = []
         self.submits = 0
         self.dispatched = 0
         self._staging: Any = None
@@ -159,7 +161,7 @@ class CommandStream:
                 i = 0
                 for bg in bgs:
                     if last[i] is not bg:
-                        lib.wgpuComputePassEncoderSetBindGroup(p, i, bg.raw, 0, self._ffi.NULL)
+                        lib.wgpuComputePassEncoderSetBindGroup(p, i, bg.raw, bg.n_dyn, bg.offsets)
                         last[i] = bg
                     i += 1
                 if imm is not None and imm is not self._last_imm:
@@ -183,7 +185,7 @@ class CommandStream:
             self._last_pl = pl
         for i, bg in enumerate(bgs):
             if self._last_bg[i] is not bg:
-                p.set_bind_group(i, bg.gpu)
+                p.set_bind_group(i, bg.gpu, bg.dyn)
                 self._last_bg[i] = bg
         if imm is not None and imm is not self._last_imm:
             p.set_immediates(0, imm.data, 0, imm.size)
@@ -210,7 +212,7 @@ class CommandStream:
                     self._last_pl = pl
                 for i, bg in enumerate(bgs):
                     if self._last_bg[i] is not bg:
-                        self._lib.wgpuComputePassEncoderSetBindGroup(p, i, bg.raw, 0, self._ffi.NULL)
+                        self._lib.wgpuComputePassEncoderSetBindGroup(p, i, bg.raw, bg.n_dyn, bg.offsets)
                         self._last_bg[i] = bg
                 if imm is not None and imm is not self._last_imm:
                     self._lib.wgpuComputePassEncoderSetImmediates(p, 0, imm.cdata, imm.size)
@@ -244,8 +246,11 @@ class CommandStream:
 
     # -- submission ----------------------------------------------------------------------------
     def flush(self) -> None:
-        """Submit everything recorded so far (nothing waits for it to run)."""
+        """Submit everything recorded so far (nothing waits for it to run); the ``pre_submit``
+        hooks run first, even when nothing is recorded (a replay submits after a flush)."""
         with self.lock:
+            for hook in self.pre_submit:
+                hook()
             enc = self._enc
             if enc is None:
                 return

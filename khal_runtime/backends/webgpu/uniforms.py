@@ -1,17 +1,22 @@
 """Small uniform buffers, content-addressed: the same bytes give the same region.
 
 A uniform argument (a struct in the target's layout, or the WGSL scalar block) is looked up by
-its bytes: a hit costs one dict lookup and, because the region is the same, lets the bind group
-be reused too. A miss writes the bytes into a fresh region of a 64 KiB slab with
-``queue.write_buffer``: that write runs before the next submitted command buffer, which holds
-every dispatch that reads the region, and no pending dispatch reads a fresh region, so the
-stream does not have to submit first.
+its bytes: a hit costs one dict lookup. A miss copies the bytes into a host mirror of a 64 KiB
+uniform slab and marks the range dirty; the dirty ranges go to the GPU with one
+``queue.write_buffer`` per slab just before the stream submits (:meth:`UniformPool.commit`, a
+``pre_submit`` hook of the stream). A ``write_buffer`` runs before the command buffer submitted
+after it, which holds every dispatch that reads the region, and no pending dispatch reads a fresh
+region: so a new uniform value neither forces a submit nor costs a GPU call of its own.
 
 A region is never rewritten while work that may read it is pending: when the pool is full
 (``MAX_ENTRIES``), it submits the open encoder first (so later writes are ordered after that
 work on the queue), forgets every entry and starts over in the same slabs, or, while a
 recording is alive (``pins``; its replays read its regions), in new slabs. ``generation``
-changes each time, so that a bound launch holding a region re-resolves it.
+changes each time, so that bound launches and memoised calls re-resolve their regions.
+
+:meth:`UniformPool.region` returns ``(resource, base, offset)``: the Resource of the region
+itself, and for bindings with a dynamic offset the Resource of the slab at offset 0 with the
+region's size (shared by every region of that size in the slab) and the offset to pass.
 """
 
 from __future__ import annotations
@@ -27,14 +32,35 @@ from khal_runtime.errors import ArgumentValueError
 if TYPE_CHECKING:
     from khal_runtime.backends.webgpu.device import WebGpuDevice
 
-__all__ = ["MAX_ENTRIES", "SLAB", "UniformPool", "uniform_pool"]
+__all__ = ["MAX_ENTRIES", "SLAB", "Region", "UniformPool", "uniform_pool"]
 
 SLAB = 64 * 1024
 MAX_ENTRIES = 4096
 
+#: (Resource of the region, Resource of its slab at offset 0 with the region's size, offset)
+Region = tuple
+
 
 def _round(n: int, a: int) -> int:
     return (n + a - 1) // a * a
+
+
+class _Slab:
+    __slots__ = ("buffer", "serial", "mirror", "lo", "hi", "bases")
+
+    def __init__(self, buffer: Any, size: int) -> None:
+        self.buffer = buffer
+        self.serial = new_serial()
+        self.mirror = bytearray(size)
+        self.lo = size
+        self.hi = 0
+        self.bases: dict[int, Resource] = {}
+
+    def base(self, size: int) -> Resource:
+        b = self.bases.get(size)
+        if b is None:
+            b = self.bases[size] = (self.buffer, self.serial, 0, size)
+        return b
 
 
 class UniformPool:
@@ -43,32 +69,35 @@ class UniformPool:
     def __init__(self, device: WebGpuDevice, max_entries: int = MAX_ENTRIES) -> None:
         self.device = device
         self.max_entries = max_entries
-        #: bytes -> Resource (wgpu buffer, serial, offset, size)
-        self.entries: dict[bytes, Resource] = {}
+        #: bytes -> Region
+        self.entries: dict[bytes, Region] = {}
         self.align = max(16, device.uniform_align)
-        self._slabs: list[tuple[Any, int]] = []  # (wgpu buffer, serial), SLAB bytes each
-        self._large: list[tuple[Any, int]] = []  # uniforms larger than a slab, one buffer each
+        self._slabs: list[_Slab] = []
+        self._large: list[_Slab] = []
+        self._dirty: list[_Slab] = []
         self._index = -1
         self._offset = SLAB
         self.pins = 0
         self.generation = 0
         self.uploads = 0
-        self._lock = threading.Lock()
+        self.commits = 0
+        self._lock = threading.RLock()  # _recycle -> flush -> commit re-enters it
+        device.stream.pre_submit.append(self.commit)
 
-    def region(self, data: bytes) -> Resource:
+    def region(self, data: bytes) -> Region:
         """The region holding ``data`` (hot path: a dict lookup)."""
         r = self.entries.get(data)
         if r is None:
             r = self._upload(data)
         return r
 
-    def _slab(self, size: int) -> tuple[Any, int]:
+    def _slab(self, size: int) -> _Slab:
         wgpu = wgpu_module()
         buf = self.device.device.create_buffer(
             label="khal uniforms", size=size, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
-        return buf, new_serial()
+        return _Slab(buf, size)
 
-    def _upload(self, data: bytes) -> Resource:
+    def _upload(self, data: bytes) -> Region:
         dev = self.device
         n = len(data)
         size = max(16, _round(n, 16))  # WGSL uniform structs are multiples of 16 bytes
@@ -84,8 +113,8 @@ class UniformPool:
             if len(self.entries) >= self.max_entries:
                 self._recycle()
             if size > SLAB:  # a slab of its own
-                buf, serial = self._slab(size)
-                self._large.append((buf, serial))
+                slab = self._slab(size)
+                self._large.append(slab)
                 off = 0
             else:
                 if self._offset + size > SLAB:
@@ -93,22 +122,38 @@ class UniformPool:
                     if self._index >= len(self._slabs):
                         self._slabs.append(self._slab(SLAB))
                     self._offset = 0
-                buf, serial = self._slabs[self._index]
+                slab = self._slabs[self._index]
                 off = self._offset
                 self._offset = _round(off + size, self.align)
-            payload = data + bytes(size - n) if size != n else data
-            try:
-                dev.queue.write_buffer(buf, off, payload)
-            except Exception as exc:  # noqa: BLE001
-                raise WebGpuError(f"writing a {n}-byte uniform on {dev.describe()} failed: {exc}") from None
-            r = (buf, serial, off, size)
+            slab.mirror[off:off + n] = data
+            if slab.hi == 0:
+                self._dirty.append(slab)
+            slab.lo = min(slab.lo, off)
+            slab.hi = max(slab.hi, off + size)
+            r = ((slab.buffer, slab.serial, off, size), slab.base(size), off)
             self.entries[bytes(data)] = r
             self.uploads += 1
             return r
 
+    def commit(self) -> None:
+        """Write the dirty ranges of the slabs (called by the stream before every submit)."""
+        if not self._dirty:
+            return
+        with self._lock:
+            dirty, self._dirty = self._dirty, []
+            q = self.device.queue
+            for s in dirty:
+                lo, hi = s.lo, s.hi
+                s.lo, s.hi = len(s.mirror), 0
+                try:
+                    q.write_buffer(s.buffer, lo, memoryview(s.mirror)[lo:hi])
+                except Exception as exc:  # noqa: BLE001
+                    raise WebGpuError(f"writing uniforms on {self.device.describe()} failed: {exc}") from None
+            self.commits += 1
+
     def _recycle(self) -> None:
         st = self.device.stream
-        st.flush()  # later writes are then ordered after every dispatch that reads the regions
+        st.flush()  # commits; later writes are then ordered after every dispatch that reads the regions
         self.entries.clear()
         self.generation += 1
         self._large = []
