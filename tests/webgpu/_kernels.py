@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from khal_runtime.manifest import Binding, Entry, Param, ScalarSlot, StructField, StructLayout, WebGpuTarget
+from khal_runtime.manifest import Binding, Entry, Param, ScalarSlot, StructField, StructLayout, WebGpuTarget  # noqa: F401
 
 
 def _hash(name: str) -> str:

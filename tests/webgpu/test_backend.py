@@ -424,3 +424,136 @@ def test_errors_are_khal_errors() -> None:
     for cls in (errors.WebGpuError, errors.PipelineCreationError, errors.GroupLimitError,
                 errors.UnalignedViewError):
         assert issubclass(cls, KhalError)
+
+
+# ---------------------------------------------------------------------------------------------
+# more layouts, failures, threads, lifetimes
+# ---------------------------------------------------------------------------------------------
+def test_several_bind_groups_and_a_gap(wdev: Any, stream: Any) -> None:
+    from khal_runtime.backends.webgpu.kernel import KernelPlan
+    from khal_runtime.manifest import Binding
+
+    e = K.entry("two_groups", 64, (K.storage("y", writable=True), K.storage("x"), K.scalar("a", "float32")),
+                (Binding(param="y", group=1, binding=0, access="read_write"),
+                 Binding(param="x", group=2, binding=3, access="read"),
+                 Binding(param=None, group=2, binding=0, access="uniform")),
+                "uniform", 4, (K.ScalarSlot(param="a", offset=0, size=4),))
+    src = f"""
+struct S {{ a: f32 }}
+@group(2) @binding(0) var<uniform> s: S;
+@group(1) @binding(0) var<storage, read_write> y: array<f32>;
+@group(2) @binding(3) var<storage, read> x: array<f32>;
+@compute @workgroup_size(64) fn {e.symbol}(@builtin(global_invocation_id) g: vec3<u32>) {{
+    if (g.x < arrayLength(&y)) {{ y[g.x] = y[g.x] + s.a * x[g.x]; }}
+}}"""
+    k = KernelPlan(e, wdev, src, "tests")
+    assert [g.index for g in k.pipeline.groups] == [0, 1, 2] and not k.pipeline.groups[0].bindings
+    x, y = arr(np.arange(64, dtype=np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
+    k.call(64, (y, x, 2.0))
+    k.call(64, (y, x, 1.0))
+    np.testing.assert_array_equal(y.to_numpy(), 3 * np.arange(64, dtype=np.float32))
+
+
+def test_a_failed_batch_is_one_named_error_and_the_stream_recovers(wdev: Any, stream: Any) -> None:
+    from khal_runtime.backends.webgpu.errors import WebGpuError
+    from khal_runtime.backends.webgpu.kernel import KernelPlan
+    from khal_runtime.manifest import Binding, StructField, StructLayout
+
+    # the manifest says 16 bytes, the shader reads 64: WebGPU rejects the dispatch at submit
+    small = StructLayout(size=16, fields=(StructField(name="a", type="float32", offset=0, size=4),))
+    p = K.Param(name="p", kind="uniform", element_type="Big", element_size=16, element_align=4,
+                layouts={"cuda": small, "wgsl": small})
+    e = K.entry("lying_layout", 1, (K.storage("out", writable=True), p),
+                (Binding(param="out", group=0, binding=0, access="read_write"),
+                 Binding(param="p", group=0, binding=1, access="uniform")))
+    src = f"""
+struct Big {{ a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32> }}
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<uniform> p: Big;
+@compute @workgroup_size(1) fn {e.symbol}() {{ out[0] = p.d.x; }}"""
+    k, good = KernelPlan(e, wdev, src, "tests"), plan("saxpy", wdev)
+    out = arr(np.zeros(4, np.float32), wdev)
+    x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
+    good.call(64, (y, x, 1.0, 64))
+    k.call(1, (out, {"a": 1.0}))
+    with pytest.raises(WebGpuError, match=r"WebGPU rejected a batch of 2 dispatch\(es\) of tests.lying_layout, "
+                       r"tests.saxpy .*KHAL_WEBGPU_BATCH=1"):
+        stream.flush()
+    good.call(64, (y, x, 1.0, 64))  # the stream works again; the failed batch did not run
+    np.testing.assert_array_equal(y.to_numpy(), np.ones(64, np.float32))
+
+
+def test_threads_launch_on_one_device(wdev: Any, stream: Any) -> None:
+    import threading
+
+    k = plan("saxpy", wdev)
+    x = arr(np.ones(64, np.float32), wdev)
+    ys = [arr(np.zeros(64, np.float32), wdev) for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def work(y: Any) -> None:
+        try:
+            for _ in range(300):
+                k.call(64, (y, x, 1.0, 64))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    ts = [threading.Thread(target=work, args=(y,)) for y in ys]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+    for y in ys:
+        np.testing.assert_array_equal(y.to_numpy(), np.full(64, 300, np.float32))
+
+
+def test_free_and_drop_with_work_pending(wdev: Any, stream: Any) -> None:
+    import gc
+
+    k = plan("saxpy", wdev)
+    y = arr(np.zeros(64, np.float32), wdev)
+    x = arr(np.ones(64, np.float32), wdev)
+    k.call(64, (y, x, 1.0, 64))
+    x.free()  # the pending dispatch that reads it is submitted first
+    x.free()  # idempotent
+    for i in range(5):
+        t = arr(np.full(64, i, np.float32), wdev)
+        k.call(64, (y, t, 1.0, 64))
+        del t  # dropped with the dispatch still recorded: wgpu keeps it until it ran
+        gc.collect()
+    np.testing.assert_array_equal(y.to_numpy(), np.full(64, 11, np.float32))
+    with pytest.raises(ArgumentValueError, match=r"argument 'x'.*freed"):
+        k.call(64, (y, x, 1.0, 64))
+    with pytest.raises(ArgumentValueError, match="freed"):
+        x.to_numpy()
+
+
+def test_struct_elements_and_fixed_arrays(wdev: Any, stream: Any) -> None:
+    from khal_runtime.backends.webgpu.kernel import KernelPlan
+    from khal_runtime.manifest import Binding
+
+    pair = K.Param(name="pts", kind="storage", element_type="Pair", element_size=8, element_align=4,
+                   shape="slice", writable=True)
+    fixed = K.Param(name="w", kind="storage", element_type="float32", element_size=4, element_align=4,
+                    shape="array", length=4)
+    e = K.entry("pairs", 64, (pair, fixed), (Binding(param="pts", group=0, binding=0, access="read_write"),
+                                             Binding(param="w", group=0, binding=1, access="read")))
+    src = f"""
+struct Pair {{ a: f32, b: f32 }}
+@group(0) @binding(0) var<storage, read_write> pts: array<Pair>;
+@group(0) @binding(1) var<storage, read> w: array<f32, 4>;
+@compute @workgroup_size(64) fn {e.symbol}(@builtin(global_invocation_id) g: vec3<u32>) {{
+    if (g.x < arrayLength(&pts)) {{ pts[g.x].b = pts[g.x].a * w[3]; }}
+}}"""
+    k = KernelPlan(e, wdev, src, "tests")
+    dt = np.dtype([("a", "<f4"), ("b", "<f4")])
+    host = np.zeros(10, dt)
+    host["a"] = np.arange(10)
+    pts = arr(host, wdev)
+    k.call(10, (pts, arr(np.array([0, 0, 0, 3], np.float32), wdev)))
+    np.testing.assert_array_equal(pts.to_numpy()["b"], 3 * np.arange(10, dtype=np.float32))
+    with pytest.raises(ArgumentValueError, match=r"argument 'w'.*needs 4 elements, got 3"):
+        k.call(10, (pts, arr(np.zeros(3, np.float32), wdev)))
+    with pytest.raises(ArgumentError, match=r"argument 'pts'.*struct Pair \(8 bytes\)"):
+        k.call(10, (arr(np.zeros(10, np.float64), wdev), arr(np.zeros(4, np.float32), wdev)))
