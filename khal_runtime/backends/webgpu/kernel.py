@@ -115,6 +115,8 @@ class KernelPlan:
             self._src0 = tuple((("s", storage_at[k]) if kind == "s" else ("u", index[k]) if kind == "u"
                                 else (kind, k)) + (dy,) for (kind, k), dy in zip(src, g.dynamic))
         self._bgcache = self.launcher.groups_cache.groups
+        if self._single:
+            self._resolve = self._make_resolve()  # type: ignore[method-assign]
         #: the previous memoable call: its arguments, pool generation, FREES, bind groups, immediates
         self._memo: list[Any] = [object()] * (len(self.params) + 4)
         self.call_source = ""
@@ -221,6 +223,75 @@ class KernelPlan:
         storages = [items[i] for i, p, kind, _ in self._kinds if kind == "storage"]
         uniforms = {p.name: items[i] for i, p, kind, _ in self._kinds if kind == "uniform"}
         return self.launcher.resolve(storages, uniforms, block), imm, memo
+
+    def _make_resolve(self) -> Callable[[Sequence[Any]], Any]:
+        """:meth:`_resolve` generated for this single-group entry: the same checks and results,
+        unrolled (no loop over parameters or bindings); anything unusual takes the general
+        helpers, which raise the named errors."""
+        params = self.params
+        n = len(params)
+        ns: dict[str, Any] = {"_WA": WgpuArray, "_dev": self.device, "_storage": self._storage,
+                              "_region": self._pool.region, "_bgc": self._bgcache,
+                              "_create": self.launcher.groups_cache.create,
+                              "_withoff": self.launcher.groups_cache.with_offsets,
+                              "_general": type(self)._resolve.__get__(self), "_g": self._g0}
+        lines = ["def resolve(args):", f"    if len(args) != {n}:", "        return _general(args)"]
+        if n:
+            lines.append(f"    {', '.join(f'a{i}' for i in range(n))}{',' if n == 1 else ''} = args")
+        lines.append("    memo = True")
+        scal: list[str] = []
+        for i, p in enumerate(params):
+            ns[f"_P{i}"] = p
+            if p.kind == "storage":
+                ns[f"_ET{i}"] = p.element_type
+                if p.shape in (None, "slice"):
+                    lines += [
+                        f"    if type(a{i}) is _WA and a{i}._et == _ET{i} and a{i}._bind_error is None "
+                        f"and not a{i}.allocation.freed and a{i}.allocation.device is _dev:",
+                        f"        r{i} = a{i}._res",
+                        "    else:",
+                        f"        r{i} = _storage(_P{i}, a{i})",
+                        f"        memo = memo and type(a{i}) is _WA"]
+                else:
+                    lines += [f"    r{i} = _storage(_P{i}, a{i})", f"    memo = memo and type(a{i}) is _WA"]
+            elif p.kind == "uniform":
+                ns[f"_UP{i}"] = self._upack[p.name].pack
+                lines += [f"    r{i} = _region(_UP{i}(a{i}))", f"    memo = memo and type(a{i}) is bytes"]
+            else:
+                scal.append(f"a{i}")
+                lines.append(f"    memo = memo and (type(a{i}) is int or type(a{i}) is float)")
+        lines.append("    imm = None")
+        if self._spack is not None:
+            ns["_spack"] = self._spack.pack
+            lines.append(f"    blk = _spack(({', '.join(scal)}{',' if len(scal) == 1 else ''}))")
+            if self._scalar_mode == "uniform":
+                lines.append("    rb = _region(blk)")
+            elif self._scalar_mode == "push_constants":
+                ns["_imm"] = self.launcher.immediates
+                lines.append("    imm = _imm(blk)")
+        res: list[str] = []
+        dyn: list[str] = []
+        for kind, k, dy in self._src0:
+            v = f"r{k}" if kind != "b" else "rb"
+            if kind == "s":
+                res.append(v)
+            elif dy:
+                res.append(f"{v}[1]")
+                dyn.append(f"{v}[2]")
+            else:
+                res.append(f"{v}[0]")
+        ns["_lid"] = self._g0.lid
+        lines += [f"    key = (_lid, {', '.join(res)}{',' if len(res) == 1 else ''})" if res else "    key = (_lid,)",
+                  "    bg = _bgc.get(key)",
+                  "    if bg is None:",
+                  f"        bg = _create(_g.layout, key, _g.bindings, key[1:])"]
+        if dyn:
+            lines.append(f"    bg = _withoff(bg, ({', '.join(dyn)},))")
+        lines.append("    return (bg,), imm, memo")
+        src = "\n".join(lines) + "\n"
+        exec(compile(src, f"<khal webgpu resolve {self.name}>", "exec"), ns)
+        self.resolve_source = src
+        return ns["resolve"]  # type: ignore[no-any-return]
 
     def check_args(self, args: Sequence[Any]) -> None:
         """Check ``args`` (and bind them: a bind group and uniform regions may be created)."""
