@@ -47,7 +47,8 @@ def saxpy() -> tuple[Entry, str]:
               (Binding(param=None, group=0, binding=0, access="uniform"),
                Binding(param="y", group=0, binding=1, access="read_write"),
                Binding(param="x", group=0, binding=2, access="read")),
-              "uniform", 8, (ScalarSlot(param="a", offset=0, size=4), ScalarSlot(param="n", offset=4, size=4)))
+              "uniform", 8,
+              (ScalarSlot(param="a", offset=0, size=4), ScalarSlot(param="n", offset=4, size=4)))
     src = f"""
 struct KhalScalars {{ a: f32, n: u32 }}
 @group(0) @binding(0) var<uniform> s: KhalScalars;
@@ -104,7 +105,8 @@ fn {e.symbol}(@builtin(global_invocation_id) g: vec3<u32>) {{
 
 
 # -- a uniform struct with a vec4, a vec3, an array and mixed scalars --------------------------------
-def _f(name: str, t: str, off: int, size: int, shape: tuple[int, ...] = (), strides: tuple[int, ...] = ()) -> StructField:
+def _f(name: str, t: str, off: int, size: int, shape: tuple[int, ...] = (),
+       strides: tuple[int, ...] = ()) -> StructField:
     return StructField(name=name, type=t, offset=off, size=size, shape=shape, strides=strides)
 
 

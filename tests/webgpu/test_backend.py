@@ -177,7 +177,7 @@ def test_batching_1000_dispatches_one_submit(wdev: Any, stream: Any) -> None:
     stream.batch = 1000
     x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
     s0 = stream.submits
-    for i in range(999):
+    for _ in range(999):
         k.call(64, (y, x, 1.0, 64))
     assert stream.submits == s0 and stream.pending == 999
     k.call(64, (y, x, 1.0, 64))
@@ -317,7 +317,8 @@ def test_argument_errors(wdev: Any, stream: Any) -> None:
     x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
     with pytest.raises(ArgumentError, match=r"saxpy\(\) takes 4 argument\(s\) \(y, x, a, n\)"):
         k.call(64, (y, x, 1.0))
-    with pytest.raises(ArgumentError, match=r"argument 'x' \(storage float32\): expected element type float32.*got int32"):
+    with pytest.raises(ArgumentError,
+                       match=r"argument 'x' \(storage float32\): expected element type float32.*got int32"):
         k.call(64, (y, arr(np.ones(64, np.int32), wdev), 1.0, 64))
     with pytest.raises(ArgumentError, match="argument 'x'.*host memory"):
         k.call(64, (y, np.ones(64, np.float32), 1.0, 64))
@@ -447,7 +448,7 @@ struct S {{ a: f32 }}
     if (g.x < arrayLength(&y)) {{ y[g.x] = y[g.x] + s.a * x[g.x]; }}
 }}"""
     k = KernelPlan(e, wdev, src, "tests")
-    assert [g.index for g in k.pipeline.groups] == [0, 1, 2] and not k.pipeline.groups[0].bindings
+    assert [g.group for g in k.pipeline.groups] == [0, 1, 2] and not k.pipeline.groups[0].bindings
     x, y = arr(np.arange(64, dtype=np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
     k.call(64, (y, x, 2.0))
     k.call(64, (y, x, 1.0))

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from khal_runtime.backends.webgpu.device import WebGpuDevice
     from khal_runtime.backends.webgpu.memory import Resource
 
-__all__ = ["BindGroupCache", "BoundGroup", "DynBound", "Immediates", "ImmediatesCache",
+__all__ = ["BindGroupCache", "Bound", "BoundGroup", "DynBound", "Immediates", "ImmediatesCache",
            "bind_group_cache", "immediates_cache"]
 
 MAX_GROUPS = 4096
@@ -131,6 +131,10 @@ class BindGroupCache:
             if any(g is not None for g in dropped) and self.dyn:
                 gone = {id(g) for g in dropped if g is not None}
                 self.dyn = {k: v for k, v in self.dyn.items() if id(k[0]) not in gone}
+
+
+#: what a dispatch sets at one group index
+Bound = BoundGroup | DynBound
 
 
 def bind_group_cache(device: WebGpuDevice) -> BindGroupCache:

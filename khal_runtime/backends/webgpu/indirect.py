@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from typing import Any
-from khal_runtime.backends.webgpu.bindings import BoundGroup, Immediates
+from khal_runtime.backends.webgpu.bindings import Bound, Immediates
 from khal_runtime.backends.webgpu.device import WebGpuDevice
 from khal_runtime.backends.webgpu.launch import Launcher
 from khal_runtime.backends.webgpu.memory import Allocation, View, alloc
@@ -99,7 +99,7 @@ def indirect_helper(device: WebGpuDevice) -> IndirectHelper:
 
 
 def dispatch_indirect(launcher: Launcher, count: View, threads: bool, block_x: int,
-                      bgs: tuple[BoundGroup, ...], imm: Immediates | None) -> None:
+                      bgs: tuple[Bound, ...], imm: Immediates | None) -> None:
     """Record the conversion of ``count`` (a checked, bindable 4-byte view) and the indirect
     dispatch of ``launcher``'s pipeline with bind groups ``bgs`` and push constants ``imm``."""
     dev = launcher.device

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from khal_runtime.backends.webgpu import memory
 from khal_runtime.backends.webgpu.arrays import WgpuArray
-from khal_runtime.backends.webgpu.bindings import BoundGroup, DynBound, Immediates
+from khal_runtime.backends.webgpu.bindings import Bound, Immediates
 from khal_runtime.backends.webgpu.device import WebGpuDevice
 from khal_runtime.backends.webgpu.launch import Launcher, group_limit_error
 from khal_runtime.backends.webgpu.memory import Allocation, Resource
@@ -112,15 +112,20 @@ class KernelPlan:
             self._g0 = g
             storage_at = [i for i, p in enumerate(entry.params) if p.kind == "storage"]
             index = {p.name: i for i, p in enumerate(entry.params)}
-            self._src0 = tuple((("s", storage_at[k]) if kind == "s" else ("u", index[k]) if kind == "u"
-                                else (kind, k)) + (dy,) for (kind, k), dy in zip(src, g.dynamic))
+            src0: list[tuple[str, Any, bool]] = []
+            for (kind, k), dy in zip(src, g.dynamic):
+                where = storage_at[k] if kind == "s" else index[k] if kind == "u" else k
+                src0.append((kind, where, dy))
+            #: where each binding of group 0 comes from: ("s", param index) storage, ("u", param
+            #: index) uniform, ("b", None) the scalar block; and whether its offset is dynamic
+            self._src0 = tuple(src0)
         self._bgcache = self.launcher.groups_cache.groups
         if self._single:
-            self._resolve = self._make_resolve()  # type: ignore[method-assign]
+            self._resolve = self._make_resolve()  # type: ignore[method-assign, assignment]
         #: the previous memoable call: its arguments, pool generation, FREES, bind groups, immediates
         self._memo: list[Any] = [object()] * (len(self.params) + 4)
         self.call_source = ""
-        self.call = self._make_call()  # type: ignore[method-assign]
+        self.call = self._make_call()  # type: ignore[method-assign, assignment]
 
     # -- arguments -------------------------------------------------------------------------------
     def _where(self, p: Param) -> str:
@@ -160,12 +165,12 @@ class KernelPlan:
         assert err is not None
         raise type(err)(str(err).replace("argument", where, 1)) from None
 
-    def resolve(self, args: Sequence[Any]) -> tuple[tuple[BoundGroup | DynBound, ...], Immediates | None]:
+    def resolve(self, args: Sequence[Any]) -> tuple[tuple[Bound, ...], Immediates | None]:
         """Check and bind ``args``: the bind groups and push constants of a dispatch."""
         bgs, imm, _memo = self._resolve(args)
         return bgs, imm
 
-    def _resolve(self, args: Sequence[Any]) -> tuple[tuple[BoundGroup | DynBound, ...], Immediates | None, bool]:
+    def _resolve(self, args: Sequence[Any]) -> tuple[tuple[Bound, ...], Immediates | None, bool]:
         """:meth:`resolve`, and whether the call may be memoised (every argument of a type that
         cannot change under the same object: WgpuArray, bytes, int, float)."""
         if len(args) != len(self.params):
@@ -207,7 +212,7 @@ class KernelPlan:
                 if kind == "s":
                     res.append(items[k])
                 else:
-                    reg = items[k] if kind == "u" else block
+                    reg: Any = items[k] if kind == "u" else block
                     if dy:
                         res.append(reg[1])
                         dyn.append(reg[2])
@@ -284,7 +289,7 @@ class KernelPlan:
         lines += [f"    key = (_lid, {', '.join(res)}{',' if len(res) == 1 else ''})" if res else "    key = (_lid,)",
                   "    bg = _bgc.get(key)",
                   "    if bg is None:",
-                  f"        bg = _create(_g.layout, key, _g.bindings, key[1:])"]
+                  "        bg = _create(_g.layout, key, _g.bindings, key[1:])"]
         if dyn:
             lines.append(f"    bg = _withoff(bg, ({', '.join(dyn)},))")
         lines.append("    return (bg,), imm, memo")
@@ -319,7 +324,7 @@ class KernelPlan:
             f"    if type(n) is int and n > 0 and len(args) == {n}:\n"
             f"        {unpack} = args\n" if n else
             "def call(n, args):\n"
-            f"    if type(n) is int and n > 0 and len(args) == 0:\n"
+            "    if type(n) is int and n > 0 and len(args) == 0:\n"
         )
         src += (
             "        m = _memo\n"

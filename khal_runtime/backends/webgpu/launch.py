@@ -19,8 +19,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from khal_runtime.backends.webgpu.bindings import (
-    BoundGroup,
-    DynBound,
+    Bound,
     Immediates,
     bind_group_cache,
     immediates_cache,
@@ -83,7 +82,7 @@ class Launcher:
             raise group_limit_error(self.name, (gx, gy, gz), m, self.device)
 
     # -- binding ---------------------------------------------------------------------------------
-    def bind_group(self, g: Any, items: Sequence[Any]) -> BoundGroup | DynBound:
+    def bind_group(self, g: Any, items: Sequence[Any]) -> Bound:
         """The bind group of group plan ``g`` whose bindings take ``items``: a Resource per
         storage binding, a uniform Region (:meth:`.uniforms.UniformPool.region`) per uniform one."""
         res: list[Resource] = []
@@ -100,7 +99,7 @@ class Launcher:
         return self.groups_cache.with_offsets(bg, tuple(dyn)) if dyn else bg
 
     def resolve(self, res: Sequence[Resource], uniforms: Mapping[str, Region],
-                block: Region | None) -> tuple[BoundGroup | DynBound, ...]:
+                block: Region | None) -> tuple[Bound, ...]:
         """The bind groups binding ``res`` (one Resource per storage parameter), the uniform
         regions and the scalar block's region."""
         out = []
@@ -119,7 +118,7 @@ class Launcher:
         return self.imm_cache.get(block)
 
     def prepare(self, storages: Sequence[View], uniforms: Mapping[str, bytes] | None = None,
-                scalars: bytes | None = None) -> tuple[tuple[BoundGroup | DynBound, ...], Immediates | None]:
+                scalars: bytes | None = None) -> tuple[tuple[Bound, ...], Immediates | None]:
         """Check and bind the arguments: (bind groups, immediates) for :meth:`record`."""
         if len(storages) != len(self.storage_params):
             raise ArgumentError(f"{self.name}: {len(self.storage_params)} storage view(s) expected "
@@ -148,7 +147,7 @@ class Launcher:
         return self.resolve(res, regions, block), self.immediates(scalars)
 
     # -- recording -------------------------------------------------------------------------------
-    def record(self, groups: tuple[int, int, int], bgs: tuple[BoundGroup, ...], imm: Immediates | None) -> None:
+    def record(self, groups: tuple[int, int, int], bgs: tuple[Bound, ...], imm: Immediates | None) -> None:
         gx, gy, gz = groups
         m = self.max_groups
         if gx > m or gy > m or gz > m:

@@ -47,10 +47,10 @@ def select_target(entry: Entry, crate: str = "") -> WebGpuTarget:
 
 
 class GroupPlan(NamedTuple):
-    """One bind group of a pipeline: its index, layout (and a unique id for cache keys), and
+    """One bind group of a pipeline: its group index, layout (and a unique id for cache keys), and
     for each binding its number and what fills it (``param`` None: the scalar block)."""
 
-    index: int
+    group: int
     layout: Any
     lid: int
     bindings: tuple[int, ...]

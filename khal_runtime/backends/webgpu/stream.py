@@ -96,7 +96,8 @@ class CommandStream:
         self._staging: Any = None
         self._sync_src: Any = None
         nat = native()
-        self._lib, self._ffi = nat if nat is not None else (None, None)
+        self._lib: Any = nat[0] if nat is not None else None
+        self._ffi: Any = nat[1] if nat is not None else None
 
     # -- state ---------------------------------------------------------------------------------
     @property
