@@ -558,3 +558,71 @@ struct Pair {{ a: f32, b: f32 }}
         k.call(10, (pts, arr(np.zeros(3, np.float32), wdev)))
     with pytest.raises(ArgumentError, match=r"argument 'pts'.*struct Pair \(8 bytes\)"):
         k.call(10, (arr(np.zeros(10, np.float64), wdev), arr(np.zeros(4, np.float32), wdev)))
+
+
+def test_memoised_call_sees_frees_and_pool_recycling(wdev: Any, stream: Any) -> None:
+    from khal_runtime.backends.webgpu.uniforms import uniform_pool
+
+    k = plan("saxpy", wdev)
+    x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
+    args = (y, x, 1.0, 64)
+    k.call(64, args)
+    k.call(64, args)           # the memo path
+    uniform_pool(wdev).clear()  # regions forgotten: the next call must bind anew
+    k.call(64, args)
+    np.testing.assert_array_equal(y.to_numpy(), np.full(64, 3, np.float32))
+    x.free()
+    with pytest.raises(ArgumentValueError, match=r"argument 'x'.*freed"):
+        k.call(64, args)
+
+
+def test_many_distinct_uniform_values_recycle_the_pool(wdev: Any, stream: Any) -> None:
+    from khal_runtime.backends.webgpu.uniforms import uniform_pool
+
+    k = plan("saxpy", wdev)
+    pool = uniform_pool(wdev)
+    old = pool.max_entries
+    pool.max_entries = 50
+    try:
+        x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
+        gen = pool.generation
+        for i in range(130):
+            k.call(64, (y, x, float(i), 64))
+        assert pool.generation >= gen + 2
+        np.testing.assert_array_equal(y.to_numpy(), np.full(64, sum(range(130)), np.float32))
+    finally:
+        pool.max_entries = old
+
+
+def test_profiling_a_replay(wdev: Any, stream: Any) -> None:
+    from khal_runtime.backends.webgpu.profiling import disable_profiling, enable_profiling
+    from khal_runtime.backends.webgpu.recording import capture
+
+    if not wdev.has_timestamps:
+        pytest.skip(f"{wdev.describe()} has no timestamp-query")
+    k = plan("saxpy", wdev)
+    x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
+    with capture(wdev, label="step") as cap:
+        for _ in range(3):
+            k.call(64, (y, x, 1.0, 64))
+    t = enable_profiling(wdev)
+    try:
+        cap.recording.launch()
+        cap.recording.launch()
+        np.testing.assert_array_equal(y.to_numpy(), np.full(64, 6, np.float32))
+        assert t.stats()["recording step (3 dispatches)"]["count"] == 2
+    finally:
+        disable_profiling(wdev)
+
+
+def test_shader_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from khal_runtime.backends.webgpu.pipeline import select_target
+
+    e, _ = K.saxpy()
+    assert select_target(e).target == "wgsl"
+    monkeypatch.setenv("KHAL_WEBGPU_SHADER", "spirv")
+    with pytest.raises(KhalError, match=r"entry c.saxpy has no spirv build \(KHAL_WEBGPU_SHADER=spirv\); it has wgsl"):
+        select_target(e, "c")
+    monkeypatch.setenv("KHAL_WEBGPU_SHADER", "glsl")
+    with pytest.raises(KhalError, match="expected wgsl"):
+        select_target(e)
