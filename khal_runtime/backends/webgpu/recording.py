@@ -61,20 +61,26 @@ class Recording:
         self._pool = uniform_pool(self.device)
         self._pool.pins += 1
         self._closed = False
+        #: the commands as C calls per pass (compile_commands), made on the first launch
+        self._compiled: list[tuple[Any, ...]] | None = None
 
     # -- filled by the stream while capturing ------------------------------------------------------
     def add_dispatch(self, pl: Any, bgs: tuple[Any, ...], groups: tuple[int, int, int], imm: Any) -> None:
+        self._compiled = None
         self.commands.append(("d", pl, bgs, groups, imm))
         self.kernels.append(pl.name)
 
     def add_indirect(self, pl: Any, bgs: tuple[Any, ...], buffer: Any, offset: int, imm: Any) -> None:
+        self._compiled = None
         self.commands.append(("i", pl, bgs, buffer, offset, imm))
         self.kernels.append(pl.name)
 
     def add_clear(self, a: memory.Allocation, offset: int, size: int) -> None:
+        self._compiled = None
         self.commands.append(("clear", a, offset, size))
 
     def add_copy(self, src: memory.Allocation, so: int, dst: memory.Allocation, do: int, size: int) -> None:
+        self._compiled = None
         self.commands.append(("copy", src, so, dst, do, size))
 
     @property
@@ -115,6 +121,10 @@ class Recording:
             try:
                 if timer is not None:
                     timer.replay(self, enc)
+                elif st._lib is not None:
+                    if self._compiled is None:
+                        self._compiled = compile_commands(self.commands, st._lib)
+                    replay_compiled(self._compiled, enc)
                 else:
                     encode(self.commands, enc, st)
                 dev.queue.submit([enc.finish()])
@@ -142,6 +152,7 @@ class Recording:
         new = cap.recording
         assert new is not None
         self.commands, self.kernels = new.commands, new.kernels
+        self._compiled = None
         new.commands = []
         new.close()
         self._keep = (args, kwargs)
@@ -161,6 +172,7 @@ class Recording:
         if not self._closed:
             self._closed = True
             self.commands = []
+            self._compiled = None
             self._keep = None
             self._pool.pins = max(0, self._pool.pins - 1)
 
@@ -242,6 +254,59 @@ def encode(commands: list[tuple[Any, ...]], enc: Any, st: CommandStream,
         p.end()
 
 
+def compile_commands(commands: list[tuple[Any, ...]], lib: Any) -> list[tuple[Any, ...]]:
+    """``commands`` as what a replay runs: ``("pass", [(C function, args after the pass
+    handle), ...])`` per run of dispatches (pass state already set is not set again), and the
+    copies and clears between them as they are. Replaying this costs the C calls alone."""
+    out: list[tuple[Any, ...]] = []
+    calls: list[tuple[Any, tuple[Any, ...]]] | None = None
+    last_pl: Any = None
+    last_bg: list[Any] = [None] * 4
+    last_imm: Any = None
+    for c in commands:
+        kind = c[0]
+        if kind == "d" or kind == "i":
+            if calls is None:
+                calls = []
+                out.append(("pass", calls))
+                last_pl, last_bg, last_imm = None, [None] * 4, None
+            pl, bgs, imm = c[1], c[2], c[-1]
+            if pl is not last_pl:
+                calls.append((lib.wgpuComputePassEncoderSetPipeline, (pl.raw,)))
+                last_pl = pl
+            for i, bg in enumerate(bgs):
+                if last_bg[i] is not bg:
+                    calls.append((lib.wgpuComputePassEncoderSetBindGroup, (i, bg.raw, bg.n_dyn, bg.offsets)))
+                    last_bg[i] = bg
+            if imm is not None and imm is not last_imm:
+                calls.append((lib.wgpuComputePassEncoderSetImmediates, (0, imm.cdata, imm.size)))
+                last_imm = imm
+            if kind == "d":
+                calls.append((lib.wgpuComputePassEncoderDispatchWorkgroups, tuple(c[3])))
+            else:
+                calls.append((lib.wgpuComputePassEncoderDispatchWorkgroupsIndirect, (c[3]._internal, c[4])))
+        else:
+            calls = None
+            out.append(c)
+    return out
+
+
+def replay_compiled(compiled: list[tuple[Any, ...]], enc: Any) -> None:
+    """Encode :func:`compile_commands`' output into ``enc``."""
+    for seg in compiled:
+        kind = seg[0]
+        if kind == "pass":
+            p = enc.begin_compute_pass(label="khal replay")
+            praw = p._internal
+            for f, a in seg[1]:
+                f(praw, *a)
+            p.end()
+        elif kind == "clear":
+            enc.clear_buffer(seg[1].buffer, seg[2], seg[3])
+        else:
+            enc.copy_buffer_to_buffer(seg[1].buffer, seg[2], seg[3].buffer, seg[4], seg[5])
+
+
 class Capture:
     """An open capture on a device's stream, for this thread. A context manager, or
     :meth:`begin` / :meth:`end`."""
@@ -267,7 +332,7 @@ class Capture:
                                    f"{st.device.describe()}; end that capture first")
             rec = Recording(st, self.label)
             rec._keep = self._keep
-            st._captures[get_ident()] = rec
+            st.set_capture(get_ident(), rec)
         self._open = rec
         return self
 
@@ -276,8 +341,7 @@ class Capture:
         if rec is None:
             raise CaptureError(f"capture {self.label!r} is not open")
         self._open = None
-        with self.stream.lock:
-            self.stream._captures.pop(get_ident(), None)
+        self.stream.set_capture(get_ident(), None)
         return rec
 
     def end(self) -> Recording:

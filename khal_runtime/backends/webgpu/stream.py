@@ -77,18 +77,18 @@ class CommandStream:
         self._pass: Any = None       # open GPUComputePassEncoder
         self._praw: Any = None       # its native handle (fast path)
         self._dispatches = 0         # dispatches in the open encoder
-        self._commands = 0           # anything in the open encoder
+        self._commands = 0           # copies, clears and timed passes in the open encoder
         self._names: list[str] = []  # entry of each dispatch in the open encoder (error messages)
         self._keep: list[Any] = []   # objects the open encoder's commands use
         self._last_pl: Any = None    # pass state already set: skip setting it again
         self._last_bg: list[Any] = [None, None, None, None]
         self._last_imm: Any = None
-        #: thread id -> the Recording that thread is capturing into (recording.py)
+        self._last_bgs: Any = None   # the bind-group tuple last set (a memoised call reuses it)
+        #: thread id -> the Recording that thread is capturing into (recording.py, set_capture)
         self._captures: dict[int, Any] = {}
-        #: profiling.Timer while GPU timing is on (each dispatch in its own timed pass)
-        self.timer: Any = None
-        #: tracing hook: ``on_dispatch(pipeline, groups, indirect)`` per recorded dispatch
-        self.on_dispatch: Callable[[Any, tuple[int, int, int], bool], None] | None = None
+        self._timer: Any = None
+        self._on_dispatch: Callable[[Any, tuple[int, int, int], bool], None] | None = None
+        self._plain = False
         #: called (lock held) before every submit of this device's queue: the uniform pool's commit
         self.pre_submit: list[Callable[[], None]] = []
         self.submits = 0
@@ -98,12 +98,13 @@ class CommandStream:
         nat = native()
         self._lib: Any = nat[0] if nat is not None else None
         self._ffi: Any = nat[1] if nat is not None else None
+        self._update_mode()
 
     # -- state ---------------------------------------------------------------------------------
     @property
     def pending(self) -> int:
-        """Commands recorded and not yet submitted."""
-        return self._commands
+        """Commands (dispatches, copies, clears) recorded and not yet submitted."""
+        return self._commands + self._dispatches
 
     def capturing(self) -> Any:
         """The Recording this thread is capturing into on this stream, else None."""
@@ -122,9 +123,8 @@ class CommandStream:
             self._enc = self.device.device.create_command_encoder(label="khal")
         self._pass = self._enc.begin_compute_pass(label="khal")
         self._praw = self._pass._internal if self._lib is not None else self._pass
-        self._last_pl = None
+        self._last_pl = self._last_bgs = self._last_imm = None
         self._last_bg = [None, None, None, None]
-        self._last_imm = None
         return self._praw
 
     def _end_pass(self) -> None:
@@ -138,47 +138,111 @@ class CommandStream:
 
     def record(self, pl: Any, bgs: tuple[Any, ...], gx: int, gy: int, gz: int, imm: Any) -> None:
         """Record one dispatch of pipeline ``pl`` (a :class:`.pipeline.Pipeline`) with bind
-        groups ``bgs`` (:class:`.bindings.BoundGroup` per group index, in order), ``gx*gy*gz``
-        workgroups (already checked against the limit) and immediates ``imm``
-        (:class:`.packing.Immediates` or None)."""
+        groups ``bgs`` (a :class:`.bindings.BoundGroup` / ``DynBound`` per group index, in
+        order), ``gx*gy*gz`` workgroups (already checked against the limit) and immediates
+        ``imm`` (:class:`.bindings.Immediates` or None). The hot path: pass state already set
+        (the same pipeline, the same bind-group tuple, the same immediates) is not set again."""
         with self.lock:
-            if self._captures:
-                rec = self._captures.get(get_ident())
-                if rec is not None:
-                    rec.add_dispatch(pl, bgs, (gx, gy, gz), imm)
-                    return
-            if self.timer is not None:
-                self.timer.record(self, pl, bgs, (gx, gy, gz), imm, None)
+            if not self._plain:
+                self._record_other(pl, bgs, gx, gy, gz, imm)
                 return
             p = self._praw
             if p is None:
                 p = self._begin()
             lib = self._lib
-            if lib is not None:
-                if pl is not self._last_pl:
-                    lib.wgpuComputePassEncoderSetPipeline(p, pl.raw)
-                    self._last_pl = pl
-                last = self._last_bg
-                i = 0
-                for bg in bgs:
-                    if last[i] is not bg:
-                        lib.wgpuComputePassEncoderSetBindGroup(p, i, bg.raw, bg.n_dyn, bg.offsets)
-                        last[i] = bg
-                    i += 1
-                if imm is not None and imm is not self._last_imm:
-                    lib.wgpuComputePassEncoderSetImmediates(p, 0, imm.cdata, imm.size)
-                    self._last_imm = imm
-                lib.wgpuComputePassEncoderDispatchWorkgroups(p, gx, gy, gz)
-            else:
-                self._record_public(p, pl, bgs, imm)
-                p.dispatch_workgroups(gx, gy, gz)
+            if pl is not self._last_pl:
+                lib.wgpuComputePassEncoderSetPipeline(p, pl.raw)
+                self._last_pl = pl
+            if bgs is not self._last_bgs:
+                self._set_groups(p, bgs)
+            if imm is not None and imm is not self._last_imm:
+                lib.wgpuComputePassEncoderSetImmediates(p, 0, imm.cdata, imm.size)
+                self._last_imm = imm
+            lib.wgpuComputePassEncoderDispatchWorkgroups(p, gx, gy, gz)
             self._names.append(pl.name)
-            self._commands += 1
             self._dispatches += 1
-            if self.on_dispatch is not None:
-                self.on_dispatch(pl, (gx, gy, gz), False)
             if self._dispatches >= self.batch:
                 self.flush()
+
+    def _set_groups(self, p: Any, bgs: tuple[Any, ...]) -> None:
+        last = self._last_bg
+        for i, bg in enumerate(bgs):
+            if last[i] is not bg:
+                self._lib.wgpuComputePassEncoderSetBindGroup(p, i, bg.raw, bg.n_dyn, bg.offsets)
+                last[i] = bg
+        self._last_bgs = bgs
+
+    def _update_mode(self) -> None:
+        """Whether :meth:`record` may take its hot path: the C calls are there, and no capture,
+        timer or tracing hook wants to see the dispatch."""
+        self._plain = (self._lib is not None and not self._captures and self._timer is None
+                       and self._on_dispatch is None)
+
+    @property
+    def timer(self) -> Any:
+        """The :class:`.profiling.Timer` while GPU timing is on (each dispatch in its own pass)."""
+        return self._timer
+
+    @timer.setter
+    def timer(self, t: Any) -> None:
+        with self.lock:
+            self._timer = t
+            self._update_mode()
+
+    @property
+    def on_dispatch(self) -> Callable[[Any, tuple[int, int, int], bool], None] | None:
+        """Tracing hook: ``on_dispatch(pipeline, groups, indirect)`` per recorded dispatch
+        (``trace_fields`` in :mod:`.profiling` says what to print of it)."""
+        return self._on_dispatch
+
+    @on_dispatch.setter
+    def on_dispatch(self, fn: Callable[[Any, tuple[int, int, int], bool], None] | None) -> None:
+        with self.lock:
+            self._on_dispatch = fn
+            self._update_mode()
+
+    def set_capture(self, thread: int, rec: Any) -> None:
+        """Make ``thread``'s dispatches go to Recording ``rec`` (None: back to the stream)."""
+        with self.lock:
+            if rec is None:
+                self._captures.pop(thread, None)
+            else:
+                self._captures[thread] = rec
+            self._update_mode()
+
+    def _record_other(self, pl: Any, bgs: tuple[Any, ...], gx: int, gy: int, gz: int, imm: Any) -> None:
+        """:meth:`record` off the hot path: into a capture, a timed pass, through wgpu-py's
+        public methods, or with the tracing hook."""
+        if self._captures:
+            rec = self._captures.get(get_ident())
+            if rec is not None:
+                rec.add_dispatch(pl, bgs, (gx, gy, gz), imm)
+                return
+        if self._timer is not None:
+            self._timer.record(self, pl, bgs, (gx, gy, gz), imm, None)
+            return
+        p = self._praw
+        if p is None:
+            p = self._begin()
+        if self._lib is not None:
+            if pl is not self._last_pl:
+                self._lib.wgpuComputePassEncoderSetPipeline(p, pl.raw)
+                self._last_pl = pl
+            if bgs is not self._last_bgs:
+                self._set_groups(p, bgs)
+            if imm is not None and imm is not self._last_imm:
+                self._lib.wgpuComputePassEncoderSetImmediates(p, 0, imm.cdata, imm.size)
+                self._last_imm = imm
+            self._lib.wgpuComputePassEncoderDispatchWorkgroups(p, gx, gy, gz)
+        else:
+            self._record_public(p, pl, bgs, imm)
+            p.dispatch_workgroups(gx, gy, gz)
+        self._names.append(pl.name)
+        self._dispatches += 1
+        if self._on_dispatch is not None:
+            self._on_dispatch(pl, (gx, gy, gz), False)
+        if self._dispatches >= self.batch:
+            self.flush()
 
     def _record_public(self, p: Any, pl: Any, bgs: tuple[Any, ...], imm: Any) -> None:
         if pl is not self._last_pl:
@@ -201,8 +265,8 @@ class CommandStream:
             if rec is not None:
                 rec.add_indirect(pl, bgs, args_buffer, args_offset, imm)
                 return
-            if self.timer is not None:
-                self.timer.record(self, pl, bgs, None, imm, (args_buffer, args_offset))
+            if self._timer is not None:
+                self._timer.record(self, pl, bgs, None, imm, (args_buffer, args_offset))
                 return
             p = self._praw
             if p is None:
@@ -211,10 +275,8 @@ class CommandStream:
                 if pl is not self._last_pl:
                     self._lib.wgpuComputePassEncoderSetPipeline(p, pl.raw)
                     self._last_pl = pl
-                for i, bg in enumerate(bgs):
-                    if self._last_bg[i] is not bg:
-                        self._lib.wgpuComputePassEncoderSetBindGroup(p, i, bg.raw, bg.n_dyn, bg.offsets)
-                        self._last_bg[i] = bg
+                if bgs is not self._last_bgs:
+                    self._set_groups(p, bgs)
                 if imm is not None and imm is not self._last_imm:
                     self._lib.wgpuComputePassEncoderSetImmediates(p, 0, imm.cdata, imm.size)
                     self._last_imm = imm
@@ -225,10 +287,9 @@ class CommandStream:
                 p.dispatch_workgroups_indirect(args_buffer, args_offset)
             self._keep.append(args_buffer)
             self._names.append(pl.name)
-            self._commands += 1
             self._dispatches += 1
-            if self.on_dispatch is not None:
-                self.on_dispatch(pl, (0, 0, 0), True)
+            if self._on_dispatch is not None:
+                self._on_dispatch(pl, (0, 0, 0), True)
             if self._dispatches >= self.batch:
                 self.flush()
 
@@ -256,7 +317,7 @@ class CommandStream:
             if enc is None:
                 return
             self._end_pass()
-            timer = self.timer
+            timer = self._timer
             try:
                 if timer is not None:
                     timer.before_finish(self, enc)
@@ -276,7 +337,7 @@ class CommandStream:
         self._dispatches = self._commands = 0
         self._names = []
         self._keep = []
-        self._last_pl = self._last_imm = None
+        self._last_pl = self._last_imm = self._last_bgs = None
 
     def _fail(self, exc: BaseException, doing: str) -> None:
         wgpu = wgpu_module()
