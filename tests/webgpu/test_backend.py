@@ -626,3 +626,34 @@ def test_shader_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KHAL_WEBGPU_SHADER", "glsl")
     with pytest.raises(KhalError, match="expected wgsl"):
         select_target(e)
+
+
+def test_public_wgpu_py_path(wdev: Any, stream: Any) -> None:
+    """Without wgpu-native's C functions (another wgpu-py layout) the stream records through
+    wgpu-py's public methods: same results."""
+    from khal_runtime.backends.webgpu.recording import capture
+
+    k, h = plan("saxpy", wdev), plan("hits", wdev)
+    x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
+    hits = arr(np.zeros(128, np.uint32), wdev)
+    count = arr(np.array([2], np.uint32), wdev)
+    lib = stream._lib
+    stream.flush()
+    stream._lib = None
+    stream._update_mode()
+    try:
+        k.call(64, (y, x, 1.0, 64))
+        k.call(64, (y, x, 2.0, 64))
+        h.dispatch_indirect(count, (hits,))
+        with capture(wdev) as cap:
+            k.call(64, (y, x, 4.0, 64))
+        cap.recording.launch()
+        if wdev.has_immediates:
+            kp = plan("saxpy_push", wdev)
+            kp.call(64, (y, x, 8.0, 64))
+        np.testing.assert_array_equal(y.to_numpy(), np.full(64, 15.0 if wdev.has_immediates else 7.0, np.float32))
+        np.testing.assert_array_equal(hits.to_numpy(), np.ones(128, np.uint32))
+    finally:
+        stream.flush()
+        stream._lib = lib
+        stream._update_mode()
