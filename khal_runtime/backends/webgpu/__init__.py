@@ -13,6 +13,7 @@ Modules, one concern each (lower ones never import higher ones):
 * :mod:`.device` -- adapter choice, status, one device per ordinal;
 * :mod:`.memory` -- storage buffers, views, ordered uploads / downloads / clears / copies;
 * :mod:`.uniforms` -- content-addressed uniform regions; :mod:`.bindings` -- bind groups;
+* :mod:`.artifacts` -- an entry's WGSL / SPIR-V from its package, checked (sha256, entry hash);
 * :mod:`.pipeline` -- shader modules, explicit layouts, compute pipelines (cached);
 * :mod:`.launch` -- :class:`Launcher`: dispatch a pipeline with views and packed bytes;
 * :mod:`.arrays` -- :class:`WgpuArray`, the device array (DeviceBuffer semantics);
@@ -37,6 +38,7 @@ __all__ = [
     "WgpuArray",
     "capture",
     "capture_recording",
+    "code_loader",
     "disable_profiling",
     "enable_profiling",
     "get_device",
@@ -49,7 +51,7 @@ _LAZY = {
     "Capture": "recording", "Recording": "recording", "capture": "recording",
     "capture_recording": "recording", "Launcher": "launch",
     "WebGpuDevice": "device", "WebGpuStatus": "device", "get_device": "device", "status": "device",
-    "WgpuArray": "arrays", "enable_profiling": "profiling", "disable_profiling": "profiling",
+    "WgpuArray": "arrays", "code_loader": "artifacts", "enable_profiling": "profiling", "disable_profiling": "profiling",
 }
 
 
