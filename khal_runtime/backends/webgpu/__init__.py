@@ -51,7 +51,8 @@ _LAZY = {
     "Capture": "recording", "Recording": "recording", "capture": "recording",
     "capture_recording": "recording", "Launcher": "launch",
     "WebGpuDevice": "device", "WebGpuStatus": "device", "get_device": "device", "status": "device",
-    "WgpuArray": "arrays", "code_loader": "artifacts", "enable_profiling": "profiling", "disable_profiling": "profiling",
+    "WgpuArray": "arrays", "code_loader": "artifacts",
+    "enable_profiling": "profiling", "disable_profiling": "profiling",
 }
 
 
