@@ -76,7 +76,8 @@ class BindGroupCache:
         self.groups: dict[tuple[Any, ...], BoundGroup] = {}
         self.dyn: dict[tuple[Any, ...], DynBound] = {}
         self._by_serial: dict[int, list[tuple[Any, ...]]] = {}
-        self._lock = threading.Lock()
+        # reentrant: an Allocation collected while this thread holds it forgets its groups here
+        self._lock = threading.RLock()
         self.created = 0
 
     def get(self, layout: Any, lid: int, bindings: Sequence[int], res: Sequence[Resource]) -> BoundGroup:

@@ -123,7 +123,8 @@ class KernelPlan:
         if self._single:
             self._resolve = self._make_resolve()  # type: ignore[method-assign, assignment]
         #: the previous memoable call: its arguments, pool generation, FREES, bind groups, immediates
-        self._memo: list[Any] = [object()] * (len(self.params) + 4)
+        #: (a 1-item list holding a tuple, replaced whole: a thread reads one consistent snapshot)
+        self._memo: list[tuple[Any, ...]] = [(object(),) * (len(self.params) + 4)]
         self.call_source = ""
         self.call = self._make_call()  # type: ignore[method-assign, assignment]
 
@@ -327,7 +328,7 @@ class KernelPlan:
             "    if type(n) is int and n > 0 and len(args) == 0:\n"
         )
         src += (
-            "        m = _memo\n"
+            "        m = _memo[0]\n"
             f"        if {' and '.join(conds + [f'm[{n}] == _pool.generation', f'm[{n + 1}] == _FREES[0]'])}:\n"
             f"            gx = (n + {self._bx - 1}) // {self._bx}\n"
             f"            if gx <= {self.max_groups}:\n"
@@ -361,7 +362,7 @@ class KernelPlan:
         bgs, imm, memo = self._resolve(args)
         self.stream.record(self.pipeline, bgs, gx, 1, 1, imm)
         if memo:
-            self._memo[:] = [*args, gen, frees, bgs, imm]
+            self._memo[0] = (*args, gen, frees, bgs, imm)
 
     def launch(self, grid: Any, block: Any, args: Sequence[Any], shared_mem: int = 0) -> None:
         """``k.launch(grid, block, *args)``: explicit workgroup counts. The workgroup size is
@@ -442,7 +443,7 @@ class BoundDispatch:
     workgroups at about the cost of a raw wgpu-py dispatch; ``b.launch(grid)`` takes explicit
     counts. Re-binds by itself when a buffer was freed or the uniform pool recycled."""
 
-    __slots__ = ("plan", "args", "bgs", "imm", "_gen", "_frees", "_pool", "_rec", "_pl", "_bx", "_max")
+    __slots__ = ("plan", "args", "_state", "_pool", "_rec", "_pl", "_bx", "_max")
 
     def __init__(self, plan: KernelPlan, args: tuple[Any, ...]) -> None:
         self.plan = plan
@@ -454,14 +455,24 @@ class BoundDispatch:
         self._max = plan.max_groups
         self._bind()
 
-    def _bind(self) -> None:
-        self._gen = self._pool.generation
-        self._frees = memory.FREES[0]
-        self.bgs, self.imm = self.plan.resolve(self.args)
+    def _bind(self) -> tuple[Any, ...]:
+        gen, frees = self._pool.generation, memory.FREES[0]
+        bgs, imm = self.plan.resolve(self.args)
+        st = self._state = (gen, frees, bgs, imm)  # one tuple: threads see one consistent state
+        return st
+
+    @property
+    def bgs(self) -> tuple[Bound, ...]:
+        return self._state[2]  # type: ignore[no-any-return]
+
+    @property
+    def imm(self) -> Immediates | None:
+        return self._state[3]  # type: ignore[no-any-return]
 
     def __call__(self, n: int) -> None:
-        if self._gen != self._pool.generation or self._frees != memory.FREES[0]:
-            self._bind()
+        st = self._state
+        if st[0] != self._pool.generation or st[1] != memory.FREES[0]:
+            st = self._bind()
         gx = (n + self._bx - 1) // self._bx
         if gx > self._max or gx <= 0:
             if gx <= 0 and n == 0:
@@ -469,11 +480,12 @@ class BoundDispatch:
             if gx > self._max:
                 raise group_limit_error(self.plan.name, (gx, 1, 1), self._max, self.plan.device)
             raise ValueError(f"{self.plan.name}(): thread count must be >= 0, got {n}")
-        self._rec(self._pl, self.bgs, gx, 1, 1, self.imm)
+        self._rec(self._pl, st[2], gx, 1, 1, st[3])
 
     def launch(self, grid: Any) -> None:
-        if self._gen != self._pool.generation or self._frees != memory.FREES[0]:
-            self._bind()
+        st = self._state
+        if st[0] != self._pool.generation or st[1] != memory.FREES[0]:
+            st = self._bind()
         g = dim3(grid, "grid")
         self.plan.launcher.check_groups(*g)
-        self._rec(self._pl, self.bgs, g[0], g[1], g[2], self.imm)
+        self._rec(self._pl, st[2], g[0], g[1], g[2], st[3])
