@@ -657,3 +657,30 @@ def test_public_wgpu_py_path(wdev: Any, stream: Any) -> None:
         stream.flush()
         stream._lib = lib
         stream._update_mode()
+
+
+def test_launcher_dispatch_with_views_and_packed_bytes(wdev: Any, stream: Any) -> None:
+    """The low-level API: views per storage parameter, uniform bytes in the target layout, the
+    packed scalar block."""
+    import struct
+
+    from khal_runtime.backends.webgpu.launch import Launcher
+    from khal_runtime.backends.webgpu.packing import UniformPacker
+    from tests.webgpu.test_packing import VALUES
+
+    sax = Launcher(plan("saxpy", wdev).pipeline)
+    x, y = arr(np.arange(64, dtype=np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
+    sax.dispatch((1, 1, 1), [y.view, x.view], None, struct.pack("<fI", 2.0, 64))
+    sax.dispatch((0, 1, 1), [y.view, x.view], None, struct.pack("<fI", 100.0, 64))  # no groups: nothing
+    np.testing.assert_array_equal(y.to_numpy(), 2 * np.arange(64, dtype=np.float32))
+    p = plan("params_struct", wdev)
+    out = arr(np.zeros(12, np.float32), wdev)
+    packed = UniformPacker("read_params", p.params[1], "wgsl").pack(VALUES)
+    Launcher(p.pipeline).dispatch((1, 1, 1), [out.view], {"p": packed})
+    assert out.to_numpy()[9] == 42
+    with pytest.raises(ArgumentError, match=r"2 storage view\(s\) expected \(y, x\), got 1"):
+        sax.dispatch((1, 1, 1), [y.view], None, b"\0" * 8)
+    with pytest.raises(ArgumentError, match="the scalar block was not given"):
+        sax.dispatch((1, 1, 1), [y.view, x.view])
+    with pytest.raises(ArgumentValueError, match="a slice starting at byte 4"):
+        sax.dispatch((1, 1, 1), [y.view, x[1:9].view], None, b"\0" * 8)
