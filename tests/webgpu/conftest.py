@@ -30,7 +30,8 @@ def webgpu_unavailable_reason() -> str | None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "webgpu" in item.keywords:
+        # the marker, not ``item.keywords``: those hold the directory name "webgpu" too
+        if item.get_closest_marker("webgpu") is not None:
             reason = webgpu_unavailable_reason()
             if reason:
                 item.add_marker(pytest.mark.skip(reason=f"WebGPU test: {reason}"))
