@@ -148,11 +148,11 @@ class KernelPlan:
         return res
 
     def _bad_type(self, p: Param, obj: Any, et: str) -> None:
-        if p.element_type in memory_scalar_types():
+        if p.element_type in _scalar_types():
             raise ArgumentError(f"{self._where(p)}: expected element type {p.element_type} "
                                 f"({p.element_size} bytes), got {et}")
         size = getattr(getattr(obj, "dtype", None), "itemsize", None)
-        if size != p.element_size or et in memory_scalar_types():
+        if size != p.element_size or et in _scalar_types():
             raise ArgumentError(f"{self._where(p)}: expected elements of struct {p.element_type} "
                                 f"({p.element_size} bytes), got {et} ({size} bytes)")
 
@@ -424,7 +424,7 @@ def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
     return t  # type: ignore[return-value]
 
 
-def memory_scalar_types() -> dict[str, Any]:
+def _scalar_types() -> dict[str, Any]:
     from khal_runtime.abi import SCALARS
 
     return SCALARS
