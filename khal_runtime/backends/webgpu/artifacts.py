@@ -1,0 +1,61 @@
+"""An entry's WGSL / SPIR-V artifact, read from its package and checked before any GPU use.
+
+:func:`entry_code` is what the generic layer hands to :class:`~.kernel.KernelPlan` (as its
+``code``, or through :func:`code_loader` so that the file is read only on the pipeline's first
+creation): the artifact the target names, confined to the package, with the manifest's size
+and sha256 (:func:`khal_runtime.verify.read_artifact`), whose entry point carries the entry's
+hash: a WGSL ``fn <entry>_khal_<hash>(``, a SPIR-V ``OpEntryPoint`` name. Anything else is
+an ArtifactError or HashMismatchError saying to rebuild.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+from khal_runtime.abi import split_symbol
+from khal_runtime.errors import ArtifactError, HashMismatchError
+from khal_runtime.manifest import Crate, Entry, WebGpuTarget
+from khal_runtime.verify import read_artifact
+
+__all__ = ["code_loader", "entry_code"]
+
+_WGSL_FN = re.compile(rb"\bfn\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+_KHAL_NAME = re.compile(rb"([A-Za-z_][A-Za-z0-9_]*?_khal_[0-9a-f]{16})(?![0-9a-f])")
+
+
+def _entry_points(data: bytes, target: str) -> list[str]:
+    if target == "wgsl":
+        return [m.group(1).decode() for m in _WGSL_FN.finditer(data)]
+    return [m.group(1).decode() for m in _KHAL_NAME.finditer(data)]
+
+
+def entry_code(package_dir: str | Path, crate: Crate, entry: Entry, target: WebGpuTarget) -> bytes:
+    """The checked bytes of ``entry``'s ``target`` artifact in the package at ``package_dir``."""
+    art = next((a for a in crate.artifacts if a.path == target.path), None)
+    name = f"{crate.name}.{entry.name}"
+    if art is None or art.kind != target.target:
+        raise ArtifactError(f"entry {name}: its {target.target} artifact {target.path!r} is not in the "
+                            "manifest's artifacts; rebuild the package")
+    data = read_artifact(Path(package_dir), art)
+    names = _entry_points(data, target.target)
+    if target.entry_point not in names:
+        found = None
+        for n in names:
+            parts = split_symbol(n)
+            if parts is not None and parts[0] == entry.name:
+                found = parts[1]
+                break
+        what = f"its entry point carries hash {found}" if found else \
+            f"it has no entry point {target.entry_point!r}"
+        raise HashMismatchError(
+            f"entry {name}: the {target.target} artifact {target.path!r} does not match the manifest "
+            f"({what}, the manifest expects {entry.hash}); rebuild the package",
+            entry=entry.name, expected=entry.hash, found=found)
+    return data
+
+
+def code_loader(package_dir: str | Path, crate: Crate, entry: Entry, target: WebGpuTarget) -> Callable[[], bytes]:
+    """:func:`entry_code`, deferred: what :class:`~.kernel.KernelPlan` calls on a pipeline miss."""
+    return lambda: entry_code(package_dir, crate, entry, target)

@@ -1,0 +1,491 @@
+"""The typed call on WebGPU: one entry on one device, from user arguments to a recorded dispatch.
+
+:class:`KernelPlan` is what the generic ``Kernel`` holds per WebGPU device (as it holds a
+``LaunchPlan`` per CUDA device); each user-facing operation is one method:
+
+==========================================  ==============================================
+``k(n, *args)``                             ``plan.call(n, args)``
+``k.launch(grid, block, *args)``            ``plan.launch(grid, block, args, shared_mem)``
+``k.bind(*args)`` then ``b(n)``             ``plan.bind(args)`` -> :class:`BoundDispatch`
+``k.dispatch_indirect(count, *args, ...)``  ``plan.dispatch_indirect(count, args, threads=)``
+``k.check_args(*args)``                     ``plan.check_args(args)``
+==========================================  ==============================================
+
+Arguments: a storage parameter takes a :class:`~.arrays.WgpuArray` (or any type registered
+with :func:`register_storage_type`, e.g. the generic ``DeviceBuffer`` once it wraps one); a
+uniform takes a dict of its fields, a ctypes Structure, a NumPy structured scalar or the bytes
+of its C layout (:class:`~.packing.UniformPacker`); a scalar takes a number, under
+:func:`khal_runtime.abi.scalar_value`. Every mistake raises ArgumentError /
+ArgumentValueError naming the entry and the parameter before anything is recorded.
+
+The call is the hot path: see ``benchmarks/bench_webgpu.py`` for its cost against a raw
+wgpu-py dispatch.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Sequence
+
+from khal_runtime.backends.webgpu import memory
+from khal_runtime.backends.webgpu.arrays import WgpuArray
+from khal_runtime.backends.webgpu.bindings import Bound, Immediates
+from khal_runtime.backends.webgpu.device import WebGpuDevice
+from khal_runtime.backends.webgpu.launch import Launcher, group_limit_error
+from khal_runtime.backends.webgpu.memory import Allocation, Resource
+from khal_runtime.backends.webgpu.packing import ScalarPacker, UniformPacker
+from khal_runtime.backends.webgpu.pipeline import get_pipeline, select_target
+from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
+from khal_runtime.manifest import Entry, Param, WebGpuTarget
+
+__all__ = ["BoundDispatch", "KernelPlan", "StorageInfo", "register_storage_type"]
+
+#: what a storage argument gives: (Resource, element type name, element count, the error that
+#: stops it being bound or None, its Allocation)
+StorageInfo = tuple[Resource, str, int, "KhalError | None", Allocation]
+
+
+def _x_array(a: WgpuArray) -> StorageInfo:
+    return a._res, a._et, a.size, a._bind_error, a.allocation
+
+
+#: type -> function giving a storage argument's StorageInfo
+STORAGE_TYPES: dict[type, Callable[[Any], StorageInfo]] = {WgpuArray: _x_array}
+
+
+def register_storage_type(tp: type, fn: Callable[[Any], StorageInfo]) -> None:
+    """Teach the WebGPU launch path a device-array type: ``fn(obj) -> StorageInfo``."""
+    STORAGE_TYPES[tp] = fn
+
+
+def _not_storage(obj: Any) -> StorageInfo:
+    tp = type(obj)
+    if hasattr(obj, "__array_interface__") or isinstance(obj, (bytes, bytearray, memoryview, list, tuple)):
+        raise ArgumentError(f"is host memory ({tp.__module__}.{tp.__qualname__}); copy it to the device "
+                            "first, e.g. WgpuArray.from_numpy(a)")
+    raise ArgumentError(f"expected a WebGPU device array, got {tp.__module__}.{tp.__qualname__}")
+
+
+def _storage_info(obj: Any) -> StorageInfo:
+    fn = STORAGE_TYPES.get(type(obj))
+    if fn is None:
+        for tp, f in list(STORAGE_TYPES.items()):
+            if isinstance(obj, tp):
+                return f(obj)
+        return _not_storage(obj)
+    return fn(obj)
+
+
+def _desc(p: Param) -> str:
+    return p.describe()
+
+
+class KernelPlan:
+    """One entry on one WebGPU device (see the module docstring)."""
+
+    def __init__(self, entry: Entry, device: WebGpuDevice, code: bytes | str | Callable[[], bytes | str],
+                 crate: str = "", target: WebGpuTarget | None = None) -> None:
+        self.entry = entry
+        self.device = device
+        self.target = target or select_target(entry, crate)
+        self.pipeline = get_pipeline(device, entry, self.target, code, crate)
+        self.launcher = Launcher(self.pipeline)
+        self.stream = device.stream
+        self.name = self.pipeline.name
+        self.block = tuple(entry.block_size)
+        self._bx = self.block[0]
+        self.max_groups = device.max_groups
+        self.params = entry.params
+        t = self.target.target
+        self._upack = {p.name: UniformPacker(entry.name, p, t) for p in entry.params if p.kind == "uniform"}
+        scalars = [p for p in entry.params if p.kind == "scalar"]
+        self._spack = ScalarPacker(entry.name, entry.params, self.target) if scalars else None
+        self._scalar_mode = self.target.scalars
+        self._pool = self.launcher.pool
+        #: (index, param, kind, whether any element count will do)
+        self._kinds = tuple((i, p, p.kind, p.shape in (None, "slice")) for i, p in enumerate(entry.params))
+        # single-group fast path: where each binding of group 0 comes from
+        plan = self.launcher.plan
+        self._single = len(plan) == 1
+        if self._single:
+            g, src = plan[0]
+            self._g0 = g
+            storage_at = [i for i, p in enumerate(entry.params) if p.kind == "storage"]
+            index = {p.name: i for i, p in enumerate(entry.params)}
+            src0: list[tuple[str, Any, bool]] = []
+            for (kind, k), dy in zip(src, g.dynamic):
+                where = storage_at[k] if kind == "s" else index[k] if kind == "u" else k
+                src0.append((kind, where, dy))
+            #: where each binding of group 0 comes from: ("s", param index) storage, ("u", param
+            #: index) uniform, ("b", None) the scalar block; and whether its offset is dynamic
+            self._src0 = tuple(src0)
+        self._bgcache = self.launcher.groups_cache.groups
+        if self._single:
+            self._resolve = self._make_resolve()  # type: ignore[method-assign, assignment]
+        #: the previous memoable call: its arguments, pool generation, FREES, bind groups, immediates
+        #: (a 1-item list holding a tuple, replaced whole: a thread reads one consistent snapshot)
+        self._memo: list[tuple[Any, ...]] = [(object(),) * (len(self.params) + 4)]
+        self.call_source = ""
+        self.call = self._make_call()  # type: ignore[method-assign, assignment]
+
+    # -- arguments -------------------------------------------------------------------------------
+    def _where(self, p: Param) -> str:
+        return f"{self.name}(): argument {p.name!r} ({_desc(p)})"
+
+    def _storage(self, p: Param, obj: Any) -> Resource:
+        try:
+            res, et, count, err, alloc = _storage_info(obj)
+        except (ArgumentError, ArgumentValueError) as exc:
+            raise type(exc)(f"{self._where(p)} {exc}") from None
+        if et != p.element_type:
+            self._bad_type(p, obj, et)
+        if err is not None or alloc.freed or alloc.device is not self.device:
+            self._bad_storage(p, obj, err, alloc)
+        if p.shape == "array" and p.length and count < p.length:
+            raise ArgumentValueError(f"{self._where(p)}: needs {p.length} elements, got {count}")
+        if p.shape == "value" and count < 1:
+            raise ArgumentValueError(f"{self._where(p)}: needs 1 element, got an empty array")
+        return res
+
+    def _bad_type(self, p: Param, obj: Any, et: str) -> None:
+        if p.element_type in _scalar_types():
+            raise ArgumentError(f"{self._where(p)}: expected element type {p.element_type} "
+                                f"({p.element_size} bytes), got {et}")
+        size = getattr(getattr(obj, "dtype", None), "itemsize", None)
+        if size != p.element_size or et in _scalar_types():
+            raise ArgumentError(f"{self._where(p)}: expected elements of struct {p.element_type} "
+                                f"({p.element_size} bytes), got {et} ({size} bytes)")
+
+    def _bad_storage(self, p: Param, obj: Any, err: KhalError | None, alloc: Allocation) -> None:
+        where = self._where(p)
+        if alloc.freed:
+            raise ArgumentValueError(f"{where}: the buffer was freed")
+        if alloc.device is not self.device:
+            raise ArgumentValueError(f"{where} is on WebGPU device {alloc.device.ordinal}, the launch on "
+                                     f"device {self.device.ordinal}: copy it there")
+        assert err is not None
+        raise type(err)(str(err).replace("argument", where, 1)) from None
+
+    def resolve(self, args: Sequence[Any]) -> tuple[tuple[Bound, ...], Immediates | None]:
+        """Check and bind ``args``: the bind groups and push constants of a dispatch."""
+        bgs, imm, _memo = self._resolve(args)
+        return bgs, imm
+
+    def _resolve(self, args: Sequence[Any]) -> tuple[tuple[Bound, ...], Immediates | None, bool]:
+        """:meth:`resolve`, and whether the call may be memoised (every argument of a type that
+        cannot change under the same object: WgpuArray, bytes, int, float)."""
+        if len(args) != len(self.params):
+            sig = ", ".join(p.name for p in self.params)
+            raise ArgumentError(f"{self.name}() takes {len(self.params)} argument(s) ({sig}) after the "
+                                f"thread count, got {len(args)}")
+        items: list[Any] = [None] * len(args)
+        svals: list[Any] = []
+        dev = self.device
+        memo = True
+        for i, p, kind, plain in self._kinds:
+            a = args[i]
+            if kind == "storage":
+                if plain and type(a) is WgpuArray and a._et == p.element_type and a._bind_error is None \
+                        and not a.allocation.freed and a.allocation.device is dev:
+                    items[i] = a._res
+                else:
+                    items[i] = self._storage(p, a)
+                    memo = memo and type(a) is WgpuArray
+            elif kind == "uniform":
+                items[i] = self._pool.region(self._upack[p.name].pack(a))
+                memo = memo and type(a) is bytes
+            else:
+                svals.append(a)
+                memo = memo and (type(a) is int or type(a) is float)
+        block = None
+        imm = None
+        if self._spack is not None:
+            data = self._spack.pack(svals)
+            if self._scalar_mode == "uniform":
+                block = self._pool.region(data)
+            elif self._scalar_mode == "push_constants":
+                imm = self.launcher.immediates(data)
+        if self._single:
+            g = self._g0
+            res: list[Any] = []
+            dyn: list[int] = []
+            for kind, k, dy in self._src0:
+                if kind == "s":
+                    res.append(items[k])
+                else:
+                    reg: Any = items[k] if kind == "u" else block
+                    if dy:
+                        res.append(reg[1])
+                        dyn.append(reg[2])
+                    else:
+                        res.append(reg[0])
+            key = (g.lid, *res)
+            bg = self._bgcache.get(key)
+            if bg is None:
+                bg = self.launcher.groups_cache.create(g.layout, key, g.bindings, res)
+            if dyn:
+                return (self.launcher.groups_cache.with_offsets(bg, tuple(dyn)),), imm, memo
+            return (bg,), imm, memo
+        storages = [items[i] for i, p, kind, _ in self._kinds if kind == "storage"]
+        uniforms = {p.name: items[i] for i, p, kind, _ in self._kinds if kind == "uniform"}
+        return self.launcher.resolve(storages, uniforms, block), imm, memo
+
+    def _make_resolve(self) -> Callable[[Sequence[Any]], Any]:
+        """:meth:`_resolve` generated for this single-group entry: the same checks and results,
+        unrolled (no loop over parameters or bindings); anything unusual takes the general
+        helpers, which raise the named errors."""
+        params = self.params
+        n = len(params)
+        ns: dict[str, Any] = {"_WA": WgpuArray, "_dev": self.device, "_storage": self._storage,
+                              "_region": self._pool.region, "_bgc": self._bgcache,
+                              "_create": self.launcher.groups_cache.create,
+                              "_withoff": self.launcher.groups_cache.with_offsets,
+                              "_general": type(self)._resolve.__get__(self), "_g": self._g0}
+        lines = ["def resolve(args):", f"    if len(args) != {n}:", "        return _general(args)"]
+        if n:
+            lines.append(f"    {', '.join(f'a{i}' for i in range(n))}{',' if n == 1 else ''} = args")
+        lines.append("    memo = True")
+        scal: list[str] = []
+        for i, p in enumerate(params):
+            ns[f"_P{i}"] = p
+            if p.kind == "storage":
+                ns[f"_ET{i}"] = p.element_type
+                if p.shape in (None, "slice"):
+                    lines += [
+                        f"    if type(a{i}) is _WA and a{i}._et == _ET{i} and a{i}._bind_error is None "
+                        f"and not a{i}.allocation.freed and a{i}.allocation.device is _dev:",
+                        f"        r{i} = a{i}._res",
+                        "    else:",
+                        f"        r{i} = _storage(_P{i}, a{i})",
+                        f"        memo = memo and type(a{i}) is _WA"]
+                else:
+                    lines += [f"    r{i} = _storage(_P{i}, a{i})", f"    memo = memo and type(a{i}) is _WA"]
+            elif p.kind == "uniform":
+                ns[f"_UP{i}"] = self._upack[p.name].pack
+                lines += [f"    r{i} = _region(_UP{i}(a{i}))", f"    memo = memo and type(a{i}) is bytes"]
+            else:
+                scal.append(f"a{i}")
+                lines.append(f"    memo = memo and (type(a{i}) is int or type(a{i}) is float)")
+        lines.append("    imm = None")
+        if self._spack is not None:
+            ns["_spack"] = self._spack.pack
+            lines.append(f"    blk = _spack(({', '.join(scal)}{',' if len(scal) == 1 else ''}))")
+            if self._scalar_mode == "uniform":
+                lines.append("    rb = _region(blk)")
+            elif self._scalar_mode == "push_constants":
+                ns["_imm"] = self.launcher.immediates
+                lines.append("    imm = _imm(blk)")
+        res: list[str] = []
+        dyn: list[str] = []
+        for kind, k, dy in self._src0:
+            v = f"r{k}" if kind != "b" else "rb"
+            if kind == "s":
+                res.append(v)
+            elif dy:
+                res.append(f"{v}[1]")
+                dyn.append(f"{v}[2]")
+            else:
+                res.append(f"{v}[0]")
+        ns["_lid"] = self._g0.lid
+        lines += [f"    key = (_lid, {', '.join(res)}{',' if len(res) == 1 else ''})" if res else "    key = (_lid,)",
+                  "    bg = _bgc.get(key)",
+                  "    if bg is None:",
+                  "        bg = _create(_g.layout, key, _g.bindings, key[1:])"]
+        if dyn:
+            lines.append(f"    bg = _withoff(bg, ({', '.join(dyn)},))")
+        lines.append("    return (bg,), imm, memo")
+        src = "\n".join(lines) + "\n"
+        exec(compile(src, f"<khal webgpu resolve {self.name}>", "exec"), ns)
+        self.resolve_source = src
+        return ns["resolve"]  # type: ignore[no-any-return]
+
+    def check_args(self, args: Sequence[Any]) -> None:
+        """Check ``args`` (and bind them: a bind group and uniform regions may be created)."""
+        self.resolve(args)
+
+    # -- launches ----------------------------------------------------------------------------------
+    def _make_call(self) -> Callable[[Any, Sequence[Any]], None]:
+        """The call, specialised for this entry: when every argument is the same object as in
+        the previous call (or an equal int / non-zero float), the bind groups and push
+        constants of that call are reused at the cost of a few identity checks; anything else
+        takes :meth:`_call_slow`. Valid only while no buffer was freed (``memory.FREES``) and
+        the uniform pool kept its regions (``generation``)."""
+        n = len(self.params)
+        names = [f"a{i}" for i in range(n)]
+        conds = []
+        for i, p in enumerate(self.params):
+            if p.kind == "scalar":
+                conds.append(f"(m[{i}] is a{i} or (type(a{i}) is int is type(m[{i}]) and a{i} == m[{i}]) "
+                             f"or (type(a{i}) is float is type(m[{i}]) and a{i} == m[{i}] and a{i} != 0.0))")
+            else:
+                conds.append(f"m[{i}] is a{i}")
+        unpack = (", ".join(names) + ("," if n == 1 else "")) if n else "_"
+        src = (
+            "def call(n, args):\n"
+            f"    if type(n) is int and n > 0 and len(args) == {n}:\n"
+            f"        {unpack} = args\n" if n else
+            "def call(n, args):\n"
+            "    if type(n) is int and n > 0 and len(args) == 0:\n"
+        )
+        src += (
+            "        m = _memo[0]\n"
+            f"        if {' and '.join(conds + [f'm[{n}] == _pool.generation', f'm[{n + 1}] == _FREES[0]'])}:\n"
+            f"            gx = (n + {self._bx - 1}) // {self._bx}\n"
+            f"            if gx <= {self.max_groups}:\n"
+            f"                _rec(_pl, m[{n + 2}], gx, 1, 1, m[{n + 3}])\n"
+            "                return\n"
+            "    _slow(n, args)\n"
+        )
+        ns: dict[str, Any] = {"_memo": self._memo, "_pool": self._pool, "_FREES": memory.FREES,
+                              "_rec": self.stream.record, "_pl": self.pipeline, "_slow": self._call_slow}
+        exec(compile(src, f"<khal webgpu call {self.name}>", "exec"), ns)
+        self.call_source = src
+        return ns["call"]  # type: ignore[no-any-return]
+
+    def call(self, n: Any, args: Sequence[Any]) -> None:
+        """``k(n, *args)``: ``ceil(n / block.x)`` workgroups; ``n == 0`` checks only.
+        (Replaced per instance by the specialised :meth:`_make_call`.)"""
+        self._call_slow(n, args)
+
+    def _call_slow(self, n: Any, args: Sequence[Any]) -> None:
+        if type(n) is not int:
+            n = _thread_count(self.name, n)
+        if n <= 0:
+            if n < 0:
+                raise ValueError(f"{self.name}(): thread count must be >= 0, got {n}")
+            self.resolve(args)
+            return
+        gx = (n + self._bx - 1) // self._bx
+        if gx > self.max_groups:
+            raise group_limit_error(self.name, (gx, 1, 1), self.max_groups, self.device)
+        gen, frees = self._pool.generation, memory.FREES[0]
+        bgs, imm, memo = self._resolve(args)
+        self.stream.record(self.pipeline, bgs, gx, 1, 1, imm)
+        if memo:
+            self._memo[0] = (*args, gen, frees, bgs, imm)
+
+    def launch(self, grid: Any, block: Any, args: Sequence[Any], shared_mem: int = 0) -> None:
+        """``k.launch(grid, block, *args)``: explicit workgroup counts. The workgroup size is
+        compiled into the shader: ``block`` must be None or the entry's block size."""
+        g = (grid, 1, 1) if type(grid) is int and grid > 0 else dim3(grid, "grid")
+        if block is not None:
+            b = (block, 1, 1) if type(block) is int else dim3(block, "block")
+            if tuple(b) != self.block:
+                raise ArgumentValueError(
+                    f"{self.name}.launch(): block {tuple(b)} differs from the entry's {self.block}; on "
+                    "WebGPU the workgroup size is compiled into the shader: pass block=None (or that size)")
+        if shared_mem:
+            raise ArgumentValueError(f"{self.name}.launch(): shared_mem={shared_mem}: WebGPU workgroup "
+                                     "memory is declared in the shader; pass 0")
+        self.launcher.check_groups(*g)
+        bgs, imm = self.resolve(args)
+        self.stream.record(self.pipeline, bgs, g[0], g[1], g[2], imm)
+
+    def bind(self, args: Sequence[Any]) -> BoundDispatch:
+        """``k.bind(*args)``: arguments checked and packed once; ``b(n)`` launches."""
+        return BoundDispatch(self, tuple(args))
+
+    def dispatch_indirect(self, count: Any, args: Sequence[Any], threads: bool = False) -> None:
+        """``k.dispatch_indirect(count, *args, threads=)``: the workgroup count (``threads=True``:
+        thread count, rounded up to whole groups) is the first uint32 of device array ``count``."""
+        from khal_runtime.backends.webgpu.indirect import dispatch_indirect
+
+        try:
+            res, et, n, err, alloc = _storage_info(count)
+        except (ArgumentError, ArgumentValueError) as exc:
+            raise type(exc)(f"{self.name}.dispatch_indirect(): count {exc}") from None
+        if et not in ("uint32", "int32"):
+            raise ArgumentError(f"{self.name}.dispatch_indirect(): count must be a device array of "
+                                f"uint32, got {et}")
+        if n < 1:
+            raise ArgumentValueError(f"{self.name}.dispatch_indirect(): count is empty; it must hold the count")
+        if alloc.freed or alloc.device is not self.device:
+            raise ArgumentValueError(f"{self.name}.dispatch_indirect(): count was freed or is on another device")
+        cv = memory.View(alloc, res[2], 4)
+        memory.check_storage(cv, f"{self.name}.dispatch_indirect(): count")
+        bgs, imm = self.resolve(args)
+        dispatch_indirect(self.launcher, cv, bool(threads), self._bx, bgs, imm)
+
+
+def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
+    """An int or up to 3 ints (NumPy integers too; never floats) as (x, y, z), each >= 1
+    (the rule of the CUDA path's ``khal_runtime.arguments.dim3``)."""
+    try:
+        if isinstance(v, (str, bytes)):
+            raise TypeError
+        t = (operator.index(v), 1, 1) if not hasattr(v, "__len__") else \
+            tuple(operator.index(x) for x in v) + (1,) * (3 - len(v))
+    except TypeError:
+        raise ArgumentError(f"{what}: expected an integer or up to 3 integers, got {v!r}") from None
+    if len(t) != 3:
+        raise ArgumentValueError(f"{what}: expected up to 3 dimensions, got {v!r}")
+    if any(x < 1 for x in t):
+        raise ArgumentValueError(f"{what}: every dimension must be >= 1, got {t}")
+    return t  # type: ignore[return-value]
+
+
+def _scalar_types() -> dict[str, Any]:
+    from khal_runtime.abi import SCALARS
+
+    return SCALARS
+
+
+def _thread_count(name: str, n: Any) -> int:
+    try:
+        return operator.index(n)
+    except TypeError:
+        raise ArgumentError(f"{name}(): the first argument is the thread count, an integer >= 0; "
+                            f"got {n!r} ({type(n).__name__})") from None
+
+
+class BoundDispatch:
+    """A kernel with its arguments checked and bound once: ``b(n)`` records ``ceil(n / block.x)``
+    workgroups at about the cost of a raw wgpu-py dispatch; ``b.launch(grid)`` takes explicit
+    counts. Re-binds by itself when a buffer was freed or the uniform pool recycled."""
+
+    __slots__ = ("plan", "args", "_state", "_pool", "_rec", "_pl", "_bx", "_max")
+
+    def __init__(self, plan: KernelPlan, args: tuple[Any, ...]) -> None:
+        self.plan = plan
+        self.args = args
+        self._pool = plan._pool
+        self._rec = plan.stream.record
+        self._pl = plan.pipeline
+        self._bx = plan._bx
+        self._max = plan.max_groups
+        self._bind()
+
+    def _bind(self) -> tuple[Any, ...]:
+        gen, frees = self._pool.generation, memory.FREES[0]
+        bgs, imm = self.plan.resolve(self.args)
+        st = self._state = (gen, frees, bgs, imm)  # one tuple: threads see one consistent state
+        return st
+
+    @property
+    def bgs(self) -> tuple[Bound, ...]:
+        return self._state[2]  # type: ignore[no-any-return]
+
+    @property
+    def imm(self) -> Immediates | None:
+        return self._state[3]  # type: ignore[no-any-return]
+
+    def __call__(self, n: int) -> None:
+        st = self._state
+        if st[0] != self._pool.generation or st[1] != memory.FREES[0]:
+            st = self._bind()
+        gx = (n + self._bx - 1) // self._bx
+        if gx > self._max or gx <= 0:
+            if gx <= 0 and n == 0:
+                return
+            if gx > self._max:
+                raise group_limit_error(self.plan.name, (gx, 1, 1), self._max, self.plan.device)
+            raise ValueError(f"{self.plan.name}(): thread count must be >= 0, got {n}")
+        self._rec(self._pl, st[2], gx, 1, 1, st[3])
+
+    def launch(self, grid: Any) -> None:
+        st = self._state
+        if st[0] != self._pool.generation or st[1] != memory.FREES[0]:
+            st = self._bind()
+        g = dim3(grid, "grid")
+        self.plan.launcher.check_groups(*g)
+        self._rec(self._pl, st[2], g[0], g[1], g[2], st[3])
