@@ -20,6 +20,7 @@ from khal_runtime.dtypes import dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.interop import BadArgument
 from khal_runtime.manifest import Entry, Param
+from khal_runtime.packing import pack_cuda
 from khal_runtime.uniforms import uniform_converter
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "dtype_ok",
     "grid_for",
     "shared_mem",
+    "struct_bytes",
     "thread_count",
 ]
 
@@ -153,11 +155,25 @@ def _check_storage(arg: str, p: Param, obj: Any, device: int | None) -> None:
         raise ArgumentValueError(f"{arg}: needs 1 element, got an empty array")
 
 
-def _check_struct(arg: str, p: Param, obj: Any) -> None:
+def struct_bytes(arg: str, p: Param, obj: Any) -> bytes | tuple[int, int]:
+    """A uniform argument as the struct's bytes in its C layout, or (device pointer, bytes) of a
+    device array holding it; a dict of fields is packed by the struct's layout (Slang crates
+    record it: ``Param.layouts["cuda"]``)."""
+    if isinstance(obj, dict):
+        layout = (p.layouts or {}).get("cuda")
+        if layout is None:
+            raise ArgumentError(f"{arg}: a dict of fields needs the struct's layout, which only Slang "
+                                "crates record; pass a ctypes Structure, a NumPy structured scalar or "
+                                "the struct's bytes")
+        return pack_cuda(layout, obj, arg)
     try:
-        u = uniform_converter(obj)(obj)
+        return uniform_converter(obj)(obj)
     except BadArgument as bad:
         raise bad.cls(f"{arg}: {bad}") from None
+
+
+def _check_struct(arg: str, p: Param, obj: Any) -> None:
+    u = struct_bytes(arg, p, obj)
     if isinstance(u, bytes):
         if len(u) != p.element_size:
             raise ArgumentValueError(f"{arg}: expected {p.element_size} bytes, got {len(u)} "

@@ -64,7 +64,7 @@ class DeviceBuffer:
     alive. Pass it as a storage argument; on CUDA, also to anything that reads
     ``__cuda_array_interface__``."""
 
-    __slots__ = ("ptr", "size", "dtype", "_et", "device_id", "_base", "_alloc", "_bk", "__weakref__")
+    __slots__ = ("ptr", "size", "dtype", "_et", "device_id", "_base", "_alloc", "_bk", "_native", "__weakref__")
 
     ptr: int
     size: int
@@ -74,6 +74,8 @@ class DeviceBuffer:
     _base: DeviceBuffer | None
     _alloc: Any
     _bk: Any
+    #: the backend's own view of these bytes, where its launch path binds one (WebGPU), else None
+    _native: Any
 
     def __init__(self, ptr: int, count: int, dtype: Any, device_id: int, *, base: DeviceBuffer | None = None,
                  alloc: Any = None, backend: Any = None) -> None:
@@ -86,6 +88,8 @@ class DeviceBuffer:
         self._base = base
         self._alloc = alloc
         self._bk = backend if backend is not None else (base._bk if base is not None else None)
+        view = getattr(self._bk, "native_view", None)
+        self._native = view(self) if view is not None else None
 
     # -- construction -------------------------------------------------------------------------
     @classmethod

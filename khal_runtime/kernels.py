@@ -129,9 +129,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
 
     def _ready(self, device_id: int) -> Any:
         """The plan on ``device_id``, with that device's context current in this thread."""
-        try:
-            plan = self._plans[device_id]
-        except KeyError:
+        plan = self._plans.get(device_id)
+        if plan is None:  # made outside any except block: its errors come unchained
             plan = self.plan(device_id)
         if getattr(_tls, "dev", -1) != device_id:
             ensure_current(device_id)
@@ -147,9 +146,16 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         regenerate(plan)
         plan.on_regenerate.append(regenerate)
 
+    def _stream(self, stream: Any) -> Stream:
+        """``stream=`` resolved, after this crate's backend is chosen (``auto`` must not fall back
+        to WebGPU for a crate without a WebGPU build because a stream was made first)."""
+        if self._crate._backend is None:
+            self._crate.backend  # noqa: B018
+        return _stream_of(stream)
+
     def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int = 0) -> None:
         """Launch ``grid`` blocks of the compiled block size (``block``: None, or that size)."""
-        st = _stream_of(stream)
+        st = self._stream(stream)
         plan = self._ready(st.device_id)
         if type(grid) is int and 0 < grid <= 2**31 - 1:
             gx, gy, gz = grid, 1, 1
@@ -166,7 +172,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     def bind(self, *args: Any, stream: Any = None) -> Any:
         """A bound launch: ``args`` checked and packed once, then ``b(n)`` launches ``n``
         threads at about the cost of a raw launch (see :mod:`khal_runtime.backends.cuda.bound`)."""
-        st = _stream_of(stream)
+        st = self._stream(stream)
         plan = self._ready(st.device_id)
         return self._crate.backend.bind(self, plan, args, st)
 
@@ -174,7 +180,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
                           threads: bool = False, host_read: bool | None = None) -> None:
         """Launch with the workgroup count (``threads=True``: thread count) read from ``count``,
         a device uint32 buffer written by earlier work (see the README, "Indirect dispatch")."""
-        st = _stream_of(stream)
+        st = self._stream(stream)
         plan = self._ready(st.device_id)
         self._crate.backend.dispatch_indirect(self, plan, count, args, st, grid, threads, host_read)
 
@@ -188,7 +194,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
 
 def _generic_call(self: Kernel, n: Any, *args: Any, stream: Any = None) -> None:
     """A kernel's call before its plan exists (first use: loads the crate on the device)."""
-    _slow_call(self, n, args, _stream_of(stream))
+    _slow_call(self, n, args, self._stream(stream))
 
 
 def _slow_call(self: Kernel, n: Any, args: tuple[Any, ...], st: Stream) -> None:
@@ -225,7 +231,9 @@ class CrateKernels:
         """The backend this crate runs on (the process's, chosen on first use)."""
         b = self._backend
         if b is None:
-            b = self._backend = backends.current()
+            c = self.crate
+            b = self._backend = backends.for_crate(
+                c.language == "slang" and c.has_webgpu, f"crate {c.name!r} of package {self.package!r}")
         return b
 
     def blobs(self) -> dict[str, bytes]:

@@ -35,6 +35,7 @@ __all__ = [
     "backend_mode",
     "backend_status",
     "current",
+    "for_crate",
     "get",
     "reset",
 ]
@@ -179,6 +180,22 @@ def current() -> Backend:
                 _current, _why = _choose()
             b = _current
     return b
+
+
+def for_crate(has_webgpu: bool, what: str) -> Backend:
+    """The backend to run a crate on: :func:`current`, except that ``auto`` never falls back to
+    WebGPU for a crate without WebGPU artifacts (CUDA C++, or built with ``KHAL_SKIP_SPIRV``):
+    where CUDA is unusable that is an error saying why, and no fallback is chosen for it."""
+    b = _current
+    if b is not None:
+        return b
+    if not has_webgpu and backend_mode() == "auto":
+        st = get("cuda").status()
+        if not st.usable:
+            raise BackendUnavailableError(
+                f"{st.reason}; and {what} has no WebGPU build to fall back to (CUDA C++ sources, "
+                "or built with KHAL_SKIP_SPIRV)")
+    return current()
 
 
 def backend_status() -> BackendStatus:

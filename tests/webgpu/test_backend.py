@@ -394,7 +394,8 @@ def test_no_wgpu_import_and_missing_wgpu_message() -> None:
     code = (
         "import sys\n"
         "import khal_runtime.backends.webgpu as w\n"
-        "from khal_runtime.backends.webgpu import kernel, recording, profiling, indirect, packing\n"
+        "from khal_runtime.backends.webgpu import kernel, recording, profiling, indirect, backend\n"
+        "from khal_runtime import packing\n"
         "assert 'wgpu' not in sys.modules, 'importing the backend imported wgpu'\n"
         "sys.modules['wgpu'] = None\n"
         "from khal_runtime.backends.webgpu.device import status, get_device\n"
@@ -665,7 +666,7 @@ def test_launcher_dispatch_with_views_and_packed_bytes(wdev: Any, stream: Any) -
     import struct
 
     from khal_runtime.backends.webgpu.launch import Launcher
-    from khal_runtime.backends.webgpu.packing import UniformPacker
+    from khal_runtime.packing import UniformPacker
     from tests.webgpu.test_packing import VALUES
 
     sax = Launcher(plan("saxpy", wdev).pipeline)

@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from khal_runtime.backends.webgpu.packing import (
+from khal_runtime.packing import (
     Repacker,
     ScalarPacker,
     UniformPacker,

@@ -24,14 +24,13 @@ import functools
 from typing import Any, Callable
 
 from khal_runtime import abi, interop
-from khal_runtime.arguments import diagnose_args, grid_for, thread_count
+from khal_runtime.arguments import diagnose_args, grid_for, struct_bytes, thread_count
 from khal_runtime.backends.cuda.driver import driver
 from khal_runtime.backends.cuda.launch import LaunchPlan, launch_call
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import _tls, ensure_current
 from khal_runtime.hooks import hooks
 from khal_runtime.memo import EPOCH
-from khal_runtime.uniforms import uniform_converter
 
 __all__ = ["BoundLaunch"]
 
@@ -69,7 +68,7 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
                 if held is not None:
                     owned.append(held)
             elif reader == "struct":
-                u = uniform_converter(a)(a)
+                u = struct_bytes(p.name, p, a)
                 if isinstance(u, bytes):  # host struct: a device copy owned by this launch
                     dbuf = DeviceBuffer.from_numpy(np.frombuffer(u, dtype=np.uint8), stream)
                     owned.append(dbuf)

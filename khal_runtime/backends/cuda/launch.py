@@ -25,7 +25,7 @@ import threading
 from typing import Any, Callable
 
 from khal_runtime import abi, interop
-from khal_runtime.arguments import Short, diagnose_args, dtype_ok
+from khal_runtime.arguments import Short, diagnose_args, dtype_ok, struct_bytes
 from khal_runtime.backends.cuda.driver import driver
 from khal_runtime.backends.cuda.launchgen import SLOTS, MemoLayout, ThreadSlots, call_source, run_source
 from khal_runtime.backends.cuda.loader import expected_param_layout
@@ -204,6 +204,9 @@ class LaunchPlan:
     def _uniform_seen(self, i: int, obj: Any) -> Any:
         """Convert a uniform argument of a type not inlined yet; inline ctypes / bytes types."""
         tp = type(obj)
+        if tp is dict:  # fields by name, packed by the struct's C layout (Slang crates)
+            p = self.entry.params[i]
+            return struct_bytes(f"{self.entry.name}(): argument {p.name!r}", p, obj)
         conv = cached_converter(tp) or uniform_converter(obj)
         u = conv(obj)
         kind = "ctypes" if is_converter(conv, "ctypes") else "bytes" if tp is bytes else None

@@ -28,6 +28,8 @@ import importlib
 from typing import Any
 
 __all__ = [
+    "BACKEND",
+    "WebGpuBackend",
     "BoundDispatch",
     "Capture",
     "KernelPlan",
@@ -47,6 +49,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "BACKEND": "backend", "WebGpuBackend": "backend",
     "BoundDispatch": "kernel", "KernelPlan": "kernel", "register_storage_type": "kernel",
     "Capture": "recording", "Recording": "recording", "capture": "recording",
     "capture_recording": "recording", "Launcher": "launch",

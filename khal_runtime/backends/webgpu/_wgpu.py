@@ -42,7 +42,7 @@ def wgpu_module() -> ModuleType:
         if _module is None:
             _quiet_xdg()
             try:
-                import wgpu
+                import wgpu  # lazy: wgpu is optional, imported on use
                 import wgpu.backends.wgpu_native  # noqa: F401  (registers the native backend)
             except ImportError as exc:
                 raise BackendUnavailableError(
@@ -70,7 +70,7 @@ def native() -> tuple[Any, Any] | None:
     if _native is None:
         wgpu_module()
         try:
-            from wgpu.backends import wgpu_native as wn
+            from wgpu.backends import wgpu_native as wn  # lazy: wgpu is optional, imported on use
 
             lib, ffi = wn.lib, wn.ffi
             for name in ("wgpuComputePassEncoderSetPipeline", "wgpuComputePassEncoderSetBindGroup",

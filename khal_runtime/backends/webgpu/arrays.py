@@ -13,21 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from khal_runtime.backends.webgpu import memory
-from khal_runtime.backends.webgpu.device import WebGpuDevice, get_device
+from khal_runtime.backends.webgpu.device import WebGpuDevice, as_device
 from khal_runtime.backends.webgpu.memory import Allocation, View
+from khal_runtime.dtypes import element_type_of_numpy
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
 
 __all__ = ["WgpuArray", "as_device"]
-
-
-def as_device(device: Any) -> WebGpuDevice:
-    """A WebGpuDevice from an ordinal, a device, or anything with ``device_id``."""
-    if isinstance(device, WebGpuDevice):
-        return device
-    if device is None:
-        return get_device(0)
-    return get_device(int(getattr(device, "device_id", device)))
 
 
 class WgpuArray:
@@ -45,10 +39,6 @@ class WgpuArray:
     _bind_error: KhalError | None
 
     def __init__(self, a: Allocation, offset: int, count: int, dtype: Any, base: WgpuArray | None = None) -> None:
-        import numpy as np
-
-        from khal_runtime.dtypes import element_type_of_numpy
-
         self.allocation = a
         self.offset = int(offset)
         self.size = int(count)
@@ -68,8 +58,6 @@ class WgpuArray:
     @classmethod
     def alloc(cls, count: int, dtype: Any = "float32", *, device: Any = None, indirect: bool = False) -> WgpuArray:
         """Device memory for ``count`` elements (zero-filled: WebGPU zeroes new buffers)."""
-        import numpy as np
-
         count = int(count)
         if count < 0:
             raise ValueError(f"WgpuArray.alloc: count must be >= 0, got {count}")
@@ -80,8 +68,6 @@ class WgpuArray:
     @classmethod
     def from_numpy(cls, array: Any, *, device: Any = None) -> WgpuArray:
         """A new device array holding a copy of a host array (flattened, C order)."""
-        import numpy as np
-
         a = np.ascontiguousarray(array).reshape(-1)
         out = cls.alloc(a.size, a.dtype, device=device)
         if a.nbytes:
@@ -107,7 +93,7 @@ class WgpuArray:
 
     @property
     def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
+        return int(self.size * self.dtype.itemsize)
 
     @property
     def shape(self) -> tuple[int]:
@@ -118,15 +104,11 @@ class WgpuArray:
 
     def to_numpy(self) -> Any:
         """A new host array (waits for every launch issued before it)."""
-        import numpy as np
-
         data = memory.download(self.view)
         return np.frombuffer(bytearray(data), dtype=self.dtype).copy() if data else np.empty(0, self.dtype)
 
     def copy_from_numpy(self, array: Any) -> WgpuArray:
         """Overwrite with a host array of the same dtype and element count (in launch order)."""
-        import numpy as np
-
         a = np.ascontiguousarray(array).reshape(-1)
         if a.dtype != self.dtype:
             raise ArgumentError(f"copy_from_numpy: the array holds {self.dtype}, the host array {a.dtype}")

@@ -248,6 +248,15 @@ def get_device(ordinal: int = 0) -> WebGpuDevice:
     return dev
 
 
+def as_device(device: Any) -> WebGpuDevice:
+    """A WebGpuDevice from an ordinal, a device, or anything with ``device_id`` (None: device 0)."""
+    if isinstance(device, WebGpuDevice):
+        return device
+    if device is None:
+        return get_device(0)
+    return get_device(int(getattr(device, "device_id", device)))
+
+
 def _reset_for_tests() -> None:
     global _probe
     with _lock:

@@ -27,14 +27,17 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Sequence
 
+from khal_runtime.abi import SCALARS
 from khal_runtime.backends.webgpu import memory
+from khal_runtime.backends.webgpu.indirect import dispatch_indirect
 from khal_runtime.backends.webgpu.arrays import WgpuArray
 from khal_runtime.backends.webgpu.bindings import Bound, Immediates
 from khal_runtime.backends.webgpu.device import WebGpuDevice
 from khal_runtime.backends.webgpu.launch import Launcher, group_limit_error
 from khal_runtime.backends.webgpu.memory import Allocation, Resource
-from khal_runtime.backends.webgpu.packing import ScalarPacker, UniformPacker
+from khal_runtime.packing import ScalarPacker, UniformPacker
 from khal_runtime.backends.webgpu.pipeline import get_pipeline, select_target
+from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
 from khal_runtime.manifest import Entry, Param, WebGpuTarget
 
@@ -236,7 +239,7 @@ class KernelPlan:
         helpers, which raise the named errors."""
         params = self.params
         n = len(params)
-        ns: dict[str, Any] = {"_WA": WgpuArray, "_dev": self.device, "_storage": self._storage,
+        ns: dict[str, Any] = {"_WA": WgpuArray, "_DB": DeviceBuffer, "_dev": self.device, "_storage": self._storage,
                               "_region": self._pool.region, "_bgc": self._bgcache,
                               "_create": self.launcher.groups_cache.create,
                               "_withoff": self.launcher.groups_cache.with_offsets,
@@ -250,16 +253,18 @@ class KernelPlan:
             ns[f"_P{i}"] = p
             if p.kind == "storage":
                 ns[f"_ET{i}"] = p.element_type
+                # a DeviceBuffer binds the WgpuArray over its bytes (``_native``)
+                lines.append(f"    w{i} = a{i}._native if type(a{i}) is _DB else a{i}")
                 if p.shape in (None, "slice"):
                     lines += [
-                        f"    if type(a{i}) is _WA and a{i}._et == _ET{i} and a{i}._bind_error is None "
-                        f"and not a{i}.allocation.freed and a{i}.allocation.device is _dev:",
-                        f"        r{i} = a{i}._res",
+                        f"    if type(w{i}) is _WA and w{i}._et == _ET{i} and w{i}._bind_error is None "
+                        f"and not w{i}.allocation.freed and w{i}.allocation.device is _dev:",
+                        f"        r{i} = w{i}._res",
                         "    else:",
                         f"        r{i} = _storage(_P{i}, a{i})",
-                        f"        memo = memo and type(a{i}) is _WA"]
+                        f"        memo = memo and type(w{i}) is _WA"]
                 else:
-                    lines += [f"    r{i} = _storage(_P{i}, a{i})", f"    memo = memo and type(a{i}) is _WA"]
+                    lines += [f"    r{i} = _storage(_P{i}, a{i})", f"    memo = memo and type(w{i}) is _WA"]
             elif p.kind == "uniform":
                 ns[f"_UP{i}"] = self._upack[p.name].pack
                 lines += [f"    r{i} = _region(_UP{i}(a{i}))", f"    memo = memo and type(a{i}) is bytes"]
@@ -388,8 +393,6 @@ class KernelPlan:
     def dispatch_indirect(self, count: Any, args: Sequence[Any], threads: bool = False) -> None:
         """``k.dispatch_indirect(count, *args, threads=)``: the workgroup count (``threads=True``:
         thread count, rounded up to whole groups) is the first uint32 of device array ``count``."""
-        from khal_runtime.backends.webgpu.indirect import dispatch_indirect
-
         try:
             res, et, n, err, alloc = _storage_info(count)
         except (ArgumentError, ArgumentValueError) as exc:
@@ -421,12 +424,10 @@ def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
         raise ArgumentValueError(f"{what}: expected up to 3 dimensions, got {v!r}")
     if any(x < 1 for x in t):
         raise ArgumentValueError(f"{what}: every dimension must be >= 1, got {t}")
-    return t  # type: ignore[return-value]
+    return t
 
 
 def _scalar_types() -> dict[str, Any]:
-    from khal_runtime.abi import SCALARS
-
     return SCALARS
 
 
@@ -463,11 +464,11 @@ class BoundDispatch:
 
     @property
     def bgs(self) -> tuple[Bound, ...]:
-        return self._state[2]  # type: ignore[no-any-return]
+        return self._state[2]
 
     @property
     def imm(self) -> Immediates | None:
-        return self._state[3]  # type: ignore[no-any-return]
+        return self._state[3]
 
     def __call__(self, n: int) -> None:
         st = self._state

@@ -36,7 +36,7 @@ FREED: set[int] = set()
 
 #: What a binding binds: ``(wgpu buffer, serial of its allocation, byte offset, byte size)``;
 #: the bind-group cache keys on ``(serial, offset, size)`` (serials are never reused).
-Resource = tuple
+Resource = tuple[Any, int, int, int]
 
 
 def new_serial() -> int:

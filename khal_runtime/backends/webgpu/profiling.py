@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from khal_runtime.backends.webgpu._wgpu import native, wgpu_module
 from khal_runtime.backends.webgpu.errors import WebGpuError
+from khal_runtime.backends.webgpu.recording import encode
 
 if TYPE_CHECKING:
     from khal_runtime.backends.webgpu.device import WebGpuDevice
@@ -112,8 +113,6 @@ class Timer:
 
     def replay(self, rec: Recording, enc: Any) -> None:
         """Encode a recording's replay, timed as a whole (first pass to last pass)."""
-        from khal_runtime.backends.webgpu.recording import encode
-
         i = len(self._names)
         if i >= self.capacity:
             raise WebGpuError("profiling: too many timed passes in one submit")

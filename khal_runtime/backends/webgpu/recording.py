@@ -29,6 +29,7 @@ from threading import get_ident
 from typing import Any, Callable
 
 from khal_runtime.backends.webgpu import memory
+from khal_runtime.backends.webgpu.device import as_device
 from khal_runtime.backends.webgpu._wgpu import wgpu_module
 from khal_runtime.backends.webgpu.device import WebGpuDevice
 from khal_runtime.backends.webgpu.errors import WebGpuError
@@ -315,7 +316,6 @@ class Capture:
         if isinstance(where, CommandStream):
             self.stream = where
         else:
-            from khal_runtime.backends.webgpu.arrays import as_device
 
             self.stream = as_device(where).stream
         self.label = label or f"recording#{next(_labels)}"

@@ -38,7 +38,7 @@ SLAB = 64 * 1024
 MAX_ENTRIES = 4096
 
 #: (Resource of the region, Resource of its slab at offset 0 with the region's size, offset)
-Region = tuple
+Region = tuple[Any, Any, int]
 
 
 def _round(n: int, a: int) -> int:

@@ -1,4 +1,4 @@
-"""Argument packing for WebGPU: uniform structs per target layout, and loose scalars.
+"""Argument packing by layout: uniform structs per target (CUDA, WGSL, SPIR-V), and loose scalars.
 Pure Python (``struct``), no GPU: every rule here is unit-tested without an adapter.
 
 Uniform structs. A user passes what the CUDA path takes, the struct in its C layout
@@ -264,7 +264,7 @@ def host_struct_bytes(obj: Any, size: int, where: str) -> bytes:
     if len(data) != size:
         raise ArgumentValueError(f"{where}: expected {size} bytes (the struct's C layout), got "
                                  f"{len(data)} ({tp.__name__})")
-    return data
+    return bytes(data)
 
 
 class UniformPacker:
@@ -385,7 +385,7 @@ class ScalarPacker:
         """The scalar block of ``values`` (the entry's scalar arguments, in order)."""
         fast = self._fast_pack
         if fast is not None and len(values) == len(self._plan):
-            return fast(values)  # type: ignore[no-any-return]
+            return fast(values)
         return self._pack_slow(values)
 
     def _pack_slow(self, values: Sequence[Any]) -> bytes:

@@ -1,0 +1,339 @@
+""":class:`WebGpuBackend`: the WebGPU package seen through :class:`khal_runtime.backends.Backend`.
+
+The generic layer's objects map onto this package's as follows: a :class:`~khal_runtime.Device`
+holds a :class:`~.device.WebGpuDevice`; a :class:`~khal_runtime.Stream` holds the device's one
+:class:`~.stream.CommandStream` (WebGPU has one queue per device: every stream of a device is
+that queue, in order); a :class:`~khal_runtime.DeviceBuffer` holds an :class:`~.memory.Allocation`
+and, as ``_native``, a :class:`~.arrays.WgpuArray` over its bytes (what the launch path binds);
+a kernel's plan on a device is a :class:`WebGpuPlan` over a :class:`~.kernel.KernelPlan`; a
+capture records launches into a :class:`~.recording.Recording`, replayed as one submit.
+
+A ``DeviceBuffer``'s ``ptr`` on WebGPU is an address in a range of its own per allocation
+(``serial << 40``), never dereferenced: it keeps slicing, identity and ordering the same as on
+CUDA (``ptr - root.ptr`` is the byte offset into the wgpu buffer).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Callable
+
+from khal_runtime import capture_state
+from khal_runtime.backends import BackendStatus
+from khal_runtime.backends.webgpu import device as _dev
+from khal_runtime.backends.webgpu import kernel as _kernel
+from khal_runtime.backends.webgpu import memory, recording
+from khal_runtime.backends.webgpu.arrays import WgpuArray
+from khal_runtime.backends.webgpu.artifacts import code_loader
+from khal_runtime.backends.webgpu.pipeline import select_target
+from khal_runtime.buffers import DeviceBuffer
+from khal_runtime.device import Device, Stream, as_stream
+from khal_runtime.errors import ArgumentError, BackendUnavailableError, CaptureError, KhalError
+from khal_runtime.graphs import Graph
+
+__all__ = ["BACKEND", "WebGpuBackend", "WebGpuPlan"]
+
+#: bits of a DeviceBuffer's ``ptr`` below the allocation's serial: its byte offset
+_ADDRESS_BITS = 40
+
+
+class _DeviceInfo:
+    """What the generic Device holds on WebGPU."""
+
+    def __init__(self, dev: _dev.WebGpuDevice) -> None:
+        self.handle = dev
+        self.context = None
+        self.name = dev.info.name
+        self.arch = f"webgpu ({dev.info.backend_type}, {dev.info.adapter_type})"
+
+    def compute_capability(self) -> tuple[int, int]:
+        raise KhalError(f"{self.name} is a WebGPU device: it has no CUDA compute capability")
+
+    @property
+    def sm_count(self) -> int:
+        raise KhalError(f"{self.name} is a WebGPU device: it has no CUDA multiprocessor count")
+
+
+class _Module:
+    """A crate "loaded" on a WebGPU device: its entries' checked shader code, read lazily."""
+
+    def __init__(self, crate: Any, device: _dev.WebGpuDevice) -> None:
+        self.crate = crate
+        self.device = device
+
+
+class WebGpuPlan:
+    """One entry on one WebGPU device, as the generic Kernel uses a plan."""
+
+    def __init__(self, kernel: Any, kp: _kernel.KernelPlan, device_id: int) -> None:
+        self.entry = kp.entry
+        self.kp = kp
+        self.device_id = device_id
+        self.on_regenerate: list[Callable[[Any], None]] = []
+
+    def run(self, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int, st: Stream,
+            args: tuple[Any, ...]) -> None:
+        self.kp.launch((gx, gy, gz), (bx, by, bz), args, shmem)
+
+    def make_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
+        call = self.kp.call
+        device_id = self.device_id
+
+        def __call__(n: Any, *args: Any, stream: Any = None) -> None:
+            if stream is not None:
+                st = stream if type(stream) is Stream else as_stream(stream)
+                if st.device_id != device_id:
+                    slow(kernel, n, args, st)
+                    return
+            call(n, args)
+
+        return __call__
+
+
+class _Graph(Graph):
+    """A WebGPU "graph": the launches recorded once, replayed as one command encoder and one
+    submit (WebGPU has no graphs)."""
+
+    def __init__(self, rec: recording.Recording, stream: Stream) -> None:  # noqa: D107
+        self._rec = rec
+        self.stream = stream
+        self.label = rec.label
+        self.device_id = stream.device_id
+        self.kernels: list[str] = []
+        self._fn: Callable[..., Any] | None = None
+
+    @property
+    def node_count(self) -> int:
+        return int(self._rec.dispatch_count)
+
+    def upload(self, stream: Any = None) -> Graph:
+        return self
+
+    def launch(self, stream: Any = None) -> None:
+        if stream is not None and as_stream(stream).device_id != self.device_id:
+            raise KhalError(f"graph {self.label!r} belongs to WebGPU device {self.device_id}")
+        self._rec.launch()
+
+    def update(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+        self._rec.update(fn, *args, **kwargs)
+        if fn is not None:
+            self._fn = fn
+        return True
+
+    def rebind(self, *args: Any, **kwargs: Any) -> bool:
+        if self._fn is None:
+            raise CaptureError(f"graph {self.label!r} was not made by capture_graph(fn, ...): "
+                               "use graph.update(fn, *args)")
+        return self.update(self._fn, *args, **kwargs)
+
+    def close(self) -> None:
+        self._rec.close()
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.label!r} (WebGPU recording, {self.node_count} dispatches)>"
+
+
+class _Capture:
+    """A capture on a WebGPU stream: this package's recording, known to the generic capture
+    guards (:mod:`khal_runtime.capture_state`) while it is open."""
+
+    def __init__(self, backend: WebGpuBackend, stream: Stream, label: str | None, keep: Any) -> None:
+        self._backend = backend
+        self.stream = stream
+        self._cap = recording.Capture(stream._cu, label=label, keep=keep)
+        self.label = self._cap.label
+        self.graph: _Graph | None = None
+        self.kernels: list[str] = []
+
+    def begin(self) -> _Capture:
+        with self._backend._lock:
+            if self.stream.handle in self._backend._open:
+                raise CaptureError(f"stream 0x{self.stream.handle:x} is already capturing; end that capture first")
+            self._cap.begin()
+            self._backend._open[self.stream.handle] = self
+        capture_state.push(self)
+        return self
+
+    def _done(self) -> None:
+        capture_state.pop(self)
+        with self._backend._lock:
+            self._backend._open.pop(self.stream.handle, None)
+
+    def end(self) -> _Graph:
+        try:
+            rec = self._cap.end()
+        finally:
+            self._done()
+        capture_state.flush_deferred()
+        self.graph = _Graph(rec, self.stream)
+        return self.graph
+
+    def abort(self) -> None:
+        try:
+            self._cap.abort()
+        finally:
+            self._done()
+
+    def __enter__(self) -> _Capture:
+        return self.begin()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+            return
+        self.end()
+
+
+class WebGpuBackend:
+    """:class:`khal_runtime.backends.Backend` on wgpu-py."""
+
+    name = "webgpu"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[int, _Capture] = {}
+        self._handles = itertools.count(0x7E00)
+
+    # -- availability --------------------------------------------------------------------------
+    def status(self) -> BackendStatus:
+        st = _dev.status()
+        adapter = {}
+        if st.adapter is not None:
+            adapter = {"name": st.adapter.name, "backend_type": st.adapter.backend_type,
+                       "adapter_type": st.adapter.adapter_type, "vendor": st.adapter.vendor}
+        return BackendStatus(st.usable, st.reason, "webgpu", None, len(st.adapters), adapter)
+
+    # -- devices and streams -------------------------------------------------------------------
+    def open_device(self, ordinal: int) -> _DeviceInfo:
+        return _DeviceInfo(_dev.get_device(ordinal))
+
+    def make_current(self, device: Device) -> None:
+        pass  # WebGPU has no current context
+
+    def create_stream(self, device: Device) -> Stream:
+        dev: _dev.WebGpuDevice = device._impl.handle
+        return Stream(next(self._handles), device.device_id, native=dev.stream, backend=self)
+
+    def destroy_stream(self, stream: Stream) -> None:
+        stream._cu.flush()
+
+    def native_stream(self, handle: int) -> Any:
+        raise KhalError(f"stream handle 0x{handle:x}: WebGPU has no foreign streams; pass None "
+                        "(the device's queue) or a khal_runtime.Stream of the device")
+
+    def stream_device(self, handle: int) -> int:
+        return self.native_stream(handle)  # type: ignore[no-any-return]
+
+    def is_legacy_stream(self, handle: int) -> bool:
+        return False
+
+    def synchronize(self, stream: Stream) -> None:
+        stream._cu.synchronize()
+
+    def synchronize_device(self, device: Device) -> None:
+        device._impl.handle.stream.synchronize()
+
+    def is_capturing(self, stream: Stream) -> bool:
+        return stream._cu.capturing() is not None
+
+    def wait_event(self, stream: Stream, event: Any) -> None:
+        pass  # one queue per device: everything is already in order
+
+    # -- memory --------------------------------------------------------------------------------
+    def alloc(self, device: Device, nbytes: int, what: str) -> tuple[int, Any]:
+        a = memory.alloc(device._impl.handle, nbytes)
+        return a.serial << _ADDRESS_BITS, a
+
+    def native_view(self, buf: DeviceBuffer) -> WgpuArray | None:
+        """The WgpuArray over ``buf``'s bytes (what a launch binds)."""
+        root = buf.root
+        alloc = root._alloc
+        if alloc is None:
+            return None
+        return WgpuArray(alloc, buf.ptr - root.ptr, buf.size, buf.dtype)
+
+    def free(self, device_id: int, allocation: Any) -> None:
+        memory.free(allocation)
+
+    def copy_from_host(self, buf: Any, host: Any, stream: Stream) -> None:
+        import numpy as np  # lazy: host copies only
+
+        memory.upload(buf._native.view, np.ascontiguousarray(host).reshape(-1).view(np.uint8))
+
+    def copy_to_host(self, host: Any, buf: Any, stream: Stream) -> None:
+        import numpy as np  # lazy: host copies only
+
+        data = memory.download(buf._native.view)
+        host.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
+
+    def fill_zero(self, buf: Any, stream: Stream) -> None:
+        memory.fill_zero(buf._native.view)
+
+    # -- kernels -------------------------------------------------------------------------------
+    def load_crate(self, crate: Any, device_id: int) -> _Module:
+        c = crate.crate
+        if c.language != "slang" or not c.has_webgpu:
+            why = ("its sources are CUDA C++, which only the CUDA backend runs (write the crate in "
+                   "Slang to run it on WebGPU)" if c.language != "slang" else
+                   f"it was built without its WebGPU stage ({c.spirv.reason or c.spirv.status}): "
+                   "rebuild without KHAL_SKIP_SPIRV")
+            raise BackendUnavailableError(
+                f"crate {c.name!r} of package {crate.package!r} has no WebGPU (WGSL / SPIR-V) "
+                f"artifacts: {why}. The backend is WebGPU because "
+                f"{_why_webgpu()}; on a machine with a usable CUDA device set KHAL_BACKEND=cuda")
+        return _Module(crate, _dev.get_device(device_id))
+
+    def plan(self, kernel: Any, module: _Module, device_id: int) -> WebGpuPlan:
+        crate = module.crate
+        entry = kernel.entry
+        target = select_target(entry, crate.name)
+        code = code_loader(crate.package_dir, crate.crate, entry, target)
+        kp = _kernel.KernelPlan(entry, module.device, code, f"{crate.name}", target)
+        return WebGpuPlan(kernel, kp, device_id)
+
+    def unload(self, module: Any) -> None:
+        pass
+
+    def bind(self, kernel: Any, plan: WebGpuPlan, args: tuple[Any, ...], stream: Stream) -> Any:
+        return plan.kp.bind(args)
+
+    def dispatch_indirect(self, kernel: Any, plan: WebGpuPlan, count: Any, args: tuple[Any, ...],
+                          stream: Stream, grid: Any, threads: bool, host_read: bool | None) -> None:
+        if grid is not None:
+            raise KhalError(f"{kernel.name}.dispatch_indirect(): grid= sizes CUDA's persistent grid; "
+                            "WebGPU dispatches the count natively: leave it out")
+        plan.kp.dispatch_indirect(count, args, threads)
+
+    # -- graphs and profiling ------------------------------------------------------------------
+    def capture(self, stream: Stream, *, mode: str, label: str | None, keep: Any) -> _Capture:
+        return _Capture(self, stream, label, keep)
+
+    def end_capture(self, stream: Stream) -> _Graph:
+        with self._lock:
+            cap = self._open.get(stream.handle)
+        if cap is None:
+            raise CaptureError(f"no capture is open on stream 0x{stream.handle:x}; call begin_capture() first")
+        return cap.end()
+
+    def timer(self) -> Any:
+        raise KhalError("per-launch timers are the CUDA backend's; on WebGPU profiling reads "
+                        "timestamp queries (KHAL_CUDA_PROFILE)")
+
+
+def _why_webgpu() -> str:
+    from khal_runtime import backends  # lazy: only to word an error
+
+    return backends.backend_status().why or "KHAL_BACKEND chose it"
+
+
+def _x_device_buffer(b: DeviceBuffer) -> _kernel.StorageInfo:
+    w = b._native
+    if w is None:
+        raise ArgumentError("is a DeviceBuffer of another backend, or a freed one")
+    return w._res, w._et, w.size, w._bind_error, w.allocation
+
+
+_kernel.register_storage_type(DeviceBuffer, _x_device_buffer)
+
+BACKEND = WebGpuBackend()
