@@ -90,3 +90,27 @@ def example_crate():  # type: ignore[no-untyped-def]
 
     p = plan_slang_crate(EXAMPLE, "slang_examples", ["kernels/slang/*.slang"], ["kernels/slang/modules"], {}, [])
     return compile_slang_crate(p)
+
+
+def webgpu_package(root: Path, name: str = "wgpu_example_pkg") -> Path:
+    """A package holding only the WebGPU build (WGSL + SPIR-V) of the example's Slang crate, as
+    the hook writes it: ``root/<name>`` (import it with ``root`` on sys.path)."""
+    from hatch_khal.slang.stage import compile_slang_crate, plan_slang_crate
+    from khal_runtime.manifest import SCHEMA_VERSION, Crate, Manifest, SpirvStatus, Toolchain
+
+    p = plan_slang_crate(EXAMPLE, "slang_examples", ["kernels/slang/*.slang"], ["kernels/slang/modules"], {}, [])
+    out = compile_slang_crate(p, {"wgsl", "spirv"})
+    pkg = root / name
+    (pkg / "_khal").mkdir(parents=True, exist_ok=True)
+    for rel, data in out.webgpu_files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_bytes(data)
+    crate = Crate(name="slang_examples", language="slang", package_dir="_khal/slang_examples",
+                  sources=p.manifest_sources, content_hash=p.content_hash,
+                  artifacts=tuple(out.webgpu_artifacts()), entries=tuple(out.entries),
+                  spirv=SpirvStatus(status="built"))
+    m = Manifest(schema_version=SCHEMA_VERSION, package=name, toolchain=Toolchain(hatch_khal_version="test"),
+                 crates=(crate,))
+    (pkg / "_khal" / "manifest.json").write_text(m.to_json())
+    (pkg / "__init__.py").write_text("import khal_runtime\n\nkernels = khal_runtime.load(__name__)\n")
+    return pkg

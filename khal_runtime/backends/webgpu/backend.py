@@ -25,7 +25,7 @@ from khal_runtime.backends.webgpu import device as _dev
 from khal_runtime.backends.webgpu import kernel as _kernel
 from khal_runtime.backends.webgpu import memory, recording
 from khal_runtime.backends.webgpu.arrays import WgpuArray
-from khal_runtime.backends.webgpu.artifacts import code_loader
+from khal_runtime.backends.webgpu.artifacts import entry_code
 from khal_runtime.backends.webgpu.pipeline import select_target
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import Device, Stream, as_stream
@@ -288,7 +288,9 @@ class WebGpuBackend:
         crate = module.crate
         entry = kernel.entry
         target = select_target(entry, crate.name)
-        code = code_loader(crate.package_dir, crate.crate, entry, target)
+        # read and checked now (sha256, the entry point's hash), as a CUDA binary is at load: a
+        # pipeline cached for the same symbol must never hide a tampered artifact
+        code = entry_code(crate.package_dir, crate.crate, entry, target)
         kp = _kernel.KernelPlan(entry, module.device, code, f"{crate.name}", target)
         return WebGpuPlan(kernel, kp, device_id)
 
