@@ -224,3 +224,71 @@ def test_auto_falls_back_with_one_line_and_cuda_fails_at_load(pkg_dir: Path) -> 
     r = _run(f"import khal_runtime\nkhal_runtime.load({str(pkg_dir)!r})\n", KHAL_BACKEND="cuda")
     assert r.returncode != 0 and "BackendUnavailableError" in r.stderr
     assert "KHAL_BACKEND=cuda: no CUDA device/driver was found" in r.stderr
+
+
+@pytest.fixture
+def traced(ks: Any, tmp_path: Path) -> Any:
+    """Tracing and profiling on (as KHAL_CUDA_TRACE=1 KHAL_CUDA_PROFILE=1 would), off after."""
+    from khal_runtime import tracing
+
+    log = tmp_path / "trace.log"
+    tracing.reset_profile()
+    tracing.enable(True, profile=True, nvtx=False, trace_file=str(log))
+    yield ks, log
+    tracing.disable()
+    tracing.reset_profile()
+
+
+def test_trace_lines_and_profile_table_on_webgpu(traced: Any) -> None:
+    from khal_runtime import tracing
+
+    ks, log = traced
+    n = 1000
+    dx, dy = DeviceBuffer.from_numpy(np.ones(n, np.float32)), DeviceBuffer.zeros(n, np.float32)
+    ks.saxpy_shared(n, dy, dx, 2.0)
+    ks.saxpy_shared(n, dy, dx, 2.0)
+    ks.saxpy_shared.launch(4, None, dy, dx, 1.0)
+    count = DeviceBuffer.from_numpy(np.array([n], np.uint32))
+    ks.saxpy_shared.dispatch_indirect(count, dy, dx, 1.0, threads=True)
+    np.testing.assert_array_equal(dy.to_numpy(), 6.0)  # traced launches still compute
+    g = khal_runtime.capture_graph(lambda: ks.saxpy_shared(n, dy, dx, 1.0))
+    g.launch()
+    np.testing.assert_array_equal(dy.to_numpy(), 7.0)
+
+    lines = log.read_text().splitlines()
+    launches = [ln for ln in lines if ln.startswith("khal: launch #")]
+    assert len(launches) == 5, lines
+    block = "x".join(str(v) for v in ks.saxpy_shared.block_size)
+    assert f"saxpy_shared grid=4x1x1 block={block}" in launches[0]
+    assert "(webgpu)" in launches[0] and "y=" in launches[0] and "float32[1000]" in launches[0]
+    assert "grid=4x1x1" in launches[2]
+    assert "grid=indirect" in launches[3]
+    assert "(captured)" in launches[4] and "(captured)" not in launches[3]
+    assert any(ln.startswith("khal: graph #") for ln in lines)
+
+    stats = tracing.profile_stats()
+    name = next(k for k in stats if k.endswith("saxpy_shared"))
+    assert stats[name]["calls"] == 4 and stats[name]["total_ms"] > 0  # the captured one is not per-launch
+    assert any(k.startswith("recording") and v["calls"] == 1 for k, v in stats.items())
+    table = tracing.profile(print_table=False)
+    assert "khal WebGPU profile" in table and "timestamp queries" in table and name in table
+    assert "CUDA events" not in table
+
+
+def test_trace_sync_mode_and_profiling_off_again(traced: Any) -> None:
+    from khal_runtime import tracing
+
+    ks, log = traced
+    n = 256
+    dx, dy = DeviceBuffer.from_numpy(np.ones(n, np.float32)), DeviceBuffer.zeros(n, np.float32)
+    tracing.enable("sync", profile=False, nvtx=False, trace_file=str(log))
+    dev = khal_runtime.Device(0)._impl.handle
+    assert dev.stream.timer is None  # profiling turned off on the device's stream
+    ks.saxpy_shared(n, dy, dx, 3.0)
+    assert dev.stream.pending == 0  # sync: the launch was submitted and waited for
+    np.testing.assert_array_equal(dy.to_numpy(), 3.0)
+    tracing.disable()
+    before = len(log.read_text().splitlines())
+    ks.saxpy_shared(n, dy, dx, 3.0)
+    assert len(log.read_text().splitlines()) == before  # hooks gone: no line
+    np.testing.assert_array_equal(dy.to_numpy(), 6.0)
