@@ -34,6 +34,7 @@ __all__ = [
     "BackendStatus",
     "backend_mode",
     "backend_status",
+    "chosen",
     "loaded",
     "current",
     "for_crate",
@@ -212,6 +213,13 @@ def backend_status() -> BackendStatus:
     st = b.status()
     return BackendStatus(st.usable, st.reason, b.name, st.driver_version, st.device_count,
                          dict(st.adapter), _why)
+
+
+def chosen() -> str | None:
+    """The name of the backend this process chose, None while none is chosen (nothing is chosen
+    to answer)."""
+    with _lock:
+        return _current.name if _current is not None else None
 
 
 def loaded() -> list[Backend]:
