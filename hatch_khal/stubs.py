@@ -202,7 +202,8 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
                 lines.append(f"    {e.name}: {entry_classes[(c.name, e.name)]}")
     lines += ["", "", "class _Crates(dict[str, CrateKernels]):"]
     for c in manifest.crates:
-        lines += ["    @overload", f"    def __getitem__(self, key: Literal[{c.name!r}]) -> {crate_classes[c.name]}: ..."]
+        lines += ["    @overload",
+                  f"    def __getitem__(self, key: Literal[{c.name!r}]) -> {crate_classes[c.name]}: ..."]
     lines += ["    @overload", "    def __getitem__(self, key: str) -> CrateKernels: ..."]
     lines += ["", "", "class Kernels(KernelSet):"]
     shared = sorted(n for n, k in counts.items() if k > 1)

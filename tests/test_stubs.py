@@ -60,8 +60,9 @@ def test_what_the_stub_says() -> None:
             "*, stream: StreamLike = ..., shared_mem: int = ...) -> None: ...") in text
     assert "    def bind(self, x: DeviceArray, y: DeviceArray, params: Uniform, /, *, stream: StreamLike = ...) " \
            "-> BoundLaunch: ..." in text
-    assert "    def dispatch_indirect(self, count: DeviceArray, x: DeviceArray, y: DeviceArray, params: Uniform, /, *, " \
-           "stream: StreamLike = ..., grid: Dim3 | None = ..., threads: bool = ..., host_read: bool | None = ...)" in text
+    assert ("    def dispatch_indirect(self, count: DeviceArray, x: DeviceArray, y: DeviceArray, params: Uniform, "
+            "/, *, stream: StreamLike = ..., grid: Dim3 | None = ..., threads: bool = ..., "
+            "host_read: bool | None = ...)") in text
     # scalars by family; a Slang entry alike
     assert "a: IntScalar, b: FloatScalar, c: IntScalar, d: FloatScalar, e: IntScalar, f: BoolScalar, g: FloatScalar, " \
            "h: FloatScalar, z: ComplexScalar, /" in text
@@ -250,7 +251,8 @@ def test_the_generated_module_loads_the_package(models_project: Path) -> None:
         assert kernels is khal_models_pkg.kernels
         print(type(kernels).__name__, kernels.entries, 'torch' in sys.modules)
     """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(models_project), str(ROOT)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(models_project), str(ROOT),
+                                                      os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", code], cwd=models_project, env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
@@ -331,7 +333,8 @@ def test_example_wheel_stub(example_with_stub: Path) -> None:
         assert kernels.saxpy.entry == example_shader_pkg.kernels.saxpy.entry
         print("OK")
     """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(example_with_stub), str(ROOT)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(example_with_stub), str(ROOT),
+                                                      os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", code], cwd=example_with_stub, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
@@ -343,7 +346,8 @@ def test_example_wheel_calls_type_check(example_with_stub: Path, checker: str) -
     # this unpacked copy as source, and has a word on the example's structs.py)
     assert [p for p in _problems(checker, example_with_stub, ["client.py"], strict=False)
             if p[0].startswith("client")] == []
-    bad = [p for p in _problems(checker, example_with_stub, ["client_bad.py"], strict=False) if p[0].startswith("client")]
+    bad = [p for p in _problems(checker, example_with_stub, ["client_bad.py"], strict=False)
+           if p[0].startswith("client")]
     assert [(f, line) for f, line, _ in bad] == [("client_bad.py", 8)], bad
     if checker == "mypy":
         assert bad[0][2] == 'Too few arguments for "__call__" of "Kernel_core__saxpy"  [call-arg]'

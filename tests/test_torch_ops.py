@@ -58,7 +58,7 @@ def test_importing_the_runtime_or_this_module_imports_no_torch() -> None:
         assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
         print("OK")
     """)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
 
@@ -210,7 +210,8 @@ def test_fake_impl_checks_dtypes_and_sizes_on_fake_cuda_tensors(pkg: tuple[Any, 
             ops.saxpy(1000, x, y, torch.empty(2, dtype=torch.uint8, device="cuda"))
         with pytest.raises(ArgumentValueError, match="thread count must be >= 0"):
             ops.saxpy(-1, x, y, p)
-        with pytest.raises(ArgumentValueError, match=r"argument 'y' .* is on cpu, an earlier tensor argument on cuda:0"):
+        with pytest.raises(ArgumentValueError,
+                           match=r"argument 'y' .* is on cpu, an earlier tensor argument on cuda:0"):
             ops.saxpy(1000, x, torch.empty(1000), p)
         # a storage of struct elements takes any dtype whose bytes hold whole elements
         particles = torch.empty(64, 8, device="cuda")  # 64 x 32-byte Particle
@@ -377,7 +378,8 @@ def test_uniform_from_a_dict_uses_the_slang_layout(pkg: tuple[Any, Any]) -> None
     assert got == struct.pack("<4f3ffiI2f", 1, 2, 3, 4, 0.5, -0.5, 0.25, 7.0, -3, 255, 0.125, 0.75)
     with pytest.raises(ArgumentError, match=r"missing field\(s\) 'taps'"):
         khal_torch.uniform(ops.affine, {k: v for k, v in value.items() if k != "taps"}, "cpu")
-    with pytest.raises(ArgumentValueError, match=r"field 'scale' \(float32\[4\]\) expects 4 item\(s\) along this axis, got 3"):
+    with pytest.raises(ArgumentValueError,
+                       match=r"field 'scale' \(float32\[4\]\) expects 4 item\(s\) along this axis, got 3"):
         khal_torch.uniform(ops.affine, dict(value, scale=[1.0, 2.0, 3.0]), "cpu")
     with pytest.raises(ArgumentValueError, match=r"field 'mask' \(uint32\): .*out of range"):
         khal_torch.uniform(ops.affine, dict(value, mask=-1), "cpu")
