@@ -28,18 +28,16 @@ from __future__ import annotations
 
 import keyword
 import re
-import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from khal_runtime import abi, backends, interop
+from khal_runtime import abi, interop
+from khal_runtime.arguments import struct_bytes as _struct_bytes
 from khal_runtime.device import Stream
 from khal_runtime.errors import ArgumentError, ArgumentValueError, BackendUnavailableError, CaptureError, KhalError
-from khal_runtime.interop import BadArgument
 from khal_runtime.kernels import Kernel, KernelSet
-from khal_runtime.manifest import Entry, Param, StructField, StructLayout
-from khal_runtime.uniforms import to_uniform
+from khal_runtime.manifest import Entry, Param
 
 __all__ = ["CrateOps", "TorchOps", "register", "registered", "uniform"]
 
@@ -353,10 +351,10 @@ def _torch() -> Any:
     return _torch_module
 
 
-def _stream_for(device: int, handle: int) -> Stream:
+def _stream_for(spec: _OpSpec, device: int, handle: int) -> Stream:
     """The runtime's Stream for PyTorch's stream ``handle`` on ``device`` (kept: the same handle
     gives the same object, so repeated launches stay on the runtime's fast path)."""
-    bk = backends.current()
+    bk = spec.kernel._crate.backend
     if bk.name != "cuda":
         raise BackendUnavailableError(
             f"khal torch operators launch on CUDA tensors, but the process's backend is {bk.name!r} "
@@ -398,7 +396,7 @@ def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...]) -> None:
     h = _raw_stream(dev)  # type: ignore[misc]  # set by _torch() in register()
     st = _streams.get((dev, h))
     if st is None:
-        st = _stream_for(dev, h)
+        st = _stream_for(spec, dev, h)
     if spec.reinterpret:
         args = _reinterpreted(spec, args)
     kernel = spec.kernel
@@ -544,28 +542,18 @@ def _uniform_param(entry: Entry, where: str, param: str | None) -> Param:
 
 
 def struct_bytes(entry: Entry, param: Param, value: Any, where: str | None = None) -> bytes:
-    """The C-layout bytes of a uniform value: a ctypes struct, a NumPy structured value, bytes,
-    or (crates that record the layout: Slang) a dict of field values."""
-    arg = f"{where or entry.name + '()'}: argument {param.name!r} ({param.describe()})"
-    if isinstance(value, Mapping):
-        layout = (param.layouts or {}).get("cuda")
-        if layout is None:
-            raise ArgumentError(f"{arg}: a dict needs the struct's field layout, which only Slang crates "
-                                "record; pass a ctypes Structure, a NumPy structured value or its bytes")
-        data = pack_struct(layout, value, arg)
-    else:
-        try:
-            got = to_uniform(value)
-        except BadArgument as bad:
-            raise bad.cls(f"{arg}: {bad}") from None
-        if not isinstance(got, bytes):
-            raise ArgumentError(f"{arg}: {type(value).__name__} is already device memory; pass a torch "
-                                "tensor holding the struct's bytes, or the host value")
-        data = got
-    if len(data) != param.element_size:
-        raise ArgumentValueError(f"{arg}: expected {param.element_size} bytes, got {len(data)} "
+    """The C-layout bytes of a host uniform value, by the launch's own rules
+    (:func:`khal_runtime.arguments.struct_bytes`): a ctypes struct, a NumPy structured value,
+    bytes, or (crates that record the layout: Slang) a dict of field values."""
+    arg = f"{where or entry.name + '()'}: argument {param.name!r} ({param.describe(True)})"
+    got = _struct_bytes(arg, param, value)
+    if not isinstance(got, bytes):
+        raise ArgumentError(f"{arg}: {type(value).__name__} is already device memory; pass a torch "
+                            "tensor holding the struct's bytes, or the host value")
+    if len(got) != param.element_size:
+        raise ArgumentValueError(f"{arg}: expected {param.element_size} bytes, got {len(got)} "
                                  f"({type(value).__name__})")
-    return data
+    return got
 
 
 def uniform(op: Any, value: Any, device: Any = "cuda", *, param: str | None = None, out: Any = None) -> Any:
@@ -597,62 +585,4 @@ def uniform(op: Any, value: Any, device: Any = "cuda", *, param: str | None = No
                             f"{p.element_size} elements (what uniform() returns), got {out!r:.80}")
     out.copy_(host)
     return out
-
-
-def pack_struct(layout: StructLayout, value: Mapping[str, Any], where: str) -> bytes:
-    """A dict of field values (nested dicts for struct fields, sequences for vectors and arrays)
-    packed into ``layout``, padding zeroed; each value converted by
-    :func:`khal_runtime.abi.scalar_value`."""
-    buf = bytearray(layout.size)
-    _pack_fields(buf, layout.fields, value, 0, where, "")
-    return bytes(buf)
-
-
-def _pack_fields(buf: bytearray, fields: Sequence[StructField], d: Any, base: int, where: str,
-                 prefix: str) -> None:
-    if not isinstance(d, Mapping):
-        raise ArgumentError(f"{where}: field {prefix.rstrip('.')!r} is a struct: expected a dict, "
-                            f"got {type(d).__name__}")
-    names = [f.name for f in fields]
-    unknown = [k for k in d if k not in names]
-    missing = [n for n in names if n not in d]
-    if unknown or missing:
-        what = (f"unknown field(s) {', '.join(repr(prefix + str(k)) for k in unknown)}" if unknown
-                else f"missing field(s) {', '.join(repr(prefix + n) for n in missing)}")
-        raise ArgumentError(f"{where}: {what}; the struct has {', '.join(repr(prefix + n) for n in names)}")
-    for f in fields:
-        _pack_value(buf, f, d[f.name], base + f.offset, 0, where, prefix + f.name)
-
-
-def _items(v: Any) -> list[Any] | None:
-    if isinstance(v, (str, bytes, bytearray, Mapping)) or not hasattr(v, "__len__") or not hasattr(v, "__getitem__"):
-        return None
-    if getattr(v, "ndim", 1) == 0:
-        return None
-    return [v[i] for i in range(len(v))]
-
-
-def _pack_value(buf: bytearray, f: StructField, v: Any, off: int, depth: int, where: str, path: str) -> None:
-    if depth < len(f.shape):
-        items = _items(v)
-        n = f.shape[depth]
-        if items is None or len(items) != n:
-            got = f"{len(items)} item(s)" if items is not None else type(v).__name__
-            raise ArgumentValueError(f"{where}: field {path!r} ({f.type}"
-                                     f"[{']['.join(str(s) for s in f.shape[depth:])}]) expects {n} "
-                                     f"item(s) along this axis, got {got}")
-        for i, item in enumerate(items):
-            _pack_value(buf, f, item, off + i * f.strides[depth], depth + 1, where, f"{path}[{i}]")
-        return
-    if f.type == "struct":
-        _pack_fields(buf, f.fields or (), v, off, where, path + ".")
-        return
-    try:
-        x = abi.scalar_value(f.type, v)
-    except TypeError as exc:
-        raise ArgumentError(f"{where}: field {path!r} ({f.type}): {exc}") from None
-    except ValueError as exc:
-        raise ArgumentValueError(f"{where}: field {path!r} ({f.type}): {exc}") from None
-    code = abi.SCALARS[f.type].code
-    struct.pack_into("<" + code, buf, off, *(x if isinstance(x, tuple) else (x,)))
 

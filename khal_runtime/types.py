@@ -14,7 +14,7 @@ A leaf module: it imports nothing of the project at run time.
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, SupportsComplex, SupportsFloat, SupportsIndex, Union
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, SupportsComplex, SupportsFloat, SupportsIndex, Union
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -80,7 +80,7 @@ Uniform: TypeAlias = Union[
     bytes,
     bytearray,
     memoryview,
-    Mapping[str, Any],
+    "dict[str, Any]",
     DeviceArray,
 ]
 

@@ -384,7 +384,7 @@ def test_uniform_from_a_dict_uses_the_slang_layout(pkg: tuple[Any, Any]) -> None
     with pytest.raises(ArgumentValueError, match=r"field 'mask' \(uint32\): .*out of range"):
         khal_torch.uniform(ops.affine, dict(value, mask=-1), "cpu")
     # a CUDA C++ crate records no layout: a dict cannot be packed
-    with pytest.raises(ArgumentError, match=r"a dict needs the struct's field layout, which only Slang crates record"):
+    with pytest.raises(ArgumentError, match=r"a dict of fields needs the struct's layout, which only Slang crates record"):
         khal_torch.uniform(ops.saxpy, {"a": 1.0}, "cpu")
 
 
