@@ -373,14 +373,14 @@ def _not_cuda(spec: _OpSpec, index: int, t: Any) -> ArgumentError:
 
 
 def _first_use(spec: _OpSpec, device: int) -> None:
-    """Before an entry's first launch on a device: its module gets loaded, which a capture in
-    PyTorch's (global) mode would refuse and be invalidated by."""
+    """Before the first launch of an entry whose crate is not loaded on the device: loading it
+    is a call a capture in PyTorch's (global) mode would refuse and be invalidated by."""
     torch = _torch()
     if torch.cuda.is_current_stream_capturing():
         raise CaptureError(
             f"{spec.where} is used for the first time on cuda:{device} inside a graph capture: loading "
             "its kernels cannot be captured. Run the step once before torch.cuda.graph (the warm-up "
-            "PyTorch asks for), or load the crate first: kernels.crates[...].load(device)")
+            f"PyTorch asks for), or load the crate first: kernels.crates[{spec.crate!r}].load({device})")
 
 
 def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...]) -> None:
@@ -400,7 +400,7 @@ def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...]) -> None:
     if spec.reinterpret:
         args = _reinterpreted(spec, args)
     kernel = spec.kernel
-    if dev not in kernel._plans:
+    if dev not in kernel._plans and dev not in kernel._crate._modules:
         _first_use(spec, dev)
     kernel(threads, *args, stream=st)
 

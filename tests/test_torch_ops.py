@@ -410,3 +410,17 @@ def test_two_uniforms_need_a_param_name() -> None:
     with pytest.raises(ArgumentError, match=r"several uniform parameters \(a, b\): pass param='<name>'"):
         khal_torch.uniform(ops.two, bytes(4), "cpu")
     assert khal_torch.uniform(ops.two, bytes(range(8)), "cpu", param="b").numel() == 8
+
+
+def test_first_use_inside_a_capture_is_refused_before_any_driver_call(pkg: tuple[Any, Any],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading a crate cannot be captured in PyTorch's (global) mode: the error says to warm up
+    (the GPU test checks the same inside a real torch.cuda.graph)."""
+    from khal_runtime.errors import CaptureError
+
+    _, ops = pkg
+    spec = ops._specs["saxpy"]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(CaptureError, match=r"saxpy\(\) \(entry core.saxpy\) is used for the first time on cuda:0 "
+                                           r"inside a graph capture.*kernels.crates\['core'\].load\(0\)"):
+        khal_torch._first_use(spec, 0)
