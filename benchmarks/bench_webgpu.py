@@ -662,8 +662,9 @@ def rows_from(res: dict[str, Any], demo_here: bool, args: Any = None) -> list[An
             if r["key"] == "typed":
                 bar, ok = f"<= {DISPATCH_BAR}", ratio <= DISPATCH_BAR
                 note = f"{note}; bar on record (host enqueue, as the CUDA launch bar)"
+            note = "; ".join(x for x in (note, f"total {r['total_us']:.2f} us") if x)
             rows.append(Row(SECTION, f"dispatch: {r['name']}", r["record_us"], "us record", ratio,
-                            "raw wgpu-py", bar, ok, f"{note}; total {r['total_us']:.2f} us", extra=r))
+                            "raw wgpu-py", bar, ok, note, extra=r))
         for key in ("raw", "typed"):
             r = by[key]
             rows.append(Row(SECTION, f"dispatch total: {r['name']}", r["total_us"], "us total",
