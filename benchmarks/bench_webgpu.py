@@ -1,7 +1,8 @@
 """WebGPU backend benchmark: dispatch overhead of the typed call, bandwidth, the particle demo.
 
     python benchmarks/bench_webgpu.py [--dispatches 1000] [--rounds N] [--mb N] [--demo-steps 0]
-                                      [--json out.json]
+                                      [--package DIR] [--json out.json]
+    python benchmarks/bench_webgpu.py --build-only DIR     # the kernels' package, nothing timed
 
 Standalone it prints its own table; ``benchmarks/run.py`` (section ``webgpu``) runs it in a
 process of its own, because the backend is chosen once per process and the runner's CUDA
@@ -12,7 +13,10 @@ on CPU machines, the H200 through Vulkan on the lent GPU machine (see shared/dev
 The kernels come from a package built here the way the hook builds one (Slang -> WGSL +
 SPIR-V, a manifest, loaded with ``khal_runtime.load``): the example's Slang crate
 (``example_shader_pkg/kernels/slang``, for ``saxpy_shared``) and a small crate of this
-benchmark (:data:`BENCH_SLANG`: plain saxpy, a float4 saxpy, a float4 copy).
+benchmark (:data:`BENCH_SLANG`: plain saxpy, a float4 saxpy, a float4 copy). Building it needs
+slangpy (the Slang compiler); where it is missing (the lent H200: its wheel is larger than what a
+device run may carry) build it on a machine that has it with ``--build-only DIR`` and pass
+``--package DIR`` (``run.py --webgpu-package DIR``).
 
 Dispatch overhead. One pipeline, ``saxpy_shared`` (one workgroup per dispatch), the same
 arguments every call; ``--dispatches`` dispatches recorded, then one submit, for every row
@@ -31,7 +35,9 @@ in an order rotated every round), the median of ``--rounds`` rounds taken:
 
 ``record`` is the host time to record one dispatch, nothing submitted (the bar is on it: the
 host enqueue cost, as the CUDA launch bar); ``total`` adds ending the pass, the submit and the
-wait until the batch has run (one 4-byte read-back after it, the same for every row).
+wait until the batch has run (``synchronize()``: a 4-byte read-back after it, for every row; the
+typed rows' read-back goes into the batch's own command buffer, the raw rows' into a second one,
+so raw pays one submit more per batch: ~60 us per 1000 dispatches on the H200).
 
 Bandwidth: ``y = a * x + y`` (12 bytes per element: x and y read, y written) through the
 typed call against ``copy_buffer_to_buffer`` of the same buffer (8 bytes per element: read
@@ -127,9 +133,15 @@ def build_package(where: Path) -> Path:
     and of :data:`BENCH_SLANG`, written as the hook writes a package (as tests/_slang.py's
     ``webgpu_package`` does for the example crate alone)."""
     from hatch_khal.slang.stage import compile_slang_crate, plan_slang_crate
-    from khal_runtime.manifest import SCHEMA_VERSION, Crate, Manifest, SpirvStatus, Toolchain
+    from khal_runtime.manifest import (
+        SCHEMA_VERSION,
+        Crate,
+        Manifest,
+        SpirvStatus,
+        Toolchain,
+    )
 
-    proj = where / "project"
+    proj = Path(tempfile.mkdtemp(prefix="khal-webgpu-bench-src-"))  # the crate's sources: not shipped
     (proj / "kernels").mkdir(parents=True, exist_ok=True)
     (proj / "kernels" / "bench.slang").write_text(BENCH_SLANG)
     example = ROOT / "example_shader_pkg"
@@ -153,6 +165,16 @@ def build_package(where: Path) -> Path:
     (pkg / "_khal" / "manifest.json").write_text(m.to_json())
     (pkg / "__init__.py").write_text("import khal_runtime\n\nkernels = khal_runtime.load(__name__)\n")
     return pkg
+
+
+def find_package(where: str | Path) -> Path:
+    """The bench package in ``where`` (the directory ``--build-only`` wrote, or the package itself)."""
+    p = Path(where).resolve()
+    for cand in (p / PKG, p):
+        if (cand / "_khal" / "manifest.json").is_file():
+            return cand
+    raise FileNotFoundError(f"{where}: no {PKG} package (with _khal/manifest.json) there; make one with "
+                            f"python benchmarks/bench_webgpu.py --build-only {where}")
 
 
 def _rounds(methods: dict[str, tuple[Callable[[int], None], Callable[[], None]]], n: int, rounds: int,
@@ -514,9 +536,13 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         "errors": {},
     }
     t0 = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(prefix="khal-webgpu-bench-"))
-    pkg = build_package(tmp)
-    ks = rt.load(str(pkg))
+    res["package"] = str(Path(a.package).resolve()) if a.package else "built here (Slang)"
+    try:
+        pkg = find_package(a.package) if a.package else build_package(Path(tempfile.mkdtemp(prefix="khal-webgpu-bench-")))
+        ks = rt.load(str(pkg))
+    except Exception as exc:  # noqa: BLE001 - nothing to time without the kernels: say why
+        res["errors"]["package"] = _err(exc)
+        return res
     res["build_s"] = time.perf_counter() - t0
     try:
         res["dispatch"] = dispatch_costs(ks, dev, a.dispatches, rounds)
@@ -587,8 +613,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=0, help="kernels / copies per bandwidth round")
     ap.add_argument("--demo-steps", type=int, default=0,
                     help="also run the Slang particle demo on WebGPU, this many steps per mode (0: no)")
+    ap.add_argument("--package", help="a prebuilt kernels package (--build-only's DIR) instead of building one")
+    ap.add_argument("--build-only", type=Path, metavar="DIR",
+                    help=f"build the kernels' package into DIR/{PKG} (needs slangpy, no GPU) and stop")
     ap.add_argument("--json", type=Path, help="write every figure here")
     a = ap.parse_args(argv)
+    root = str(ROOT)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    if a.build_only:
+        a.build_only.mkdir(parents=True, exist_ok=True)
+        print(f"built {build_package(a.build_only.resolve())}")
+        return 0
     if a.dispatches < 1:
         ap.error("--dispatches must be >= 1")
     # this process measures WebGPU: the backend, before khal_runtime chooses one; a batch larger
@@ -597,9 +633,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["KHAL_WEBGPU_BATCH"] = str(max(a.dispatches + 1, 1000))
     if not os.path.isdir(os.environ.get("XDG_RUNTIME_DIR", "") or "/nonexistent"):
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="khal-xdg-")
-    root = str(ROOT)
-    if root not in sys.path:
-        sys.path.insert(0, root)
     res = measure(a)
     print_table(res)
     if a.json:
@@ -623,10 +656,12 @@ def run(args: Any) -> list[Any]:
            "--demo-steps", str(args.demo_steps if demo_here else 0)]
     if getattr(args, "webgpu_mb", 0):
         cmd += ["--mb", str(args.webgpu_mb)]
+    if getattr(args, "webgpu_package", ""):
+        cmd += ["--package", os.path.abspath(args.webgpu_package)]
     env = env_with_path([str(ROOT), os.path.abspath(args.site) if getattr(args, "site", "") else ""])
     env["KHAL_BACKEND"] = "webgpu"
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True,
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
                            timeout=getattr(args, "webgpu_timeout", 900))
     except subprocess.TimeoutExpired as exc:
         return [Row(SECTION, "(section failed)", note=f"ERROR: {exc}")]
@@ -652,6 +687,12 @@ def rows_from(res: dict[str, Any], demo_here: bool, args: Any = None) -> list[An
     rows = [Row(SECTION, "adapter", note=f"{ad['describe']}, wgpu-py {res['wgpu']}, {s['shader']}"
                 + ("; CPU adapter: smaller sizes, bandwidth bar not judged" if cpu else ""),
                 extra={k: v for k, v in res.items() if k not in ("dispatch", "bandwidth", "demo")})]
+    if "package" in res["errors"]:
+        e = res["errors"]["package"]
+        hint = ("; build it where slangpy is installed (python benchmarks/bench_webgpu.py --build-only DIR) "
+                "and pass --webgpu-package DIR") if res.get("package", "").startswith("built here") else ""
+        rows.append(Row(SECTION, "kernels package", note=f"ERROR: {e['error'][:240]}{hint}",
+                        extra={"traceback": e["traceback"]}))
     disp = res.get("dispatch")
     if disp:
         by = {r["key"]: r for r in disp}

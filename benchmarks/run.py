@@ -49,6 +49,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="webgpu: dispatches per timed batch (one submit each batch)")
     ap.add_argument("--webgpu-mb", type=int, default=0,
                     help="webgpu: MiB per buffer in the bandwidth rows (default 256; 16 on a CPU adapter)")
+    ap.add_argument("--webgpu-package", default=os.environ.get("KHAL_BENCH_WEBGPU_PACKAGE", ""),
+                    help="webgpu: the kernels' package prebuilt with 'bench_webgpu.py --build-only DIR' "
+                         "(where slangpy is missing, e.g. the lent H200)")
     ap.add_argument("--webgpu-timeout", type=int, default=900, help="webgpu: seconds before its process is stopped")
     return ap.parse_args(argv)
 
