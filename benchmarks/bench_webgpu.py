@@ -763,14 +763,15 @@ def cross_rows(rows: list[Any]) -> list[Any]:
 
     cuda = next((r for r in rows if r.section == "kernels" and r.name == "device-to-device copy"
                  and r.value), None)
-    if cuda is None:
-        return []
+    adapter = next((r for r in rows if r.section == SECTION and r.name == "adapter"), None)
+    if cuda is None or adapter is None or adapter.extra.get("cpu_adapter", True):
+        return []  # no CUDA copy in this run, or WebGPU ran on a CPU adapter: not the same device
     out = []
     for r in rows:
         if r.section == SECTION and r.name.startswith("bandwidth: ") and r.value and \
                 r.extra.get("key") in ("copy", "saxpy4"):
             out.append(Row(SECTION, f"{r.name} vs CUDA", r.value, "GB/s", r.value / cuda.value,
-                           "CUDA d2d copy", note="same GPU, CUDA's cuMemcpyDtoD from the kernels section"))
+                           "CUDA d2d copy", note=f"CUDA's cuMemcpyDtoD from the kernels section; WebGPU on {adapter.extra['adapter']['name']}"))
     return out
 
 
