@@ -145,13 +145,12 @@ def build_package(where: Path) -> Path:
     (proj / "kernels").mkdir(parents=True, exist_ok=True)
     (proj / "kernels" / "bench.slang").write_text(BENCH_SLANG)
     example = ROOT / "example_shader_pkg"
-    plans = [(example, plan_slang_crate(example, "slang_examples", ["kernels/slang/*.slang"],
-                                        ["kernels/slang/modules"], {}, [])),
-             (proj, plan_slang_crate(proj, "bench", ["kernels/*.slang"], [], {}, []))]
+    plans = [plan_slang_crate(example, "slang_examples", ["kernels/slang/*.slang"], ["kernels/slang/modules"], {}, []),
+             plan_slang_crate(proj, "bench", ["kernels/*.slang"], [], {}, [])]
     pkg = where / PKG
     (pkg / "_khal").mkdir(parents=True, exist_ok=True)
     crates = []
-    for _root, p in plans:
+    for p in plans:
         out = compile_slang_crate(p, {"wgsl", "spirv"})
         for rel, data in out.webgpu_files.items():
             (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
