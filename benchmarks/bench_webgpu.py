@@ -56,6 +56,7 @@ CPU adapters get smaller defaults (``--mb``, reps, rounds) so the whole run stay
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import statistics
@@ -132,38 +133,38 @@ def build_package(where: Path) -> Path:
     """``where/khal_webgpu_bench``: the WebGPU build (WGSL + SPIR-V) of the example's Slang crate
     and of :data:`BENCH_SLANG`, written as the hook writes a package (as tests/_slang.py's
     ``webgpu_package`` does for the example crate alone)."""
-    from hatch_khal.slang.stage import compile_slang_crate, plan_slang_crate
-    from khal_runtime.manifest import (
-        SCHEMA_VERSION,
-        Crate,
-        Manifest,
-        SpirvStatus,
-        Toolchain,
-    )
+    from hatch_khal.slang.stage import plan_slang_crate
+    from khal_runtime.manifest import SCHEMA_VERSION, Manifest, Toolchain
 
-    proj = Path(tempfile.mkdtemp(prefix="khal-webgpu-bench-src-"))  # the crate's sources: not shipped
-    (proj / "kernels").mkdir(parents=True, exist_ok=True)
-    (proj / "kernels" / "bench.slang").write_text(BENCH_SLANG)
-    example = ROOT / "example_shader_pkg"
-    plans = [plan_slang_crate(example, "slang_examples", ["kernels/slang/*.slang"], ["kernels/slang/modules"], {}, []),
-             plan_slang_crate(proj, "bench", ["kernels/*.slang"], [], {}, [])]
     pkg = where / PKG
     (pkg / "_khal").mkdir(parents=True, exist_ok=True)
-    crates = []
-    for p in plans:
-        out = compile_slang_crate(p, {"wgsl", "spirv"})
-        for rel, data in out.webgpu_files.items():
-            (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
-            (pkg / rel).write_bytes(data)
-        crates.append(Crate(name=p.crate, language="slang", package_dir=f"_khal/{p.crate}",
-                            sources=p.manifest_sources, content_hash=p.content_hash,
-                            artifacts=tuple(out.webgpu_artifacts()), entries=tuple(out.entries),
-                            spirv=SpirvStatus(status="built")))
+    with tempfile.TemporaryDirectory(prefix="khal-webgpu-bench-src-") as tmp:  # the sources: not shipped
+        proj = Path(tmp)
+        (proj / "kernels").mkdir(parents=True, exist_ok=True)
+        (proj / "kernels" / "bench.slang").write_text(BENCH_SLANG)
+        crates = [_compile_crate(pkg, plan_slang_crate(ROOT / "example_shader_pkg", "slang_examples",
+                                                       ["kernels/slang/*.slang"], ["kernels/slang/modules"], {}, [])),
+                  _compile_crate(pkg, plan_slang_crate(proj, "bench", ["kernels/*.slang"], [], {}, []))]
     m = Manifest(schema_version=SCHEMA_VERSION, package=PKG, toolchain=Toolchain(hatch_khal_version="bench"),
                  crates=tuple(crates))
     (pkg / "_khal" / "manifest.json").write_text(m.to_json())
     (pkg / "__init__.py").write_text("import khal_runtime\n\nkernels = khal_runtime.load(__name__)\n")
     return pkg
+
+
+def _compile_crate(pkg: Path, plan: Any) -> Any:
+    """Compile one Slang crate for WebGPU into ``pkg``; its manifest Crate."""
+    from hatch_khal.slang.stage import compile_slang_crate
+    from khal_runtime.manifest import Crate, SpirvStatus
+
+    out = compile_slang_crate(plan, {"wgsl", "spirv"})
+    for rel, data in out.webgpu_files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_bytes(data)
+    return Crate(name=plan.crate, language="slang", package_dir=f"_khal/{plan.crate}",
+                 sources=plan.manifest_sources, content_hash=plan.content_hash,
+                 artifacts=tuple(out.webgpu_artifacts()), entries=tuple(out.entries),
+                 spirv=SpirvStatus(status="built"))
 
 
 def find_package(where: str | Path) -> Path:
@@ -537,7 +538,12 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     res["package"] = str(Path(a.package).resolve()) if a.package else "built here (Slang)"
     try:
-        pkg = find_package(a.package) if a.package else build_package(Path(tempfile.mkdtemp(prefix="khal-webgpu-bench-")))
+        if a.package:
+            pkg = find_package(a.package)
+        else:  # removed when the process ends (the kernels read their code at first use)
+            tmp = tempfile.TemporaryDirectory(prefix="khal-webgpu-bench-")
+            atexit.register(tmp.cleanup)
+            pkg = build_package(Path(tmp.name))
         ks = rt.load(str(pkg))
     except Exception as exc:  # noqa: BLE001 - nothing to time without the kernels: say why
         res["errors"]["package"] = _err(exc)
