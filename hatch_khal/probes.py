@@ -106,8 +106,7 @@ def _indirect(crate: str, decl: EntryDecl, h: str, reads: dict[str, tuple[tuple[
               ) -> tuple[str | None, str | None]:
     """(indirect symbol, None) or (None, why the entry has no indirect variant)."""
     if not has_indirect(decl):
-        return None, (f"it is a {decl.grid_dims}-D entry, and indirect dispatch counts groups along x only; "
-                      "launch it directly")
+        return None, f"it is a {decl.grid_dims}-D entry, and indirect dispatch counts groups along x only"
     sym = indirect_symbol_for(decl.name, h)
     if reads is not None:
         if sym not in reads:
@@ -123,15 +122,14 @@ def _indirect(crate: str, decl: EntryDecl, h: str, reads: dict[str, tuple[tuple[
         return None, (
             f"code it runs reads {names} outside the entry body (in {', '.join(where)}): a helper function or "
             "a header that reads the real blockIdx / gridDim would see the persistent grid, so the build left "
-            "the variant out. Pass the values from the body (whose blockIdx / gridDim are remapped), use "
-            "KHAL_GROUP_ID / KHAL_NUM_GROUPS, or dispatch with host_read=True"
+            "the variant out (pass the values from the body, whose blockIdx / gridDim are remapped, or use "
+            "KHAL_GROUP_ID / KHAL_NUM_GROUPS)"
         )
     if decl.grid_reads_elsewhere:
         shown = ", ".join(decl.grid_reads_elsewhere[:5]) + (" ..." if len(decl.grid_reads_elsewhere) > 5 else "")
         return None, (
             f"the crate reads blockIdx / gridDim outside entry bodies ({shown}), and a build without PTX "
-            "(ptx-arch = \"none\") cannot check whether this entry's code reaches those reads; build PTX too, "
-            "or dispatch with host_read=True"
+            "(ptx-arch = \"none\") cannot check whether this entry's code reaches those reads (build PTX too)"
         )
     return sym, None
 
