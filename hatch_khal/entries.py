@@ -400,7 +400,7 @@ class MacroEnv:
         """The value of a ``#if`` expression; None when it depends on something unknown."""
         try:
             return _Eval(expr, self).run()
-        except _Undecided:
+        except (_Undecided, ValueError, OverflowError, RecursionError):  # the compiler decides (and reports)
             return None
 
 

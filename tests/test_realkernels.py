@@ -600,3 +600,30 @@ def test_older_manifests_still_load(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="schema version 4 is newer than this runtime understands \\(3\\)"):
         parse_manifest(json.dumps(doc))
 
+
+
+# =============================================================================================
+# the scanner on directive soup: a result or the documented errors, never anything else
+# =============================================================================================
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_SOUP = ["#if ", "#ifdef ", "#ifndef ", "#elif ", "#else", "#endif", "#define ", "#undef ", "0", "1", "08",
+         "X", "Y", "defined", "(", ")", "&&", "||", "!", "<<", "?", ":", "/", "%", " ", "\n", "'a'", "\\\n",
+         "(" * 40, "0x", "99999999999999999999 * 9999999999999999999",
+         "KHAL_ENTRY(k, 32, (KHAL_STORAGE(float, x))) {}\n", "template <typename T>\n",
+         "KHAL_INSTANTIATE(k, k2, float)\n"]
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(st.sampled_from(_SOUP), max_size=40), st.booleans())
+def test_directive_soup_scans_or_fails_by_name(parts: list[str], closed: bool) -> None:
+    text = "".join(parts)
+    try:
+        scan = scan_crate([("f.cu", text)], "c", {"X": "2"}) if closed else find_entries(text, "f.cu")
+    except (EntryParseError, SourceError) as exc:
+        assert re.match(r"^f\.cu:\d+: ", str(exc)), str(exc)
+        return
+    for e in scan:
+        assert e.file == "f.cu" and 1 <= e.line <= text.count("\n") + 1
