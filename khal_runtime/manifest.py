@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -88,8 +89,8 @@ def _ident(v: str, what: str) -> str:
 
 def _package_path(v: str) -> str:
     """A POSIX path relative to the package, normalised, confined to it."""
-    p = PurePosixPath(v)
-    if not v or v.startswith("/") or "\\" in v or ":" in v or p.is_absolute():
+    # (a POSIX path is absolute exactly when it starts with "/")
+    if not v or v.startswith("/") or "\\" in v or ":" in v:
         raise ValueError(f"path {v!r} must be relative to the package")
     if any(part in ("..", ".", "") for part in v.split("/")):
         raise ValueError(f"path {v!r} leaves the package or is not normalised")
@@ -100,7 +101,11 @@ def _package_path(v: str) -> str:
 
 class _Model(BaseModel):
     # Unknown fields are an error: a manifest we do not fully understand is not trusted.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: a model's validator is built on its first use, not when this module is
+    # imported. Loading a package validates one Manifest, whose schema holds every nested model,
+    # so one schema is built instead of one per class (16), and importing this module (the build
+    # hook, the CLI, ``import khal_runtime.kernels``) builds none.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,7 +454,9 @@ class Crate(_Model):
     artifacts: tuple[Artifact, ...]
     entries: tuple[Entry, ...] = Field(min_length=1)
     prebuilt: Optional[Prebuilt] = None
-    spirv: SpirvStatus = SpirvStatus(status="not_configured")
+    #: (the default is made without validation: validating it here would build SpirvStatus's
+    #: validator when this module is imported, see ``_Model``)
+    spirv: SpirvStatus = SpirvStatus.model_construct(status="not_configured", reason="")
 
     @model_validator(mode="after")
     def _consistent(self) -> Crate:
@@ -538,27 +545,25 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: a JSON string, to its closing quote (or to the end of an unterminated one)
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
 def _depth(text: str) -> int:
-    """Deepest nesting of ``[`` / ``{`` outside strings (cheap: checked before json.loads)."""
+    """Deepest nesting of ``[`` / ``{`` outside strings (cheap: checked before json.loads).
+
+    Strings are cut out by one regular expression first (escapes honoured, an unterminated
+    string runs to the end), so the Python loop only visits the brackets, not every character."""
     depth = best = 0
-    in_str = esc = False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
+    for ch in _BRACKETS.findall(_STRING.sub("", text)):
+        if ch in "[{":
             depth += 1
             if depth > best:
                 best = depth
                 if best > _MAX_DEPTH:
                     return best
-        elif ch in "]}":
+        else:
             depth -= 1
     return best
 
