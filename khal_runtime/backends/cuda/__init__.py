@@ -1,204 +1,29 @@
 """The CUDA backend: the driver API through cuda-bindings.
 
-:class:`CudaBackend` implements :class:`khal_runtime.backends.Backend` by delegating to its
-modules, one concern each: ``driver`` (cuda-bindings, lazily; status), ``loader`` (binary
-selection, loading, parameter-layout checks), ``uniform_cache`` (uploaded uniform structs),
-``launch`` + ``launchgen`` (launch plans and their generated code), ``bound``
-(``Kernel.bind``), ``graphs`` (capture and replay), ``indirect`` (device-side indirect
-dispatch) and ``timer`` (CUDA events for the profiler). Nothing outside this package calls
-cuda-bindings.
+``BACKEND`` (a :class:`~khal_runtime.backends.cuda.backend.CudaBackend`), ``CudaBackend`` and
+``CudaDevice`` live in :mod:`khal_runtime.backends.cuda.backend` and are imported on first
+access: importing this package (or its ``driver`` module) imports none of the launch path
+(pydantic, the manifest, the argument checks), so the driver can be reached before they are.
+Nothing outside this package calls cuda-bindings.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from khal_runtime.backends import BackendStatus
-from khal_runtime.backends.cuda import driver as _drv
-from khal_runtime.backends.cuda import graphs, indirect, loader
-from khal_runtime.backends.cuda.bound import BoundLaunch
-from khal_runtime.backends.cuda.launch import LaunchPlan
-from khal_runtime.backends.cuda.timer import EventTimer
-from khal_runtime.backends.cuda.uniform_cache import cache_for
-from khal_runtime.device import Device, Stream, ensure_current
-from khal_runtime.errors import CudaError
+if TYPE_CHECKING:
+    from khal_runtime.backends.cuda.backend import BACKEND, CudaBackend, CudaDevice
 
 __all__ = ["BACKEND", "CudaBackend", "CudaDevice"]
 
-_LEGACY_HANDLES = (0, 1, 2)  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+_BACKEND_NAMES = ("BACKEND", "CudaBackend", "CudaDevice")
 
 
-class CudaDevice:
-    """What the generic :class:`~khal_runtime.device.Device` holds on CUDA: the ``CUdevice``
-    and its retained primary context (shared with PyTorch / CuPy)."""
+def __getattr__(name: str) -> Any:
+    if name not in _BACKEND_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from khal_runtime.backends.cuda import backend  # lazy: see the module docstring
 
-    def __init__(self, ordinal: int) -> None:
-        drv = _drv.driver()
-        self.ordinal = ordinal
-        self.handle = _drv.check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
-        self.context = _drv.check(drv.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
-        self._cc: tuple[int, int] | None = None
-        self._attrs: dict[str, int] = {}
-
-    def attribute(self, name: str) -> int:
-        v = self._attrs.get(name)
-        if v is None:
-            drv = _drv.driver()
-            attr = getattr(drv.CUdevice_attribute, name)
-            v = int(_drv.check(drv.cuDeviceGetAttribute(attr, self.handle), "cuDeviceGetAttribute"))
-            self._attrs[name] = v
-        return v
-
-    def compute_capability(self) -> tuple[int, int]:
-        if self._cc is None:
-            self._cc = (self.attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
-                        self.attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
-        return self._cc
-
-    @property
-    def arch(self) -> str:
-        major, minor = self.compute_capability()
-        return f"sm_{major}{minor}"
-
-    @property
-    def name(self) -> str:
-        raw = _drv.check(_drv.driver().cuDeviceGetName(256, self.handle), "cuDeviceGetName")
-        return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
-
-    @property
-    def sm_count(self) -> int:
-        return self.attribute("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
-
-
-class CudaBackend:
-    """:class:`khal_runtime.backends.Backend` on the CUDA driver API."""
-
-    name = "cuda"
-
-    def __init__(self) -> None:
-        self._timer: EventTimer | None = None
-
-    # -- availability --------------------------------------------------------------------------
-    def status(self) -> BackendStatus:
-        return _drv.status()
-
-    # -- devices and streams -------------------------------------------------------------------
-    def open_device(self, ordinal: int) -> CudaDevice:
-        _drv.require_cuda()
-        return CudaDevice(ordinal)
-
-    def make_current(self, device: Device) -> None:
-        _drv.check(_drv.driver().cuCtxSetCurrent(device._impl.context), "cuCtxSetCurrent")
-
-    def create_stream(self, device: Device) -> Stream:
-        drv = _drv.driver()
-        ensure_current(device.device_id)
-        cu = _drv.check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-        return Stream(int(cu), device.device_id, owned=True, native=cu, backend=self)
-
-    def destroy_stream(self, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuStreamDestroy(stream._cu), "cuStreamDestroy")
-
-    def native_stream(self, handle: int) -> Any:
-        return _drv.driver().CUstream(handle)
-
-    def is_legacy_stream(self, handle: int) -> bool:
-        return handle in _LEGACY_HANDLES
-
-    def stream_device(self, handle: int) -> int:
-        drv = _drv.driver()
-        cu = drv.CUstream(handle)
-        if hasattr(drv, "cuStreamGetDevice"):
-            res = drv.cuStreamGetDevice(cu)
-            if not res[0]:
-                return int(res[1])  # a CUdevice handle is its ordinal
-        ctx = _drv.check(drv.cuStreamGetCtx(cu), "cuStreamGetCtx")
-        _drv.check(drv.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
-        try:
-            return int(_drv.check(drv.cuCtxGetDevice(), "cuCtxGetDevice"))
-        finally:
-            _drv.check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
-
-    def synchronize(self, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuStreamSynchronize(stream._cu), "cuStreamSynchronize")
-
-    def synchronize_device(self, device: Device) -> None:
-        _drv.check(_drv.driver().cuCtxSynchronize(), "cuCtxSynchronize")
-
-    def is_capturing(self, stream: Stream) -> bool:
-        drv = _drv.driver()
-        status = _drv.check(drv.cuStreamIsCapturing(stream._cu), "cuStreamIsCapturing")
-        return bool(status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
-
-    def wait_event(self, stream: Stream, event: Any) -> None:
-        _drv.check(_drv.driver().cuStreamWaitEvent(stream._cu, event, 0), "cuStreamWaitEvent")
-
-    # -- memory --------------------------------------------------------------------------------
-    def alloc(self, device: Device, nbytes: int, what: str = "") -> tuple[int, Any]:
-        try:
-            dptr = _drv.check(_drv.driver().cuMemAlloc(nbytes), "cuMemAlloc")
-        except CudaError as exc:
-            if exc.code != "CUDA_ERROR_OUT_OF_MEMORY":
-                raise
-            raise CudaError(
-                f"DeviceBuffer.alloc: out of device memory allocating {nbytes} bytes ({what}) on "
-                f"device {device.device_id}; free unused buffers or allocate less", code=exc.code,
-            ) from None
-        return int(dptr), dptr
-
-    def free(self, device_id: int, allocation: Any) -> None:
-        _drv.check(_drv.driver().cuMemFree(allocation), "cuMemFree")
-
-    def copy_from_host(self, buf: Any, host: Any, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuMemcpyHtoDAsync(buf.ptr, host.ctypes.data, host.nbytes, stream._cu),
-              "cuMemcpyHtoDAsync")
-
-    def copy_to_host(self, host: Any, buf: Any, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuMemcpyDtoHAsync(host.ctypes.data, buf.ptr, host.nbytes, stream._cu),
-              "cuMemcpyDtoHAsync")
-
-    def fill_zero(self, buf: Any, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuMemsetD8Async(buf.ptr, 0, buf.nbytes, stream._cu), "cuMemsetD8Async")
-
-    # -- kernels -------------------------------------------------------------------------------
-    def load_crate(self, crate: Any, device_id: int) -> loader.LoadedModule:
-        """Load ``crate`` (a :class:`khal_runtime.kernels.CrateKernels`) on a device; a first
-        launch may come inside a graph capture, where loading is allowed in relaxed mode only."""
-        st = _drv.require_cuda()
-        dev = Device(device_id)
-        blobs = crate.blobs()
-        ensure_current(device_id)
-        with graphs.relaxed_capture_mode():
-            return loader.load_module(crate.crate, crate.package, blobs, dev, st.driver_version or (0, 0))
-
-    def plan(self, kernel: Any, module: loader.LoadedModule, device_id: int) -> LaunchPlan:
-        return LaunchPlan(kernel.entry, kernel.crate, device_id, module.functions[kernel.name],
-                          cache_for(device_id), module.indirect.get(kernel.name))
-
-    def unload(self, module: loader.LoadedModule) -> None:
-        loader.unload(module)
-
-    def bind(self, kernel: Any, plan: LaunchPlan, args: tuple[Any, ...], stream: Stream) -> BoundLaunch:
-        return BoundLaunch(kernel, plan, args, stream)
-
-    def dispatch_indirect(self, kernel: Any, plan: LaunchPlan, count: Any, args: tuple[Any, ...],
-                          stream: Stream, grid: Any, threads: bool, host_read: bool | None) -> None:
-        indirect.dispatch_indirect(kernel, plan, count, args, stream, grid, threads, host_read)
-
-    def persistent_grid(self, kernel: Any, plan: LaunchPlan) -> int:
-        return indirect.persistent_grid(kernel, plan)
-
-    # -- graphs and profiling ------------------------------------------------------------------
-    def capture(self, stream: Stream, *, mode: str, label: str | None, keep: Any) -> graphs.Capture:
-        return graphs.Capture(stream, mode=mode, label=label, keep=keep)
-
-    def end_capture(self, stream: Stream) -> graphs.Graph:
-        return graphs.end_capture(stream)
-
-    def timer(self) -> EventTimer:
-        if self._timer is None:
-            self._timer = EventTimer()
-        return self._timer
-
-
-BACKEND = CudaBackend()
+    value = getattr(backend, name)
+    globals()[name] = value
+    return value
