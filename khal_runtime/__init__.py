@@ -6,8 +6,11 @@
     kernels.saxpy(len(a), x, y, params)            # n threads, on the owned stream
 
 Importing this package is cheap: it imports neither cuda.bindings, wgpu, pydantic,
-NVRTC nor hatch_khal; those come on first use. The layers below this public API are
-described in ARCHITECTURE.md.
+NVRTC nor hatch_khal; those come on first use. ``load`` (the import of a shader package)
+imports pydantic and validates the manifest, and where CUDA is the likely backend it starts
+the driver's initialisation in a background thread first, so that the two overlap
+(``KHAL_EAGER_INIT=0`` turns that off; see :mod:`khal_runtime.backends.cuda.driver`). The
+layers below this public API are described in ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -99,6 +102,11 @@ _LAZY = {
 
 def load(package: Any) -> KernelSet:
     """The kernels of a shader package, by import name (``load(__name__)``) or directory."""
+    from khal_runtime import backends  # lazy: import khal_runtime stays cheap
+
+    # first, so that the CUDA driver initialises while the rest of the runtime is imported
+    # (KHAL_EAGER_INIT, see khal_runtime.backends.cuda.driver)
+    backends.prestart()
     from khal_runtime.kernels import load as _load  # lazy: import khal_runtime stays cheap
 
     return _load(package)

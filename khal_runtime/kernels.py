@@ -389,7 +389,9 @@ def load(package: str | os.PathLike[str]) -> KernelSet:
 
     Reads the manifest and checks that it agrees with itself; checks editable-install sources
     (StaleBuildError); honours ``KHAL_BACKEND`` ("cuda" / "webgpu": that backend must be usable
-    now). GPU work happens at first use."""
+    now). GPU work happens at first use; the CUDA driver may start initialising now, in the
+    background (``KHAL_EAGER_INIT``, :mod:`khal_runtime.backends.cuda.driver`)."""
+    backends.prestart()  # (khal_runtime.load has called it already, before importing this module)
     mode = backends.backend_mode()
     name, pkg_dir = find_package_dir(package)
     manifest = load_manifest(pkg_dir / MANIFEST_DIR / MANIFEST_NAME)

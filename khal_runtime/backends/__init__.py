@@ -11,6 +11,10 @@ free of cuda-bindings and wgpu, and every import pointing down the layers (ARCHI
 WebGPU when an adapter exists, printing one line to stderr that says why CUDA was not used
 (and that an NVIDIA device is visible, if one is); ``cuda`` and ``webgpu`` force one, and a
 forced backend that is unusable is a hard error, never a substitute.
+
+:func:`prestart` (called by ``khal_runtime.load()``) lets the likely backend start its first-use
+work early, in the background: CUDA's driver initialisation
+(:func:`khal_runtime.backends.cuda.driver.prestart`, ``KHAL_EAGER_INIT``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ __all__ = [
     "chosen",
     "loaded",
     "current",
+    "prestart",
     "for_crate",
     "get",
     "reset",
@@ -172,6 +177,29 @@ def _choose() -> tuple[Backend, str]:
             f"CUDA is not usable: {cst.reason}.{hint}")
     _report(line)
     return webgpu, f"CUDA is not usable ({cst.reason}); fell back to WebGPU"
+
+
+def prestart() -> None:
+    """Let the backend this process will likely choose start its first-use work now, in the
+    background, to overlap the imports that follow: CUDA's driver initialisation
+    (:func:`khal_runtime.backends.cuda.driver.prestart`, which decides whether CUDA is likely and
+    honours ``KHAL_EAGER_INIT``). Nothing when ``KHAL_BACKEND`` is ``webgpu`` (or not a backend:
+    ``load`` reports that) or a backend is chosen already. Imports the CUDA package, which is
+    light (its driver module); never raises."""
+    if _current is not None:
+        return
+    try:
+        mode = backend_mode()
+    except BackendUnavailableError:
+        return
+    if mode == "webgpu":
+        return
+    try:
+        start = getattr(importlib.import_module(_MODULES["cuda"]), "prestart", None)
+    except ImportError:  # pragma: no cover - the package ships with the runtime
+        return
+    if start is not None:
+        start()
 
 
 def current() -> Backend:

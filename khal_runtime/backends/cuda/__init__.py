@@ -2,19 +2,22 @@
 
 ``BACKEND`` (a :class:`~khal_runtime.backends.cuda.backend.CudaBackend`), ``CudaBackend`` and
 ``CudaDevice`` live in :mod:`khal_runtime.backends.cuda.backend` and are imported on first
-access: importing this package (or its ``driver`` module) imports none of the launch path
-(pydantic, the manifest, the argument checks), so the driver can be reached before they are.
-Nothing outside this package calls cuda-bindings.
+access: importing this package imports only :mod:`~khal_runtime.backends.cuda.driver`, so that
+``khal_runtime.load()`` can start the driver's initialisation (:func:`prestart`) before the
+rest of the runtime (pydantic, the launch path) is imported, and overlap the two. Nothing
+outside this package calls cuda-bindings.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from khal_runtime.backends.cuda.driver import prestart
+
 if TYPE_CHECKING:
     from khal_runtime.backends.cuda.backend import BACKEND, CudaBackend, CudaDevice
 
-__all__ = ["BACKEND", "CudaBackend", "CudaDevice"]
+__all__ = ["BACKEND", "CudaBackend", "CudaDevice", "prestart"]
 
 _BACKEND_NAMES = ("BACKEND", "CudaBackend", "CudaDevice")
 

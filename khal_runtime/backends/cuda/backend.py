@@ -1,11 +1,13 @@
 """The CUDA backend's :class:`CudaBackend` (``BACKEND``) and :class:`CudaDevice`.
 
 :class:`CudaBackend` implements :class:`khal_runtime.backends.Backend` by delegating to the
-package's modules, one concern each: ``driver`` (cuda-bindings, lazily; status), ``loader`` (binary selection, loading, parameter-layout checks),
+package's modules, one concern each: ``driver`` (cuda-bindings, lazily; status; early
+initialisation), ``loader`` (binary selection, loading, parameter-layout checks),
 ``uniform_cache`` (uploaded uniform structs), ``launch`` + ``launchgen`` (launch plans and their
 generated code), ``bound`` (``Kernel.bind``), ``graphs`` (capture and replay), ``indirect``
 (device-side indirect dispatch) and ``timer`` (CUDA events for the profiler). It lives here, not
-in the package's ``__init__``, so that importing the package imports none of them.
+in the package's ``__init__``, so that importing the package (for :func:`driver.prestart`, at
+``khal_runtime.load()``) imports none of them.
 """
 
 from __future__ import annotations
@@ -32,10 +34,9 @@ class CudaDevice:
     and its retained primary context (shared with PyTorch / CuPy)."""
 
     def __init__(self, ordinal: int) -> None:
-        drv = _drv.driver()
         self.ordinal = ordinal
-        self.handle = _drv.check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
-        self.context = _drv.check(drv.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
+        # cuDeviceGet + cuDevicePrimaryCtxRetain, or what the early-init thread got (driver.prestart)
+        self.handle, self.context = _drv.primary_context(ordinal)
         self._cc: tuple[int, int] | None = None
         self._attrs: dict[str, int] = {}
 

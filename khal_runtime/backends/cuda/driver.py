@@ -1,14 +1,49 @@
-"""The CUDA driver, reached lazily through cuda-bindings.
+"""The CUDA driver, reached lazily through cuda-bindings; its early initialisation.
 
 Nothing here runs at ``import khal_runtime``: the driver module is imported on first use,
 so a machine with no GPU, no driver or no cuda-bindings can import shader packages and read
 their manifests. :func:`status` says whether CUDA is usable and, if not, why. Every module of
 the CUDA backend calls the driver through :func:`driver` and :func:`check`; nothing outside
 the backend does.
+
+Early initialisation (``KHAL_EAGER_INIT``)
+------------------------------------------
+``cuInit`` and the retain of device 0's primary context are the largest part of a process's
+first launch (257 ms of the 959 ms of import + first launch on the H200, driver 580), and they
+wait on nothing of ours. :func:`prestart`, called by ``khal_runtime.load()`` (the import of a
+shader package) before the rest of the runtime is imported, runs them in a background thread:
+the driver initialises while the main thread imports pydantic, validates the manifest and
+imports the launch path, and the first use joins the thread (:func:`status` waits for its probe,
+:func:`primary_context` for its context) instead of paying for it in full. cuda-bindings
+releases the GIL in ``cuInit`` and ``cuDevicePrimaryCtxRetain``, so the two really overlap.
+
+It starts only where CUDA is the likely backend: ``KHAL_BACKEND`` unset, ``auto`` or ``cuda``
+(never ``webgpu``), an NVIDIA driver visible (``/dev/nvidiactl``, ``/proc/driver/nvidia``,
+WSL's libcuda, Windows' nvcuda.dll), ``CUDA_VISIBLE_DEVICES`` not set to nothing, and
+cuda-bindings importable (it is imported in the caller's thread, before the thread starts).
+The thread retains device 0's primary context only when the process sees exactly one device:
+a process that sees several (and may work on device 3) gets ``cuInit`` early and no context it
+did not ask for on device 0. What a first use reports does not change: the thread computes the
+very status (and reason) the first use would have computed and cached, and a context it could
+not retain is retained again by the first use, in its own thread, which raises what it raised
+before.
+
+The trade-off, and ``KHAL_EAGER_INIT``: a process that loads a shader package but never
+launches now initialises the driver anyway (in the background; with one device it also holds a
+primary context, a few hundred MB of device memory, until it exits); the driver reads
+``CUDA_VISIBLE_DEVICES`` at the load rather than at the first use; and a process that forks
+after the load hands its children a CUDA that was initialised before the fork (CUDA does not
+survive fork: use the ``spawn`` start method, as with any process that used CUDA). Processes
+that import ``khal_runtime`` without loading a package (the build hook, ``verify``) never start
+it. ``KHAL_EAGER_INIT=0`` turns it off (the driver initialises at first use, as before);
+``KHAL_EAGER_INIT=1`` starts it even where the checks above see no NVIDIA driver.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import sys
 import threading
 from types import ModuleType
 from typing import Any
@@ -16,11 +51,25 @@ from typing import Any
 from khal_runtime.backends import BackendStatus
 from khal_runtime.errors import BackendUnavailableError, CaptureError, CudaError
 
-__all__ = ["check", "driver", "driver_version", "require_cuda", "reset_status", "status"]
+__all__ = ["EAGER_ENV", "check", "driver", "driver_version", "prestart", "primary_context", "require_cuda",
+           "reset_status", "status"]
+
+#: "0" turns the early initialisation off, "1" starts it wherever KHAL_BACKEND allows (module docstring)
+EAGER_ENV = "KHAL_EAGER_INIT"
+_OFF = ("0", "false", "no", "off")
+_ON = ("1", "true", "yes", "on")
+#: where an NVIDIA driver shows itself (Linux, containers with the NVIDIA runtime, WSL)
+_DRIVER_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia/version", "/usr/lib/wsl/lib/libcuda.so.1")
+#: how long the exit of a process waits for an early initialisation still running
+_EXIT_WAIT_S = 10.0
 
 _lock = threading.Lock()
 _driver: ModuleType | None = None
 _status: BackendStatus | None = None
+#: the early-initialisation thread (:func:`prestart`), once started
+_early: threading.Thread | None = None
+#: device ordinal -> (CUdevice, CUcontext) the early thread retained, for the first CudaDevice
+_early_ctx: dict[int, tuple[Any, Any]] = {}
 
 
 def driver() -> ModuleType:
@@ -134,7 +183,129 @@ def driver_version() -> tuple[int, int]:
 
 
 def reset_status() -> None:
-    """Probe again at the next :func:`status` (tests that install a fake driver)."""
-    global _status
+    """Probe again at the next :func:`status` (tests that install a fake driver); forgets the
+    early initialisation (after waiting for its thread)."""
+    global _status, _early
+    t = _early
+    if t is not None and t is not threading.current_thread():
+        t.join()
     with _lock:
         _status = None
+        _early = None
+        _early_ctx.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# early initialisation (module docstring)
+# ---------------------------------------------------------------------------------------------
+def _nvidia_driver_visible() -> bool:
+    if sys.platform == "win32":
+        root = os.environ.get("SystemRoot", r"C:\Windows")
+        return os.path.exists(os.path.join(root, "System32", "nvcuda.dll"))
+    return any(os.path.exists(p) for p in _DRIVER_FILES)
+
+
+def _wanted() -> bool:
+    """Whether :func:`prestart` should start: ``KHAL_EAGER_INIT``, then the environment."""
+    flag = os.environ.get(EAGER_ENV, "").strip().lower()
+    if flag in _OFF:
+        return False
+    if flag in _ON:
+        return True
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+        return False  # no device: first use says so, with nothing to overlap
+    return _nvidia_driver_visible()
+
+
+def prestart() -> bool:
+    """Start ``cuInit`` (and, with one device, device 0's primary context) in a background
+    thread, if CUDA is the likely backend and nothing has probed it yet; True if it started.
+    ``khal_runtime.load()`` calls this through :func:`khal_runtime.backends.prestart`, which has
+    already ruled out ``KHAL_BACKEND=webgpu``. Never raises: whatever fails here is found again,
+    and reported as before, at first use."""
+    global _early
+    if _early is not None or _status is not None or not _wanted():
+        return False
+    try:
+        driver()  # imported here: the thread only calls into the driver, it imports nothing
+    except BackendUnavailableError:
+        return False
+    # _lock is taken here and released by the thread once its probe is done: a status() made in
+    # the meantime waits for that probe instead of racing it with a second cuInit. Held already:
+    # a probe is under way (or the thread is starting); nothing to start.
+    if not _lock.acquire(blocking=False):
+        return False
+    if _started_or_probed():  # meanwhile, by another thread
+        _lock.release()
+        return False
+    t = _early = threading.Thread(target=_early_init, name="khal-cuda-init", daemon=True)
+    try:
+        t.start()
+    except RuntimeError:  # no thread to be had: everything happens at first use
+        _early = None
+        _lock.release()
+        return False
+    atexit.register(_wait_at_exit, t)
+    return True
+
+
+def _started_or_probed() -> bool:
+    return _early is not None or _status is not None
+
+
+def _early_init() -> None:
+    """The thread of :func:`prestart` (started holding ``_lock``): the status probe (cuInit,
+    version, devices), exactly as :func:`status` makes it; then device 0's primary context when
+    it is the only device."""
+    global _status
+    try:
+        try:
+            _status = _probe()
+        finally:
+            _lock.release()
+        st = _status
+        if not st.usable or st.device_count != 1:
+            return
+        drv = driver()
+        err, dev = drv.cuDeviceGet(0)
+        if err:
+            return
+        err, ctx = drv.cuDevicePrimaryCtxRetain(dev)
+        if err:
+            return
+        _early_ctx[0] = (dev, ctx)
+    except Exception:  # noqa: BLE001 - reported by the first use, which does again what failed here
+        return
+
+
+def _wait_at_exit(t: threading.Thread) -> None:
+    """At exit, let a still-running early initialisation finish before the interpreter and the
+    driver's own exit handlers go away under it (bounded: a hung driver does not hang the exit)."""
+    t.join(_EXIT_WAIT_S)
+
+
+def primary_context(ordinal: int) -> tuple[Any, Any]:
+    """(``CUdevice``, retained primary ``CUcontext``) of a device: the ones the early thread got
+    for it (waiting for the thread if it is still at work), else ``cuDeviceGet`` +
+    ``cuDevicePrimaryCtxRetain`` now, raising CudaError as they fail."""
+    t = _early
+    if ordinal == 0 and t is not None and t is not threading.current_thread():
+        t.join()
+    got = _early_ctx.pop(ordinal, None)
+    if got is not None:
+        return got
+    drv = driver()
+    handle = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
+    return handle, check(drv.cuDevicePrimaryCtxRetain(handle), "cuDevicePrimaryCtxRetain")
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no early thread, and a lock that thread held would stay locked."""
+    global _lock, _early
+    _lock = threading.Lock()
+    _early = None
+    _early_ctx.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

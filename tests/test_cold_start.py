@@ -1,0 +1,280 @@
+"""Cold start: what loading a shader package imports, and the CUDA driver's early initialisation
+(``KHAL_EAGER_INIT``, :mod:`khal_runtime.backends.cuda.driver`) with the fake driver.
+
+The early thread runs ``cuInit`` (and device 0's primary context) while the main thread goes on
+importing; these tests check that it really runs in the background, that it never starts where
+it must not, and that whatever fails in it is reported at first use exactly as it is without it.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from khal_runtime import backends
+from khal_runtime.backends.cuda import driver as cuda_driver
+from khal_runtime.errors import BackendUnavailableError, CudaError
+from tests._synthetic import build_package
+from tests.fakecuda import FakeDriver, _reset_runtime, fake_kernels, make_entry, storage
+
+ROOT = Path(__file__).resolve().parents[1]
+THREAD = "khal-cuda-init"
+
+#: what loading a package must not import (array libraries are probed, never imported; tracing's
+#: NVTX, the WebGPU backend, the build side and NVRTC come only when asked for)
+HEAVY = ("torch", "cupy", "nvtx", "wgpu", "hatch_khal", "numpy")
+
+
+# ---------------------------------------------------------------------------------------------
+# imports (fresh processes)
+# ---------------------------------------------------------------------------------------------
+def _run(code: str, path: Path | None = None, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([str(path)] if path else []) + [env.get("PYTHONPATH", "")])
+    for k in ("KHAL_BACKEND", "KHAL_EAGER_INIT", "KHAL_CUDA_TRACE", "KHAL_CUDA_PROFILE", "KHAL_CUDA_NVTX"):
+        env.pop(k, None)
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return build_package(tmp_path_factory.mktemp("cold"), "synth_cold_pkg")
+
+
+@pytest.mark.parametrize("eager", ["", "0", "1"])
+def test_loading_a_package_imports_nothing_it_does_not_need(pkg: Any, eager: str) -> None:
+    """import khal_runtime + the load of a package: no array library, NVTX, wgpu, build side or
+    NVRTC; with the early initialisation forced on (KHAL_EAGER_INIT=1, even without a GPU) too,
+    counting what its thread imports."""
+    r = _run(f"""
+        import sys, threading
+        import khal_runtime
+        import {pkg.name} as p
+        for t in threading.enumerate():
+            if t.name == {THREAD!r}:
+                t.join()
+        heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r} or m.startswith('cuda.bindings.nvrtc'))
+        print('HEAVY', heavy)
+        print('ENTRIES', p.kernels.entries)
+    """, pkg.root, **({"KHAL_EAGER_INIT": eager} if eager else {}))
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "HEAVY []" in r.stdout, r.stdout
+    assert "ENTRIES ['axpby', 'fill', 'scalars']" in r.stdout
+
+
+def test_importing_the_runtime_alone_never_starts_the_driver() -> None:
+    """The build side, verify and the CLI import the runtime's modules without loading a package:
+    no thread, no cuda-bindings, even with KHAL_EAGER_INIT=1."""
+    r = _run("""
+        import sys, threading
+        import khal_runtime, khal_runtime.manifest, khal_runtime.verify, khal_runtime.kernels
+        import khal_runtime.backends.cuda
+        print('THREADS', sorted(t.name for t in threading.enumerate()))
+        print('CUDA', sorted(m for m in sys.modules if m.startswith('cuda')))
+    """, KHAL_EAGER_INIT="1")
+    assert r.returncode == 0, r.stderr
+    assert f"'{THREAD}'" not in r.stdout
+    assert "CUDA []" in r.stdout
+
+
+def test_the_cuda_package_is_light() -> None:
+    """Reaching the CUDA driver module (what load() does to start the thread) imports neither
+    pydantic nor the launch path; BACKEND still comes on first access."""
+    r = _run("""
+        import sys
+        import khal_runtime.backends.cuda as c
+        print('LIGHT', 'pydantic' not in sys.modules and 'khal_runtime.backends.cuda.launch' not in sys.modules)
+        print('BACKEND', type(c.BACKEND).__name__, c.CudaDevice.__name__)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "LIGHT True" in r.stdout and "BACKEND CudaBackend CudaDevice" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# the early thread, with the fake driver
+# ---------------------------------------------------------------------------------------------
+class R(enum.IntEnum):
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_OUT_OF_MEMORY = 2
+    CUDA_ERROR_NO_DEVICE = 100
+
+
+class EarlyFake(FakeDriver):
+    """FakeDriver whose cuInit can be held (``gate``) or fail, whose primary-context retain can
+    fail, and which records the thread each of the two ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.init_result = R.CUDA_SUCCESS
+        self.retain_result = R.CUDA_SUCCESS
+        self.threads: dict[str, list[str]] = {}
+
+    def _where(self, name: str) -> None:
+        self.threads.setdefault(name, []).append(threading.current_thread().name)
+
+    def cuInit(self, flags: int) -> tuple[Any, ...]:  # noqa: N802
+        self._where("cuInit")
+        assert self.gate.wait(60), "the test never opened the gate"
+        return (self.init_result,)
+
+    def cuDevicePrimaryCtxRetain(self, dev: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._where("cuDevicePrimaryCtxRetain")
+        if self.retain_result:
+            return (self.retain_result, None)
+        return super().cuDevicePrimaryCtxRetain(dev)
+
+
+@pytest.fixture
+def early(monkeypatch: pytest.MonkeyPatch) -> Iterator[EarlyFake]:
+    """The fake driver as the CUDA backend's, nothing probed yet, KHAL_BACKEND unset and the
+    early initialisation forced on (this machine may have no NVIDIA driver to see)."""
+    drv = EarlyFake()
+    monkeypatch.setattr(cuda_driver, "_driver", drv)
+    monkeypatch.setenv("KHAL_EAGER_INIT", "1")
+    monkeypatch.delenv("KHAL_BACKEND", raising=False)
+    _reset_runtime()
+    yield drv
+    drv.gate.set()
+    _reset_runtime()
+
+
+def _wait_for(cond: Any, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+ENTRY = make_entry("k", (storage("x"),))
+
+
+def test_load_returns_while_the_driver_initialises(early: EarlyFake, tmp_path: Path) -> None:
+    early.gate.clear()  # cuInit blocks until the test says so
+    ks = fake_kernels(early, tmp_path, [ENTRY])  # khal_runtime.load(): starts the thread
+    _wait_for(lambda: "cuInit" in early.threads, "cuInit in the early thread")
+    t = cuda_driver._early
+    assert t is not None and t.is_alive()  # load() returned while cuInit still runs
+    assert early.threads == {"cuInit": [THREAD]}
+    early.gate.set()
+    ks.crates["c"].load(0)  # first use: joins the thread, takes its context
+    assert early.threads == {"cuInit": [THREAD], "cuDevicePrimaryCtxRetain": [THREAD]}
+    from khal_runtime import Device
+
+    assert Device(0).context == "CTX0"
+    assert [c[0] for c in early.calls].count("cuLibraryLoadData") == 1
+
+
+def test_without_it_everything_happens_at_first_use(early: EarlyFake, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KHAL_EAGER_INIT", "0")
+    ks = fake_kernels(early, tmp_path, [ENTRY])
+    assert cuda_driver._early is None and early.threads == {}
+    ks.crates["c"].load(0)
+    main = threading.current_thread().name
+    assert early.threads == {"cuInit": [main], "cuDevicePrimaryCtxRetain": [main]}
+
+
+def _first_use_error(drv: EarlyFake, root: Path, eager: str, monkeypatch: pytest.MonkeyPatch,
+                     backend: str | None = None) -> tuple[type[BaseException], str, bool, dict[str, list[str]]]:
+    """(type, message, chained?, threads) of the error a first use of a fresh package meets."""
+    monkeypatch.setenv("KHAL_EAGER_INIT", eager)
+    if backend:
+        monkeypatch.setenv("KHAL_BACKEND", backend)
+    _reset_runtime()
+    drv.threads.clear()
+    try:
+        ks = fake_kernels(drv, root, [ENTRY])  # KHAL_BACKEND=cuda: load() itself needs CUDA
+        ks.crates["c"].load(0)
+    except (BackendUnavailableError, CudaError) as exc:
+        chained = exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__)
+        return type(exc), str(exc), chained, dict(drv.threads)
+    raise AssertionError("no error")
+
+
+@pytest.mark.parametrize("backend", [None, "cuda"])
+def test_a_cuinit_that_fails_in_the_thread_is_reported_as_without_it(
+        early: EarlyFake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str | None) -> None:
+    early.init_result = R.CUDA_ERROR_NO_DEVICE
+    off = _first_use_error(early, tmp_path / "off", "0", monkeypatch, backend)
+    on = _first_use_error(early, tmp_path / "on", "1", monkeypatch, backend)
+    assert on[:3] == off[:3]
+    assert off[0] is BackendUnavailableError and not off[2]
+    assert "the driver reports no CUDA-capable device (cuInit -> CUDA_ERROR_NO_DEVICE)" in off[1]
+    assert off[3] == {"cuInit": ["MainThread"]} and on[3] == {"cuInit": [THREAD]}
+
+
+def test_a_context_retain_that_fails_in_the_thread_is_retried_and_reported_as_without_it(
+        early: EarlyFake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    early.retain_result = R.CUDA_ERROR_OUT_OF_MEMORY
+    off = _first_use_error(early, tmp_path / "off", "0", monkeypatch)
+    on = _first_use_error(early, tmp_path / "on", "1", monkeypatch)
+    assert on[:3] == off[:3]
+    assert off[0] is CudaError and off[1] == "cuDevicePrimaryCtxRetain failed: CUDA_ERROR_OUT_OF_MEMORY"
+    assert on[3]["cuDevicePrimaryCtxRetain"] == [THREAD, "MainThread"]  # tried early, then again
+
+
+def test_no_early_context_when_several_devices_are_visible(early: EarlyFake, tmp_path: Path) -> None:
+    """A process that sees several GPUs may work on any: the thread does cuInit only, and no
+    context appears on device 0 that the process did not ask for."""
+    early.devices = 2
+    ks = fake_kernels(early, tmp_path, [ENTRY])
+    t = cuda_driver._early
+    assert t is not None
+    t.join(30)
+    assert early.threads == {"cuInit": [THREAD]}
+    ks.crates["c"].load(0)
+    assert early.threads["cuDevicePrimaryCtxRetain"] == ["MainThread"]
+
+
+@pytest.mark.parametrize("env", [{"KHAL_BACKEND": "webgpu"}, {"KHAL_BACKEND": "WebGPU"},
+                                 {"KHAL_EAGER_INIT": "0"}, {"KHAL_EAGER_INIT": "off"},
+                                 {"KHAL_BACKEND": "vulkan"}])
+def test_never_started_under_webgpu_or_when_turned_off(early: EarlyFake, monkeypatch: pytest.MonkeyPatch,
+                                                       env: dict[str, str]) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    backends.prestart()  # what khal_runtime.load() calls first; never raises
+    assert cuda_driver._early is None and early.threads == {}
+
+
+def test_not_started_once_cuda_was_probed(early: EarlyFake) -> None:
+    cuda_driver.status()
+    early.threads.clear()
+    backends.prestart()
+    assert cuda_driver._early is None and early.threads == {}
+
+
+def test_where_it_starts_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset KHAL_EAGER_INIT: only where an NVIDIA driver shows and devices are not hidden."""
+    monkeypatch.delenv("KHAL_EAGER_INIT", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(cuda_driver, "_nvidia_driver_visible", lambda: False)
+    assert not cuda_driver._wanted()
+    monkeypatch.setattr(cuda_driver, "_nvidia_driver_visible", lambda: True)
+    assert cuda_driver._wanted()
+    for hidden in ("", "-1"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert not cuda_driver._wanted()
+    monkeypatch.setenv("KHAL_EAGER_INIT", "1")  # forced: regardless of what the checks see
+    monkeypatch.setattr(cuda_driver, "_nvidia_driver_visible", lambda: False)
+    assert cuda_driver._wanted()
+
+
+def test_reset_status_waits_for_the_thread_and_forgets_it(early: EarlyFake, tmp_path: Path) -> None:
+    fake_kernels(early, tmp_path, [ENTRY])
+    assert cuda_driver._early is not None
+    cuda_driver.reset_status()
+    assert cuda_driver._early is None and cuda_driver._early_ctx == {}
