@@ -273,6 +273,29 @@ def test_where_it_starts_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cuda_driver._wanted()
 
 
+def test_a_first_use_that_would_wait_does_first_use_work_meanwhile(early: EarlyFake, tmp_path: Path) -> None:
+    """while_initialising: CPU work a first use needs (the loader registers the import of the
+    cubin reader) is done by the thread that would otherwise sit waiting for cuInit."""
+    early.gate.clear()
+    ran: list[str] = []
+
+    def work() -> None:
+        ran.append(threading.current_thread().name)
+        early.gate.set()  # only now can cuInit finish: the wait began with this work
+
+    cuda_driver.while_initialising(work)
+    try:
+        ks = fake_kernels(early, tmp_path, [ENTRY])
+        _wait_for(lambda: "cuInit" in early.threads, "cuInit in the early thread")
+        ks.crates["c"].load(0)
+        assert ran == ["MainThread"]
+        assert "elftools.elf.elffile" in sys.modules  # the loader's own registration ran before
+    finally:
+        if work in cuda_driver._idle_work:
+            cuda_driver._idle_work.remove(work)
+        early.gate.set()
+
+
 def test_reset_status_waits_for_the_thread_and_forgets_it(early: EarlyFake, tmp_path: Path) -> None:
     fake_kernels(early, tmp_path, [ENTRY])
     assert cuda_driver._early is not None

@@ -46,13 +46,13 @@ import os
 import sys
 import threading
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 from khal_runtime.backends import BackendStatus
 from khal_runtime.errors import BackendUnavailableError, CaptureError, CudaError
 
 __all__ = ["EAGER_ENV", "check", "driver", "driver_version", "prestart", "primary_context", "require_cuda",
-           "reset_status", "status"]
+           "reset_status", "status", "while_initialising"]
 
 #: "0" turns the early initialisation off, "1" starts it wherever KHAL_BACKEND allows (module docstring)
 EAGER_ENV = "KHAL_EAGER_INIT"
@@ -70,6 +70,9 @@ _status: BackendStatus | None = None
 _early: threading.Thread | None = None
 #: device ordinal -> (CUdevice, CUcontext) the early thread retained, for the first CudaDevice
 _early_ctx: dict[int, tuple[Any, Any]] = {}
+#: first-use work that needs no driver, done by a thread about to wait for the early thread
+#: instead of idling (:func:`while_initialising`)
+_idle_work: list[Callable[[], object]] = []
 
 
 def driver() -> ModuleType:
@@ -159,6 +162,7 @@ def status() -> BackendStatus:
     global _status
     st = _status
     if st is None:
+        _before_waiting()
         with _lock:
             if _status is None:
                 _status = _probe()
@@ -290,6 +294,7 @@ def primary_context(ordinal: int) -> tuple[Any, Any]:
     ``cuDevicePrimaryCtxRetain`` now, raising CudaError as they fail."""
     t = _early
     if ordinal == 0 and t is not None and t is not threading.current_thread():
+        _before_waiting()
         t.join()
     got = _early_ctx.pop(ordinal, None)
     if got is not None:
@@ -297,6 +302,30 @@ def primary_context(ordinal: int) -> tuple[Any, Any]:
     drv = driver()
     handle = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
     return handle, check(drv.cuDevicePrimaryCtxRetain(handle), "cuDevicePrimaryCtxRetain")
+
+
+def while_initialising(work: Callable[[], object]) -> None:
+    """Have ``work`` (CPU work a first use needs that does not need the driver, e.g. importing
+    the cubin reader) done by the first thread that would otherwise sit waiting for the early
+    initialisation, while it runs; never done if nobody waits (its user then does it when it
+    needs it, as before). Errors are ignored: the user meets them again."""
+    _idle_work.append(work)
+
+
+def _before_waiting() -> None:
+    """Do the :func:`while_initialising` work while the early thread is still at work."""
+    t = _early
+    if t is None or t is threading.current_thread():
+        return
+    while _idle_work and t.is_alive():
+        try:
+            work = _idle_work.pop(0)
+        except IndexError:  # another thread took the last one
+            return
+        try:
+            work()
+        except Exception:  # noqa: BLE001 - see while_initialising
+            pass
 
 
 def _after_fork_in_child() -> None:
