@@ -7,14 +7,19 @@
 
 Importing this package is cheap: it imports neither cuda.bindings, wgpu, pydantic,
 NVRTC nor hatch_khal; those come on first use. ``load`` (the import of a shader package)
-imports pydantic and validates the manifest, and where CUDA is the likely backend it starts
-the driver's initialisation in a background thread first, so that the two overlap
-(``KHAL_EAGER_INIT=0`` turns that off; see :mod:`khal_runtime.backends.cuda.driver`). The
+imports pydantic and validates the manifest. Where CUDA is the likely backend, the driver's
+initialisation starts in a background thread before that, so that the two overlap: at the
+``load`` call, or already when this package is first imported by a shader package's
+``__init__`` (a package whose directory holds ``_khal/manifest.json``: it is about to call
+``load``), so that the imports it makes before (numpy, its own modules) overlap too.
+``KHAL_EAGER_INIT=0`` turns that off; see :mod:`khal_runtime.backends.cuda.driver`. The
 layers below this public API are described in ARCHITECTURE.md.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from khal_runtime import errors
@@ -141,3 +146,38 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+#: module names of the import system's frames (frozen or not)
+_IMPORT_MACHINERY = ("importlib", "_frozen_importlib")
+
+
+def _imported_by_a_shader_package() -> bool:
+    """Whether the module whose import is running this one is a shader package's ``__init__``:
+    the first frame outside the import machinery runs the top level of a package whose
+    directory holds the manifest (one stat; the build hook, verify, scripts and tests that
+    import khal_runtime are not packages with a manifest)."""
+    getframe = getattr(sys, "_getframe", None)
+    f: Any = getframe(1) if getframe is not None else None
+    while f is not None and (f.f_globals.get("__name__") == __name__
+                             or str(f.f_globals.get("__name__")).startswith(_IMPORT_MACHINERY)):
+        f = f.f_back
+    if f is None or f.f_code.co_name != "<module>":
+        return False
+    file = f.f_globals.get("__file__")
+    if not isinstance(file, str) or os.path.basename(file) != "__init__.py":
+        return False
+    return os.path.exists(os.path.join(os.path.dirname(file), "_khal", "manifest.json"))
+
+
+def _prestart_for_a_shader_package() -> None:
+    """:func:`khal_runtime.backends.prestart` when a shader package imports this package: its
+    ``load`` call comes at the end of its ``__init__``, after imports (numpy, its modules) that
+    the driver's initialisation can overlap too."""
+    if _imported_by_a_shader_package():
+        from khal_runtime import backends  # lazy: only for a shader package about to load()
+
+        backends.prestart()
+
+
+_prestart_for_a_shader_package()

@@ -88,6 +88,45 @@ def test_importing_the_runtime_alone_never_starts_the_driver() -> None:
     assert "CUDA []" in r.stdout
 
 
+def test_a_shader_package_importing_the_runtime_starts_it_before_its_own_imports(pkg: Any) -> None:
+    """A shader package's ``import khal_runtime`` (first line of its __init__) starts the early
+    initialisation, so that what the package imports before load() (numpy, its modules)
+    overlaps it too; the same import from a package without a manifest does not."""
+    init = pkg.package_dir / "__init__.py"
+    init.write_text("import khal_runtime\n"
+                    "from khal_runtime.backends.cuda import driver as _d\n"
+                    "STARTED_AT_IMPORT = _d._early is not None\n"
+                    "kernels = khal_runtime.load(__name__)\n")
+    plain = pkg.root / "plain_cold_pkg"
+    plain.mkdir(exist_ok=True)
+    (plain / "__init__.py").write_text(init.read_text().replace("kernels = khal_runtime.load(__name__)\n", ""))
+    try:
+        r = _run(f"""
+            import plain_cold_pkg
+            print('PLAIN', plain_cold_pkg.STARTED_AT_IMPORT)
+        """, pkg.root, KHAL_EAGER_INIT="1")
+        assert r.returncode == 0, r.stderr
+        assert "PLAIN False" in r.stdout
+        for eager, want in (("1", True), ("0", False)):
+            r = _run(f"""
+                import {pkg.name} as p
+                print('STARTED', p.STARTED_AT_IMPORT)
+            """, pkg.root, KHAL_EAGER_INIT=eager)
+            assert r.returncode == 0, r.stderr
+            assert f"STARTED {want}" in r.stdout
+        r = _run(f"""
+            try:
+                import {pkg.name}  # (KHAL_BACKEND=webgpu: load() may refuse a CUDA-only package)
+            except Exception:
+                pass
+            from khal_runtime.backends.cuda import driver
+            print('STARTED', driver._early is not None)
+        """, pkg.root, KHAL_EAGER_INIT="1", KHAL_BACKEND="webgpu")
+        assert "STARTED False" in r.stdout, r.stderr
+    finally:
+        init.write_text("import khal_runtime\n\nkernels = khal_runtime.load(__name__)\n")
+
+
 def test_the_cuda_package_is_light() -> None:
     """Reaching the CUDA driver module (what load() does to start the thread) imports neither
     pydantic nor the launch path; BACKEND still comes on first access."""

@@ -12,9 +12,10 @@ WebGPU when an adapter exists, printing one line to stderr that says why CUDA wa
 (and that an NVIDIA device is visible, if one is); ``cuda`` and ``webgpu`` force one, and a
 forced backend that is unusable is a hard error, never a substitute.
 
-:func:`prestart` (called by ``khal_runtime.load()``) lets the likely backend start its first-use
-work early, in the background: CUDA's driver initialisation
-(:func:`khal_runtime.backends.cuda.driver.prestart`, ``KHAL_EAGER_INIT``).
+:func:`prestart` (called when a shader package imports the runtime, and by
+``khal_runtime.load()``) lets the likely backend start its first-use work early, in the
+background: CUDA's driver initialisation (:func:`khal_runtime.backends.cuda.driver.prestart`,
+``KHAL_EAGER_INIT``).
 """
 
 from __future__ import annotations

@@ -10,10 +10,12 @@ Early initialisation (``KHAL_EAGER_INIT``)
 ------------------------------------------
 ``cuInit`` and the retain of device 0's primary context are the largest part of a process's
 first launch (257 ms of the 959 ms of import + first launch on the H200, driver 580), and they
-wait on nothing of ours. :func:`prestart`, called by ``khal_runtime.load()`` (the import of a
-shader package) before the rest of the runtime is imported, runs them in a background thread:
-the driver initialises while the main thread imports pydantic, validates the manifest and
-imports the launch path, and the first use joins the thread (:func:`status` waits for its probe,
+wait on nothing of ours. :func:`prestart` runs them in a background thread. It is called when a
+shader package's ``__init__`` imports ``khal_runtime`` (its first line, normally) and again by
+``khal_runtime.load()`` (for a package that imported the runtime earlier, or a ``load`` by
+path): the driver initialises while the main thread imports what the package imports (numpy,
+say) and what ``load`` needs (pydantic, the manifest's validation, the launch path), and the
+first use joins the thread (:func:`status` waits for its probe,
 :func:`primary_context` for its context) instead of paying for it in full. cuda-bindings
 releases the GIL in ``cuInit`` and ``cuDevicePrimaryCtxRetain``, so the two really overlap.
 
@@ -28,15 +30,16 @@ very status (and reason) the first use would have computed and cached, and a con
 not retain is retained again by the first use, in its own thread, which raises what it raised
 before.
 
-The trade-off, and ``KHAL_EAGER_INIT``: a process that loads a shader package but never
+The trade-off, and ``KHAL_EAGER_INIT``: a process that imports a shader package but never
 launches now initialises the driver anyway (in the background; with one device it also holds a
 primary context, a few hundred MB of device memory, until it exits); the driver reads
-``CUDA_VISIBLE_DEVICES`` at the load rather than at the first use; and a process that forks
-after the load hands its children a CUDA that was initialised before the fork (CUDA does not
-survive fork: use the ``spawn`` start method, as with any process that used CUDA). Processes
-that import ``khal_runtime`` without loading a package (the build hook, ``verify``) never start
-it. ``KHAL_EAGER_INIT=0`` turns it off (the driver initialises at first use, as before);
-``KHAL_EAGER_INIT=1`` starts it even where the checks above see no NVIDIA driver.
+``CUDA_VISIBLE_DEVICES`` at the import rather than at the first use (set it before importing);
+and a process that forks after the import hands its children a CUDA that was initialised before
+the fork (CUDA does not survive fork: use the ``spawn`` start method, as with any process that
+used CUDA). Processes that import ``khal_runtime`` without importing or loading a shader package
+(the build hook, ``verify``, scripts) never start it. ``KHAL_EAGER_INIT=0`` turns it off (the
+driver initialises at first use, as before); ``KHAL_EAGER_INIT=1`` starts it even where the
+checks above see no NVIDIA driver.
 """
 
 from __future__ import annotations
@@ -224,8 +227,8 @@ def _wanted() -> bool:
 def prestart() -> bool:
     """Start ``cuInit`` (and, with one device, device 0's primary context) in a background
     thread, if CUDA is the likely backend and nothing has probed it yet; True if it started.
-    ``khal_runtime.load()`` calls this through :func:`khal_runtime.backends.prestart`, which has
-    already ruled out ``KHAL_BACKEND=webgpu``. Never raises: whatever fails here is found again,
+    Called through :func:`khal_runtime.backends.prestart` (the import of the runtime by a shader
+    package, ``khal_runtime.load()``), which has already ruled out ``KHAL_BACKEND=webgpu``. Never raises: whatever fails here is found again,
     and reported as before, at first use."""
     global _early
     if _early is not None or _status is not None or not _wanted():
