@@ -535,7 +535,7 @@ def _check_command(words: list[str]) -> list[str]:
         exe = Path(sys.executable).parent / cmd
         tool = str(exe) if exe.exists() else cmd
         return _check_flags(" ".join([cmd, *sub]), words[1:], _help(tool, *sub, "--help"))
-    if cmd in _PLAIN:
+    if cmd in _PLAIN or cmd.startswith("../"):  # outside the repository (the GPU machine's tools)
         return []
     path = ROOT / cmd
     if path.is_file() and os.access(path, os.X_OK):
