@@ -94,7 +94,14 @@ def _describe(manifest: Manifest) -> str:
                 + (" rw" if p.writable else "")
                 for p in e.params
             )
-            lines.append(f"    entry {e.name} hash {e.hash} block {e.block_size[0]}  ({params})")
+            bx, by, bz = e.block_size
+            block = f"{bx}" if by == bz == 1 else f"{bx}x{by}" if bz == 1 else f"{bx}x{by}x{bz}"
+            shape = (f" {e.grid_dims}-D" if e.grid_dims > 1 else "") + \
+                ("" if e.fixed_block else f" (any block up to {e.launch_bounds or 1024})")
+            tmpl = f" = {e.template}<{', '.join(e.template_args or ())}>" if e.template else ""
+            lines.append(f"    entry {e.name}{tmpl} hash {e.hash} block {block}{shape}  ({params})")
+            if e.indirect_reason:
+                lines.append(f"      no indirect variant: {e.indirect_reason}")
         for a in crate.artifacts:
             lines.append(f"    {a.kind:5} {a.arch or '-':11} {a.size:>9} B  sha256 {a.sha256[:16]}…  "
                          f"PTX ISA {a.ptx_isa or '-'}  {a.path}")

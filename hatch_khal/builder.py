@@ -66,6 +66,9 @@ def build_packages(
     toolchain = Toolchain(hatch_khal_version=__version__, nvrtc_version=versions.get("nvrtc"),
                           slang_version=versions.get("slang"))
     packages = assemble_packages(plans, outputs, root, toolchain, editable=editable)
+    for plan in plans:
+        for warning in plan.warnings:
+            reporter.warn(warning)
     return BuildResult(
         packages=packages,
         compiled=compiled,

@@ -15,11 +15,11 @@ from pathlib import Path
 from khal_runtime.manifest import SpirvStatus
 
 from hatch_khal.__about__ import __version__
-from hatch_khal.codegen import NOT_COMPILED_RE, UNSCANNED_RE, generate_unit
+from hatch_khal.codegen import explain_entry_error, generate_unit
 from hatch_khal.compilers import get_compiler
 from hatch_khal.config import ResolvedCrate
-from hatch_khal.entries import EntryDecl, find_entries
-from hatch_khal.errors import ConfigError, EntryParseError, KhalBuildError, SourceError
+from hatch_khal.entries import scan_crate
+from hatch_khal.errors import ConfigError, KhalBuildError, SourceError
 from hatch_khal.hashing import canonical, crate_content_hash, entry_hash, khal_header_sha256, sha256_bytes
 from hatch_khal.headers import HeaderSet, header_hint, resolve_headers
 from hatch_khal.model import CompileJob, CratePlan
@@ -47,28 +47,6 @@ def _spirv_status(cfg: ResolvedCrate) -> SpirvStatus:
     return SpirvStatus(status="not_configured", reason="'spirv' is not enabled for this crate")
 
 
-def _check_names(crate: str, decls: list[EntryDecl]) -> None:
-    """Entry names are unique, and no generated symbol of one is another's."""
-    by_name: dict[str, EntryDecl] = {}
-    for d in decls:
-        if d.name in by_name:
-            first = by_name[d.name]
-            raise SourceError(
-                f"{d.file}:{d.line}: crate {crate!r}: entry {d.name!r} is defined twice "
-                f"(first at {first.file}:{first.line})"
-            )
-        by_name[d.name] = d
-    for d in decls:
-        # <e>_indirect_khal_<hash> (e's indirect kernel) is also the direct symbol of an entry <e>_indirect
-        other = by_name.get(f"{d.name}_indirect")
-        if other is not None:
-            raise SourceError(
-                f"{other.file}:{other.line}: crate {crate!r}: entry {other.name!r} clashes with entry "
-                f"{d.name!r} ({d.file}:{d.line}), whose indirect-dispatch kernel is called {d.name}_indirect; "
-                f"rename {other.name!r}"
-            )
-
-
 def _nvrtc_major_or_none() -> int | None:
     try:
         return int(get_compiler("nvrtc").identity().version.split(".")[0])
@@ -82,15 +60,13 @@ class CudaLanguage:
 
     def plan(self, root: Path, cfg: ResolvedCrate) -> CratePlan:
         sources = collect_sources(root, cfg.name, cfg.sources, cfg.include_dirs)
-        decls: list[EntryDecl] = []
-        for f in sources.scanned:
-            decls.extend(find_entries(f.text, f.rel))
+        decls = scan_crate([(f.rel, f.text) for f in sources.scanned], cfg.name, cfg.defines, cfg.options,
+                           sources.system_includes)
         if not decls:
             raise SourceError(
                 f"crate {cfg.name!r}: no KHAL_ENTRY found in {', '.join(s.rel for s in sources.sources)}; "
                 "mark kernels with KHAL_ENTRY(name, block_size, (params...)) from khal.h"
             )
-        _check_names(cfg.name, decls)
         headers = HeaderSet(cfg.cuda_headers)
         extra: dict[str, object] = {}
         if sources.system_includes:
@@ -98,7 +74,7 @@ class CudaLanguage:
             headers = resolve_headers(cfg.cuda_headers, _nvrtc_major_or_none())
             extra = {"cuda_headers": [cfg.cuda_headers, [list(f) for f in headers.fingerprint]]}
         content = crate_content_hash(sources.all_files, cfg.defines, cfg.options, extra)
-        entries = [(d, entry_hash(content, d)) for d in sorted(decls, key=lambda e: e.name)]
+        entries = [(d, entry_hash(content, d)) for d in decls]
         return CratePlan(cfg=cfg, language=self.name, sources=sources, content_hash=content, entries=entries,
                          spirv=_spirv_status(cfg), headers=headers)
 
@@ -135,23 +111,9 @@ class CudaLanguage:
 
     def explain(self, plan: CratePlan, error: KhalBuildError) -> KhalBuildError:
         text = str(error)
-        m = UNSCANNED_RE.search(text)
-        if m is not None:
-            where = f"{plan.sources.display(m.group('file'))}:{m.group('line')}"
-            return EntryParseError(
-                f"{where}: crate {plan.cfg.name!r}: entry {m.group('name')!r}: this KHAL_ENTRY was not read by "
-                "hatch-khal: the marker is made by a macro (or sits in a file that is not a source and is not "
-                "#included literally); write 'KHAL_ENTRY(' literally in the source, not through a macro"
-            )
-        m = NOT_COMPILED_RE.search(text)
-        if m is not None:
-            decl = next((d for d, _ in plan.entries if d.name == m.group("name")), None)
-            if decl is not None:
-                return EntryParseError(
-                    f"{decl.file}:{decl.line}: crate {plan.cfg.name!r}: entry {decl.name!r} was found by "
-                    "hatch-khal but not compiled (is it inside an #if / #ifdef that is off?); hatch-khal reads "
-                    "markers without the preprocessor: remove the marker, or keep it outside the #if"
-                )
+        entry_error = explain_entry_error(text, [d for d, _ in plan.entries], plan.sources.display, plan.cfg.name)
+        if entry_error is not None:
+            return entry_error
         names = sorted(set(_MISSING_HEADER.findall(text)))
         if not names:
             return error

@@ -108,6 +108,8 @@ class CratePlan:
     prebuilt_var: str | None = None
     prebuilt_path: Path | None = None
     jobs: list[CompileJob] = field(default_factory=list)
+    #: what the assemble stage found worth saying (shown by the builder)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass

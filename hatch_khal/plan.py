@@ -1,9 +1,11 @@
 """Stage 1: plan every crate (sources, entries, hashes) before anything is compiled.
 
-Each crate is planned by its language (:mod:`hatch_khal.languages`); then the checks
-that span crates (entry names unique per package), the prebuilt-binary variables
-(``CUDA_OXIDE_SHADERS_PTX_<CRATE>``, and a warning for one that names no crate) and the
-targets each crate compiles for.
+Each crate is planned by its language (:mod:`hatch_khal.languages`); then the prebuilt-binary
+variables (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``, and a warning for one that names no crate) and
+the targets each crate compiles for. Entry names are unique per crate (each language checks its
+own); two crates of a package may share one (the runtime's ``kernels.<name>`` is then
+ambiguous, ``kernels.<crate>.<name>`` is not), so one source can be built as several crates
+under different ``defines``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from khal_runtime.abi import parse_arch
 
 from hatch_khal.compilers import get_compiler
 from hatch_khal.config import ResolvedCrate, env_var_for_crate
-from hatch_khal.errors import ConfigError, SourceError
+from hatch_khal.errors import ConfigError
 from hatch_khal.languages import get_language
 from hatch_khal.model import CratePlan, Reporter
 
@@ -45,17 +47,6 @@ def check_prebuilt_variables(crates: list[ResolvedCrate], reporter: Reporter) ->
 
 def plan_crates(root: Path, crates: list[ResolvedCrate], reporter: Reporter) -> list[CratePlan]:
     plans = [get_language(c.language, c.name).plan(root, c) for c in crates]
-    # Entry names are the runtime's attribute names: unique across one package.
-    seen: dict[tuple[str, str], str] = {}
-    for plan in plans:
-        for decl, _ in plan.entries:
-            k = (plan.cfg.package, decl.name)
-            if k in seen:
-                raise SourceError(
-                    f"entry {decl.name!r} is defined in crate {seen[k]!r} and in crate {plan.cfg.name!r} "
-                    f"of package {plan.cfg.package!r}; entry names must be unique per package"
-                )
-            seen[k] = plan.cfg.name
     check_prebuilt_variables(crates, reporter)
     for plan in plans:
         var = env_var_for_crate(plan.cfg.name)
