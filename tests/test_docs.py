@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import gc
 import io
 import os
 import re
@@ -710,6 +711,9 @@ def test_python_block(block: Block, request: pytest.FixtureRequest, monkeypatch:
             pytest.importorskip(c.markers["needs"])
     from khal_runtime import backends
 
+    # free what earlier blocks left (DeviceBuffers, graphs) now: a cuMemFree by the garbage
+    # collector inside a PyTorch capture (global mode) would invalidate that capture
+    gc.collect()
     with contextlib.ExitStack() as stack:
         stack.callback(backends.reset)  # a block's backend choice stays with the block
         if "webgpu" in markers:
