@@ -183,3 +183,33 @@ def test_mypy_strict_passes() -> None:
     """Both packages, strict (pyproject.toml [tool.mypy])."""
     out = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def _python_files() -> list[Path]:
+    roots = [ROOT / "hatch_khal", ROOT / "khal_runtime", ROOT / "tests", ROOT / "benchmarks",
+             ROOT / "scripts", ROOT / "example_shader_pkg"]
+    return sorted(p for r in roots if r.exists() for p in r.rglob("*.py") if ".venv" not in p.parts)
+
+
+def test_every_source_is_python_3_10_syntax() -> None:
+    """requires-python is >= 3.10: no syntax of later versions (PEP 695 generics, ``except*``
+    is 3.11, ...), checked by the parser's own 3.10 grammar even where no 3.10 interpreter is
+    installed (scripts/test runs the suite on a second Python when it finds one)."""
+    import ast
+
+    bad = []
+    files = _python_files()
+    assert len(files) > 50
+    for p in files:
+        try:
+            ast.parse(p.read_text(encoding="utf-8"), str(p), feature_version=(3, 10))
+        except SyntaxError as exc:
+            bad.append(f"{p.relative_to(ROOT)}:{exc.lineno}: {exc.msg}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_3_10_check_catches_later_syntax() -> None:
+    import ast
+
+    with pytest.raises(SyntaxError):
+        ast.parse("try:\n    pass\nexcept* ValueError:\n    pass\n", feature_version=(3, 10))
