@@ -1,6 +1,6 @@
 """Section 3, load: a fresh process doing import + first launch of the example package from
 cubin (no JIT, no NVRTC at run time), against the DESIGN bar of 300 ms, with where the time
-goes; the same with the driver's early initialisation off (``KHAL_EAGER_INIT=0``) and with the
+goes; the same with the driver's early initialisation on (``KHAL_EAGER_INIT=1``; off by default) and with the
 PTX path forced (a copy of the package whose manifest lists only the PTX); the floors that are
 not ours, each alone in a fresh process (numpy, pydantic, cuda-bindings, cuInit + primary
 context); and CuPy RawModule compiling the same translation unit with its kernel cache empty and
@@ -169,11 +169,11 @@ def run(args: Any) -> list[Row]:
 
     def cubin() -> None:
         _child(KHAL_CHILD, env)  # untimed: bytecode written, files cached
-        eager, lazy = [], []
+        default_runs, eager_runs = [], []
         for _ in range(reps):  # in turns, so that drift weighs on both alike
-            eager.append(_child(KHAL_CHILD, env))
-            lazy.append(_child(KHAL_CHILD, _child_env(env, KHAL_EAGER_INIT="0")))
-        r = _median(eager)
+            default_runs.append(_child(KHAL_CHILD, env))
+            eager_runs.append(_child(KHAL_CHILD, _child_env(env, KHAL_EAGER_INIT="1")))
+        r = _median(default_runs)
         ok = not r["nvrtc_imported"] and r["artifact"].startswith("cubin")
         rows.append(Row(SECTION, "khal import + first launch (cubin)", r["total_ms"], "ms", None, "",
                         "no JIT, no NVRTC", ok,
@@ -181,10 +181,10 @@ def run(args: Any) -> list[Row]:
                         f"{'in the background' if r['eager_init'] else 'at first use'})", extra=r))
         rows.append(Row(SECTION, "bar: import + first launch (cubin)", r["total_ms"], "ms", None, "",
                         f"<= {BAR_MS:.0f} ms", r["total_ms"] <= BAR_MS, "DESIGN.md, performance bars"))
-        z = _median(lazy)
-        rows.append(Row(SECTION, "khal import + first launch, KHAL_EAGER_INIT=0", z["total_ms"], "ms",
-                        r["total_ms"] / z["total_ms"], "this / eager off", note=f"{_stages(z)} (driver init at first use)",
-                        extra=z))
+        z = _median(eager_runs)
+        rows.append(Row(SECTION, "khal import + first launch, KHAL_EAGER_INIT=1", z["total_ms"], "ms",
+                        z["total_ms"] / r["total_ms"], "this / default", "<= 300 ms", z["total_ms"] <= BAR_MS,
+                        note=f"{_stages(z)} (driver init in the background)", extra=z))
 
     def floor(what: str, label: str) -> None:
         fenv = _child_env(env, KHAL_EAGER_INIT="0")

@@ -7,12 +7,12 @@
 
 Importing this package is cheap: it imports neither cuda.bindings, wgpu, pydantic,
 NVRTC nor hatch_khal; those come on first use. ``load`` (the import of a shader package)
-imports pydantic and validates the manifest. Where CUDA is the likely backend, the driver's
-initialisation starts in a background thread before that, so that the two overlap: at the
-``load`` call, or already when this package is first imported by a shader package's
+imports pydantic and validates the manifest. With ``KHAL_EAGER_INIT=1`` (off by default), the
+driver's initialisation starts in a background thread before that, so that the two overlap: at
+the ``load`` call, or already when this package is first imported by a shader package's
 ``__init__`` (a package whose directory holds ``_khal/manifest.json``: it is about to call
-``load``), so that the imports it makes before (numpy, its own modules) overlap too.
-``KHAL_EAGER_INIT=0`` turns that off; see :mod:`khal_runtime.backends.cuda.driver`. The
+``load``), so that the imports it makes before (numpy, its own modules) overlap too; see
+:mod:`khal_runtime.backends.cuda.driver` for why it is off by default. The
 layers below this public API are described in ARCHITECTURE.md.
 """
 

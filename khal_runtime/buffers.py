@@ -100,7 +100,7 @@ class DeviceBuffer:
         dev = Device(_device_ordinal(device, current_device_id))
         ensure_current(dev.device_id)
         nbytes = max(n * dt.itemsize, 1)
-        if os.environ.get("KHAL_CUDA_ALLOC_TRACE"):
+        if os.environ.get("KHAL_CUDA_ALLOC_TRACE", "").strip().lower() not in ("", "0", "false", "no", "off"):
             from khal_runtime.tracing import trace_alloc  # lazy: only while tracing allocations
 
             trace_alloc(nbytes, dev.device_id)
@@ -256,6 +256,7 @@ def _release(bk: Any, alloc: Any, device_id: int) -> None:
         bk.free(device_id, alloc)
 
     if not capture_state.defer(now):
+        capture_state.flush_deferred()  # kept during a capture that has ended since
         now()
 
 

@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from khal_runtime.errors import CaptureError
 
-__all__ = ["capturing", "current_capture", "defer", "flush_deferred", "forbid_in_capture", "pop", "push"]
+__all__ = ["add_foreign_probe", "capturing", "current_capture", "defer", "flush_deferred",
+           "forbid_in_capture", "pop", "push"]
 
 #: Per thread: ``captures`` = the captures this thread began (innermost last).
 _state = threading.local()
@@ -83,10 +84,32 @@ def forbid_in_capture(what: str, advice: str, stream: Any = None) -> None:
         raise CaptureError(f"{what} during graph capture{where}: {advice}")
 
 
+#: "is a capture that is not ours open in this thread?" (PyTorch's ``torch.cuda.graph``: a
+#: buffer the garbage collector frees inside it must not free memory then, which would
+#: invalidate that capture); registered by :mod:`khal_runtime.interop`
+_foreign_probes: list[Callable[[], bool]] = []
+
+
+def add_foreign_probe(probe: Callable[[], bool]) -> None:
+    """Register ``probe()``: True while this thread is inside another library's stream capture."""
+    _foreign_probes.append(probe)
+
+
+def _foreign_capturing() -> bool:
+    for probe in _foreign_probes:
+        try:
+            if probe():
+                return True
+        except Exception:  # noqa: BLE001  (a probe must never break a release)
+            continue
+    return False
+
+
 def defer(release: Callable[[], None]) -> bool:
-    """Keep ``release`` for when this thread's capture ends; False (nothing kept) when no
-    capture is open and the caller should release now."""
-    if not capturing():
+    """Keep ``release`` for when this thread's capture ends (ours, or another library's: then
+    until the next allocation or release outside it); False (nothing kept) when no capture is
+    open and the caller should release now."""
+    if not capturing() and not _foreign_capturing():
         return False
     with _deferred_lock:
         _deferred.append(release)

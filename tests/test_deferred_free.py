@@ -62,3 +62,39 @@ def test_a_buffer_collected_inside_an_epoch_bump_does_not_deadlock(fake: FakeDri
     th.join(10)
     assert not th.is_alive(), "deadlocked"
     assert fake.freed == [0x7000]
+
+
+def test_a_buffer_collected_inside_another_librarys_capture_waits_for_it(fake: FakeDriver,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyTorch's torch.cuda.graph is not ours: a DeviceBuffer the garbage collector frees inside
+    it must not call cuMemFree then (that invalidates the capture); the free happens at the next
+    release or allocation outside it."""
+    inside = [True]
+    monkeypatch.setattr(capture_state, "_foreign_probes", [lambda: inside[0]])
+    a = _buf(0x4000)
+    del a
+    assert fake.freed == [] and capture_state.pending_releases() == 1
+    inside[0] = False
+    b = _buf(0x5000)
+    b.free()  # outside: the kept one first, then this one
+    assert fake.freed == [0x4000, 0x5000] and capture_state.pending_releases() == 0
+
+
+def test_the_torch_probe_needs_torch_imported_and_capturing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from khal_runtime.interop import torch as torch_interop
+
+    assert torch_interop.capturing in capture_state._foreign_probes
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert torch_interop.capturing() is False  # never imports torch
+    state = {"init": False, "cap": True}
+    cuda_ns = types.SimpleNamespace(is_initialized=lambda: state["init"],
+                                    is_current_stream_capturing=lambda: state["cap"])
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda_ns))
+    assert torch_interop.capturing() is False  # CUDA not initialised by torch: no capture
+    state["init"] = True
+    assert torch_interop.capturing() is True
+    state["cap"] = False
+    assert torch_interop.capturing() is False

@@ -427,3 +427,12 @@ def test_helper_ptx_compiles_with_nvjitlink() -> None:
         assert nvjitlink.get_linked_cubin_size(h) > 0
     finally:
         nvjitlink.destroy(h)
+
+
+def test_alloc_trace_off_values_are_off(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    out = tmp_path / "trace.txt"
+    monkeypatch.setenv("KHAL_CUDA_TRACE_FILE", str(out))
+    for off in ("0", "off", "false", ""):
+        monkeypatch.setenv("KHAL_CUDA_ALLOC_TRACE", off)
+        DeviceBuffer.alloc(10, "float32")
+    assert not out.exists() or out.read_text() == ""

@@ -10,8 +10,10 @@ Inference tensors have no version counter and are read on every launch.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Hashable
 
+from khal_runtime import capture_state
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.interop.registry import ArrayType, BadArgument
 
@@ -80,3 +82,17 @@ def stream_handle(obj: Any) -> tuple[int, int | None] | None:
     if not (type(obj).__module__ or "").startswith("torch") or not hasattr(obj, "cuda_stream"):
         return None
     return int(obj.cuda_stream), int(obj.device_index)
+
+
+def capturing() -> bool:
+    """Whether this thread is inside a ``torch.cuda.graph`` capture (torch already imported and
+    CUDA initialised by it; never imports torch)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    cuda = torch.cuda
+    return bool(cuda.is_initialized() and cuda.is_current_stream_capturing())
+
+
+# a DeviceBuffer freed by the garbage collector inside torch.cuda.graph waits for it to end
+capture_state.add_foreign_probe(capturing)

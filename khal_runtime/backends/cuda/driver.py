@@ -30,16 +30,17 @@ very status (and reason) the first use would have computed and cached, and a con
 not retain is retained again by the first use, in its own thread, which raises what it raised
 before.
 
-The trade-off, and ``KHAL_EAGER_INIT``: a process that imports a shader package but never
-launches now initialises the driver anyway (in the background; with one device it also holds a
-primary context, a few hundred MB of device memory, until it exits); the driver reads
-``CUDA_VISIBLE_DEVICES`` at the import rather than at the first use (set it before importing);
-and a process that forks after the import hands its children a CUDA that was initialised before
-the fork (CUDA does not survive fork: use the ``spawn`` start method, as with any process that
-used CUDA). Processes that import ``khal_runtime`` without importing or loading a shader package
-(the build hook, ``verify``, scripts) never start it. ``KHAL_EAGER_INIT=0`` turns it off (the
-driver initialises at first use, as before); ``KHAL_EAGER_INIT=1`` starts it even where the
-checks above see no NVIDIA driver.
+Off by default; ``KHAL_EAGER_INIT=1`` turns it on. The trade-off that keeps it off: a process
+that imports a shader package but never launches would initialise the driver anyway (with one
+device it would also hold a primary context, a few hundred MB of device memory, until it exits:
+every ``spawn``-ed DataLoader worker that imports the package, every test process collecting
+modules); the driver would read ``CUDA_VISIBLE_DEVICES`` at the import rather than at the first
+use; and a process that forks after the import would hand its children a CUDA initialised
+before the fork (CUDA does not survive fork). PyTorch and CuPy initialise CUDA lazily for the
+same reasons. A CLI tool or a service whose every process launches kernels gains the overlap
+(about 250 ms on the H200) by setting ``KHAL_EAGER_INIT=1`` (then ``CUDA_VISIBLE_DEVICES``
+empty or ``KHAL_BACKEND=webgpu`` still start nothing; the driver-visible check is skipped). Processes that import ``khal_runtime`` without importing or loading a shader package
+(the build hook, ``verify``, scripts) never start it.
 """
 
 from __future__ import annotations
@@ -57,12 +58,9 @@ from khal_runtime.errors import BackendUnavailableError, CaptureError, CudaError
 __all__ = ["EAGER_ENV", "check", "driver", "driver_version", "prestart", "primary_context", "require_cuda",
            "reset_status", "status", "while_initialising"]
 
-#: "0" turns the early initialisation off, "1" starts it wherever KHAL_BACKEND allows (module docstring)
+#: "1" turns the early initialisation on (off by default: module docstring)
 EAGER_ENV = "KHAL_EAGER_INIT"
-_OFF = ("0", "false", "no", "off")
 _ON = ("1", "true", "yes", "on")
-#: where an NVIDIA driver shows itself (Linux, containers with the NVIDIA runtime, WSL)
-_DRIVER_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia/version", "/usr/lib/wsl/lib/libcuda.so.1")
 #: how long the exit of a process waits for an early initialisation still running
 _EXIT_WAIT_S = 10.0
 
@@ -205,23 +203,14 @@ def reset_status() -> None:
 # ---------------------------------------------------------------------------------------------
 # early initialisation (module docstring)
 # ---------------------------------------------------------------------------------------------
-def _nvidia_driver_visible() -> bool:
-    if sys.platform == "win32":
-        root = os.environ.get("SystemRoot", r"C:\Windows")
-        return os.path.exists(os.path.join(root, "System32", "nvcuda.dll"))
-    return any(os.path.exists(p) for p in _DRIVER_FILES)
-
-
 def _wanted() -> bool:
     """Whether :func:`prestart` should start: ``KHAL_EAGER_INIT``, then the environment."""
     flag = os.environ.get(EAGER_ENV, "").strip().lower()
-    if flag in _OFF:
-        return False
-    if flag in _ON:
-        return True
+    if flag not in _ON:
+        return False  # off by default (the module docstring says why); "0" etc. too
     if os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
         return False  # no device: first use says so, with nothing to overlap
-    return _nvidia_driver_visible()
+    return True
 
 
 def prestart() -> bool:
