@@ -1,9 +1,11 @@
 """Stage 3: turn planned crates and their binaries into manifests and package files.
 
-Every binary (compiled, cached or prebuilt) is read back: each entry symbol must carry
-the hash the current sources give, and each parameter's size comes from the compiler's
-own ``sizeof`` probes in the binary. Prebuilt files (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``)
-enter here, read as regular files of bounded size only.
+Every CUDA binary (compiled, cached or prebuilt) is read back: each entry symbol must carry
+the hash the current sources give. The crate's language then makes the manifest entries,
+their parameter sizes checked against the compiler's own ``sizeof`` probes in the binary, and
+adds its other artifacts (:meth:`hatch_khal.languages.Language.finish`: WGSL / SPIR-V for
+Slang). Prebuilt files (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``) enter here, read as regular files
+of bounded size only; they replace the crate's CUDA binaries, nothing else.
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from khal_runtime import abi
-from khal_runtime.abi import indirect_symbol_for, symbol_for
+from khal_runtime.abi import symbol_for
 from khal_runtime.binaries import BinaryFormatError, BinaryInfo, khal_symbols, read_binary
 from khal_runtime.manifest import (
     MANIFEST_DIR,
@@ -21,56 +22,22 @@ from khal_runtime.manifest import (
     Artifact,
     Crate,
     Editable,
-    Entry,
     Manifest,
-    Param,
     Prebuilt,
     SourceFile,
     Toolchain,
     read_regular_file,
 )
 
-from hatch_khal.codegen import probe_names
-from hatch_khal.entries import EntryDecl
 from hatch_khal.errors import KhalBuildError, PrebuiltError
 from hatch_khal.hashing import sha256_bytes
+from hatch_khal.languages import get_language
 from hatch_khal.model import CompileOutput, CratePlan, PackageOutput
 
 __all__ = ["MAX_PREBUILT_BYTES", "assemble_packages"]
 
 #: A prebuilt binary larger than this is refused unread (real ones are a few MB).
 MAX_PREBUILT_BYTES = 256 << 20
-
-
-def _params(crate: str, decl: EntryDecl, probes: dict[str, int]) -> tuple[Param, ...]:
-    out = []
-    for i, p in enumerate(decl.params):
-        size_name, align_name = probe_names(decl.name, i)
-        if size_name not in probes:
-            raise KhalBuildError(
-                f"crate {crate!r}: entry {decl.name!r}: the binary lacks the size probe {size_name}; "
-                "was it built by hatch-khal from these sources?"
-            )
-        size, align = probes[size_name], probes.get(align_name, 1)
-        scalar = abi.c_scalar(p.ctype)
-        if scalar is not None and scalar.size != size:
-            raise KhalBuildError(
-                f"crate {crate!r}: entry {decl.name!r} parameter {p.name!r}: {p.ctype} is {size} bytes "
-                f"on the device, expected {scalar.size}"
-            )
-        out.append(
-            Param(
-                name=p.name,
-                kind=p.kind,
-                element_type=p.element_type,
-                element_size=size,
-                element_align=align,
-                shape=p.shape,  # type: ignore[arg-type]  # the scanner's shapes are the manifest's
-                length=p.length,
-                writable=p.writable,
-            )
-        )
-    return tuple(out)
 
 
 def _check_binary(plan: CratePlan, info: BinaryInfo, what: str, error: type[KhalBuildError]) -> None:
@@ -82,19 +49,19 @@ def _check_binary(plan: CratePlan, info: BinaryInfo, what: str, error: type[Khal
         if var
         else ""
     )
-    for decl, h in plan.entries:
-        got = found.get(decl.name)
+    for e in plan.entries:
+        got = found.get(e.name)
         if got is None:
             raise error(
-                f"crate {plan.cfg.name!r}: {what} has no kernel for entry {decl.name!r} "
-                f"(expected symbol {symbol_for(decl.name, h)}){hint}"
+                f"crate {plan.cfg.name!r}: {what} has no kernel for entry {e.name!r} "
+                f"(expected symbol {symbol_for(e.name, e.hash)}){hint}"
             )
-        if got != h:
+        if got != e.hash:
             raise error(
-                f"crate {plan.cfg.name!r}: entry {decl.name!r}: {what} carries hash {got}, the current "
-                f"sources give {h}{hint}"
+                f"crate {plan.cfg.name!r}: entry {e.name!r}: {what} carries hash {got}, the current "
+                f"sources give {e.hash}{hint}"
             )
-    expected = {d.name for d, _ in plan.entries} | {f"{d.name}_indirect" for d, _ in plan.entries}
+    expected = {e.name for e in plan.entries} | {f"{e.name}_indirect" for e in plan.entries}
     extra = sorted(set(found) - expected)
     if extra:
         raise error(
@@ -188,26 +155,20 @@ def _finish_crate(plan: CratePlan, root: Path, outputs: dict[tuple[str, str], Co
             if probe_info is None or info.kind == "ptx":
                 probe_info = info
     assert probe_info is not None
-    probes = dict(probe_info.globals_u64)
-    entries = tuple(
-        Entry(
-            name=decl.name,
-            symbol=symbol_for(decl.name, h),
-            hash=h,
-            block_size=(decl.block_size, 1, 1),
-            params=_params(cfg.name, decl, probes),
-            indirect_symbol=indirect_symbol_for(decl.name, h),
-        )
-        for decl, h in plan.entries
-    )
+    parts = get_language(plan.language, cfg.name).finish(plan, probe_info)
+    if [(e.name, e.hash) for e in parts.entries] != [(e.name, e.hash) for e in plan.entries]:
+        raise KhalBuildError(f"crate {cfg.name!r}: the {plan.language} language made entries "
+                             f"{[e.name for e in parts.entries]} for planned {[e.name for e in plan.entries]}")
+    artifacts += parts.artifacts
+    files.update(parts.files)
     crate = Crate(
         name=cfg.name,
         language=plan.language,  # type: ignore[arg-type]  # a registered language is a manifest one
         package_dir=f"{MANIFEST_DIR}/{cfg.name}",
-        sources=tuple(SourceFile(path=f.rel, sha256=sha256_bytes(f.data)) for f in plan.sources.all_files),
+        sources=tuple(SourceFile(path=f.rel, sha256=sha256_bytes(f.data)) for f in plan.files),
         content_hash=plan.content_hash,
-        artifacts=tuple(sorted(artifacts, key=lambda a: (a.kind, a.sm or 0, a.arch or ""))),
-        entries=entries,
+        artifacts=tuple(sorted(artifacts, key=lambda a: (a.kind, a.sm or 0, a.arch or "", a.path))),
+        entries=parts.entries,
         prebuilt=prebuilt,
         spirv=plan.spirv,
     )
