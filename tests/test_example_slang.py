@@ -178,14 +178,17 @@ RUN_ON_WEBGPU = textwrap.dedent("""\
     """)
 
 
-def test_the_example_slang_kernels_run_on_webgpu_from_the_wheel(example_site: Path, tmp_path: Path) -> None:
-    """Through the public API, KHAL_BACKEND=webgpu (lavapipe here): the wheel's WGSL, its manifest's
-    bindings and layouts, bit-exact against the NumPy references."""
-    pytest.importorskip("wgpu")
-    env = dict(os.environ, PYTHONPATH=str(example_site), KHAL_BACKEND="webgpu")
+@pytest.mark.parametrize("backend", ["webgpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_example_slang_kernels_run_from_the_wheel(example_site: Path, tmp_path: Path, backend: str) -> None:
+    """Through the public API, one script for both backends, bit-exact against the NumPy references:
+    on WebGPU (lavapipe here) from the wheel's WGSL and its manifest's bindings and layouts; on CUDA
+    (the GPU machine) from its cubins / PTX, built with --fmad=false."""
+    if backend == "webgpu":
+        pytest.importorskip("wgpu")
+    env = dict(os.environ, PYTHONPATH=str(example_site), KHAL_BACKEND=backend)
     env.setdefault("XDG_RUNTIME_DIR", str(tmp_path))
     proc = run([sys.executable, "-c", RUN_ON_WEBGPU], env=env, cwd=tmp_path, check=False)
-    if proc.returncode and "BackendUnavailableError" in proc.stderr:
+    if backend == "webgpu" and proc.returncode and "BackendUnavailableError" in proc.stderr:
         pytest.skip(f"no WebGPU adapter: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("OK webgpu")
+    assert proc.stdout.strip().endswith(f"OK {backend}")

@@ -42,11 +42,12 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def build(root: Path, crates: list[dict[str, Any]] | None = None, cache: Path | None = None,
-          **hook: Any) -> tuple[Any, Recorder]:
+          editable: bool = False, **hook: Any) -> tuple[Any, Recorder]:
     raw = {"archs": ["sm_90"], "ptx-arch": "none", **hook, "crates": crates or [DEMO]}
     _, resolved = parse_config(raw, default_package="pkg")
     rep = Recorder()
-    result = build_packages(root, resolved, rep, cache=Cache(cache, rep.warn) if cache else Cache(None))
+    result = build_packages(root, resolved, rep, cache=Cache(cache, rep.warn) if cache else Cache(None),
+                            editable=editable)
     return result, rep
 
 
@@ -128,6 +129,21 @@ def test_an_edited_module_rebuilds_the_crate(main_build, tmp_path: Path) -> None
     assert again.compiled == 3
     old, new = manifest_of(first)[0].crates[0], manifest_of(again)[0].crates[0]
     assert all(a.hash != b.hash for a, b in zip(old.entries, new.entries))
+
+
+def test_an_editable_build_reports_an_edited_module_as_stale(main_build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from khal_runtime.verify import check_sources
+
+    _, cache, _, _ = main_build
+    root = write(tmp_path, MAIN)
+    (root / "pkg").mkdir()
+    result, _ = build(root, cache=cache, editable=True, **{"ptx-arch": "compute_75"})
+    (pkg,) = result.packages
+    write_package_output(pkg, root / "pkg")
+    assert pkg.manifest.editable is not None and check_sources(pkg.manifest, root / "pkg") == []
+    (root / "mods/util.slang").write_text(UTIL_SLANG + "// edited\n")
+    (problem,) = check_sources(pkg.manifest, root / "pkg")
+    assert "mods/util.slang changed" in problem.message and "re-run pip install -e ." in problem.message
 
 
 @pytest.mark.parametrize("how", ["env", "option"])
