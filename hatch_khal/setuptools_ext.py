@@ -13,6 +13,9 @@ hatchling hook table; ``parse_config`` validates both). Being installed, this pl
 for *every* setuptools build in the environment: a project without ``[tool.khal]`` costs one
 read of its ``pyproject.toml`` and nothing else (no pydantic, no NVRTC, no cuda import).
 
+setuptools cannot add build requirements: NVRTC (and, for Slang crates, ``slangpy``) must be in
+the project's ``[build-system] requires``; the command says so when they are missing.
+
 Wheel builds write ``<package>/_khal/`` under ``build_lib`` (source layouts mapped through
 ``package_dir``); editable builds write it into the source package in place, with the
 manifest's ``editable`` record, exactly as the hatchling hook does.
