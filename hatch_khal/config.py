@@ -305,7 +305,7 @@ def _language(where: str, index: int, crate: CrateConfig) -> str:
     """The crate's language from its source globs' suffixes; ConfigError for a mix or a misfit option."""
     by_language: dict[str, list[str]] = {}
     for pattern in crate.sources:
-        suffix = "." + pattern.rsplit(".", 1)[1].lower() if "." in pattern.rsplit("/", 1)[-1] else ""
+        suffix = "." + pattern.rsplit(".", 1)[1] if "." in pattern.rsplit("/", 1)[-1] else ""
         by_language.setdefault(LANGUAGE_SUFFIXES.get(suffix, "cuda"), []).append(pattern)
     prefix = f"{where}: crates[{index}] {crate.name!r}"
     if len(by_language) > 1:

@@ -286,6 +286,18 @@ def test_build_errors(tmp_path: Path, what: str) -> None:
     one_clean_error(exc.value)
 
 
+def test_half_without_cuda_headers_names_the_header_wheel(tmp_path: Path) -> None:
+    """A unit that includes cuda_fp16.h gets the CUDA headers (cuda-headers); with "none" NVRTC's
+    error comes with the hint naming the wheel and the option."""
+    root = write(tmp_path, one_entry(params=",\n        uniform half h", body="o[t.x] = float(h);"))
+    crate = {"name": "demo", "sources": ["k/*.slang"], "spirv": False, "cuda-headers": "none"}
+    with pytest.raises(CompileError) as exc:
+        build(root, [crate])
+    msg = str(exc.value)
+    assert "cuda_fp16.h" in msg and "comes from the nvidia-cuda-runtime wheel, but option 'cuda-headers' is \"none\"" in msg
+    one_clean_error(exc.value)
+
+
 def test_two_crates_defining_one_entry_name(tmp_path: Path) -> None:
     """Entry names are unique per package, across languages; the message names both crates."""
     root = write(tmp_path, {**one_entry(name="scale"), "kernels/alpha/scale.cu": SCALE_CU,
