@@ -34,10 +34,11 @@ class Hooks:
         self._watched.add(plan)
 
     def install(self, dispatch: Callable[..., Any]) -> None:
+        """Install ``dispatch``; every watched plan regenerates (also when replacing one: what
+        the new one asks for, e.g. profiling, may need the backends to set things up)."""
         self.dispatch = dispatch
-        was, self.active = self.active, True
-        if not was:
-            self._regenerate_all()
+        self.active = True
+        self._regenerate_all()
 
     def uninstall(self) -> None:
         was, self.active = self.active, False

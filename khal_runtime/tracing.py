@@ -28,6 +28,12 @@ Environment (read when the first package is loaded):
     ``1``: NVTX ranges named after each kernel (needs the ``nvtx`` package), also
     turned on by tracing or profiling when ``nvtx`` is importable.
 
+On WebGPU the same variables work: the trace line is the same (``(webgpu)`` after the stream;
+``grid=indirect`` for a native indirect dispatch, whose count is on the device); ``sync`` submits
+and waits after each launch; profiling times each dispatch with timestamp queries, in a compute
+pass of its own (adapters without ``timestamp-query`` are named in the table instead), and a
+replayed recording as a whole; NVTX ranges are host-side only.
+
 Programmatic: :func:`enable` / :func:`disable`, :func:`profile` (the table),
 :func:`profile_stats`, :func:`reset_profile`.
 """
@@ -42,7 +48,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable
 
-from khal_runtime import abi, interop
+from khal_runtime import abi, backends, interop
 from khal_runtime.capture_state import capturing, current_capture
 from khal_runtime.errors import CudaError, KhalError
 from khal_runtime.hooks import Hooks
@@ -193,12 +199,17 @@ def kernel_name(plan: Any) -> str:
 def trace_line(seq: int, plan: Any, grid: tuple[int, ...], block: tuple[int, ...], shmem: int,
                stream: Any, args: tuple[Any, ...], note: str = "") -> str:
     """The ``KHAL_CUDA_TRACE`` line of one launch."""
-    g = "x".join(str(int(v)) for v in grid)
-    b = "x".join(str(int(v)) for v in block)
     handle = getattr(stream, "handle", stream)
     h = f"0x{handle:x}" if isinstance(handle, int) else str(handle)
-    return (f"khal: launch #{seq} {kernel_name(plan)} grid={g} block={b} shmem={int(shmem)} "
-            f"stream={h}{note} args: {describe_args(plan.entry, args)}")
+    bk = getattr(getattr(stream, "_bk", None), "name", "cuda")
+    where = "" if bk == "cuda" else f" ({bk})"
+    return (f"khal: launch #{seq} {kernel_name(plan)} grid={_dims(grid)} block={_dims(block)} "
+            f"shmem={int(shmem)} stream={h}{where}{note} args: {describe_args(plan.entry, args)}")
+
+
+def _dims(v: tuple[Any, ...]) -> str:
+    """``4x1x1``; a word (``indirect``: the count is on the device) as it is."""
+    return "x".join(str(d) if isinstance(d, str) else str(int(d)) for d in v)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,6 +253,8 @@ class Profiler:
 
     def record(self, key: str, stream: Any, do: Callable[[], Any], kernels: tuple[str, ...] = ()) -> Any:
         timer = stream._bk.timer()
+        if timer is None:  # the backend times its launches itself (WebGPU: timestamp queries)
+            return do()
         with self.lock:
             self.sources.add(timer.what)
             start = timer.start(stream)
@@ -288,6 +301,7 @@ class Profiler:
         with self.lock:
             self.stats.clear()
             self.captured.clear()
+            self.sources.clear()
             self.errors = 0
 
     def table(self) -> str:
@@ -324,25 +338,46 @@ def profile_stats() -> dict[str, dict[str, float]]:
     """``{kernel: {calls, total_ms, mean_us, min_us, max_us}}`` (waits for pending events)."""
     _profiler.collect(wait=True)
     with _profiler.lock:
-        return {k: {"calls": s.calls, "total_ms": s.total, "mean_us": 1000 * s.total / s.calls,
-                    "min_us": 1000 * s.lo, "max_us": 1000 * s.hi}
-                for k, s in _profiler.stats.items()}
+        out = {k: {"calls": s.calls, "total_ms": s.total, "mean_us": 1000 * s.total / s.calls,
+                   "min_us": 1000 * s.lo, "max_us": 1000 * s.hi}
+               for k, s in _profiler.stats.items()}
+    for bk in backends.loaded():  # backends that time launches themselves (WebGPU)
+        stats = getattr(bk, "profile_stats", None)
+        if stats is not None:
+            out.update(stats())
+    return out
+
+
+def _backend_tables() -> list[str]:
+    tables = []
+    for bk in backends.loaded():
+        table = getattr(bk, "profile_table", None)
+        text = table() if table is not None else None
+        if text:
+            tables.append(text)
+    return tables
 
 
 def profile(file: Any = None, *, reset: bool = False, print_table: bool = True) -> str:
     """The per-kernel GPU-time table (waits for the launches still timing); printed to ``file``
     (default stderr) unless ``print_table=False``. ``reset`` clears the counters after."""
     _profiler.collect(wait=True)
-    text = _profiler.table()
+    extra = _backend_tables()
+    own = _profiler.table() if _profiler.stats or _profiler.captured or not extra else None
+    text = "\n".join(([own] if own else []) + extra)
     if print_table:
         print(text, file=file or sys.stderr, flush=True)
     if reset:
-        _profiler.reset()
+        reset_profile()
     return text
 
 
 def reset_profile() -> None:
     _profiler.reset()
+    for bk in backends.loaded():
+        reset = getattr(bk, "reset_profile", None)
+        if reset is not None:
+            reset()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,9 +473,8 @@ class Dispatcher:
             stream._bk.synchronize(stream)
         except KhalError as exc:
             code = getattr(exc, "code", "") or str(exc)
-            g = "x".join(str(int(v)) for v in grid)
-            b = "x".join(str(int(v)) for v in block)
-            msg = (f"KHAL_CUDA_TRACE=sync: kernel {name} (launch #{seq}, grid={g} block={b}) failed: "
+            msg = (f"KHAL_CUDA_TRACE=sync: kernel {name} (launch #{seq}, grid={_dims(grid)} "
+                   f"block={_dims(block)}) failed: "
                    f"{code}; it is the first launch whose stream synchronisation failed")
             write_line("khal: " + msg, self.cfg.trace_file)
             raise CudaError(msg, code=code) from None

@@ -157,3 +157,26 @@ def shipped_crate(wheel: Path, crate: str = EXAMPLE_CRATE, package: str = EXAMPL
         webgpu_files={a.path: files[a.path] for a in c.artifacts if a.kind in ("wgsl", "spirv")},
         binaries={a.arch: files[a.path] for a in c.artifacts if a.arch is not None},
     )
+
+
+def webgpu_package(root: Path, name: str = "wgpu_example_pkg") -> Path:
+    """A package holding only the WebGPU build (WGSL + SPIR-V) of the example's Slang crate, as
+    the hook writes it: ``root/<name>`` (import it with ``root`` on sys.path)."""
+    from khal_runtime.manifest import SCHEMA_VERSION, Crate, Manifest, SpirvStatus, Toolchain
+
+    p = example_slang_plan()
+    out = example_crate()
+    pkg = root / name
+    (pkg / "_khal").mkdir(parents=True, exist_ok=True)
+    for rel, data in out.webgpu_files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_bytes(data)
+    crate = Crate(name=EXAMPLE_CRATE, language="slang", package_dir=f"_khal/{EXAMPLE_CRATE}",
+                  sources=p.slang.manifest_sources, content_hash=p.content_hash,
+                  artifacts=tuple(out.webgpu_artifacts()), entries=tuple(out.entries),
+                  spirv=SpirvStatus(status="built"))
+    m = Manifest(schema_version=SCHEMA_VERSION, package=name, toolchain=Toolchain(hatch_khal_version="test"),
+                 crates=(crate,))
+    (pkg / "_khal" / "manifest.json").write_text(m.to_json())
+    (pkg / "__init__.py").write_text("import khal_runtime\n\nkernels = khal_runtime.load(__name__)\n")
+    return pkg

@@ -34,6 +34,8 @@ __all__ = [
     "BackendStatus",
     "backend_mode",
     "backend_status",
+    "chosen",
+    "loaded",
     "current",
     "for_crate",
     "get",
@@ -102,7 +104,10 @@ class Backend(Protocol):
     # -- graphs and profiling ------------------------------------------------------------------
     def capture(self, stream: Stream, *, mode: str, label: str | None, keep: Any) -> Any: ...
     def end_capture(self, stream: Stream) -> Any: ...
-    def timer(self) -> Any: ...
+    def timer(self) -> Any:
+        """A per-launch timer for the profiler (``start``/``stop``/``elapsed_ms``, ``what``), or
+        None where the backend times its launches itself and reports them through optional
+        ``profile_table()`` / ``profile_stats()`` / ``reset_profile()`` (WebGPU)."""
 
 
 _lock = threading.Lock()
@@ -208,6 +213,19 @@ def backend_status() -> BackendStatus:
     st = b.status()
     return BackendStatus(st.usable, st.reason, b.name, st.driver_version, st.device_count,
                          dict(st.adapter), _why)
+
+
+def chosen() -> str | None:
+    """The name of the backend this process chose, None while none is chosen (nothing is chosen
+    to answer)."""
+    with _lock:
+        return _current.name if _current is not None else None
+
+
+def loaded() -> list[Backend]:
+    """The backends whose package has been imported (none is imported to answer)."""
+    with _lock:
+        return list(_loaded.values())
 
 
 def reset() -> None:

@@ -14,12 +14,6 @@ if not os.path.isdir(os.environ.get("XDG_RUNTIME_DIR", "") or "/nonexistent"):
     os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="khal-xdg-")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "webgpu: needs wgpu-py and a WebGPU adapter (lavapipe on CPU machines); "
-        "skipped with the reason where there is none")
-
-
 @lru_cache(maxsize=1)
 def webgpu_unavailable_reason() -> str | None:
     from khal_runtime.backends.webgpu.device import status
@@ -33,7 +27,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # the marker, not ``item.keywords``: those hold the directory name "webgpu" too
         if item.get_closest_marker("webgpu") is not None:
             reason = webgpu_unavailable_reason()
-            if reason:
+            # CI must run them (scripts/test installs lavapipe): there a missing adapter fails them
+            if reason and not os.environ.get("CI"):
                 item.add_marker(pytest.mark.skip(reason=f"WebGPU test: {reason}"))
 
 

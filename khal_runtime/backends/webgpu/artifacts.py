@@ -10,26 +10,16 @@ an ArtifactError or HashMismatchError saying to rebuild.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Callable
 
 from khal_runtime.abi import split_symbol
+from khal_runtime.binaries import BinaryFormatError, webgpu_entry_points
 from khal_runtime.errors import ArtifactError, HashMismatchError
 from khal_runtime.manifest import Crate, Entry, WebGpuTarget
 from khal_runtime.verify import read_artifact
 
 __all__ = ["code_loader", "entry_code"]
-
-_WGSL_FN = re.compile(rb"\bfn\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(")
-_KHAL_NAME = re.compile(rb"([A-Za-z_][A-Za-z0-9_]*?_khal_[0-9a-f]{16})(?![0-9a-f])")
-
-
-def _entry_points(data: bytes, target: str) -> list[str]:
-    if target == "wgsl":
-        return [m.group(1).decode() for m in _WGSL_FN.finditer(data)]
-    return [m.group(1).decode() for m in _KHAL_NAME.finditer(data)]
-
 
 def entry_code(package_dir: str | Path, crate: Crate, entry: Entry, target: WebGpuTarget) -> bytes:
     """The checked bytes of ``entry``'s ``target`` artifact in the package at ``package_dir``."""
@@ -39,7 +29,10 @@ def entry_code(package_dir: str | Path, crate: Crate, entry: Entry, target: WebG
         raise ArtifactError(f"entry {name}: its {target.target} artifact {target.path!r} is not in the "
                             "manifest's artifacts; rebuild the package")
     data = read_artifact(Path(package_dir), art)
-    names = _entry_points(data, target.target)
+    try:
+        names = webgpu_entry_points(data, target.target, target.path)
+    except BinaryFormatError as exc:
+        raise ArtifactError(f"entry {name}: {exc}; rebuild the package") from None
     if target.entry_point not in names:
         found = None
         for n in names:

@@ -23,14 +23,15 @@ from khal_runtime import capture_state
 from khal_runtime.backends import BackendStatus
 from khal_runtime.backends.webgpu import device as _dev
 from khal_runtime.backends.webgpu import kernel as _kernel
-from khal_runtime.backends.webgpu import memory, recording
+from khal_runtime.backends.webgpu import memory, profiling, recording
 from khal_runtime.backends.webgpu.arrays import WgpuArray
-from khal_runtime.backends.webgpu.artifacts import code_loader
+from khal_runtime.backends.webgpu.artifacts import entry_code
 from khal_runtime.backends.webgpu.pipeline import select_target
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import Device, Stream, as_stream
 from khal_runtime.errors import ArgumentError, BackendUnavailableError, CaptureError, KhalError
 from khal_runtime.graphs import Graph
+from khal_runtime.hooks import hooks
 
 __all__ = ["BACKEND", "WebGpuBackend", "WebGpuPlan"]
 
@@ -64,21 +65,37 @@ class _Module:
 
 
 class WebGpuPlan:
-    """One entry on one WebGPU device, as the generic Kernel uses a plan."""
+    """One entry on one WebGPU device, as the generic Kernel uses a plan.
 
-    def __init__(self, kernel: Any, kp: _kernel.KernelPlan, device_id: int) -> None:
+    While launch hooks are installed (tracing, profiling: :mod:`khal_runtime.hooks`) every launch
+    goes through ``hooks.dispatch`` as on CUDA, so the trace line, ``sync`` mode and NVTX ranges
+    are the generic ones; without hooks the call is the kernel plan's specialised one."""
+
+    def __init__(self, kernel: Any, kp: _kernel.KernelPlan, device_id: int, crate: str) -> None:
         self.entry = kp.entry
+        self.crate = crate
         self.kp = kp
         self.device_id = device_id
         self.on_regenerate: list[Callable[[Any], None]] = []
 
+    def regenerate_code(self) -> None:
+        """Hooks were installed or removed: the kernel makes its call again."""
+        for cb in list(self.on_regenerate):
+            cb(self)
+
     def run(self, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int, st: Stream,
             args: tuple[Any, ...]) -> None:
+        if hooks.active and hooks.dispatch is not None:
+            hooks.dispatch(self, (gx, gy, gz), (bx, by, bz), shmem, st, args,
+                           lambda: self.kp.launch((gx, gy, gz), (bx, by, bz), args, shmem))
+            return
         self.kp.launch((gx, gy, gz), (bx, by, bz), args, shmem)
 
     def make_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
         call = self.kp.call
         device_id = self.device_id
+        if hooks.active:
+            return self._hooked_call(slow, kernel)
 
         def __call__(n: Any, *args: Any, stream: Any = None) -> None:
             if stream is not None:
@@ -87,6 +104,26 @@ class WebGpuPlan:
                     slow(kernel, n, args, st)
                     return
             call(n, args)
+
+        return __call__
+
+    def _hooked_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
+        call = self.kp.call
+        block = tuple(self.kp.block)
+        bx = block[0]
+        plan = self
+
+        def __call__(n: Any, *args: Any, stream: Any = None) -> None:
+            st = kernel._stream(stream)
+            if st.device_id != plan.device_id:
+                slow(kernel, n, args, st)
+                return
+            grid = ((n + bx - 1) // bx, 1, 1) if type(n) is int else (n,)
+            dispatch = hooks.dispatch
+            if dispatch is None:
+                call(n, args)
+                return
+            dispatch(plan, grid, block, 0, st, args, lambda: call(n, args))
 
         return __call__
 
@@ -111,8 +148,14 @@ class _Graph(Graph):
         return self
 
     def launch(self, stream: Any = None) -> None:
-        if stream is not None and as_stream(stream).device_id != self.device_id:
+        st = self.stream if stream is None else as_stream(stream)
+        if st.device_id != self.device_id:
             raise KhalError(f"graph {self.label!r} belongs to WebGPU device {self.device_id}")
+        if hooks.active:
+            graph_launch = getattr(hooks.dispatch, "graph_launch", None)
+            if graph_launch is not None:
+                graph_launch(self, st, self._rec.launch)
+                return
         self._rec.launch()
 
     def update(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
@@ -167,6 +210,7 @@ class _Capture:
             self._done()
         capture_state.flush_deferred()
         self.graph = _Graph(rec, self.stream)
+        self.graph.kernels = self.kernels  # what the trace / profiler saw launched into it
         return self.graph
 
     def abort(self) -> None:
@@ -194,6 +238,12 @@ class WebGpuBackend:
         self._lock = threading.Lock()
         self._open: dict[int, _Capture] = {}
         self._handles = itertools.count(0x7E00)
+        #: timestamp-query timers by device ordinal (kept after profiling stops: the table reads them)
+        self._timers: dict[int, profiling.Timer] = {}
+        #: devices that cannot be profiled (no 'timestamp-query'), described for the table
+        self._untimed: dict[int, str] = {}
+        self._devices: dict[int, _dev.WebGpuDevice] = {}
+        hooks.watch(self)
 
     # -- availability --------------------------------------------------------------------------
     def status(self) -> BackendStatus:
@@ -288,9 +338,14 @@ class WebGpuBackend:
         crate = module.crate
         entry = kernel.entry
         target = select_target(entry, crate.name)
-        code = code_loader(crate.package_dir, crate.crate, entry, target)
+        # read and checked now (sha256, the entry point's hash), as a CUDA binary is at load: a
+        # pipeline cached for the same symbol must never hide a tampered artifact
+        code = entry_code(crate.package_dir, crate.crate, entry, target)
         kp = _kernel.KernelPlan(entry, module.device, code, f"{crate.name}", target)
-        return WebGpuPlan(kernel, kp, device_id)
+        plan = WebGpuPlan(kernel, kp, device_id, crate.name)
+        hooks.watch(plan)
+        self._configure(module.device)
+        return plan
 
     def unload(self, module: Any) -> None:
         pass
@@ -303,6 +358,10 @@ class WebGpuBackend:
         if grid is not None:
             raise KhalError(f"{kernel.name}.dispatch_indirect(): grid= sizes CUDA's persistent grid; "
                             "WebGPU dispatches the count natively: leave it out")
+        if hooks.active and hooks.dispatch is not None:
+            hooks.dispatch(plan, ("indirect",), tuple(plan.kp.block), 0, stream, args,
+                           lambda: plan.kp.dispatch_indirect(count, args, threads))
+            return
         plan.kp.dispatch_indirect(count, args, threads)
 
     # -- graphs and profiling ------------------------------------------------------------------
@@ -316,9 +375,57 @@ class WebGpuBackend:
             raise CaptureError(f"no capture is open on stream 0x{stream.handle:x}; call begin_capture() first")
         return cap.end()
 
-    def timer(self) -> Any:
-        raise KhalError("per-launch timers are the CUDA backend's; on WebGPU profiling reads "
-                        "timestamp queries (KHAL_CUDA_PROFILE)")
+    def timer(self) -> None:
+        """None: the generic profiler does not time WebGPU launches with a timer pair; each
+        device's stream times its dispatches with timestamp queries (:mod:`.profiling`) while
+        profiling is on, and :meth:`profile_table` reports them."""
+        return None
+
+    # hooks.watch(self): tracing or profiling switched on or off
+    def regenerate_code(self) -> None:
+        for dev in list(self._devices.values()):
+            self._configure(dev)
+
+    def _configure(self, dev: _dev.WebGpuDevice) -> None:
+        """Timestamp profiling on ``dev`` while the installed hooks profile, off otherwise."""
+        self._devices[dev.ordinal] = dev
+        cfg = getattr(hooks.dispatch, "cfg", None) if hooks.active else None
+        want = bool(getattr(cfg, "profile", False))
+        on = dev.stream.timer is not None
+        if want and not on:
+            if not profiling.profiling_supported(dev):
+                self._untimed[dev.ordinal] = dev.describe()
+                return
+            timer = self._timers.get(dev.ordinal)
+            if timer is None:
+                self._timers[dev.ordinal] = profiling.enable_profiling(dev)
+            else:  # profiling again: the same counters go on
+                with dev.stream.lock:
+                    dev.stream.flush()
+                    dev.stream.timer = timer
+        elif on and not want:
+            profiling.disable_profiling(dev)
+
+    def profile_stats(self) -> dict[str, dict[str, float]]:
+        """Per kernel (and per replayed recording): calls, total_ms, mean_us, min_us, max_us."""
+        out: dict[str, dict[str, float]] = {}
+        for timer in self._timers.values():
+            for name, s in timer.stats().items():
+                out[name] = {"calls": s["count"], "total_ms": s["total_ms"], "mean_us": s["mean_us"],
+                             "min_us": s["min_us"], "max_us": s["max_us"]}
+        return out
+
+    def profile_table(self) -> str | None:
+        """The WebGPU part of ``khal_runtime.profile()`` (None when nothing was profiled here)."""
+        parts = [t.table() for t in self._timers.values()]
+        parts += [f"khal WebGPU profile: {what} has no 'timestamp-query' feature: GPU times per "
+                  "dispatch cannot be measured on it (time whole steps on the host instead)"
+                  for what in self._untimed.values()]
+        return "\n".join(parts) if parts else None
+
+    def reset_profile(self) -> None:
+        for timer in self._timers.values():
+            timer.reset()
 
 
 def _why_webgpu() -> str:
