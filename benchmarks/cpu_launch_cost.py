@@ -109,7 +109,8 @@ def _fake_cupy_type() -> type:
     return ndarray
 
 
-def _entry(name: str, params: list[tuple[str, str]]) -> Any:
+def _entry(name: str, params: list[tuple[str, str]], block: tuple[int, int, int] = (256, 1, 1),
+           grid_dims: int = 1) -> Any:
     from khal_runtime.manifest import Entry, Param, symbol_for
 
     ps = []
@@ -124,7 +125,8 @@ def _entry(name: str, params: list[tuple[str, str]]) -> Any:
             ps.append(Param(name=pname, kind="scalar", element_type="float32", element_size=4,
                             element_align=4))
     h = "0123456789abcdef"
-    return Entry(name=name, symbol=symbol_for(name, h), hash=h, block_size=(256, 1, 1), params=tuple(ps))
+    return Entry(name=name, symbol=symbol_for(name, h), hash=h, block_size=block, params=tuple(ps),
+                 grid_dims=grid_dims)
 
 
 class _Uniforms:
@@ -139,8 +141,9 @@ class _Uniforms:
         return int(e.ptr)
 
 
-def make_kernels() -> tuple[Any, Any, Any]:
-    """(empty1 kernel, five-binding kernel, stream) wired to a no-op driver, device 0."""
+def make_kernels() -> tuple[Any, ...]:
+    """(empty1 kernel, five-binding kernel, stream, the five-binding kernel as a 2-D entry)
+    wired to a no-op driver, device 0."""
     from khal_runtime.backends import cuda
     from khal_runtime.backends.cuda import driver
     from khal_runtime.backends.cuda.launch import LaunchPlan
@@ -152,20 +155,21 @@ def make_kernels() -> tuple[Any, Any, Any]:
     _tls.stream = st
     _tls.dev = 0
     _tls.ready = st
-    runtime = SimpleNamespace(name="bench", backend=cuda.BACKEND)
+    # the crate stand-in: its backend already chosen (Kernel._stream reads `_backend`)
+    runtime = SimpleNamespace(name="bench", backend=cuda.BACKEND, _backend=cuda.BACKEND)
     out = []
-    for name, params in (("empty1", [("x", "storage")]),
-                         ("five", [("x", "storage"), ("y", "storage"), ("z", "storage"),
-                                   ("p", "uniform"), ("s", "scalar")])):
-        e = _entry(name, params)
+    five = [("x", "storage"), ("y", "storage"), ("z", "storage"), ("p", "uniform"), ("s", "scalar")]
+    for name, params, block, dims in (("empty1", [("x", "storage")], (256, 1, 1), 1),
+                                      ("five", five, (256, 1, 1), 1), ("five2d", five, (16, 16, 1), 2)):
+        e = _entry(name, params, block, dims)
         k = Kernel(runtime, e)  # type: ignore[arg-type]
         plan = LaunchPlan(e, "bench", 0, object(), _Uniforms())  # type: ignore[arg-type]
         k._plans[0] = plan
         _install = getattr(k, "_install_fast", None)
-        if _install is not None:
+        if _install is not None and dims == 1:  # as Kernel.plan(): 2-D / 3-D entries keep the generic call
             _install(plan)
         out.append(k)
-    return out[0], out[1], st
+    return out[0], out[1], st, out[2]
 
 
 def _cuda_launch() -> Any:
@@ -182,7 +186,7 @@ def per_call_us(fn: Callable[[], Any], number: int = 2000, repeat: int = 60) -> 
 def measure() -> dict[str, float]:
     from khal_runtime import DeviceBuffer
 
-    empty1, five, st = make_kernels()
+    empty1, five, st, five2d = make_kernels()
     n = 1 << 20
     bufs = [DeviceBuffer(0x1000_0000 * (i + 1), n, "float32", 0) for i in range(3)]
     T, TU, C = _fake_torch_type(), _fake_torch_type(versioned=False), _fake_cupy_type()
@@ -207,6 +211,8 @@ def measure() -> dict[str, float]:
     rows["five bound launch (bind once)"] = per_call_us(lambda: bound(n))
     rows["five explicit launch (DeviceBuffer)"] = per_call_us(
         lambda: five.launch(4096, 256, bufs[0], bufs[1], bufs[2], p, 0.5, stream=st))
+    rows["five 2-D typed call (DeviceBuffer)"] = per_call_us(
+        lambda: five2d((1024, 1024), bufs[0], bufs[1], bufs[2], p, 0.5))
     return rows
 
 

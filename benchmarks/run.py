@@ -1,11 +1,15 @@
 """hatch-khal benchmarks: one runner, every comparison in the same process and run, as ratios.
 
-    python benchmarks/run.py [--only launch,pycost,graph,load,kernels,demo,build]
+    python benchmarks/run.py [--only launch,pycost,graph,load,kernels,demo,webgpu,build]
                              [--json results.json] [--site DIR]
 
 GPU sections (launch, graph, load, kernels, demo) are skipped, saying why, without a usable
-GPU; CPU sections (pycost, build) run anywhere. Each row that fails prints its error in the
-table and the others go on. The table comes last; the JSON has every figure.
+CUDA GPU; CPU sections (pycost, build) run anywhere. The webgpu section runs wherever wgpu-py
+finds a WebGPU adapter (on a CPU machine, Mesa's lavapipe: then its figures are CPU figures and
+it says so), in a process of its own with KHAL_BACKEND=webgpu (the backend is chosen once per
+process and the CUDA sections run here first); without an adapter it is skipped, saying why.
+Each row that fails prints its error in the table and the others go on. The table comes last;
+the JSON has every figure.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ sys.path.insert(0, str(HERE))
 
 GPU_SECTIONS = ("launch", "graph", "load", "kernels", "demo")
 CPU_SECTIONS = ("pycost", "build")
-ALL = ("pycost", "launch", "graph", "load", "kernels", "demo", "build")
+#: runs on any WebGPU adapter (a GPU, or lavapipe on the CPU), in a subprocess; skips itself
+WEBGPU_SECTIONS = ("webgpu",)
+ALL = ("pycost", "launch", "graph", "load", "kernels", "demo", "webgpu", "build")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -39,6 +45,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--kernel-elems", type=int, default=1 << 28, help="floats per buffer in 'kernels'")
     ap.add_argument("--kernel-reps", type=int, default=20)
     ap.add_argument("--demo-steps", type=int, default=200)
+    ap.add_argument("--webgpu-dispatches", type=int, default=1000,
+                    help="webgpu: dispatches per timed batch (one submit each batch)")
+    ap.add_argument("--webgpu-mb", type=int, default=0,
+                    help="webgpu: MiB per buffer in the bandwidth rows (default 256; 16 on a CPU adapter)")
+    ap.add_argument("--webgpu-package", default=os.environ.get("KHAL_BENCH_WEBGPU_PACKAGE", ""),
+                    help="webgpu: the kernels' package prebuilt with 'bench_webgpu.py --build-only DIR' "
+                         "(where slangpy is missing, e.g. the lent H200)")
+    ap.add_argument("--webgpu-timeout", type=int, default=900, help="webgpu: seconds before its process is stopped")
     return ap.parse_args(argv)
 
 
@@ -95,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
             meta[f"version:{mod_name}"] = None
     modules = {"pycost": ("bench_launch", "run_pycost"), "launch": ("bench_launch", "run"),
                "graph": ("bench_graph", "run"), "load": ("bench_load", "run"),
-               "kernels": ("bench_kernels", "run"), "demo": ("bench_demo", "run"), "build": ("bench_build", "run")}
+               "kernels": ("bench_kernels", "run"), "demo": ("bench_demo", "run"), "webgpu": ("bench_webgpu", "run"),
+               "build": ("bench_build", "run")}
+    # the sections that will run: webgpu leaves the WebGPU demo rows to the demo section then
+    args.sections = [s for s in wanted if gpu_ok or s not in GPU_SECTIONS]
     timings = {}
     for sec in wanted:
         if sec in GPU_SECTIONS and not gpu_ok:
@@ -113,6 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         timings[sec] = time.perf_counter() - t0
         print(f"[{sec}] done in {timings[sec]:.1f} s", flush=True)
     meta["section_seconds"] = timings
+    if "webgpu" in wanted:
+        try:
+            from bench_webgpu import cross_rows
+
+            rows.extend(cross_rows(rows))
+        except Exception as exc:  # noqa: BLE001
+            rows.append(error_row("webgpu", "(vs CUDA copy)", exc))
     try:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": [r.as_dict() for r in rows]}, indent=2,

@@ -100,11 +100,6 @@ def _print(lines: list[str], *, err: bool = False) -> None:
     print("\n".join(printable(line) for line in lines), file=sys.stderr if err else sys.stdout)
 
 
-def _block(block_size: tuple[int, int, int]) -> str:
-    x, y, z = block_size
-    return str(x) if (y, z) == (1, 1) else f"{x}x{y}x{z}"
-
-
 def _describe(manifest: Manifest) -> list[str]:
     tc = manifest.toolchain
     tools = f"NVRTC {tc.nvrtc_version or '-'}" + (f", Slang {tc.slang_version}" if tc.slang_version else "")
@@ -126,7 +121,14 @@ def _describe(manifest: Manifest) -> list[str]:
                 + (" rw" if p.writable else "")
                 for p in e.params
             )
-            lines.append(f"    entry {e.name} hash {e.hash} block {_block(e.block_size)}  ({params})")
+            bx, by, bz = e.block_size
+            block = f"{bx}" if by == bz == 1 else f"{bx}x{by}" if bz == 1 else f"{bx}x{by}x{bz}"
+            shape = (f" {e.grid_dims}-D" if e.grid_dims > 1 else "") + \
+                ("" if e.fixed_block else f" (any block up to {e.launch_bounds or 1024})")
+            tmpl = f" = {e.template}<{', '.join(e.template_args or ())}>" if e.template else ""
+            lines.append(f"    entry {e.name}{tmpl} hash {e.hash} block {block}{shape}  ({params})")
+            if e.indirect_reason:
+                lines.append(f"      no indirect variant: {e.indirect_reason}")
             for t in e.webgpu or ():
                 scalars = f", scalars in {t.scalars.replace('_', ' ')}" if t.scalars else ""
                 lines.append(f"      {t.target:5} entry point {t.entry_point}  {len(t.bindings)} binding(s)"

@@ -1,11 +1,12 @@
 """Stage 3: turn planned crates and their binaries into manifests and package files.
 
 Every CUDA binary (compiled, cached or prebuilt) is read back: each entry symbol must carry
-the hash the current sources give. The crate's language then makes the manifest entries,
-their parameter sizes checked against the compiler's own ``sizeof`` probes in the binary, and
-adds its other artifacts (:meth:`hatch_khal.languages.Language.finish`: WGSL / SPIR-V for
-Slang). Prebuilt files (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``) enter here, read as regular files
-of bounded size only; they replace the crate's CUDA binaries, nothing else.
+the hash the current sources give. The crate's language then makes the manifest entries, each
+parameter's size, alignment and type from the compiler's own probes in the binary
+(:mod:`hatch_khal.probes` for CUDA C++; reflection checked against them for Slang), and adds its
+other artifacts (:meth:`hatch_khal.languages.Language.finish`: WGSL / SPIR-V for Slang).
+Prebuilt files (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``) enter here, read as regular files of bounded
+size only; they replace the crate's CUDA binaries, nothing else.
 """
 
 from __future__ import annotations
@@ -156,11 +157,12 @@ def _finish_crate(plan: CratePlan, root: Path, outputs: dict[tuple[str, str], Co
                 probe_info = info
     assert probe_info is not None
     parts = get_language(plan.language, cfg.name).finish(plan, probe_info)
-    if [(e.name, e.hash) for e in parts.entries] != [(e.name, e.hash) for e in plan.entries]:
+    if sorted((e.name, e.hash) for e in parts.entries) != sorted((e.name, e.hash) for e in plan.entries):
         raise KhalBuildError(f"crate {cfg.name!r}: the {plan.language} language made entries "
                              f"{[e.name for e in parts.entries]} for planned {[e.name for e in plan.entries]}")
     artifacts += parts.artifacts
     files.update(parts.files)
+    plan.warnings.extend(parts.warnings)
     crate = Crate(
         name=cfg.name,
         language=plan.language,  # type: ignore[arg-type]  # a registered language is a manifest one

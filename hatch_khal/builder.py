@@ -26,7 +26,7 @@ from hatch_khal.errors import KhalBuildError
 from hatch_khal.languages import get_language
 from hatch_khal.model import BuildResult, CompileJob, PackageOutput, PrintReporter, Reporter
 from hatch_khal.output import write_package_output
-from hatch_khal.plan import check_entry_names, plan_crates, targets
+from hatch_khal.plan import plan_crates, targets
 
 __all__ = [
     "BuildResult",
@@ -53,7 +53,6 @@ def build_packages(
     plans = plan_crates(root, crates, reporter)
     cache = cache if cache is not None else Cache(default_cache_dir(), reporter.warn)
     front_compiled, front_cached = prepare_crates(plans, cache, reporter, jobs=jobs)
-    check_entry_names(plans)
     to_compile = [p for p in plans if p.prebuilt_var is None]
     for plan in to_compile:
         plan.jobs = get_language(plan.language, plan.cfg.name).jobs(plan, root, targets(plan, reporter))
@@ -71,6 +70,9 @@ def build_packages(
     toolchain = Toolchain(hatch_khal_version=__version__, nvrtc_version=versions.get("nvrtc"),
                           slang_version=versions.get("slang"))
     packages = assemble_packages(plans, outputs, root, toolchain, editable=editable)
+    for plan in plans:
+        for warning in plan.warnings:
+            reporter.warn(warning)
     return BuildResult(
         packages=packages,
         compiled=compiled + front_compiled,

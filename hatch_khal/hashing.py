@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any, Iterable
 
 from khal_runtime import abi
@@ -32,8 +33,12 @@ def canonical(obj: Any) -> bytes:
 
 @lru_cache(maxsize=1)
 def khal_header_sha256() -> str:
-    """The hook's own header is part of every hash: it defines how entries are called."""
-    return sha256_bytes((resources.files("hatch_khal") / "include" / "khal.h").read_bytes())
+    """The hook's own headers are part of every hash: khal.h defines how entries are called,
+    and the folder also holds what makes CCCL headers usable under NVRTC
+    (``thrust/detail/complex/stream.h``). Over every file in it, by relative path and bytes."""
+    root = Path(str(resources.files("hatch_khal") / "include"))
+    files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return sha256_bytes(canonical([[p.relative_to(root).as_posix(), sha256_bytes(p.read_bytes())] for p in files]))
 
 
 def crate_content_hash(

@@ -114,7 +114,7 @@ class CratePlan:
     spirv: SpirvStatus
     #: every file the content hash covers, sorted by key (the manifest's ``sources``)
     files: list[SourceFile]
-    #: the entries, sorted by name, with their hashes: known after planning (CUDA C++) or after
+    #: the entries with their hashes (the language's order): known after planning (CUDA C++) or after
     #: the language's front stage (:meth:`hatch_khal.languages.Language.prepare`, Slang)
     entries: list[PlannedEntry] = field(default_factory=list)
     #: tools this crate was built with besides the compilers of its jobs ({"slang": "2026.12"})
@@ -122,6 +122,8 @@ class CratePlan:
     prebuilt_var: str | None = None
     prebuilt_path: Path | None = None
     jobs: list[CompileJob] = field(default_factory=list)
+    #: what the assemble stage found worth saying (shown by the builder)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,8 @@ class CrateParts:
     artifacts: tuple[Artifact, ...] = ()
     #: package-relative path -> bytes of those artifacts
     files: dict[str, bytes] = field(default_factory=dict)
+    #: what is worth saying about them (shown by the builder)
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """Stage 1: plan every crate (sources, entries, hashes) before anything is compiled.
 
-Each crate is planned by its language (:mod:`hatch_khal.languages`); then the
-prebuilt-binary variables (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``, and a warning for one that
-names no crate), the check that spans crates (entry names unique per package, once every
-crate's entries are known) and the targets each crate compiles for.
+Each crate is planned by its language (:mod:`hatch_khal.languages`); then the prebuilt-binary
+variables (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``, and a warning for one that names no crate) and
+the targets each crate compiles for. Entry names are unique per crate (each language checks its
+own); two crates of a package may share one (the runtime's ``kernels.<name>`` is then
+ambiguous, ``kernels.<crate>.<name>`` is not), so one source can be built as several crates
+under different ``defines``.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from khal_runtime.abi import parse_arch
 
 from hatch_khal.compilers import get_compiler
 from hatch_khal.config import ResolvedCrate, env_var_for_crate
-from hatch_khal.errors import ConfigError, SourceError
+from hatch_khal.errors import ConfigError
 from hatch_khal.languages import get_language
 from hatch_khal.model import CratePlan, Reporter
 
-__all__ = ["PREBUILT_PREFIX", "check_entry_names", "check_prebuilt_variables", "plan_crates", "targets"]
+__all__ = ["PREBUILT_PREFIX", "check_prebuilt_variables", "plan_crates", "targets"]
 
 PREBUILT_PREFIX = "CUDA_OXIDE_SHADERS_PTX_"
 
@@ -51,22 +53,6 @@ def plan_crates(root: Path, crates: list[ResolvedCrate], reporter: Reporter) -> 
         if os.environ.get(var, "").strip():
             plan.prebuilt_var = var
     return plans
-
-
-def check_entry_names(plans: list[CratePlan]) -> None:
-    """Entry names are the runtime's attribute names: unique across one package. Runs once every
-    crate's entries are known (a Slang crate's after its front stage)."""
-    seen: dict[tuple[str, str], str] = {}
-    for plan in plans:
-        for e in plan.entries:
-            k = (plan.cfg.package, e.name)
-            if k in seen:
-                raise SourceError(
-                    f"entry {e.name!r} is defined in crate {seen[k]!r} and in crate {plan.cfg.name!r} "
-                    f"of package {plan.cfg.package!r}; entry names must be unique per package (they are "
-                    "the attributes of its kernels): rename one of them"
-                )
-            seen[k] = plan.cfg.name
 
 
 def targets(plan: CratePlan, reporter: Reporter) -> list[str]:

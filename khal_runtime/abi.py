@@ -37,16 +37,20 @@ __all__ = [
     "ScalarType",
     "Slot",
     "c_scalar",
+    "describe_type_id",
     "entry_hash",
     "entry_signature",
     "indirect_symbol_for",
     "kind",
     "parse_arch",
+    "probe_names",
     "prebuilt_env_var",
     "scalar",
     "scalar_value",
     "split_symbol",
     "symbol_for",
+    "type_id",
+    "type_id_scalar",
 ]
 
 #: Version of the kernel ABI (how parameters are pushed).
@@ -97,6 +101,38 @@ C_SCALARS: dict[str, str] = {
     "int": "int32", "unsigned": "uint32", "float": "float32", "double": "float64",
     "bool": "bool", "__half": "float16", "half": "float16", "__nv_bfloat16": "bfloat16",
 }
+
+
+#: ``khal::type_id<T>`` (khal.h) encodes what the compiler says a type is as ``kind << 8 | sizeof``:
+#: kind 0 is "not a scalar" (a struct, a class, anything else), then these.
+TYPE_ID_KINDS: dict[str, int] = {"int": 1, "uint": 2, "float": 3, "bool": 4, "complex": 5, "bfloat": 6}
+
+
+def type_id(t: ScalarType) -> int:
+    """The ``khal::type_id`` value of an ABI scalar type (bfloat16 has a kind of its own)."""
+    kind = TYPE_ID_KINDS["bfloat" if t.name == "bfloat16" else t.family]
+    return kind << 8 | t.size
+
+
+_BY_TYPE_ID: dict[int, ScalarType] = {}
+
+
+def type_id_scalar(code: int) -> ScalarType | None:
+    """The ABI scalar a ``khal::type_id`` value names; None for 0 (a struct) and for builtin
+    types the ABI has no scalar for (a 16-byte ``long double``, ``__int128``)."""
+    if not _BY_TYPE_ID:
+        _BY_TYPE_ID.update({type_id(t): t for t in SCALARS.values()})
+    return _BY_TYPE_ID.get(code)
+
+
+def describe_type_id(code: int) -> str:
+    """``a 16-byte float`` / ``a struct``: what a ``khal::type_id`` value says, in words."""
+    kind, size = code >> 8, code & 0xFF
+    names = {v: k for k, v in TYPE_ID_KINDS.items()}
+    if kind == 0 or kind not in names:
+        return "a struct"
+    word = {"int": "signed integer", "uint": "unsigned integer", "bfloat": "bfloat"}.get(names[kind], names[kind])
+    return f"a {size}-byte {word}"
 
 
 def scalar(name: str) -> ScalarType:
@@ -327,6 +363,17 @@ def indirect_symbol_for(entry: str, entry_hash: str) -> str:
     return symbol_for(f"{entry}_indirect", entry_hash)
 
 
+#: added to every type probe: a struct's ``khal::type_id`` is 0, and a zero global has no
+#: initialiser in a binary to read back
+TYPE_PROBE_BIAS = 1 << 32
+
+
+def probe_names(entry: str, index: int) -> tuple[str, str, str]:
+    """The globals holding the compiler's sizeof, alignof and ``khal::type_id`` (+
+    :data:`TYPE_PROBE_BIAS`) of parameter ``index``'s element type in a CUDA C++ crate."""
+    return f"khal_sizeof_{entry}_{index}", f"khal_alignof_{entry}_{index}", f"khal_typeid_{entry}_{index}"
+
+
 def split_symbol(symbol: str) -> tuple[str, str] | None:
     """``saxpy_khal_0123...`` -> ``("saxpy", "0123...")``; None if not a khal symbol."""
     m = _SYMBOL_RE.match(symbol)
@@ -339,23 +386,41 @@ def prebuilt_env_var(crate: str) -> str:
     return "CUDA_OXIDE_SHADERS_PTX_" + crate.upper().replace("-", "_")
 
 
-def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mapping[str, Any] | Any]) -> dict[str, Any]:
+def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mapping[str, Any] | Any], *,
+                    grid_dims: int = 1, fixed_block: bool = True, launch_bounds: int | None = None,
+                    template: str | None = None, template_args: Iterable[str] = ()) -> dict[str, Any]:
     """What of an entry its hash covers besides the crate's content: the name, the block size
     and, per parameter, what the manifest records of it (name, kind, element type, shape,
     length, writability). Computable from a manifest alone, so that a loader can check that
-    a manifest agrees with itself. ``params`` are manifest ``Param`` objects or mappings."""
+    a manifest agrees with itself. ``params`` are manifest ``Param`` objects or mappings.
+
+    A parameter with a ``ctype`` (CUDA C++ entries: the type as the marker spells it) is hashed
+    by that spelling instead of its element type: the element type is what the compiler made of
+    the spelling, known only once the binary (whose symbols carry the hash) exists; the build
+    and the loader check it against the binary's own type probes instead. The launch shape
+    (``grid_dims``, a block that is not fixed, its launch bounds) and a template instantiation
+    are hashed when they differ from the defaults, so entries without them hash as before."""
 
     def field(p: Any, key: str) -> Any:
-        return p[key] if isinstance(p, Mapping) else getattr(p, key)
+        return p.get(key) if isinstance(p, Mapping) else getattr(p, key, None)
 
-    return {
-        "name": name,
-        "block_size": [int(b) for b in block_size],
-        "params": [
-            {k: field(p, k) for k in ("name", "kind", "element_type", "shape", "length", "writable")}
-            for p in params
-        ],
-    }
+    out_params = []
+    for p in params:
+        d = {k: field(p, k) for k in ("name", "kind", "element_type", "shape", "length", "writable")}
+        ctype = field(p, "ctype")
+        if ctype is not None:
+            del d["element_type"]
+            d["ctype"] = ctype
+        out_params.append(d)
+    sig: dict[str, Any] = {"name": name, "block_size": [int(b) for b in block_size], "params": out_params}
+    if grid_dims != 1:
+        sig["grid_dims"] = int(grid_dims)
+    if not fixed_block:
+        sig["fixed_block"] = False
+        sig["launch_bounds"] = launch_bounds
+    if template is not None:
+        sig["template"] = [template, list(template_args)]
+    return sig
 
 
 def canonical(obj: Any) -> bytes:

@@ -27,11 +27,13 @@ __all__ = [
     "MAX_GRID",
     "Short",
     "check_block",
+    "check_block_within",
     "check_grid",
     "diagnose_args",
     "dim3",
     "dtype_ok",
     "grid_for",
+    "grid_for_threads",
     "shared_mem",
     "struct_bytes",
     "thread_count",
@@ -86,6 +88,52 @@ def grid_for(kernel: str, n: int, bx: int) -> int:
     return gx
 
 
+_AXES = ("x", "x and y", "x, y and z")
+
+
+def grid_for_threads(kernel: str, n: Any, block: tuple[int, int, int], dims: int) -> tuple[int, int, int]:
+    """The grid covering a typed call's thread count: an integer for a 1-D entry, ``(nx, ny)``
+    for a 2-D one, ``(nx, ny, nz)`` for a 3-D one (``dims``: the entry's ``grid_dims``), each
+    axis rounded up to whole blocks. A count of 0 on any axis gives a grid with a 0 in it
+    (nothing to launch). A count of the other dimensionality is refused, naming both."""
+    if dims == 1:
+        if isinstance(n, (tuple, list)):
+            raise ArgumentError(
+                f"{kernel}(): the entry is 1-D (its ids use x only): its thread count is an integer, got {n!r}; "
+                "a 2-D / 3-D count needs an entry whose block or ids are 2-D / 3-D")
+        return (grid_for(kernel, thread_count(kernel, n), block[0]), 1, 1)
+    if not isinstance(n, (tuple, list)) or len(n) != dims:
+        raise ArgumentError(
+            f"{kernel}(): the entry is {dims}-D (its ids use {_AXES[dims - 1]}): pass its thread count as "
+            f"({', '.join('n' + a for a in 'xyz'[:dims])}), got {n!r}")
+    grid = [1, 1, 1]
+    for axis in range(dims):
+        try:
+            v = operator.index(n[axis])
+        except TypeError:
+            raise ArgumentError(f"{kernel}(): thread count {n!r}: each axis is an integer >= 0, got "
+                                f"{n[axis]!r} ({type(n[axis]).__name__})") from None
+        if v < 0:
+            raise ArgumentValueError(f"{kernel}(): thread count {n!r}: each axis must be >= 0")
+        g = (v + block[axis] - 1) // block[axis]
+        if g > MAX_GRID[axis]:
+            raise ArgumentValueError(
+                f"{kernel}(): {v} threads along {'xyz'[axis]} need {g} blocks of {block[axis]}, more than the "
+                f"{MAX_GRID[axis]} a launch may have; split the work into several launches")
+        grid[axis] = g
+    return (grid[0], grid[1], grid[2])
+
+
+def check_block_within(kernel: str, block: tuple[int, int, int], limit: int) -> None:
+    """A block for an entry whose block is not fixed: at most ``limit`` threads (its launch
+    bounds) and within CUDA's per-axis limits."""
+    threads = block[0] * block[1] * block[2]
+    if threads > limit or block[0] > 1024 or block[1] > 1024 or block[2] > 64:
+        raise ArgumentValueError(
+            f"{kernel}.launch(): block {block} has {threads} threads; the entry was compiled for blocks of at "
+            f"most {limit} threads (its launch bounds), at most (1024, 1024, 64) per axis")
+
+
 def check_grid(kernel: str, grid: tuple[int, int, int], dims: int) -> None:
     """A grid the entry's ids honour (``dims`` dimensions) and the device can launch."""
     if dims < 3 and any(g != 1 for g in grid[dims:]):
@@ -129,8 +177,12 @@ def dtype_ok(p: Param, key: Any) -> tuple[bool, str]:
     name, itemsize = dtype_info(key)
     if p.element_type in abi.SCALARS:
         return name == p.element_type, name
-    # a struct element: any non-scalar dtype of the same item size (structured dtypes, raw void)
-    return itemsize == p.element_size and name not in abi.SCALARS, f"{name} ({itemsize} bytes)"
+    # a struct element: a structured NumPy dtype (or raw void) of exactly its size. Never a
+    # scalar, complex or other dtype (datetime64, strings, torch / DLPack types) that merely has
+    # the same item size: the size alone says nothing of what the kernel reads
+    if name.startswith("<freed"):
+        return False, name
+    return name == "struct" and itemsize == p.element_size, f"{name} ({itemsize} bytes)"
 
 
 def _check_storage(arg: str, p: Param, obj: Any, device: int | None) -> None:
@@ -147,8 +199,11 @@ def _check_storage(arg: str, p: Param, obj: Any, device: int | None) -> None:
     if not ok:
         if got == "<freed buffer>":
             raise ArgumentValueError(f"{arg}: the DeviceBuffer was freed")
+        hint = "" if p.element_type in abi.SCALARS else (
+            f"; a struct element takes an array of a structured dtype of {p.element_size} bytes "
+            f"(np.dtype([...]), or any array viewed as np.dtype('V{p.element_size}'))")
         raise ArgumentError(f"{arg}: expected element type {p.element_type} "
-                            f"({p.element_size} bytes), got {got}")
+                            f"({p.element_size} bytes), got {got}{hint}")
     if p.shape == "array" and p.length and count < p.length:
         raise ArgumentValueError(f"{arg}: needs {p.length} elements, got {count}")
     if p.shape == "value" and count < 1:

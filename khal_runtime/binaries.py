@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from khal_runtime.errors import ArtifactError
 from khal_runtime.abi import split_symbol
@@ -21,6 +21,7 @@ __all__ = [
     "EM_CUDA",
     "is_elf",
     "khal_symbols",
+    "ptx_grid_reads",
     "read_binary",
     "read_cubin",
     "scan_ptx",
@@ -46,6 +47,8 @@ class BinaryInfo:
     ptx_isa: str | None = None
     #: Initialised 64-bit integer globals: name -> value. Used for the hook's sizeof probes.
     globals_u64: tuple[tuple[str, int], ...] = ()
+    #: the PTX text itself (PTX only): the build reads more of it (:func:`ptx_grid_reads`)
+    text: bytes | None = field(default=None, repr=False, compare=False)
 
 
 def is_elf(data: bytes) -> bool:
@@ -86,7 +89,85 @@ def scan_ptx(data: bytes | str, source: str = "PTX") -> BinaryInfo:
         functions=functions,
         ptx_isa=version.group(1).decode("ascii"),
         globals_u64=globals_u64,
+        text=data,
     )
+
+
+_FUNC_HEAD_RE = re.compile(
+    rb"^[ \t]*(?:\.visible[ \t]+|\.weak[ \t]+|\.extern[ \t]+)?\.(entry|func)[ \t]+(?:\([^)]*\)[ \t]*)?"
+    rb"([A-Za-z_$][A-Za-z0-9_$]*)", re.M)
+_INLINE_ASM_RE = re.compile(rb"//[ \t]*begin inline asm.*?//[ \t]*end inline asm", re.S)
+_SREG_RE = re.compile(rb"%(n?ctaid)\.([xyz])")
+_CALL_RE = re.compile(rb"\bcall(?:\.uni)?\s+(?:\([^)]*\)\s*,\s*)?(%?[A-Za-z_$][A-Za-z0-9_$]*)")
+
+
+def _ptx_functions(text: bytes) -> dict[str, bytes]:
+    """Name -> body of every function and kernel defined in PTX text (declarations skipped)."""
+    out: dict[str, bytes] = {}
+    for m in _FUNC_HEAD_RE.finditer(text):
+        i = m.end()
+        # the parameter list, then the body (a ';' first: a declaration)
+        depth = 0
+        while i < len(text):
+            c = text[i:i + 1]
+            if c == b"(":
+                depth += 1
+            elif c == b")":
+                depth -= 1
+            elif depth == 0 and c in (b"{", b";"):
+                break
+            i += 1
+        if i >= len(text) or text[i:i + 1] != b"{":
+            continue
+        depth, j = 0, i
+        while j < len(text):
+            c = text[j:j + 1]
+            if c == b"{":
+                depth += 1
+            elif c == b"}":
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        out[m.group(2).decode("ascii", "replace")] = text[i:j + 1]
+    return out
+
+
+def ptx_grid_reads(text: bytes) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Per kernel (``.entry``) of PTX text: the grid special registers (``ctaid.y``,
+    ``nctaid.x``; ``blockIdx`` / ``gridDim`` in CUDA C++) its code reads outside inline
+    assembly, each with the function that reads it (the kernel itself, or a ``.func`` it calls,
+    directly or not). A call through a register, which cannot be followed, reads as
+    ``("call", "<indirect call>")``. The hook's indirect variants read the grid only through
+    inline assembly: anything listed for one of them is a read the variant cannot remap."""
+    funcs = _ptx_functions(text)
+    own: dict[str, set[tuple[str, str]]] = {}
+    calls: dict[str, set[str]] = {}
+    for name, body in funcs.items():
+        body = _INLINE_ASM_RE.sub(b"", body)
+        own[name] = {(f"{m.group(1).decode()}.{m.group(2).decode()}", name) for m in _SREG_RE.finditer(body)}
+        calls[name] = set()
+        for m in _CALL_RE.finditer(body):
+            target = m.group(1).decode("ascii", "replace")
+            if target.startswith("%"):
+                own[name].add(("call", "<indirect call>"))
+            else:
+                calls[name].add(target)
+    entries = {m.group(2).decode("ascii", "replace") for m in _FUNC_HEAD_RE.finditer(text) if m.group(1) == b"entry"}
+    out: dict[str, tuple[tuple[str, str], ...]] = {}
+    for e in entries:
+        seen: set[str] = set()
+        todo = [e]
+        found: set[tuple[str, str]] = set()
+        while todo:
+            f = todo.pop()
+            if f in seen:
+                continue
+            seen.add(f)
+            found |= own.get(f, set())
+            todo.extend(calls.get(f, ()))
+        out[e] = tuple(sorted(found))
+    return out
 
 
 def _cubin_arch(e_flags: int, abi_version: int) -> int:

@@ -33,14 +33,15 @@ _TORCH_NAMES = {
     "torch.bfloat16": "bfloat16", "torch.int8": "int8", "torch.int16": "int16",
     "torch.int32": "int32", "torch.int64": "int64", "torch.uint8": "uint8",
     "torch.uint16": "uint16", "torch.uint32": "uint32", "torch.uint64": "uint64",
-    "torch.bool": "bool",
+    "torch.bool": "bool", "torch.complex64": "complex64", "torch.cfloat": "complex64",
+    "torch.complex128": "complex128", "torch.cdouble": "complex128",
 }
 
-# DLPack type codes: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool.
+# DLPack type codes: 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool.
 _DLPACK = {(0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64",
            (1, 8): "uint8", (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64",
            (2, 16): "float16", (2, 32): "float32", (2, 64): "float64",
-           (4, 16): "bfloat16", (6, 8): "bool", (1, 1): "bool"}
+           (4, 16): "bfloat16", (5, 64): "complex64", (5, 128): "complex128", (6, 8): "bool", (1, 1): "bool"}
 
 
 def element_type_of_numpy(dt: Any) -> tuple[str, int]:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from khal_runtime import backends, tracing
-from khal_runtime.arguments import check_block, check_grid, diagnose_args, dim3, grid_for, thread_count
+from khal_runtime.arguments import (check_block, check_block_within, check_grid, diagnose_args, dim3, grid_for,
+                                    grid_for_threads, thread_count)
 from khal_runtime.arguments import shared_mem as check_shared_mem
 from khal_runtime.device import Stream, _tls, as_stream, current_device_id, default_stream, ensure_current
 from khal_runtime.errors import BackendUnavailableError, KhalError, StaleBuildError
@@ -57,8 +58,10 @@ def _stream_of(stream: Any) -> Stream:
 
 class Kernel(functools.partial):  # type: ignore[type-arg]
     """One entry point. ``k(n, *args, stream=None)`` runs ``n`` threads (grid = ceil(n / block.x));
-    ``k.launch(grid, block, *args, stream=None, shared_mem=0)`` takes explicit dimensions
-    (``block`` must be the compiled one, or None).
+    a 2-D / 3-D entry (``entry.grid_dims``) takes ``k((nx, ny), ...)`` / ``k((nx, ny, nz), ...)``,
+    each axis rounded up to whole blocks. ``k.launch(grid, block, *args, stream=None,
+    shared_mem=0)`` takes explicit dimensions (``block`` must be the compiled one, or None; an
+    entry whose block is not fixed takes any block within its launch bounds).
 
     Why a ``functools.partial``: calling it is the product's hot path, and CPython calls a
     partial through C-level vectorcall straight into its function, where an object with a
@@ -68,7 +71,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     partial has no arguments to prepend and forwards the call as it is. The partial's own
     attributes (``func``, ``args``) are that machinery, not part of the API."""
 
-    __slots__ = ("entry", "name", "crate", "_crate", "_plans", "_bx", "_by", "_bz", "_flat", "_lock")
+    __slots__ = ("entry", "name", "crate", "_crate", "_plans", "_bx", "_by", "_bz", "_flat", "_dims", "_lock")
 
     entry: Entry
     name: str
@@ -79,6 +82,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     _by: int
     _bz: int
     _flat: bool
+    _dims: int
     _lock: threading.Lock
 
     def __new__(cls, crate: CrateKernels, entry: Entry) -> Kernel:
@@ -90,7 +94,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         self._crate = crate
         self._plans = {}
         self._bx, self._by, self._bz = (int(x) for x in entry.block_size)
-        self._flat = self._by == self._bz == 1  # a 1-D block: ``block=bx`` names it
+        self._flat = self._by == self._bz == 1 and entry.fixed_block  # ``block=bx`` names the compiled block
+        self._dims = entry.grid_dims
         self._lock = threading.Lock()
         return self
 
@@ -123,7 +128,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
                     module = self._crate.module(device_id)
                     p = self._crate.backend.plan(self, module, device_id)
                     self._plans[device_id] = p
-                    if self.func is _generic_call:
+                    # 2-D / 3-D entries keep the generic path: the generated call is for 1-D counts
+                    if self.func is _generic_call and self._dims == 1:
                         self._install_fast(p)
         return p
 
@@ -162,12 +168,17 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         else:
             gx, gy, gz = dim3(grid, f"{self.name}.launch(): grid")
             check_grid(self.name, (gx, gy, gz), self.entry.grid_dims)
-        if block is not None and not (type(block) is int and block == self._bx and self._flat):
-            compiled = (self._bx, self._by, self._bz)
-            check_block(self.name, dim3(block, f"{self.name}.launch(): block"), compiled)
+        bx, by, bz = self._bx, self._by, self._bz
+        if block is not None and not (type(block) is int and block == bx and self._flat):
+            b = dim3(block, f"{self.name}.launch(): block")
+            if self.entry.fixed_block:
+                check_block(self.name, b, (bx, by, bz))
+            else:
+                check_block_within(self.name, b, self.entry.max_block_threads)
+                bx, by, bz = b
         shmem = shared_mem if type(shared_mem) is int and 0 <= shared_mem < 2**32 else \
             check_shared_mem(self.name, shared_mem)
-        plan.run(gx, gy, gz, self._bx, self._by, self._bz, shmem, st, args)
+        plan.run(gx, gy, gz, bx, by, bz, shmem, st, args)
 
     def bind(self, *args: Any, stream: Any = None) -> Any:
         """A bound launch: ``args`` checked and packed once, then ``b(n)`` launches ``n``
@@ -198,12 +209,23 @@ def _generic_call(self: Kernel, n: Any, *args: Any, stream: Any = None) -> None:
 
 
 def _slow_call(self: Kernel, n: Any, args: tuple[Any, ...], st: Stream) -> None:
-    """``Kernel.__call__`` with the stream resolved: any device, any thread count."""
-    n = thread_count(self.name, n)
+    """``Kernel.__call__`` with the stream resolved: any device, any thread count (and every
+    call of a 2-D / 3-D entry)."""
+    if self._dims == 1:
+        if isinstance(n, (tuple, list)):  # a 2-D / 3-D count for a 1-D entry: say so
+            grid_for_threads(self.name, n, (self._bx, self._by, self._bz), 1)
+        n = thread_count(self.name, n)
+        plan = self._ready(st.device_id)
+        if n > 0:
+            bx = self._bx
+            plan.run(grid_for(self.name, n, bx), 1, 1, bx, self._by, self._bz, 0, st, args)
+            return
+        diagnose_args(plan.entry, args)
+        return
+    gx, gy, gz = grid_for_threads(self.name, n, (self._bx, self._by, self._bz), self._dims)
     plan = self._ready(st.device_id)
-    if n > 0:
-        bx = self._bx
-        plan.run(grid_for(self.name, n, bx), 1, 1, bx, self._by, self._bz, 0, st, args)
+    if gx and gy and gz:
+        plan.run(gx, gy, gz, self._bx, self._by, self._bz, 0, st, args)
         return
     diagnose_args(plan.entry, args)
 

@@ -11,7 +11,11 @@ Schema versions: ``SCHEMA_VERSION`` is bumped for changes an older runtime canno
 read; older manifests keep loading. Version 2 added Slang crates (``language``), the
 WebGPU artifacts (``wgsl`` / ``spirv``, one per entry), their bindings and the
 per-target struct layouts, and entry hashes computable from the manifest alone
-(:func:`khal_runtime.abi.entry_signature`).
+(:func:`khal_runtime.abi.entry_signature`). Version 3 added what CUDA C++ entries written as
+their authors wrote them need: each parameter's type as spelled (``ctype``; the element type is
+what the compiler made of it), template instantiations, 2-D / 3-D launch shapes
+(``grid_dims``), blocks that are not fixed (``fixed_block``, ``launch_bounds``) and why an
+entry has no indirect variant (``indirect_reason``).
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ __all__ = [
     "symbol_for",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Directory inside the package that holds the manifest and the artifacts.
 MANIFEST_DIR = "_khal"
 MANIFEST_NAME = "manifest.json"
@@ -159,6 +163,10 @@ class Param(_Model):
     writable: bool = False
     #: uniforms of Slang crates: the struct's layout per target ("cuda", "wgsl", "spirv")
     layouts: Optional[dict[Literal["cuda", "wgsl", "spirv"], StructLayout]] = None
+    #: CUDA C++ entries: the element type as the marker spells it (``real_t``, ``T``,
+    #: ``unsigned int``, ``cuda::std::complex<float>``); ``element_type`` is what the compiler
+    #: made of it (``khal::type_id`` probes), and the entry hash covers this spelling instead
+    ctype: Optional[str] = Field(default=None, min_length=1, max_length=512)
 
     @model_validator(mode="after")
     def _consistent(self) -> Param:
@@ -260,8 +268,20 @@ class Entry(_Model):
     #: Symbol of the persistent-grid (device-side count) variant, if generated.
     indirect_symbol: Optional[str] = None
     #: how many grid dimensions the entry's thread ids honour: 1 (x only: an explicit launch
-    #: with a y or z grid is refused) up to 3
+    #: with a y or z grid is refused) up to 3; also the dimensionality of the typed call's
+    #: thread count (``k(n)``, ``k((nx, ny))``, ``k((nx, ny, nz))``)
     grid_dims: int = Field(default=1, ge=1, le=3)
+    #: True: the entry's ids assume ``block_size`` (an explicit launch must use it); False: any
+    #: block of at most ``launch_bounds`` threads (1024 when None), ``block_size`` being the
+    #: typed call's default
+    fixed_block: bool = True
+    #: ``__launch_bounds__`` of a block that is not fixed (None: none compiled in)
+    launch_bounds: Optional[int] = Field(default=None, ge=1, le=1024)
+    #: why the entry has no indirect variant (``indirect_symbol`` is None), in words
+    indirect_reason: Optional[str] = Field(default=None, max_length=2000)
+    #: an instantiation of a templated entry: the template's name and its arguments as spelled
+    template: Optional[str] = None
+    template_args: Optional[tuple[str, ...]] = None
     #: Slang entries: the WGSL / SPIR-V targets (absent with KHAL_SKIP_SPIRV, and for CUDA C++)
     webgpu: Optional[tuple[WebGpuTarget, ...]] = None
 
@@ -308,11 +328,32 @@ class Entry(_Model):
                                  f"parameter(s) {sorted(unknown)}")
         if self.webgpu and len({t.target for t in self.webgpu}) != len(self.webgpu):
             raise ValueError(f"entry {self.name!r}: a WebGPU target is listed twice")
+        if self.fixed_block and self.launch_bounds is not None:
+            raise ValueError(f"entry {self.name!r}: launch bounds are for blocks that are not fixed")
+        threads = self.block_size[0] * self.block_size[1] * self.block_size[2]
+        if not self.fixed_block and threads > (self.launch_bounds or abi.MAX_BLOCK_THREADS):
+            raise ValueError(f"entry {self.name!r}: its block {self.block_size} has more threads than its "
+                             f"launch bounds {self.launch_bounds}")
+        if self.indirect_reason is not None and self.indirect_symbol is not None:
+            raise ValueError(f"entry {self.name!r}: has an indirect variant and a reason it has none")
+        if (self.template is None) != (self.template_args is None):
+            raise ValueError(f"entry {self.name!r}: a template instantiation names its template and arguments")
+        if self.template is not None:
+            _ident(self.template, "template name")
         return self
 
     def signature(self) -> dict[str, Any]:
         """What the entry hash covers besides the crate content (:func:`abi.entry_signature`)."""
-        return abi.entry_signature(self.name, self.block_size, self.params)
+        return abi.entry_signature(self.name, self.block_size, self.params, grid_dims=self.grid_dims,
+                                   fixed_block=self.fixed_block, launch_bounds=self.launch_bounds,
+                                   template=self.template, template_args=self.template_args or ())
+
+    @property
+    def max_block_threads(self) -> int:
+        """Threads a block of this entry may have: its block size's when fixed, else its bounds."""
+        if self.fixed_block:
+            return self.block_size[0] * self.block_size[1] * self.block_size[2]
+        return self.launch_bounds or abi.MAX_BLOCK_THREADS
 
     def target(self, name: str) -> WebGpuTarget | None:
         for t in self.webgpu or ():

@@ -25,7 +25,7 @@ from typing import Iterable
 from khal_runtime import abi
 from khal_runtime.binaries import BinaryFormatError, khal_symbols, read_binary, webgpu_entry_points
 from khal_runtime.errors import ArtifactError, HashMismatchError, KhalError, ManifestError, StaleBuildError
-from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Crate, Manifest, load_manifest,
+from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Crate, Entry, Manifest, load_manifest,
                                    prebuilt_env_var, read_regular_file)
 
 __all__ = [
@@ -175,7 +175,9 @@ def check_symbols(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem
                                 f"{rebuild_hint(crate)}", ArtifactError, artifact.path))
     found = khal_symbols(info)
     functions = set(info.functions)
+    probes = dict(info.globals_u64)
     for entry in crate.entries:
+        problems.extend(_check_types(crate, artifact, entry, probes))
         got = found.get(entry.name)
         if got != entry.hash:
             problems.append(Problem(
@@ -193,6 +195,35 @@ def check_symbols(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem
                 HashMismatchError, artifact.path, entry.name, entry.indirect_symbol, None,
             ))
     return problems
+
+
+def _check_types(crate: Crate, artifact: Artifact, entry: Entry, probes: dict[str, int]) -> list[Problem]:
+    """A CUDA C++ parameter's element type is what the compiler made of its spelling (the
+    entry hash covers the spelling): the binary's own type and size probes must agree with the
+    manifest, so an edited element type or size is caught before anything is launched."""
+    out: list[Problem] = []
+    for i, p in enumerate(entry.params):
+        if p.ctype is None:
+            continue
+        size_name, _, type_name = abi.probe_names(entry.name, i)
+        size, tid = probes.get(size_name), probes.get(type_name)
+        if size is None or tid is None:
+            out.append(Problem(
+                "hash", crate.name, f"entry {entry.name!r} (crate {crate.name!r}) in {artifact.path}: the binary "
+                f"lacks the type probes of parameter {p.name!r}; {rebuild_hint(crate)}",
+                HashMismatchError, artifact.path, entry.name, entry.hash, None))
+            continue
+        scalar = abi.type_id_scalar(tid - abi.TYPE_PROBE_BIAS)
+        binary = scalar.name if scalar is not None else abi.describe_type_id(tid - abi.TYPE_PROBE_BIAS)
+        manifest_scalar = p.element_type in abi.SCALARS
+        if size != p.element_size or (scalar is None) == manifest_scalar or \
+                (scalar is not None and scalar.name != p.element_type):
+            out.append(Problem(
+                "hash", crate.name, f"entry {entry.name!r} (crate {crate.name!r}) parameter {p.name!r} "
+                f"({p.ctype}): the manifest says element type {p.element_type} ({p.element_size} bytes), "
+                f"{artifact.path} was compiled with {binary} ({size} bytes): the manifest does not match the "
+                f"binary; {rebuild_hint(crate)}", HashMismatchError, artifact.path, entry.name, entry.hash, None))
+    return out
 
 
 def _check_entry_point(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem]:

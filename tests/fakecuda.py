@@ -371,13 +371,18 @@ class _Handle(int):
 
 
 def make_entry(name: str, params: tuple[Param, ...], block: int | tuple[int, int, int] = 128,
-               indirect: bool = True, content: str = CONTENT, grid_dims: int = 1) -> Entry:
-    """An entry whose hash is the one its signature and ``content`` give (as a build makes it)."""
+               indirect: bool = True, content: str = CONTENT, grid_dims: int = 1, **extra: Any) -> Entry:
+    """An entry whose hash is the one its signature and ``content`` give (as a build makes it);
+    ``extra``: other Entry fields (fixed_block, launch_bounds, indirect_reason, template, ...)."""
     bs = (block, 1, 1) if isinstance(block, int) else tuple(block)
-    h = abi.entry_hash(content, abi.entry_signature(name, bs, params))
+    proto = Entry.model_construct(name=name, block_size=bs, params=params, grid_dims=grid_dims,
+                                  fixed_block=extra.get("fixed_block", True),
+                                  launch_bounds=extra.get("launch_bounds"), template=extra.get("template"),
+                                  template_args=extra.get("template_args"))
+    h = abi.entry_hash(content, proto.signature())
     return Entry(name=name, symbol=symbol_for(name, h), hash=h, block_size=bs, params=params,
                  indirect_symbol=abi.indirect_symbol_for(name, h) if indirect else None,
-                 grid_dims=grid_dims)
+                 grid_dims=grid_dims, **extra)
 
 
 def storage(name: str, et: str = "float32", size: int = 4, **kw: Any) -> Param:

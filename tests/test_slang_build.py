@@ -298,18 +298,26 @@ def test_half_without_cuda_headers_names_the_header_wheel(tmp_path: Path) -> Non
     one_clean_error(exc.value)
 
 
-def test_two_crates_defining_one_entry_name(tmp_path: Path) -> None:
-    """Entry names are unique per package, across languages; the message names both crates."""
+def test_a_slang_and_a_cuda_crate_may_share_an_entry_name(tmp_path: Path) -> None:
+    """Entry names are unique per crate (issue #19 dropped the per-package rule: the runtime reaches
+    each as kernels.<crate>.<entry>), across languages too: both build, each with its own hash."""
     root = write(tmp_path, {**one_entry(name="scale"), "kernels/alpha/scale.cu": SCALE_CU,
                             "kernels/include/common.cuh": COMMON_CUH})
     crates = [{"name": "alpha", "sources": ["kernels/alpha/*.cu"], "include-dirs": ["kernels/include"]},
-              {"name": "demo", "sources": ["k/*.slang"]}]
-    with pytest.raises(SourceError, match=r"entry 'scale' is defined in crate 'alpha' and in crate 'demo' of "
-                                          r"package 'pkg'; entry names must be unique per package") as exc:
-        build(root, crates, **{"ptx-arch": "none"})
+              {"name": "demo", "sources": ["k/*.slang"], "spirv": False}]
+    m, _ = manifest_of(build(root, crates)[0])
+    cuda, slang = m.crate("alpha").entry("scale"), m.crate("demo").entry("scale")
+    assert (m.crate("alpha").language, m.crate("demo").language) == ("cuda", "slang")
+    assert cuda.hash != slang.hash and cuda.symbol != slang.symbol
+
+
+def test_an_entry_defined_twice_in_a_slang_crate(tmp_path: Path) -> None:
+    """Within one crate a name is one entry: two files defining it are one clean error."""
+    root = write(tmp_path, {**one_entry(name="twice"), "k/f.slang": one_entry(name="twice")["k/e.slang"]})
+    with pytest.raises(CompileError) as exc:
+        build(root, [{"name": "demo", "sources": ["k/*.slang"]}])
+    assert "crate 'demo'" in str(exc.value) and "twice" in str(exc.value)
     one_clean_error(exc.value)
-    # in another package they may share a name
-    build(root, [crates[0], {**crates[1], "package": "other"}])
 
 
 def test_a_slang_compiler_crash_is_one_build_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

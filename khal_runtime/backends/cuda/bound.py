@@ -24,7 +24,7 @@ import functools
 from typing import Any, Callable
 
 from khal_runtime import abi, interop
-from khal_runtime.arguments import diagnose_args, grid_for, struct_bytes, thread_count
+from khal_runtime.arguments import diagnose_args, grid_for, grid_for_threads, struct_bytes, thread_count
 from khal_runtime.backends.cuda.driver import driver
 from khal_runtime.backends.cuda.launch import LaunchPlan, launch_call
 from khal_runtime.buffers import DeviceBuffer
@@ -104,36 +104,44 @@ def _unbound(n: int) -> None:  # pragma: no cover - replaced in __new__
 
 
 def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr: int) -> Callable[[int], None]:
-    """``call(n)``: launch ``n`` threads (grid = ceil(n / block.x)) with the bound block."""
+    """``call(n)``: launch ``n`` threads (grid = ceil(n / block.x)) with the bound block; a
+    2-D / 3-D entry takes ``(nx, ny[, nz])``."""
     drv = driver()
     launch, f, cu, dev = drv.cuLaunchKernel, plan.function, stream._cu, stream.device_id
     fast, call_args = launch_call(drv)
     bx, by, bz = plan.block
+    dims = kernel.entry.grid_dims
     failed, name, E = plan.launch_failed, kernel.name, EPOCH
-    # [epoch the arguments were last checked at, (n, launch_call's arguments for it, gx) of the
+    # [epoch the arguments were last checked at, (n, launch_call's arguments for it, grid) of the
     # last call]; one tuple, so two threads never see one's n with the other's grid
-    state: list[Any] = [E[0], (object(), (), 0)]
+    state: list[Any] = [E[0], (object(), (), (0, 1, 1))]
 
-    def slow(n: Any) -> int:
+    def slow(n: Any) -> tuple[int, int, int] | None:
         if state[0] != E[0]:  # something was freed since the last check: re-check (named errors)
             ep = E[0]
             diagnose_args(kernel.entry, args, device=dev)
             state[0] = ep
-        n = thread_count(name, n)
-        if n == 0:
-            return 0
-        gx = grid_for(name, n, bx)
-        state[1] = (n, call_args(f, (gx, 1, 1), (bx, by, bz), 0, cu, addr), gx)
-        return gx
+        if dims == 1 and not isinstance(n, (tuple, list)):
+            n = thread_count(name, n)
+            if n == 0:
+                return None
+            g = (grid_for(name, n, bx), 1, 1)
+        else:
+            g = grid_for_threads(name, n, (bx, by, bz), dims)
+            if not (g[0] and g[1] and g[2]):
+                return None
+        state[1] = (n, call_args(f, g, (bx, by, bz), 0, cu, addr), g)
+        return g
 
     def call(n: int) -> None:
         last = state[1]
         if n is last[0] and state[0] == E[0]:
-            gx = last[2]
+            g = last[2]
         else:
-            gx = slow(n)
-            if not gx:
+            got = slow(n)
+            if got is None:
                 return
+            g = got
             last = state[1]
         try:
             cur = _tls.dev
@@ -142,12 +150,11 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
         if cur != dev:
             ensure_current(dev)
         if hooks.active and hooks.dispatch is not None:
-            hooks.dispatch(plan, (gx, 1, 1), (bx, by, bz), 0, stream, args,
-                           lambda: failed(launch(f, gx, 1, 1, bx, by, bz, 0, cu, addr, 0)[0],
-                                          gx, 1, 1, bx, by, bz))
+            hooks.dispatch(plan, g, (bx, by, bz), 0, stream, args,
+                           lambda: failed(launch(f, *g, bx, by, bz, 0, cu, addr, 0)[0], *g, bx, by, bz))
             return
         r = fast(*last[1])
         if r[0]:
-            failed(r[0], gx, 1, 1, bx, by, bz)
+            failed(r[0], *g, bx, by, bz)
 
     return call

@@ -131,10 +131,10 @@ def _indirect_plan(kernel: Any, plan: LaunchPlan) -> LaunchPlan:
     if ip is None:
         e = plan.entry
         if not e.indirect_symbol or plan.indirect_function is None:
+            why = e.indirect_reason or "none is in its binary (built by an older hatch-khal?): rebuild the package"
             raise KhalError(
-                f"entry {kernel.crate}.{e.name} has no indirect (persistent-grid) variant in its "
-                "binary (built by an older hatch-khal?): rebuild the package, or pass "
-                "host_read=True to read the count on the host")
+                f"entry {kernel.crate}.{e.name} has no indirect (persistent-grid) variant: {why}. Pass "
+                "host_read=True to read the count on the host and launch that many groups directly")
         entry = Entry.model_construct(
             name=f"{e.name}_indirect", symbol=e.indirect_symbol, hash=e.hash,
             block_size=e.block_size, indirect_symbol=None, grid_dims=1, webgpu=None,
