@@ -4,7 +4,11 @@
   (``pip wheel --no-build-isolation``, wall time; hook time and compile counts from the
   builder run in-process on the same project and cache);
 * scaling with the number of archs (1, 4, all NVRTC supports) and of crates (core alone, all);
-* NVRTC (the hook, parallel) vs nvcc compiling the hook's own translation units
+* each crate alone, default archs + PTX, cold (empty cache) and warm: the CUDA C++ crates beside
+  the Slang crate (whose cold build runs the Slang stage, then NVRTC on its unit), plus the Slang
+  stage's own times (session, CUDA source, WGSL / SPIR-V per entry) and the Slang crate with
+  ``KHAL_SKIP_SPIRV``;
+* NVRTC (the hook, parallel) vs nvcc compiling the hook's own translation units of the CUDA C++ crates
   (hatch_khal.codegen.generate_unit) for the same archs with ``-cubin``, serial and parallel.
 """
 
@@ -145,22 +149,51 @@ def run(args: Any) -> list[Row]:
                     rows.append(Row(SECTION, f"hook cold, sm_90, {label}", r.seconds, "s", r.seconds / base,
                                     "core only", note=f"{r.compiled} compiles"))
 
-        def cub_crate() -> None:
-            # The header-heavy crate (CUB, cooperative groups, bf16) with every default arch + PTX:
-            # cold (empty cache: parsed once per arch, archs in parallel processes), then warm.
-            cs = [c for c in _crates(proj) if c.name == "cccl"]
-            cache = Path(tempfile.mkdtemp(prefix="khal-bench-cub-"))
+        def per_crate() -> None:
+            # Every crate alone with every default arch + PTX: cold (empty cache: CUDA C++ parsed
+            # once per arch, archs in parallel; a Slang crate runs its stage first), then warm.
+            for c in _crates(proj):
+                cache = Path(tempfile.mkdtemp(prefix=f"khal-bench-{c.name}-"))
+                try:
+                    cold_r = _inproc(proj, cache, [c])
+                    warm_r = _inproc(proj, cache, [c])
+                finally:
+                    shutil.rmtree(cache, ignore_errors=True)
+                what = "Slang" if c.language == "slang" else "CUDA C++"
+                targets = f"{len(c.archs)} archs + PTX"
+                stage = " (1 Slang stage + NVRTC per target)" if c.language == "slang" else ""
+                rows.append(Row(SECTION, f"crate '{c.name}' ({what}), default archs + PTX, cold", cold_r.seconds, "s",
+                                1.0, "cold", note=f"{cold_r.compiled} compiles{stage}, {targets}"))
+                rows.append(Row(SECTION, f"crate '{c.name}' ({what}), default archs + PTX, warm", warm_r.seconds, "s",
+                                warm_r.seconds / cold_r.seconds, "cold",
+                                note=f"{warm_r.compiled} compiles, {warm_r.cached} from cache"))
+
+        def slang_stage() -> None:
+            # The Slang stage alone (one worker process), and the crate without its WebGPU stage.
+            from hatch_khal.slang.language import SLANG
+            from hatch_khal.slang.stage import compile_slang_crate
+
+            cs = [c for c in _crates(proj) if c.language == "slang"]
+            if not cs:
+                raise RuntimeError("the example has no Slang crate")
+            plan = SLANG.plan(proj, cs[0])
+            out = compile_slang_crate(plan.slang, plan.targets)
+            t = out.timings
+            webgpu = sum(v for k, v in t.items() if k.endswith((".wgsl", ".spirv")))
+            n = len(out.entries)
+            rows.append(Row(SECTION, f"Slang stage alone, crate '{cs[0].name}' ({n} entries, CUDA + WGSL + SPIR-V)",
+                            t.get("worker", 0.0), "s", note=f"session {t.get('session', 0):.2f} s, CUDA source "
+                            f"{t.get('cuda', 0):.2f} s, WGSL + SPIR-V {webgpu:.2f} s ({webgpu / max(1, 2 * n) * 1e3:.0f} "
+                            "ms per entry per target)"))
+            os.environ["KHAL_SKIP_SPIRV"] = "1"
+            cache = Path(tempfile.mkdtemp(prefix="khal-bench-skip-"))
             try:
-                cold_r = _inproc(proj, cache, cs)
-                warm_r = _inproc(proj, cache, cs)
+                r = _inproc(proj, cache, cs)
             finally:
+                os.environ.pop("KHAL_SKIP_SPIRV", None)
                 shutil.rmtree(cache, ignore_errors=True)
-            archs = ", ".join(cs[0].archs) if cs else "?"
-            rows.append(Row(SECTION, "CUB crate 'cccl', default archs + PTX, cold", cold_r.seconds, "s", 1.0,
-                            "cold", note=f"{cold_r.compiled} compiles ({archs})"))
-            rows.append(Row(SECTION, "CUB crate 'cccl', default archs + PTX, warm", warm_r.seconds, "s",
-                            warm_r.seconds / cold_r.seconds, "cold",
-                            note=f"{warm_r.compiled} compiles, {warm_r.cached} from cache"))
+            rows.append(Row(SECTION, f"crate '{cs[0].name}' (Slang) with KHAL_SKIP_SPIRV, cold", r.seconds, "s",
+                            note=f"{r.compiled} compiles: no WGSL / SPIR-V"))
 
         def nvcc_vs_nvrtc() -> None:
             nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
@@ -170,7 +203,8 @@ def run(args: Any) -> list[Row]:
             units = []
             udir = work / "nvcc"
             udir.mkdir(exist_ok=True)
-            for c in _crates(proj):
+            cuda_crates = [c for c in _crates(proj) if c.language == "cuda"]  # nvcc compiles CUDA C++ only
+            for c in cuda_crates:
                 text, opts = crate_unit(proj, c)
                 f = udir / f"{c.name}.khal.cu"
                 f.write_text(text)
@@ -196,8 +230,8 @@ def run(args: Any) -> list[Row]:
             with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
                 list(pool.map(one, cmds))
             par = time.perf_counter() - t0
-            with _cubins_only(archs):
-                hook = _inproc(proj, None, _crates(proj))
+            with _cubins_only(archs):  # parsed inside: the archs come from the environment
+                hook = _inproc(proj, None, [c for c in _crates(proj) if c.language == "cuda"])
             n = len(cmds)
             rows.append(Row(SECTION, f"hook (NVRTC, parallel), {n} cubins", hook.seconds, "s", 1.0, "hook",
                             note=f"{hook.compiled} compiles, {len(units)} crates x {len(archs)} archs"))
@@ -208,7 +242,8 @@ def run(args: Any) -> list[Row]:
 
         guarded(SECTION, "archs scaling", rows, archs_scaling)
         guarded(SECTION, "crates scaling", rows, crates_scaling)
-        guarded(SECTION, "CUB crate cold/warm", rows, cub_crate)
+        guarded(SECTION, "each crate cold/warm", rows, per_crate)
+        guarded(SECTION, "Slang stage", rows, slang_stage)
         guarded(SECTION, "nvcc vs NVRTC", rows, nvcc_vs_nvrtc)
     finally:
         os.environ.update(saved)

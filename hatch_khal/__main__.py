@@ -3,6 +3,10 @@
 PATH is a wheel (``.whl``), a directory (a package directory holding
 ``_khal/manifest.json``, or a tree with such packages below it), or the name of
 an installed package.
+
+Everything printed is escaped: a control character (or any other unprintable one) from a
+manifest, a path or an error appears as ``\x1b``, ``\u202e``..., so a hand-made manifest cannot
+send terminal escape sequences.
 """
 
 from __future__ import annotations
@@ -76,17 +80,40 @@ def _package_dirs(target: str) -> Iterator[list[Path]]:
     yield dirs
 
 
-def _describe(manifest: Manifest) -> str:
+def printable(text: str) -> str:
+    """``text`` with every unprintable character (C0 / C1 controls, ESC, DEL, bidi overrides,
+    line separators, ...) written as a Python escape: safe to print to a terminal."""
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        if c.isprintable():
+            out.append(c)
+        else:
+            o = ord(c)
+            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
+    return "".join(out)
+
+
+def _print(lines: list[str], *, err: bool = False) -> None:
+    """Print ``lines``, each escaped (:func:`printable`: a newline inside one is escaped too)."""
+    print("\n".join(printable(line) for line in lines), file=sys.stderr if err else sys.stdout)
+
+
+def _describe(manifest: Manifest) -> list[str]:
+    tc = manifest.toolchain
+    tools = f"NVRTC {tc.nvrtc_version or '-'}" + (f", Slang {tc.slang_version}" if tc.slang_version else "")
     lines = [
-        f"package {manifest.package} (schema {manifest.schema_version}, hatch-khal "
-        f"{manifest.toolchain.hatch_khal_version}, NVRTC {manifest.toolchain.nvrtc_version or '-'})"
+        f"package {manifest.package} (schema {manifest.schema_version}, hatch-khal {tc.hatch_khal_version}, {tools})"
     ]
     if manifest.editable:
         lines.append(f"  editable install of {manifest.editable.project_root}")
     for crate in manifest.crates:
+        language = {"cuda": "CUDA C++", "slang": "Slang"}.get(crate.language, crate.language)
         origin = f"prebuilt from {crate.prebuilt.variable} ({crate.prebuilt.file_name})" if crate.prebuilt else "NVRTC"
-        lines.append(f"  crate {crate.name}: {len(crate.sources)} source file(s), {origin}, "
-                     f"SPIR-V {crate.spirv.status}")
+        spirv = crate.spirv.status + (f" ({crate.spirv.reason})" if crate.spirv.reason else "")
+        lines.append(f"  crate {crate.name}: {language}, {len(crate.sources)} source file(s), CUDA binaries "
+                     f"from {origin}, WGSL/SPIR-V {spirv}")
         for e in crate.entries:
             params = ", ".join(
                 f"{p.name}: {p.kind} {p.element_type}[{p.element_size}B]"
@@ -102,10 +129,14 @@ def _describe(manifest: Manifest) -> str:
             lines.append(f"    entry {e.name}{tmpl} hash {e.hash} block {block}{shape}  ({params})")
             if e.indirect_reason:
                 lines.append(f"      no indirect variant: {e.indirect_reason}")
+            for t in e.webgpu or ():
+                scalars = f", scalars in {t.scalars.replace('_', ' ')}" if t.scalars else ""
+                lines.append(f"      {t.target:5} entry point {t.entry_point}  {len(t.bindings)} binding(s)"
+                             f"{scalars}  {t.path}")
         for a in crate.artifacts:
-            lines.append(f"    {a.kind:5} {a.arch or '-':11} {a.size:>9} B  sha256 {a.sha256[:16]}…  "
-                         f"PTX ISA {a.ptx_isa or '-'}  {a.path}")
-    return "\n".join(lines)
+            isa = f"PTX ISA {a.ptx_isa or '-'}  " if a.kind in ("ptx", "cubin") else ""
+            lines.append(f"    {a.kind:5} {a.arch or '-':11} {a.size:>9} B  sha256 {a.sha256[:16]}…  {isa}{a.path}")
+    return lines
 
 
 def _inspect(target: str, as_json: bool) -> int:
@@ -113,9 +144,9 @@ def _inspect(target: str, as_json: bool) -> int:
         manifests = [load_manifest(d / _MANIFEST_SUFFIX) for d in dirs]
     if as_json:
         data = [m.model_dump(mode="json", exclude_none=True) for m in manifests]
-        print(json.dumps(data[0] if len(data) == 1 else data, indent=2, sort_keys=True))
+        print(json.dumps(data[0] if len(data) == 1 else data, indent=2, sort_keys=True))  # ASCII, escaped
     else:
-        print("\n".join(_describe(m) for m in manifests))
+        _print([line for m in manifests for line in _describe(m)])
     return 0
 
 
@@ -130,12 +161,13 @@ def _verify(target: str) -> int:
             problems = verify_package(d, manifest)
             checked += sum(len(c.artifacts) for c in manifest.crates)
             for p in problems:
-                print(f"FAIL {manifest.package}: {p}", file=sys.stderr)
+                _print(f"FAIL {manifest.package}: {p}".split("\n"), err=True)
             bad += len(problems)
     if bad:
         print(f"verify: {bad} problem(s) found", file=sys.stderr)
         return 1
-    print(f"verify: OK ({checked} artifact(s) in {len(dirs)} package(s): sha256 and entry hashes match)")
+    print(f"verify: OK ({checked} artifact(s) in {len(dirs)} package(s): sha256 and entry hashes (symbols, "
+          "WGSL / SPIR-V entry points) match)")
     return 0
 
 
@@ -161,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             return _inspect(args.path, args.json)
         return _verify(args.path)
     except (UsageError, KhalError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _print(f"error: {exc}".split("\n"), err=True)
         return 2
 
 

@@ -1,9 +1,12 @@
 """Stage 3: turn planned crates and their binaries into manifests and package files.
 
-Every binary (compiled, cached or prebuilt) is read back: each entry symbol must carry
-the hash the current sources give, and each parameter's size, alignment and type come from
-the compiler's own probes in the binary (:mod:`hatch_khal.probes`). Prebuilt files (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``)
-enter here, read as regular files of bounded size only.
+Every CUDA binary (compiled, cached or prebuilt) is read back: each entry symbol must carry
+the hash the current sources give. The crate's language then makes the manifest entries, each
+parameter's size, alignment and type from the compiler's own probes in the binary
+(:mod:`hatch_khal.probes` for CUDA C++; reflection checked against them for Slang), and adds its
+other artifacts (:meth:`hatch_khal.languages.Language.finish`: WGSL / SPIR-V for Slang).
+Prebuilt files (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``) enter here, read as regular files of bounded
+size only; they replace the crate's CUDA binaries, nothing else.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from khal_runtime.manifest import (
 
 from hatch_khal.errors import KhalBuildError, PrebuiltError
 from hatch_khal.hashing import sha256_bytes
+from hatch_khal.languages import get_language
 from hatch_khal.model import CompileOutput, CratePlan, PackageOutput
-from hatch_khal.probes import manifest_entries
 
 __all__ = ["MAX_PREBUILT_BYTES", "assemble_packages"]
 
@@ -47,19 +50,19 @@ def _check_binary(plan: CratePlan, info: BinaryInfo, what: str, error: type[Khal
         if var
         else ""
     )
-    for decl, h in plan.entries:
-        got = found.get(decl.name)
+    for e in plan.entries:
+        got = found.get(e.name)
         if got is None:
             raise error(
-                f"crate {plan.cfg.name!r}: {what} has no kernel for entry {decl.name!r} "
-                f"(expected symbol {symbol_for(decl.name, h)}){hint}"
+                f"crate {plan.cfg.name!r}: {what} has no kernel for entry {e.name!r} "
+                f"(expected symbol {symbol_for(e.name, e.hash)}){hint}"
             )
-        if got != h:
+        if got != e.hash:
             raise error(
-                f"crate {plan.cfg.name!r}: entry {decl.name!r}: {what} carries hash {got}, the current "
-                f"sources give {h}{hint}"
+                f"crate {plan.cfg.name!r}: entry {e.name!r}: {what} carries hash {got}, the current "
+                f"sources give {e.hash}{hint}"
             )
-    expected = {d.name for d, _ in plan.entries} | {f"{d.name}_indirect" for d, _ in plan.entries}
+    expected = {e.name for e in plan.entries} | {f"{e.name}_indirect" for e in plan.entries}
     extra = sorted(set(found) - expected)
     if extra:
         raise error(
@@ -153,16 +156,21 @@ def _finish_crate(plan: CratePlan, root: Path, outputs: dict[tuple[str, str], Co
             if probe_info is None or info.kind == "ptx":
                 probe_info = info
     assert probe_info is not None
-    entries, warnings = manifest_entries(cfg.name, plan.entries, probe_info)
-    plan.warnings.extend(warnings)
+    parts = get_language(plan.language, cfg.name).finish(plan, probe_info)
+    if sorted((e.name, e.hash) for e in parts.entries) != sorted((e.name, e.hash) for e in plan.entries):
+        raise KhalBuildError(f"crate {cfg.name!r}: the {plan.language} language made entries "
+                             f"{[e.name for e in parts.entries]} for planned {[e.name for e in plan.entries]}")
+    artifacts += parts.artifacts
+    files.update(parts.files)
+    plan.warnings.extend(parts.warnings)
     crate = Crate(
         name=cfg.name,
         language=plan.language,  # type: ignore[arg-type]  # a registered language is a manifest one
         package_dir=f"{MANIFEST_DIR}/{cfg.name}",
-        sources=tuple(SourceFile(path=f.rel, sha256=sha256_bytes(f.data)) for f in plan.sources.all_files),
+        sources=tuple(SourceFile(path=f.rel, sha256=sha256_bytes(f.data)) for f in plan.files),
         content_hash=plan.content_hash,
-        artifacts=tuple(sorted(artifacts, key=lambda a: (a.kind, a.sm or 0, a.arch or ""))),
-        entries=entries,
+        artifacts=tuple(sorted(artifacts, key=lambda a: (a.kind, a.sm or 0, a.arch or "", a.path))),
+        entries=parts.entries,
         prebuilt=prebuilt,
         spirv=plan.spirv,
     )

@@ -1,4 +1,5 @@
-"""Stage 2: compile every job, or take it from the cache.
+"""Stage 2: run each language's front stage (:func:`prepare_crates`: Slang), then compile every
+job (:func:`compile_jobs`), each from the cache when it can.
 
 Every output, fresh or cached, is checked by its compiler (:meth:`Compiler.check_output`:
 kind and arch): a cache entry that does not fit its job (a swapped or damaged entry) is
@@ -25,9 +26,10 @@ from hatch_khal.cache import Cache
 from hatch_khal.compilers import get_compiler
 from hatch_khal.config import jobs_from_env
 from hatch_khal.errors import KhalBuildError
-from hatch_khal.model import CompileJob, CompileOutput, Reporter
+from hatch_khal.languages import get_language
+from hatch_khal.model import CompileJob, CompileOutput, CratePlan, Reporter
 
-__all__ = ["compile_jobs"]
+__all__ = ["compile_jobs", "prepare_crates"]
 
 Outcome = CompileOutput | KhalBuildError
 
@@ -108,6 +110,40 @@ def _run(todo: list[CompileJob], jobs: int | None) -> list[Outcome]:
         return list(pool.map(_attempt, todo))
 
 
+def _raise_failures(failures: list[KhalBuildError]) -> None:
+    """One crate's error as it is; several crates' in one error (of the first one's type)."""
+    if not failures:
+        return
+    if len(failures) == 1:
+        raise failures[0]
+    raise type(failures[0])("\n\n".join(str(e) for e in failures))
+
+
+def prepare_crates(plans: list[CratePlan], cache: Cache, reporter: Reporter, *,
+                   jobs: int | None = None) -> tuple[int, int]:
+    """Each language's front stage (:meth:`~hatch_khal.languages.Language.prepare`), crates in
+    parallel threads (a Slang crate compiles in a worker process of its own). Returns (compiled,
+    from cache) over all crates; every crate's failure is reported, each once."""
+    if not plans:
+        return 0, 0
+    workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(plans)))
+
+    def one(plan: CratePlan) -> tuple[int, int] | KhalBuildError:
+        try:
+            return get_language(plan.language, plan.cfg.name).prepare(plan, cache, reporter)
+        except KhalBuildError as exc:
+            return exc
+
+    if workers == 1:
+        results = [one(p) for p in plans]
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(one, plans))
+    _raise_failures([r for r in results if isinstance(r, KhalBuildError)])
+    counts = [r for r in results if not isinstance(r, KhalBuildError)]
+    return sum(c for c, _ in counts), sum(h for _, h in counts)
+
+
 def _usable(job: CompileJob, data: bytes) -> str | None:
     return get_compiler(job.compiler).check_output(job, data)
 
@@ -162,9 +198,5 @@ def compile_jobs(
                 if out.log:
                     reporter.warn(f"crate {job.crate!r} ({job.target}): {job.compiler.upper()} says:\n{out.log}")
                 reporter.info(f"khal: compiled crate {job.crate!r} for {job.target} in {out.seconds:.2f}s")
-            if failures:
-                first = next(iter(failures.values()))
-                if len(failures) == 1:
-                    raise first
-                raise type(first)("\n\n".join(str(e) for e in failures.values()))
+            _raise_failures(list(failures.values()))
     return outputs, compiled

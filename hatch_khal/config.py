@@ -5,6 +5,9 @@ Read from ``[tool.hatch.build.targets.wheel.hooks.khal]`` (hatchling) or
 right one, for a near miss such as ``include_dirs``); hatchling's own hook keys are
 tolerated. Environment variables may override the arch lists (``KHAL_CUDA_ARCHS``,
 ``KHAL_PTX_ARCH``) and set the number of parallel compiles (``KHAL_JOBS``).
+
+A crate's language follows from its ``sources``: globs of ``.slang`` files make a Slang
+crate, anything else a CUDA C++ crate; one crate never mixes the two.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ __all__ = [
     "HATCH_RESERVED_KEYS",
     "CrateConfig",
     "HookConfig",
+    "LANGUAGE_SUFFIXES",
     "ResolvedCrate",
     "env_var_for_crate",
     "jobs_from_env",
@@ -42,6 +46,9 @@ DEFAULT_NVRTC_REQUIREMENT = "nvidia-cuda-nvrtc>=12.8"
 HATCH_RESERVED_KEYS = frozenset(
     {"dependencies", "require-runtime-dependencies", "require-runtime-features", "enable-by-default", "path"}
 )
+
+#: Source suffix -> language; any other suffix (``.cu``, a wildcard) is CUDA C++.
+LANGUAGE_SUFFIXES = {".slang": "slang"}
 
 _CRATE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 _DEFINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -71,6 +78,7 @@ _ALIASES = {
     "include-paths": "include-dirs", "include-dir": "include-dirs", "arch": "archs",
     "sm": "archs", "ptx": "ptx-arch", "source": "sources", "srcs": "sources", "define": "defines",
     "option": "options", "flags": "options", "crate": "crates", "packages": "package",
+    "slang-option": "slang-options", "slang-flags": "slang-options", "slangc-options": "slang-options",
     "headers": "cuda-headers", "nvrtc": "nvrtc-requirement",
 }
 
@@ -118,6 +126,8 @@ class _CommonOptions(_Strict):
     options: list[str] = Field(default_factory=list)
     defines: dict[str, Union[str, int]] = Field(default_factory=dict)
     include_dirs: list[str] = Field(default_factory=list, alias="include-dirs")
+    #: options given to the Slang compiler (Slang crates only)
+    slang_options: list[str] = Field(default_factory=list, alias="slang-options")
 
     @field_validator("archs")
     @classmethod
@@ -154,7 +164,8 @@ class CrateConfig(_CommonOptions):
     #: "default": the hook-level value
     ptx_arch: Optional[str] = Field(default="default", alias="ptx-arch")
     cuda_headers: Optional[Literal["wheels", "system", "none"]] = Field(default=None, alias="cuda-headers")
-    spirv: bool = False
+    #: Slang crates: build WGSL / SPIR-V (default true); CUDA C++ crates cannot
+    spirv: Optional[bool] = None
 
     @field_validator("name")
     @classmethod
@@ -208,7 +219,7 @@ class ResolvedCrate(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     name: str
-    #: the source language; "cuda" (CUDA C++) is the one this version builds
+    #: the source language: "cuda" (CUDA C++) or "slang" (see :data:`LANGUAGE_SUFFIXES`)
     language: str = "cuda"
     sources: list[str]
     include_dirs: list[str]
@@ -219,7 +230,10 @@ class ResolvedCrate(BaseModel):
     options: list[str]
     defines: dict[str, str]
     cuda_headers: str
-    spirv: bool
+    #: Slang crates: False skips the WebGPU stage (None: the default, build it)
+    spirv: Optional[bool] = None
+    #: Slang crates: options for the Slang compiler
+    slang_options: list[str] = []
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -287,6 +301,32 @@ def _env_ptx() -> str | None:
         raise ConfigError(f"KHAL_PTX_ARCH: {exc}") from None
 
 
+def _language(where: str, index: int, crate: CrateConfig) -> str:
+    """The crate's language from its source globs' suffixes; ConfigError for a mix or a misfit option."""
+    by_language: dict[str, list[str]] = {}
+    for pattern in crate.sources:
+        suffix = "." + pattern.rsplit(".", 1)[1] if "." in pattern.rsplit("/", 1)[-1] else ""
+        by_language.setdefault(LANGUAGE_SUFFIXES.get(suffix, "cuda"), []).append(pattern)
+    prefix = f"{where}: crates[{index}] {crate.name!r}"
+    if len(by_language) > 1:
+        raise ConfigError(
+            f"{prefix}: option 'sources' mixes Slang sources ({', '.join(by_language['slang'])}) with CUDA C++ "
+            f"sources ({', '.join(by_language['cuda'])}); a crate is compiled as one module of one language: "
+            "put the .slang files and the .cu files in two crates"
+        )
+    language = next(iter(by_language))
+    if language == "cuda" and crate.spirv:
+        raise ConfigError(
+            f"{prefix}: option 'spirv = true' asks for WGSL / SPIR-V, which only Slang crates build "
+            "(CUDA C++ compiles to CUDA only); write the crate in Slang (.slang sources) to build it for "
+            "WebGPU too, or drop the option"
+        )
+    if language == "cuda" and crate.slang_options:
+        raise ConfigError(f"{prefix}: option 'slang-options' is for Slang crates (.slang sources); this crate's "
+                          "sources are CUDA C++: use 'options' for NVRTC options")
+    return language
+
+
 def parse_config(
     raw: Mapping[str, Any], *, default_package: str | None, where: str = "khal hook"
 ) -> tuple[HookConfig, list[ResolvedCrate]]:
@@ -321,9 +361,11 @@ def parse_config(
         ptx = cfg.ptx_arch if c.ptx_arch == "default" else c.ptx_arch
         if env_ptx is not None:
             ptx = None if env_ptx == "none" else env_ptx
+        language = _language(where, i, c)
         resolved.append(
             ResolvedCrate(
                 name=c.name,
+                language=language,
                 sources=list(c.sources),
                 include_dirs=list(cfg.include_dirs) + list(c.include_dirs),
                 package=package.strip("/"),
@@ -334,6 +376,7 @@ def parse_config(
                 defines={**cfg.defines, **c.defines},  # type: ignore[dict-item]  # validated to str
                 cuda_headers=c.cuda_headers or cfg.cuda_headers,
                 spirv=c.spirv,
+                slang_options=list(cfg.slang_options) + list(c.slang_options) if language == "slang" else [],
             )
         )
     return cfg, resolved

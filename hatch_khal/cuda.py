@@ -2,15 +2,18 @@
 
 The :class:`~hatch_khal.languages.Language` for ``language = "cuda"``: plan (sources,
 entries, content hash), jobs (one generated translation unit, compiled per target),
-and compile errors explained (missing CUDA headers, entries the scanner could not read).
+compile errors explained (missing CUDA headers, entries the scanner could not read), and
+the manifest entries with the compiler's own parameter types and sizes (the binary's probes,
+:mod:`hatch_khal.probes`).
+CUDA C++ builds CUDA only: its SPIR-V status is ``not_applicable``.
 """
 
 from __future__ import annotations
 
-import os
-import re
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from khal_runtime.manifest import SpirvStatus
 
@@ -18,17 +21,25 @@ from hatch_khal.__about__ import __version__
 from hatch_khal.codegen import explain_entry_error, generate_unit
 from hatch_khal.compilers import get_compiler
 from hatch_khal.config import ResolvedCrate
-from hatch_khal.entries import scan_crate
+from hatch_khal.entries import EntryDecl, scan_crate
 from hatch_khal.errors import ConfigError, KhalBuildError, SourceError
 from hatch_khal.hashing import canonical, crate_content_hash, entry_hash, khal_header_sha256, sha256_bytes
-from hatch_khal.headers import HeaderSet, header_hint, resolve_headers
-from hatch_khal.model import CompileJob, CratePlan
-from hatch_khal.sources import collect_sources
+from hatch_khal.headers import HeaderSet, header_hints, nvrtc_cuda_major, resolve_headers
+from hatch_khal.model import CompileJob, CrateParts, CratePlan, PlannedEntry, Reporter
+from hatch_khal.probes import manifest_entries
+from hatch_khal.sources import CrateSources, collect_sources
 
-__all__ = ["CUDA", "CudaLanguage", "khal_include_dir"]
+if TYPE_CHECKING:
+    from khal_runtime.binaries import BinaryInfo
+
+    from hatch_khal.cache import Cache
+
+__all__ = ["CUDA", "CudaLanguage", "CudaPlan", "khal_include_dir"]
+
+#: A CUDA C++ crate's WebGPU stage: there is none (write the crate in Slang for WebGPU).
+NOT_APPLICABLE = SpirvStatus(status="not_applicable", reason="CUDA C++ source")
 
 _BASE_OPTIONS = ("-std=c++17",)
-_MISSING_HEADER = re.compile(r'(?:could not|cannot) open source file "([^"]+)"')
 
 
 def khal_include_dir() -> Path:
@@ -36,30 +47,37 @@ def khal_include_dir() -> Path:
     return Path(str(resources.files("hatch_khal") / "include"))
 
 
-def _spirv_status(cfg: ResolvedCrate) -> SpirvStatus:
-    if os.environ.get("KHAL_SKIP_SPIRV") is not None:
-        return SpirvStatus(status="skipped", reason="KHAL_SKIP_SPIRV is set")
-    if cfg.spirv:
-        raise ConfigError(
-            f"crate {cfg.name!r}: option 'spirv = true' asks for the SPIR-V stage, which this version "
-            "of hatch-khal does not provide yet; set KHAL_SKIP_SPIRV=1 for a CUDA-only build or drop the option"
-        )
-    return SpirvStatus(status="not_configured", reason="'spirv' is not enabled for this crate")
+@dataclass(kw_only=True)
+class CudaPlan(CratePlan):
+    """A CUDA C++ crate's plan: its sources, the scanned entries and the CUDA headers."""
+
+    sources: CrateSources
+    #: the scanned entries, each with its entry hash
+    decls: list[tuple[EntryDecl, str]]
+    headers: HeaderSet
 
 
-def _nvrtc_major_or_none() -> int | None:
-    try:
-        return int(get_compiler("nvrtc").identity().version.split(".")[0])
-    except KhalBuildError:
-        return None  # prebuilt-only builds may have no NVRTC
+def _cuda_plan(plan: CratePlan) -> CudaPlan:
+    assert isinstance(plan, CudaPlan), f"crate {plan.cfg.name!r} was not planned as CUDA C++"
+    return plan
+
+
 
 
 class CudaLanguage:
     name = "cuda"
     compiler = "nvrtc"
 
-    def plan(self, root: Path, cfg: ResolvedCrate) -> CratePlan:
+    def plan(self, root: Path, cfg: ResolvedCrate) -> CudaPlan:
         sources = collect_sources(root, cfg.name, cfg.sources, cfg.include_dirs)
+        slang = [s.rel for s in sources.sources if s.path.suffix.lower() == ".slang"]
+        if slang:
+            raise ConfigError(
+                f"crate {cfg.name!r}: option 'sources' ({', '.join(cfg.sources)}) matches Slang sources "
+                f"({', '.join(slang)}), but a crate whose source globs do not end in .slang is CUDA C++; "
+                "keep .slang and .cu files in separate crates and list a Slang crate's sources as globs of "
+                ".slang files (sources = [\"kernels/slang/*.slang\"])"
+            )
         decls = scan_crate([(f.rel, f.text) for f in sources.scanned], cfg.name, cfg.defines, cfg.options,
                            sources.system_includes)
         if not decls:
@@ -71,18 +89,23 @@ class CudaLanguage:
         extra: dict[str, object] = {}
         if sources.system_includes:
             # CUDA/CCCL headers are not hashed file by file: their package versions are.
-            headers = resolve_headers(cfg.cuda_headers, _nvrtc_major_or_none())
+            headers = resolve_headers(cfg.cuda_headers, nvrtc_cuda_major())
             extra = {"cuda_headers": [cfg.cuda_headers, [list(f) for f in headers.fingerprint]]}
         content = crate_content_hash(sources.all_files, cfg.defines, cfg.options, extra)
         entries = [(d, entry_hash(content, d)) for d in decls]
-        return CratePlan(cfg=cfg, language=self.name, sources=sources, content_hash=content, entries=entries,
-                         spirv=_spirv_status(cfg), headers=headers)
+        return CudaPlan(cfg=cfg, language=self.name, content_hash=content, spirv=NOT_APPLICABLE,
+                        files=sources.all_files, entries=[PlannedEntry(d.name, h) for d, h in entries],
+                        sources=sources, decls=entries, headers=headers)
+
+    def prepare(self, plan: CratePlan, cache: Cache, reporter: Reporter) -> tuple[int, int]:
+        return 0, 0  # everything is known from the sources
 
     def jobs(self, plan: CratePlan, root: Path, targets: list[str]) -> list[CompileJob]:
+        plan = _cuda_plan(plan)
         cfg = plan.cfg
         compiler = get_compiler(self.compiler)
         ident = compiler.identity()
-        unit = generate_unit(cfg.name, [s.path for s in plan.sources.sources], plan.entries)
+        unit = generate_unit(cfg.name, [s.path for s in plan.sources.sources], plan.decls)
         include = [f"-I{khal_include_dir()}"] + [f"-I{d}" for d in plan.sources.include_dirs]
         include += [f"-I{d}" for d in plan.headers.include_dirs]
         defines = [f"-D{k}={v}" if v != "" else f"-D{k}" for k, v in sorted(cfg.defines.items())]
@@ -110,15 +133,18 @@ class CudaLanguage:
         return jobs
 
     def explain(self, plan: CratePlan, error: KhalBuildError) -> KhalBuildError:
+        plan = _cuda_plan(plan)
         text = str(error)
-        entry_error = explain_entry_error(text, [d for d, _ in plan.entries], plan.sources.display, plan.cfg.name)
+        entry_error = explain_entry_error(text, [d for d, _ in plan.decls], plan.sources.display, plan.cfg.name)
         if entry_error is not None:
             return entry_error
-        names = sorted(set(_MISSING_HEADER.findall(text)))
-        if not names:
-            return error
-        hints = "\n".join(f"hint: {header_hint(n, plan.headers.mode)}" for n in names)
-        return type(error)(f"{error}\n{hints}")
+        hints = header_hints(text, plan.headers.mode)
+        return type(error)(f"{error}\n{hints}") if hints else error
+
+    def finish(self, plan: CratePlan, binary: BinaryInfo) -> CrateParts:
+        plan = _cuda_plan(plan)
+        entries, warnings = manifest_entries(plan.cfg.name, plan.decls, binary)
+        return CrateParts(entries=entries, warnings=tuple(warnings))
 
 
 CUDA = CudaLanguage()

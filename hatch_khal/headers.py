@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from hatch_khal.errors import ConfigError
+from hatch_khal.compilers import get_compiler
+from hatch_khal.errors import ConfigError, KhalBuildError
 
-__all__ = ["HEADER_PACKAGES", "HeaderSet", "header_hint", "header_requirements", "resolve_headers"]
+__all__ = ["HEADER_PACKAGES", "HeaderSet", "header_hint", "header_hints", "header_requirements", "nvrtc_cuda_major", "resolve_headers"]
 
 #: The wheels that carry the CUDA headers (CUDA 13 naming: no -cuXX suffix).
 HEADER_PACKAGES = ("nvidia-cuda-runtime", "nvidia-cuda-crt", "nvidia-cuda-cccl")
@@ -135,6 +136,14 @@ def _system() -> HeaderSet:
     return HeaderSet("system", tuple(dirs), (("toolkit:" + ident.name, digest),))
 
 
+def nvrtc_cuda_major() -> int | None:
+    """The CUDA major of the NVRTC in use (the header wheels must match it), None without NVRTC."""
+    try:
+        return int(get_compiler("nvrtc").identity().version.split(".")[0])
+    except KhalBuildError:
+        return None  # prebuilt-only builds may have no NVRTC
+
+
 def resolve_headers(mode: str, nvrtc_major: int | None) -> HeaderSet:
     if mode == "none":
         return HeaderSet("none")
@@ -170,3 +179,12 @@ def header_hint(header: str, mode: str) -> str:
                 "intN_t/uintN_t, libdevice provides the math functions, and <cuda/std/...> (nvidia-cuda-cccl) "
                 "has device versions of much of the standard library")
     return f"\"{header}\" is not in the crate's folders: check the #include and the option 'include-dirs'"
+
+
+_MISSING_HEADER = re.compile(r'(?:could not|cannot) open source file "([^"]+)"')
+
+
+def header_hints(compiler_log: str, mode: str) -> str:
+    """``hint: ...`` lines for every header NVRTC could not open in ``compiler_log`` ("" if none)."""
+    names = sorted(set(_MISSING_HEADER.findall(compiler_log)))
+    return "\n".join(f"hint: {header_hint(n, mode)}" for n in names)

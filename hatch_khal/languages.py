@@ -1,22 +1,33 @@
-"""The per-language seam: how a crate of one source language is planned and compiled.
+"""The per-language seam: how a crate of one source language is planned, compiled and finished.
 
 A :class:`Language` turns a crate's configuration into a :class:`~hatch_khal.model.CratePlan`
-(its sources, entries and hashes), the plan into compile jobs (each naming the compiler that
-runs it, see :mod:`hatch_khal.compilers`), and a compile failure into the clearest error it
-can. CUDA C++ (:data:`hatch_khal.cuda.CUDA`) is the first. A Slang language registers here
-under ``"slang"`` (``khal_runtime.manifest.Crate.language``): Slang -> CUDA C++ for NVRTC jobs,
-plus its own WGSL / SPIR-V jobs per entry.
+(its files, content hash and, where it can tell without compiling, its entries); runs whatever
+must run before the compile jobs exist (:meth:`Language.prepare`: Slang's own compile, through
+the content-addressed cache); turns the plan into compile jobs (each naming the compiler that
+runs it, see :mod:`hatch_khal.compilers`) and a compile failure into the clearest error it can;
+and, once a CUDA binary of the crate is known, makes the manifest entries and any artifacts
+besides the PTX / cubins (:meth:`Language.finish`).
+
+The languages: CUDA C++ (:data:`hatch_khal.cuda.CUDA`, ``.cu`` sources) and Slang
+(:data:`hatch_khal.slang.language.SLANG`, ``.slang`` sources: CUDA through NVRTC, plus WGSL /
+SPIR-V per entry). The name is ``khal_runtime.manifest.Crate.language``;
+:func:`hatch_khal.config.parse_config` picks it from the sources' suffix.
 """
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from hatch_khal.config import ResolvedCrate
 from hatch_khal.errors import ConfigError, KhalBuildError
-from hatch_khal.model import CompileJob, CratePlan
+from hatch_khal.model import CompileJob, CrateParts, CratePlan, Reporter
+
+if TYPE_CHECKING:
+    from khal_runtime.binaries import BinaryInfo
+
+    from hatch_khal.cache import Cache
 
 __all__ = ["LANGUAGES", "Language", "get_language"]
 
@@ -27,7 +38,15 @@ class Language(Protocol):
     compiler: str
 
     def plan(self, root: Path, cfg: ResolvedCrate) -> CratePlan:
-        """Sources, entries and hashes of one crate; SourceError / ConfigError when unusable."""
+        """Files, content hash (and entries, if known without compiling) of one crate; SourceError /
+        ConfigError when unusable. Runs no compiler."""
+        ...
+
+    def prepare(self, plan: CratePlan, cache: Cache, reporter: Reporter) -> tuple[int, int]:
+        """What must run before :meth:`jobs` (a front-end compiler), through ``cache``; fills
+        ``plan.entries`` when :meth:`plan` could not. Also for prebuilt crates (their binary is
+        checked against these entries). Returns how many units it compiled and how many it took
+        from the cache; (0, 0) for CUDA C++, which has no such stage."""
         ...
 
     def jobs(self, plan: CratePlan, root: Path, targets: list[str]) -> list[CompileJob]:
@@ -38,10 +57,17 @@ class Language(Protocol):
         """The error to report for a failed job of this crate (hints, source locations)."""
         ...
 
+    def finish(self, plan: CratePlan, binary: BinaryInfo) -> CrateParts:
+        """The manifest entries, with parameter sizes checked against ``binary``'s size probes (a
+        PTX or cubin of this crate, compiled or prebuilt), and the artifacts besides the CUDA
+        binaries."""
+        ...
+
 
 #: language -> "module:attribute" of its Language, imported on first use only.
 LANGUAGES: dict[str, str] = {
     "cuda": "hatch_khal.cuda:CUDA",
+    "slang": "hatch_khal.slang.language:SLANG",
 }
 
 

@@ -13,20 +13,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from khal_runtime.manifest import Manifest, SpirvStatus
+    from khal_runtime.manifest import Artifact, Entry, Manifest, SpirvStatus
 
     from hatch_khal.config import ResolvedCrate
-    from hatch_khal.entries import EntryDecl
-    from hatch_khal.headers import HeaderSet
-    from hatch_khal.sources import CrateSources
+    from hatch_khal.sources import SourceFile
 
 __all__ = [
     "BuildResult",
     "CompileJob",
     "CompileOutput",
     "CompilerIdentity",
+    "CrateParts",
     "CratePlan",
     "PackageOutput",
+    "PlannedEntry",
     "PrintReporter",
     "Reporter",
 ]
@@ -93,23 +93,52 @@ class CompileOutput:
     cached: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
+class PlannedEntry:
+    """An entry as the generic stages see it: its name and its entry hash."""
+
+    name: str
+    hash: str
+
+
+@dataclass(kw_only=True)
 class CratePlan:
-    """Everything known about a crate before anything is compiled."""
+    """Everything known about a crate before its compile jobs run.
+
+    The generic fields; a language keeps what else it needs in a subclass of its own
+    (:class:`hatch_khal.cuda.CudaPlan`, :class:`hatch_khal.slang.language.SlangCratePlan`)."""
 
     cfg: ResolvedCrate
     language: str
-    sources: CrateSources
     content_hash: str
-    #: the entries, sorted by name, each with its entry hash
-    entries: list[tuple[EntryDecl, str]]
     spirv: SpirvStatus
-    headers: HeaderSet
+    #: every file the content hash covers, sorted by key (the manifest's ``sources``)
+    files: list[SourceFile]
+    #: the entries with their hashes (the language's order): known after planning (CUDA C++) or after
+    #: the language's front stage (:meth:`hatch_khal.languages.Language.prepare`, Slang)
+    entries: list[PlannedEntry] = field(default_factory=list)
+    #: tools this crate was built with besides the compilers of its jobs ({"slang": "2026.12"})
+    tools: dict[str, str] = field(default_factory=dict)
     prebuilt_var: str | None = None
     prebuilt_path: Path | None = None
     jobs: list[CompileJob] = field(default_factory=list)
     #: what the assemble stage found worth saying (shown by the builder)
     warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CrateParts:
+    """What a language makes of a crate once one of its CUDA binaries is known
+    (:meth:`hatch_khal.languages.Language.finish`): the manifest entries (parameter sizes
+    checked against the binary's probes), and any artifacts besides the PTX / cubins."""
+
+    entries: tuple[Entry, ...]
+    #: artifacts besides the CUDA binaries (WGSL / SPIR-V of Slang crates)
+    artifacts: tuple[Artifact, ...] = ()
+    #: package-relative path -> bytes of those artifacts
+    files: dict[str, bytes] = field(default_factory=dict)
+    #: what is worth saying about them (shown by the builder)
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass

@@ -30,6 +30,7 @@ from hatch_khal.frontend import CallbackReporter, all_prebuilt, check_packages, 
 from hatch_khal.headers import header_requirements
 from hatch_khal.model import BuildResult
 from hatch_khal.output import remove_output, write_package_output
+from hatch_khal.slang.library import SLANGPY_REQUIREMENT
 
 __all__ = ["KhalBuildHook"]
 
@@ -70,13 +71,16 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     # -- hatchling API ---------------------------------------------------------
 
     def dependencies(self) -> list[str]:
-        # NVRTC is needed only to compile: a build whose crates are all prebuilt needs none.
         crates = self._parsed[1]
-        if all_prebuilt(crates):
-            return []
-        deps = [self.hook_config.nvrtc_requirement]
-        if any(c.cuda_headers == "wheels" for c in crates):
-            deps += header_requirements(self.hook_config.nvrtc_requirement)
+        deps: list[str] = []
+        # NVRTC is needed only to compile: a build whose crates are all prebuilt needs none.
+        if not all_prebuilt(crates):
+            deps.append(self.hook_config.nvrtc_requirement)
+            if any(c.cuda_headers == "wheels" for c in crates):
+                deps += header_requirements(self.hook_config.nvrtc_requirement)
+        # Slang runs for a prebuilt Slang crate too (its entries, its WGSL / SPIR-V).
+        if any(c.language == "slang" for c in crates):
+            deps.append(SLANGPY_REQUIREMENT)
         return deps
 
     def clean(self, versions: list[str]) -> None:  # noqa: ARG002

@@ -13,6 +13,9 @@ hatchling hook table; ``parse_config`` validates both). Being installed, this pl
 for *every* setuptools build in the environment: a project without ``[tool.khal]`` costs one
 read of its ``pyproject.toml`` and nothing else (no pydantic, no NVRTC, no cuda import).
 
+setuptools cannot add build requirements: NVRTC (and, for Slang crates, ``slangpy``) must be in
+the project's ``[build-system] requires``; the command says so when they are missing.
+
 Wheel builds write ``<package>/_khal/`` under ``build_lib`` (source layouts mapped through
 ``package_dir``); editable builds write it into the source package in place, with the
 manifest's ``editable`` record, exactly as the hatchling hook does.
@@ -180,6 +183,7 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
         reporter = CallbackReporter(lambda m: self.announce(m, level=logging.INFO), self.warn,
                                     lambda m: self.announce(m, level=logging.DEBUG))
         self._check_nvrtc(hook, crates)
+        self._check_slang(hook, crates)
         try:
             result = build_packages(root, crates, reporter, editable=self.editable_mode)
         except KhalBuildError as exc:
@@ -221,6 +225,24 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
                         ) from exc
         self._warn_unmet_requirement(requirement)
 
+    def _check_slang(self, hook: HookConfig, crates: list[ResolvedCrate]) -> None:
+        """Slang crates need the slangpy wheel in the build environment, which setuptools cannot add."""
+        if not any(c.language == "slang" for c in crates):
+            return
+        # lazy: the Slang locator only for projects with Slang crates
+        from hatch_khal.slang.library import SLANGPY_REQUIREMENT, SlangNotFound, find_slang
+
+        try:
+            find_slang()
+        except SlangNotFound as exc:
+            requires = ", ".join(f'"{r}"' for r in ("setuptools>=70", "hatch-khal", hook.nvrtc_requirement,
+                                                      SLANGPY_REQUIREMENT))
+            raise _setup_error(
+                f"khal: {exc}\nsetuptools cannot add build requirements: list the Slang compiler in the "
+                f"project's pyproject.toml, e.g. [build-system] requires = [{requires}]"
+            ) from exc
+        self._warn_unmet_requirement(SLANGPY_REQUIREMENT, f"Slang crates are tested with {SLANGPY_REQUIREMENT!r}")
+
     def _header_note(self, hook: HookConfig, crates: list[ResolvedCrate]) -> str:
         """After a failed build: the CUDA header wheels the hatch hook would have added, if absent."""
         # lazy: only after a failed build
@@ -245,7 +267,7 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
             "to [build-system] requires"
         )
 
-    def _warn_unmet_requirement(self, requirement: str) -> None:
+    def _warn_unmet_requirement(self, requirement: str, what: str | None = None) -> None:
         # lazy: only when this project builds kernels
         from importlib.metadata import PackageNotFoundError, version
 
@@ -258,7 +280,7 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
             return  # NVRTC found some other way (a toolkit on the library path)
         if not req.specifier.contains(have, prereleases=True):
             self.warn(
-                f"{_TABLE} nvrtc-requirement is {requirement!r} but {req.name} {have} is installed; "
+                f"{what or f'{_TABLE} nvrtc-requirement is {requirement!r}'} but {req.name} {have} is installed; "
                 "setuptools does not install it for you: pin it in [build-system] requires"
             )
 

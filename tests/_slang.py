@@ -1,11 +1,15 @@
-"""Helpers of the Slang stage tests: a skip marker, tiny crates on disk, compiled crates."""
+"""Helpers of the Slang tests: a skip marker, tiny crates on disk, compiled crates, and the example's
+Slang crate as its wheel ships it."""
 
 from __future__ import annotations
 
 import importlib.util
 import textwrap
+import zipfile
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,30 +87,92 @@ def main_crate(tmp: str):  # type: ignore[no-untyped-def]
                          include_dirs=["mods"])
 
 
+#: The example package's Slang crate (example_shader_pkg/pyproject.toml)
+EXAMPLE_CRATE = "slang"
+EXAMPLE_PACKAGE = "example_shader_pkg"
+
+
+def example_slang_plan():  # type: ignore[no-untyped-def]
+    """The example's Slang crate planned from its own pyproject.toml, as the hook plans it."""
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+    from hatch_khal.config import parse_config
+    from hatch_khal.slang.language import SLANG
+
+    table = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    _, crates = parse_config(table["hooks"]["khal"], default_package=EXAMPLE_PACKAGE)
+    (cfg,) = [c for c in crates if c.name == EXAMPLE_CRATE]
+    return SLANG.plan(EXAMPLE, cfg)
+
+
 @lru_cache(maxsize=None)
 def example_crate():  # type: ignore[no-untyped-def]
-    """example_shader_pkg/kernels/slang, compiled for every target."""
-    from hatch_khal.slang.stage import compile_slang_crate, plan_slang_crate
+    """The example's Slang crate compiled for every target (the stage's output, with its CUDA unit)."""
+    from hatch_khal.slang.stage import compile_slang_crate
 
-    p = plan_slang_crate(EXAMPLE, "slang_examples", ["kernels/slang/*.slang"], ["kernels/slang/modules"], {}, [])
-    return compile_slang_crate(p)
+    plan = example_slang_plan()
+    return compile_slang_crate(plan.slang, plan.targets)
+
+
+def cached_example_crate(cache_dir: Path):  # type: ignore[no-untyped-def]
+    """The example's Slang output as a build stored it in ``cache_dir`` (the session's example wheel
+    build), else compiled here."""
+    from hatch_khal.cache import Cache
+    from hatch_khal.slang.output import SlangOutput
+
+    plan = example_slang_plan()
+    hit = Cache(cache_dir).lookup(plan.slang.cache_key(plan.targets))
+    return SlangOutput.from_bytes(hit.data) if hit is not None else example_crate()
+
+
+@dataclass(frozen=True)
+class ShippedCrate:
+    """A Slang crate as a wheel ships it: what the layout tests read of a stage output, from the wheel."""
+
+    crate: str
+    entries: tuple[Any, ...]  # manifest Entry objects
+    #: package path -> bytes of every WGSL / SPIR-V artifact
+    webgpu_files: dict[str, bytes]
+    #: arch ("compute_75", "sm_90") -> PTX / cubin bytes
+    binaries: dict[str, bytes]
+    manifest: Any
+
+    @property
+    def ptx(self) -> str:
+        (arch,) = [a for a in self.binaries if a.startswith("compute_")]
+        return self.binaries[arch].decode()
+
+
+def shipped_crate(wheel: Path, crate: str = EXAMPLE_CRATE, package: str = EXAMPLE_PACKAGE) -> ShippedCrate:
+    from khal_runtime.manifest import parse_manifest
+
+    with zipfile.ZipFile(wheel) as zf:
+        manifest = parse_manifest(zf.read(f"{package}/_khal/manifest.json"))
+        c = manifest.crate(crate)
+        files = {a.path: zf.read(f"{package}/{a.path}") for a in c.artifacts}
+    return ShippedCrate(
+        crate=crate, entries=c.entries, manifest=manifest,
+        webgpu_files={a.path: files[a.path] for a in c.artifacts if a.kind in ("wgsl", "spirv")},
+        binaries={a.arch: files[a.path] for a in c.artifacts if a.arch is not None},
+    )
 
 
 def webgpu_package(root: Path, name: str = "wgpu_example_pkg") -> Path:
     """A package holding only the WebGPU build (WGSL + SPIR-V) of the example's Slang crate, as
     the hook writes it: ``root/<name>`` (import it with ``root`` on sys.path)."""
-    from hatch_khal.slang.stage import compile_slang_crate, plan_slang_crate
     from khal_runtime.manifest import SCHEMA_VERSION, Crate, Manifest, SpirvStatus, Toolchain
 
-    p = plan_slang_crate(EXAMPLE, "slang_examples", ["kernels/slang/*.slang"], ["kernels/slang/modules"], {}, [])
-    out = compile_slang_crate(p, {"wgsl", "spirv"})
+    p = example_slang_plan()
+    out = example_crate()
     pkg = root / name
     (pkg / "_khal").mkdir(parents=True, exist_ok=True)
     for rel, data in out.webgpu_files.items():
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_bytes(data)
-    crate = Crate(name="slang_examples", language="slang", package_dir="_khal/slang_examples",
-                  sources=p.manifest_sources, content_hash=p.content_hash,
+    crate = Crate(name=EXAMPLE_CRATE, language="slang", package_dir=f"_khal/{EXAMPLE_CRATE}",
+                  sources=p.slang.manifest_sources, content_hash=p.content_hash,
                   artifacts=tuple(out.webgpu_artifacts()), entries=tuple(out.entries),
                   spirv=SpirvStatus(status="built"))
     m = Manifest(schema_version=SCHEMA_VERSION, package=name, toolchain=Toolchain(hatch_khal_version="test"),

@@ -119,3 +119,20 @@ def example_pkg(example_site: Path):  # type: ignore[no-untyped-def]
         yield pkg
     finally:
         sys.path.remove(str(example_site))
+
+
+@pytest.fixture(scope="session")
+def example_slang(example_wheel: Path):  # type: ignore[no-untyped-def]
+    """The example wheel's Slang crate: its manifest entries, WGSL / SPIR-V files and CUDA binaries."""
+    from ._slang import shipped_crate
+
+    return shipped_crate(example_wheel)
+
+
+@pytest.fixture(scope="session")
+def example_slang_output(example_wheel: Path, session_cache: Path):  # type: ignore[no-untyped-def]
+    """The example's Slang stage output (its CUDA unit included) as the session's wheel build cached
+    it: no second Slang run (compiled here when the wheel was given, KHAL_TEST_EXAMPLE_WHEEL)."""
+    from ._slang import cached_example_crate
+
+    return cached_example_crate(session_cache)

@@ -454,3 +454,32 @@ def test_cli_version_and_plain_help() -> None:
     assert out.strip() == f"hatch-khal {__version__}"
     helptext = run([sys.executable, "-m", "hatch_khal", "--help"]).stdout
     assert "inspect" in helptext and "`" not in helptext
+
+
+def test_inspect_escapes_control_characters_from_a_hand_made_manifest(tmp_path: Path) -> None:
+    """Issue #16 item 20: a crate name or a version carrying ESC sequences (colours, a terminal
+    title, a hidden line) is printed escaped, never raw; also in verify's and the error's lines."""
+    from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME
+
+    root = make_project(tmp_path / "p")
+    result, _ = build(root, None)
+    m, _ = manifest_of(result)
+    data = json.loads(m.to_json())
+    evil_crate, evil_version = "alpha\x1b[2J\x1b]0;pwned\x07\u202e\x9b", "0.1\x1b[31m\nFAIL forged line"
+    data["crates"][0]["name"] = evil_crate
+    data["toolchain"]["hatch_khal_version"] = evil_version
+    data["package"] = "mini\x1b[8m"
+    pkg = tmp_path / "pkg"
+    (pkg / MANIFEST_DIR).mkdir(parents=True)
+    (pkg / MANIFEST_DIR / MANIFEST_NAME).write_text(json.dumps(data))
+    out = run([sys.executable, "-m", "hatch_khal", "inspect", str(pkg)]).stdout
+    assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out and "\u202e" not in out
+    assert r"crate alpha\x1b[2J\x1b]0;pwned\x07\u202e\x9b: CUDA C++" in out
+    assert r"hatch-khal 0.1\x1b[31m\x0aFAIL forged line" in out and r"package mini\x1b[8m" in out
+    assert not any(line.startswith("FAIL") for line in out.splitlines())
+    proc = run([sys.executable, "-m", "hatch_khal", "verify", str(pkg)], check=False)  # artifacts missing
+    assert proc.returncode == 1 and "\x1b" not in proc.stderr and r"mini\x1b[8m" in proc.stderr
+    odd = tmp_path / "dir\x1b[2J"  # an error message naming a path
+    odd.mkdir()
+    proc = run([sys.executable, "-m", "hatch_khal", "inspect", str(odd)], check=False)
+    assert proc.returncode == 2 and "\x1b" not in proc.stderr and r"dir\x1b[2J: no _khal/manifest.json" in proc.stderr

@@ -90,7 +90,8 @@ def test_build_produces_hashed_entries_and_valid_artifacts(tmp_path: Path) -> No
     # sources and the local header are recorded with their hashes, relative paths only
     assert [s.path for s in alpha.sources] == ["kernels/alpha/scale.cu", "kernels/include/common.cuh"]
     assert str(tmp_path) not in files["_khal/manifest.json"].decode()
-    assert alpha.spirv.status == "not_configured" and alpha.prebuilt is None
+    assert (alpha.spirv.status, alpha.spirv.reason) == ("not_applicable", "CUDA C++ source")
+    assert alpha.language == "cuda" and alpha.prebuilt is None
 
 
 def test_hashes_do_not_depend_on_location_and_builds_are_identical(tmp_path: Path) -> None:
@@ -161,17 +162,22 @@ def test_read_only_cache_degrades_with_warning(tmp_path: Path) -> None:
     assert any("not writable" in w for w in rep.warnings)
 
 
-def test_skip_spirv_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("skip", [None, "1"])
+def test_cuda_crates_have_no_webgpu_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, skip: str | None) -> None:
+    """KHAL_SKIP_SPIRV or not: CUDA C++ compiles to CUDA only (Slang crates build WebGPU too)."""
     root = make_project(tmp_path / "p")
-    monkeypatch.setenv("KHAL_SKIP_SPIRV", "1")
+    if skip:
+        monkeypatch.setenv("KHAL_SKIP_SPIRV", skip)
     m, _ = manifest_of(build(root, None)[0])
-    assert all(c.spirv.status == "skipped" and "KHAL_SKIP_SPIRV" in c.spirv.reason for c in m.crates)
+    assert all((c.spirv.status, c.spirv.reason) == ("not_applicable", "CUDA C++ source") for c in m.crates)
+    assert all(a.kind in ("ptx", "cubin") for c in m.crates for a in c.artifacts)
 
 
-def test_spirv_requested_without_skip_is_a_clear_error(tmp_path: Path) -> None:
+def test_spirv_on_a_cuda_crate_says_to_write_it_in_slang(tmp_path: Path) -> None:
     crates = '[[tool.hatch.build.targets.wheel.hooks.khal.crates]]\nname = "alpha"\nsources = ["kernels/alpha/*.cu"]\ninclude-dirs = ["kernels/include"]\nspirv = true\n'
     root = make_project(tmp_path / "p", crates=crates)
-    with pytest.raises(ConfigError, match="KHAL_SKIP_SPIRV"):
+    with pytest.raises(ConfigError, match=r"crates\[0\] 'alpha': option 'spirv = true' asks for WGSL / SPIR-V, "
+                                          r"which only Slang crates build .*write the crate in Slang"):
         build(root, None)
 
 

@@ -34,7 +34,7 @@ def test_wheel_is_pure(example_wheel: Path) -> None:
 
 
 def test_two_crates_with_a_shared_local_header(manifest) -> None:  # type: ignore[no-untyped-def]
-    assert {c.name for c in manifest.crates} == {"core", "particles", "cccl"}
+    assert {c.name for c in manifest.crates} == {"core", "particles", "cccl", "slang"}
     core = manifest.crate("core")
     headers = {s.path for s in core.sources if not s.path.endswith(".cu")}
     assert headers and all(h.startswith("kernels/include/") for h in headers)

@@ -189,7 +189,9 @@ def test_editable_install_builds_in_place_and_reports_stale(tmp_path: Path, sess
     assert in_place.is_file()
     manifest = json.loads(in_place.read_text())
     assert manifest["editable"]["project_root"] == str(proj.resolve())
-    assert {a["arch"] for c in manifest["crates"] for a in c["artifacts"]} == {"sm_90", "compute_75"}
+    cuda = [a for c in manifest["crates"] for a in c["artifacts"] if a["kind"] in ("ptx", "cubin")]
+    assert {a["arch"] for a in cuda} == {"sm_90", "compute_75"}
+    assert {a["kind"] for c in manifest["crates"] for a in c["artifacts"]} == {"ptx", "cubin", "wgsl", "spirv"}
     # This checkout may be on sys.path (hatch-khal installed editable); its example_shader_pkg/
     # project directory would then pass for a namespace package and shadow setuptools'
     # editable finder, which sits after the path finder. Drop it once khal_runtime is imported.

@@ -12,7 +12,7 @@ from khal_runtime.manifest import Param
 from hatch_khal.errors import CompileError
 from hatch_khal.slang.cuda_abi import DEFAULT_NVRTC_OPTIONS, build_cuda_unit, nvrtc_options
 from hatch_khal.slang.entries import SlangEntry
-from tests._slang import example_crate, main_crate, needs_slang
+from tests._slang import main_crate, needs_slang
 
 
 def _nvrtc(unit: str, options: list[str], name: str = "demo.slang.cu") -> str:
@@ -46,14 +46,12 @@ def test_unit_structure(tmp_path_factory) -> None:  # type: ignore[no-untyped-de
 
 
 @needs_slang
-def test_fmad_off_by_default_and_overridable() -> None:
-    out = example_crate()
-    opts = list(out.nvrtc_options)
-    assert "--fmad=false" in opts
-    ptx = _nvrtc(out.cuda_unit, opts)
+def test_fmad_off_by_default_and_overridable(example_slang_output, example_slang) -> None:  # type: ignore[no-untyped-def]
+    out = example_slang_output
+    assert "--fmad=false" in out.nvrtc_options
     body = lambda p, sym: p[p.index(f".entry {sym}("):].split(".entry", 2)[1]  # noqa: E731
     saxpy = next(e for e in out.entries if e.name == "saxpy_shared")
-    assert "fma.rn.f32" not in body(ptx, saxpy.symbol)
+    assert "fma.rn.f32" not in body(example_slang.ptx, saxpy.symbol)  # the PTX the example wheel ships
     fused = _nvrtc(out.cuda_unit, nvrtc_options(["--fmad=true"]))
     assert "fma.rn.f32" in body(fused, saxpy.symbol)
 

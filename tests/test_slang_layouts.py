@@ -1,6 +1,7 @@
 """The manifest's WebGPU bindings, scalar blocks and struct layouts, and the CUDA ABI, checked
 against the compiled artifacts themselves (WGSL text, SPIR-V words, NVRTC's PTX), read with the
-independent readers of tests/_slang_artifacts.py."""
+independent readers of tests/_slang_artifacts.py: for a crate the stage compiled here ("main") and
+for every Slang entry of the example wheel ("wheel": its manifest against its own files)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from khal_runtime.manifest import Entry, StructLayout
 
-from tests._slang import example_crate, main_crate, needs_slang
+from tests._slang import main_crate, needs_slang
 from tests._slang_artifacts import (
     DEC_ARRAY_STRIDE, DEC_BINDING, DEC_NON_WRITABLE, DEC_SET, SC_PUSH_CONSTANT, SC_STORAGE_BUFFER, SC_UNIFORM,
     ptx_params, read_spirv, read_wgsl, slang_name,
@@ -17,11 +18,20 @@ from tests._slang_artifacts import (
 pytestmark = needs_slang
 
 
-@pytest.fixture(scope="module", params=["main", "example"])
+@pytest.fixture(scope="module", params=["main", "wheel"])
 def crate(request, tmp_path_factory):  # type: ignore[no-untyped-def]
     if request.param == "main":
         return main_crate(str(tmp_path_factory.mktemp("main")))
-    return example_crate()
+    return request.getfixturevalue("example_slang")
+
+
+def test_the_wheel_ships_every_slang_entry_for_every_target(example_slang) -> None:  # type: ignore[no-untyped-def]
+    names = {e.name for e in example_slang.entries}
+    assert {"saxpy_shared", "sum_u32", "histogram256", "affine", "slang_integrate", "slang_collide_ground",
+            "slang_count_active", "slang_compact_alive", "slang_kinetic_energy"} <= names
+    for e in example_slang.entries:
+        assert sorted(t.target for t in e.webgpu or ()) == ["spirv", "wgsl"], e.name
+    assert len(example_slang.webgpu_files) == 2 * len(names)
 
 
 def _entries(crate) -> list[Entry]:  # type: ignore[no-untyped-def]
@@ -124,36 +134,48 @@ def test_spirv_bindings_and_layouts_match_the_spirv(crate) -> None:  # type: ign
             assert not push
 
 
-def test_ptx_parameters_follow_the_khal_abi(crate) -> None:  # type: ignore[no-untyped-def]
+def _ptx_of(crate) -> tuple[str, object]:  # type: ignore[no-untyped-def]
+    """(PTX text, BinaryInfo): compiled here from a stage output, or the one the wheel ships."""
     from hatch_khal.headers import resolve_headers
     from hatch_khal.nvrtc import compile_unit, nvrtc_version
     from khal_runtime.binaries import read_binary
 
+    if not hasattr(crate, "cuda_unit"):
+        return crate.ptx, read_binary(crate.ptx.encode())
     opts = list(crate.nvrtc_options)
     if crate.system_includes:
         opts += [f"-I{d}" for d in resolve_headers("wheels", nvrtc_version()[0]).include_dirs]
     r = compile_unit(crate.cuda_unit, crate.unit_name, "compute_90", opts, crate.crate)
     assert r.log == ""  # the prelude's warnings are silenced
-    ptx = r.data.decode()
+    return r.data.decode(), read_binary(r.data)
+
+
+def test_ptx_parameters_follow_the_khal_abi(crate) -> None:  # type: ignore[no-untyped-def]
+    ptx, info = _ptx_of(crate)
     entries = ptx_params(ptx)
     scalar_ptx = {"float32": "f32", "int32": "u32", "uint32": "u32", "float16": "b8[2]",
                   "float64": "f64", "int64": "u64", "uint64": "u64"}
+    probes = dict(info.globals_u64)  # type: ignore[attr-defined]
     for e in crate.entries:
         expected: list[str] = []
-        for p in e.params:
+        for i, p in enumerate(e.params):
             expected += {"storage": ["u64", "u64"], "uniform": ["u64"]}.get(p.kind, [scalar_ptx.get(p.element_type, "?")])
+            # NVRTC's sizeof / alignof of each element (the probes) are the manifest's sizes
+            assert probes[f"khal_sizeof_{e.name}_{i}"] == p.element_size, (e.name, p.name)
+            assert probes[f"khal_alignof_{e.name}_{i}"] == p.element_align, (e.name, p.name)
         threads = e.block_size[0] * e.block_size[1] * e.block_size[2]
         assert entries[e.symbol] == (expected, (threads, 1, 1)), e.name
         assert entries[e.indirect_symbol] == (expected + ["u64"], (threads, 1, 1)), e.name
-    crate.check_probes(read_binary(r.data).globals_u64)
 
 
-def test_cuda_struct_layouts_match_nvrtc(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The manifest's CUDA offsets of the example's Affine struct against offsetof() in NVRTC."""
+def test_cuda_struct_layouts_match_nvrtc(example_slang_output, example_slang) -> None:  # type: ignore[no-untyped-def]
+    """The wheel's CUDA offsets of the example's Affine struct against offsetof() in NVRTC (compiling
+    the crate's unit, as the build cached it, with offsetof probes appended)."""
     from hatch_khal.nvrtc import compile_unit
     from khal_runtime.binaries import read_binary
 
-    crate = example_crate()
+    crate = example_slang_output
+    assert crate.entries == example_slang.entries  # the unit of the wheel's build
     e = next(x for x in crate.entries if x.name == "affine")
     p = next(x for x in e.params if x.kind == "uniform")
     layout = p.layouts["cuda"]

@@ -1,6 +1,7 @@
-"""The example Slang kernels run on WebGPU (wgpu-py on Mesa's lavapipe, a CPU Vulkan) from their
-WGSL and from their SPIR-V, driven only by what the manifest says (bindings, scalar blocks, struct
-layouts per target), against the NumPy references. Skipped where wgpu-py or an adapter is missing.
+"""The example Slang kernels run on WebGPU (wgpu-py on Mesa's lavapipe, a CPU Vulkan) from the WGSL
+and the SPIR-V the example wheel ships, driven only by what its manifest says (bindings, scalar
+blocks, struct layouts per target), against the NumPy references. Skipped where wgpu-py or an
+adapter is missing.
 
 The tiny dispatcher here is a test harness, not the WebGPU backend: it packs uniforms and scalars
 from ``Param.layouts`` / ``WebGpuTarget.scalar_slots`` and binds exactly ``WebGpuTarget.bindings``,
@@ -20,7 +21,7 @@ import pytest
 from khal_runtime import abi
 from khal_runtime.manifest import Entry, StructLayout
 
-from tests._slang import EXAMPLE, example_crate, needs_slang
+from tests._slang import EXAMPLE, needs_slang
 
 pytestmark = [needs_slang, pytest.mark.skipif(importlib.util.find_spec("wgpu") is None,
                                               reason="wgpu-py is not installed")]
@@ -115,28 +116,28 @@ TARGETS = ["wgsl", "spirv"]
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_saxpy_shared(device, target: str) -> None:  # type: ignore[no-untyped-def]
+def test_saxpy_shared(device, example_slang, target: str) -> None:  # type: ignore[no-untyped-def]
     _, ref, _ = _refs()
     rng = np.random.default_rng(1)
     x = rng.standard_normal(1000).astype(np.float32)
     y = rng.standard_normal(1000).astype(np.float32)
-    got = run(device, example_crate(), "saxpy_shared", target, {"x": x, "y": y, "a": 1.7}, groups=4)
+    got = run(device, example_slang, "saxpy_shared", target, {"x": x, "y": y, "a": 1.7}, groups=4)
     assert np.array_equal(got["y"], ref.saxpy_shared(x, y, 1.7))
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_atomic_reductions(device, target: str) -> None:  # type: ignore[no-untyped-def]
+def test_atomic_reductions(device, example_slang, target: str) -> None:  # type: ignore[no-untyped-def]
     _, ref, _ = _refs()
     keys = np.random.default_rng(2).integers(0, 2**32, size=3000, dtype=np.uint32)
-    got = run(device, example_crate(), "sum_u32", target, {"values": keys, "total": np.array([7], np.uint32)}, groups=12)
+    got = run(device, example_slang, "sum_u32", target, {"values": keys, "total": np.array([7], np.uint32)}, groups=12)
     assert int(got["total"][0]) == ref.sum_u32(keys, 7)
-    got = run(device, example_crate(), "histogram256", target,
+    got = run(device, example_slang, "histogram256", target,
               {"keys": keys, "bins": np.zeros(256, np.uint32), "shift": 8}, groups=12)
     assert np.array_equal(got["bins"], ref.histogram256(keys, 8))
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_affine_uniform_struct_and_scalars(device, target: str) -> None:  # type: ignore[no-untyped-def]
+def test_affine_uniform_struct_and_scalars(device, example_slang, target: str) -> None:  # type: ignore[no-untyped-def]
     _, ref, _ = _refs()
     x = np.random.default_rng(3).standard_normal(200).astype(np.float32)
     values = {"scale": [1.5, -2.0, 0.25, 3.0], "shift": [0.5, -0.25, 0.125], "bias": 0.75, "step": 3,
@@ -145,7 +146,7 @@ def test_affine_uniform_struct_and_scalars(device, target: str) -> None:  # type
                    tuple(values["taps"]))
     args = {"x": x, "y": np.zeros(200, np.float32), "k": np.zeros(200, np.int32), "p": values,
             "gain": 1.25, "base": -40, "count": 150}
-    got = run(device, example_crate(), "affine", target, args, groups=4)
+    got = run(device, example_slang, "affine", target, args, groups=4)
     y, k = ref.affine(x, p, 1.25, -40, 150)
     assert np.array_equal(got["k"], k)
     assert np.array_equal(got["y"], y)  # lavapipe does not fuse a*b+c (other drivers may: then allclose)
@@ -153,12 +154,12 @@ def test_affine_uniform_struct_and_scalars(device, target: str) -> None:  # type
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_particle_step(device, target: str) -> None:  # type: ignore[no-untyped-def]
+def test_particle_step(device, example_slang, target: str) -> None:  # type: ignore[no-untyped-def]
     reference, ref, structs = _refs()
     parts = reference.make_particles(1000, seed=4)
     sim = structs.SimParams(0.01, -9.81, 0.5, 900)
     sim_values = {"dt": sim.dt, "gravity": sim.gravity, "restitution": sim.restitution, "n": sim.n}
-    crate = example_crate()
+    crate = example_slang
     got = run(device, crate, "slang_integrate", target, {"particles": parts, "params": sim_values}, groups=8)
     stepped = ref.integrate(parts, sim)
     assert np.array_equal(got["particles"].view(np.float32), stepped.view(np.float32))

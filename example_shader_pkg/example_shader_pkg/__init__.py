@@ -1,6 +1,6 @@
 """example-shader-pkg: a shader package built by hatch-khal.
 
-Two crates are compiled at wheel-build time and embedded here:
+Four crates are compiled at wheel-build time and embedded here:
 
 * ``core``: ``saxpy``, ``reduce_sum``, ``gelu``, ``gelu_tanh``,
   ``histogram_digits``, ``exclusive_scan``, ``scatter_digits``;
@@ -8,7 +8,12 @@ Two crates are compiled at wheel-build time and embedded here:
   ``compact_alive``, ``kinetic_energy``;
 * ``cccl``: ``bias_gelu_bf16`` (cuda_bf16.h), ``sum_cub`` (cub::BlockReduce),
   ``sort_tiles`` (cub::BlockRadixSort), ``tile_max`` (cooperative groups) — built
-  against the CUDA header wheels the hook adds to the build.
+  against the CUDA header wheels the hook adds to the build;
+* ``slang`` (Slang, ``kernels/slang/*.slang``): ``saxpy_shared``, ``sum_u32``,
+  ``histogram256``, ``affine`` and the particle step ``slang_integrate``,
+  ``slang_collide_ground``, ``slang_count_active``, ``slang_compact_alive``,
+  ``slang_kinetic_energy`` — built for CUDA and as WGSL / SPIR-V for WebGPU
+  (``slang_reference`` holds their NumPy references).
 
 ``kernels`` holds every entry point, e.g.
 ``kernels.saxpy(elementwise_threads(n), x, y, SaxpyParams(a=2.0))``; the

@@ -72,10 +72,12 @@ class SlangPlan:
                      for f in self.files.all_files)
 
     def cache_key(self, targets: Iterable[str] = ALL_TARGETS) -> str:
-        """Key of this crate's :class:`SlangOutput` for ``targets``: equal keys, equal outputs."""
+        """Key of this crate's :class:`SlangOutput` for ``targets``: equal keys, equal outputs (the
+        crate's name too: it is in the artifact paths and the CUDA unit)."""
         return hashlib.sha256(canonical({
             "what": "slang-crate-output",
             "format": OUTPUT_FORMAT,
+            "crate": self.crate,
             "content": self.content_hash,
             "targets": sorted(normalize_targets(targets)),
             "slang": self.slang.fingerprint,
