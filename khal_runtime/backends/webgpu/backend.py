@@ -417,7 +417,7 @@ class WebGpuBackend:
 
     def profile_table(self) -> str | None:
         """The WebGPU part of ``khal_runtime.profile()`` (None when nothing was profiled here)."""
-        parts = [t.table() for t in self._timers.values()]
+        parts = [t.table() for t in self._timers.values() if t.stats()]
         parts += [f"khal WebGPU profile: {what} has no 'timestamp-query' feature: GPU times per "
                   "dispatch cannot be measured on it (time whole steps on the host instead)"
                   for what in self._untimed.values()]
