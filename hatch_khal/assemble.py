@@ -34,6 +34,7 @@ from hatch_khal.errors import KhalBuildError, PrebuiltError
 from hatch_khal.hashing import sha256_bytes
 from hatch_khal.languages import get_language
 from hatch_khal.model import CompileOutput, CratePlan, PackageOutput
+from hatch_khal.stubs import stub_files
 
 __all__ = ["MAX_PREBUILT_BYTES", "assemble_packages"]
 
@@ -203,5 +204,7 @@ def assemble_packages(
         )
         pkg_files = files[package]
         pkg_files[f"{MANIFEST_DIR}/{MANIFEST_NAME}"] = manifest.to_json().encode()
+        # the typed kernels module: `from ._khal import kernels` (a pure function of the manifest)
+        pkg_files.update(stub_files(manifest))
         out.append(PackageOutput(package, manifest, pkg_files))
     return out

@@ -118,6 +118,12 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
                 build_data["force_include"][str(self._staging / out.package / MANIFEST_DIR)] = (
                     f"{dist_dir}/{MANIFEST_DIR}"
                 )
+                if not (Path(self.root) / out.package / "py.typed").exists():
+                    # PEP 561: type checkers read the generated _khal/__init__.pyi of an installed
+                    # package only with a py.typed marker (pyright reads it regardless)
+                    marker = self._staging / f"{out.package.replace('/', '_')}.py.typed"
+                    marker.write_bytes(b"")
+                    build_data["force_include"][str(marker)] = f"{dist_dir}/py.typed"
                 self._exclude_in_place_output(out.package)
         except BaseException:
             self._cleanup()

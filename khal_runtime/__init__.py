@@ -167,7 +167,10 @@ def _imported_by_a_shader_package() -> bool:
     file = f.f_globals.get("__file__")
     if not isinstance(file, str) or os.path.basename(file) != "__init__.py":
         return False
-    return os.path.exists(os.path.join(os.path.dirname(file), "_khal", "manifest.json"))
+    here = os.path.dirname(file)
+    # the package's own __init__, or its generated _khal/__init__ (``from ._khal import kernels``)
+    return (os.path.exists(os.path.join(here, "_khal", "manifest.json"))
+            or os.path.basename(here) == "_khal" and os.path.exists(os.path.join(here, "manifest.json")))
 
 
 def _prestart_for_a_shader_package() -> None:

@@ -4,6 +4,7 @@ Slang crate as its wheel ships it."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import textwrap
 import zipfile
 from dataclasses import dataclass
@@ -19,6 +20,11 @@ EXAMPLE = ROOT / "example_shader_pkg"
 #: Tests that run Slang skip where slangpy is not installed (they run wherever it is).
 needs_slang = pytest.mark.skipif(importlib.util.find_spec("slangpy") is None,
                                  reason="slangpy (the Slang compiler) is not installed")
+#: tests that only read the example wheel's Slang output: the Slang compiler, or a wheel built
+#: beforehand (KHAL_TEST_EXAMPLE_WHEEL: the GPU machine, which cannot carry slangpy)
+needs_slang_or_wheel = pytest.mark.skipif(
+    importlib.util.find_spec("slangpy") is None and not os.environ.get("KHAL_TEST_EXAMPLE_WHEEL"),
+    reason="slangpy (the Slang compiler) is not installed and no KHAL_TEST_EXAMPLE_WHEEL is given")
 
 #: A crate exercising every kind: buffers, Atomic<uint>, a uniform struct whose layout differs per
 #: target, loose scalars of several types, an imported module's struct as a storage element, a 3-D
@@ -161,8 +167,13 @@ def shipped_crate(wheel: Path, crate: str = EXAMPLE_CRATE, package: str = EXAMPL
 
 def webgpu_package(root: Path, name: str = "wgpu_example_pkg") -> Path:
     """A package holding only the WebGPU build (WGSL + SPIR-V) of the example's Slang crate, as
-    the hook writes it: ``root/<name>`` (import it with ``root`` on sys.path)."""
+    the hook writes it: ``root/<name>`` (import it with ``root`` on sys.path). Taken from the wheel
+    named by KHAL_TEST_EXAMPLE_WHEEL when given (no Slang compiler needed), else compiled here."""
     from khal_runtime.manifest import SCHEMA_VERSION, Crate, Manifest, SpirvStatus, Toolchain
+
+    given = os.environ.get("KHAL_TEST_EXAMPLE_WHEEL")
+    if given:
+        return _webgpu_package_from_wheel(Path(given), root, name)
 
     p = example_slang_plan()
     out = example_crate()
@@ -175,6 +186,25 @@ def webgpu_package(root: Path, name: str = "wgpu_example_pkg") -> Path:
                   sources=p.slang.manifest_sources, content_hash=p.content_hash,
                   artifacts=tuple(out.webgpu_artifacts()), entries=tuple(out.entries),
                   spirv=SpirvStatus(status="built"))
+    m = Manifest(schema_version=SCHEMA_VERSION, package=name, toolchain=Toolchain(hatch_khal_version="test"),
+                 crates=(crate,))
+    (pkg / "_khal" / "manifest.json").write_text(m.to_json())
+    (pkg / "__init__.py").write_text("import khal_runtime\n\nkernels = khal_runtime.load(__name__)\n")
+    return pkg
+
+
+def _webgpu_package_from_wheel(wheel: Path, root: Path, name: str) -> Path:
+    """:func:`webgpu_package` from a built example wheel: its Slang crate, WGSL / SPIR-V only."""
+    from khal_runtime.manifest import SCHEMA_VERSION, Manifest, Toolchain
+
+    shipped = shipped_crate(wheel)
+    c = shipped.manifest.crate(EXAMPLE_CRATE)
+    pkg = root / name
+    (pkg / "_khal").mkdir(parents=True, exist_ok=True)
+    for rel, data in shipped.webgpu_files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_bytes(data)
+    crate = c.model_copy(update={"artifacts": tuple(a for a in c.artifacts if a.kind in ("wgsl", "spirv"))})
     m = Manifest(schema_version=SCHEMA_VERSION, package=name, toolchain=Toolchain(hatch_khal_version="test"),
                  crates=(crate,))
     (pkg / "_khal" / "manifest.json").write_text(m.to_json())

@@ -786,6 +786,8 @@ def test_quickstart_projects_build(project: str, tmp_path: Path, session_cache: 
     assert "my_shaders/_khal/manifest.json" in names, sorted(names)
     assert "my_shaders/_khal/core/core.sm_90.cubin" in names, sorted(names)
     assert not any(n.startswith("kernels/") for n in names), f"{project}: kernel sources leaked into the wheel"
+    if project != "setuptools":  # the hatch hook adds the PEP 561 marker the stub needs
+        assert "my_shaders/py.typed" in names and "my_shaders/_khal/__init__.pyi" in names, sorted(names)
     if "from ._khal import" in files.get("my_shaders/__init__.py", ""):
         assert "my_shaders/_khal/__init__.py" in names, f"{project}: the build wrote no my_shaders/_khal/__init__.py"
     run([sys.executable, "-m", "hatch_khal", "verify", str(wheel)])

@@ -21,10 +21,10 @@ from hatch_khal.nvrtc import supported_archs
 from khal_runtime.binaries import khal_symbols, read_binary, webgpu_entry_points
 from khal_runtime.manifest import parse_manifest
 
-from ._slang import EXAMPLE_CRATE, EXAMPLE_PACKAGE, needs_slang
+from ._slang import EXAMPLE_CRATE, EXAMPLE_PACKAGE, needs_slang, needs_slang_or_wheel
 from .conftest import EXAMPLE, build_env, run
 
-pytestmark = needs_slang
+pytestmark = needs_slang_or_wheel
 PKG = EXAMPLE_PACKAGE
 CRATES_HEADER = "[[tool.hatch.build.targets.wheel.hooks.khal.crates]]"
 
@@ -69,6 +69,7 @@ def _slang_only_project(dest: Path) -> Path:
     return dest
 
 
+@needs_slang
 def test_khal_skip_spirv_builds_the_same_crate_without_webgpu_files(
         example_wheel: Path, session_cache: Path, tmp_path: Path) -> None:
     """KHAL_SKIP_SPIRV=1: the same entries, hashes and CUDA binaries, no WGSL / SPIR-V (one cubin

@@ -98,7 +98,9 @@ def test_twin_wheel_equals_the_hatch_wheel(twin_wheel: Path, example_wheel: Path
     ours, theirs = khal_files(twin_wheel), khal_files(example_wheel)
     assert sorted(ours) == sorted(theirs)
     manifest = parse_manifest(theirs[f"{PKG}/_khal/manifest.json"])
-    assert len(theirs) == 1 + sum(len(c.artifacts) for c in manifest.crates)  # manifest + every artifact
+    # the manifest, every artifact, and the typed kernels module (_khal/__init__.py and .pyi)
+    assert len(theirs) == 3 + sum(len(c.artifacts) for c in manifest.crates)
+    assert {f"{PKG}/_khal/__init__.py", f"{PKG}/_khal/__init__.pyi"} <= set(theirs)
     for name in sorted(theirs):
         assert ours[name] == theirs[name], name
 
@@ -143,6 +145,8 @@ def mini_project(proj: Path, requires: str = '"setuptools>=70", "hatch-khal", "n
 
 MINI_KHAL = {
     "mini_pkg/_khal/manifest.json",
+    "mini_pkg/_khal/__init__.py",
+    "mini_pkg/_khal/__init__.pyi",
     "mini_pkg/_khal/alpha/alpha.sm_90.cubin",
     "mini_pkg/_khal/beta/beta.sm_90.cubin",
 }

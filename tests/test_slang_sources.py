@@ -89,3 +89,15 @@ def test_forbidden_slang_options(tmp_path: Path) -> None:
     for bad in (["-target", "spirv"], ["-entry", "f"], ["k/e.slang"]):
         with pytest.raises(ConfigError, match="crate 'demo': Slang option"):
             plan(tmp_path, slang_options=bad)
+
+
+def test_modules_outside_the_project_keep_their_relative_path(tmp_path: Path) -> None:
+    """Two external modules of one file name must not share a manifest key (the CUDA C++ rule:
+    ``<external>/`` and the path relative to the project)."""
+    proj = tmp_path / "proj"
+    write(tmp_path, {"shared1/util.slang": "module util;\n", "shared2/util.slang": "module util;\n"})
+    write(proj, {"k/a.slang": "import util;\n"})
+    one = collect_slang_sources(proj, "demo", ["k/*.slang"], [tmp_path / "shared1"])
+    two = collect_slang_sources(proj, "demo", ["k/*.slang"], [tmp_path / "shared2"])
+    assert [f.rel for f in one.modules] == ["<external>/../shared1/util.slang"]
+    assert [f.rel for f in two.modules] == ["<external>/../shared2/util.slang"]

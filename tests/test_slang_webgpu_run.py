@@ -21,9 +21,9 @@ import pytest
 from khal_runtime import abi
 from khal_runtime.manifest import Entry, StructLayout
 
-from tests._slang import EXAMPLE, needs_slang
+from tests._slang import EXAMPLE, needs_slang_or_wheel
 
-pytestmark = [needs_slang, pytest.mark.skipif(importlib.util.find_spec("wgpu") is None,
+pytestmark = [needs_slang_or_wheel, pytest.mark.skipif(importlib.util.find_spec("wgpu") is None,
                                               reason="wgpu-py is not installed")]
 
 

@@ -24,8 +24,9 @@ first argument is a thread count, and every kernel is correct for any count
 
 from __future__ import annotations
 
-import khal_runtime
-
+# the build writes _khal/ (the manifest, the kernels' binaries and a typed module loading them):
+# `kernels` is typed for mypy and pyright from _khal/__init__.pyi
+from ._khal import kernels
 from .structs import PARTICLE_DTYPE, Particle, SaxpyParams, SimParams
 
 __all__ = [
@@ -72,5 +73,3 @@ def sort_tiles_threads(n: int) -> int:
     """Thread count for ``sort_tiles`` over ``n`` keys: one 128-thread group per tile."""
     return max(1, -(-int(n) // SORT_TILE)) * 128
 
-
-kernels = khal_runtime.load(__name__)

@@ -16,12 +16,13 @@ lists every file Slang read and the stage refuses a build whose files this walk 
 from __future__ import annotations
 
 import glob
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from hatch_khal.errors import SourceError
-from hatch_khal.sources import SourceFile
+from hatch_khal.sources import EXTERNAL, SourceFile
 
 __all__ = ["SlangSources", "collect_slang_sources", "strip_comments_keep_strings"]
 
@@ -45,11 +46,17 @@ class SlangSources:
 
 
 def _rel(path: Path, root: Path) -> str:
-    """POSIX path relative to the project; ``<external>/name`` outside it (no build paths)."""
+    """POSIX path relative to the project; outside it ``<external>/`` and the path relative to the
+    project (``<external>/../shared/util.slang``), the rule of CUDA C++ sources: two external
+    modules of one name never share a key."""
     try:
         return path.relative_to(root).as_posix()
     except ValueError:
-        return "<external>/" + path.name
+        try:
+            rel = Path(os.path.relpath(os.path.normpath(path), root)).as_posix()
+        except ValueError:  # another drive
+            rel = Path(os.path.normpath(path)).as_posix()
+        return EXTERNAL + rel
 
 
 def _read(path: Path, root: Path, crate: str, what: str) -> SourceFile:

@@ -22,9 +22,9 @@ from khal_runtime import backends
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import (ArgumentError, ArgumentValueError, BackendUnavailableError, HashMismatchError,
                                  KhalError)
-from tests._slang import EXAMPLE, needs_slang, webgpu_package
+from tests._slang import EXAMPLE, needs_slang_or_wheel, webgpu_package
 
-pytestmark = [pytest.mark.webgpu, needs_slang]
+pytestmark = [pytest.mark.webgpu, needs_slang_or_wheel]
 
 ROOT = Path(__file__).resolve().parents[2]
 
