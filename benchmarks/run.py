@@ -1,9 +1,9 @@
 """hatch-khal benchmarks: one runner, every comparison in the same process and run, as ratios.
 
-    python benchmarks/run.py [--only launch,pycost,graph,load,kernels,demo,webgpu,build]
+    python benchmarks/run.py [--only launch,pycost,graph,load,kernels,demo,torch,webgpu,build]
                              [--json results.json] [--site DIR]
 
-GPU sections (launch, graph, load, kernels, demo) are skipped, saying why, without a usable
+GPU sections (launch, graph, load, kernels, demo, torch) are skipped, saying why, without a usable
 CUDA GPU; CPU sections (pycost, build) run anywhere. The webgpu section runs wherever wgpu-py
 finds a WebGPU adapter (on a CPU machine, Mesa's lavapipe: then its figures are CPU figures and
 it says so), in a process of its own with KHAL_BACKEND=webgpu (the backend is chosen once per
@@ -26,11 +26,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-GPU_SECTIONS = ("launch", "graph", "load", "kernels", "demo")
+GPU_SECTIONS = ("launch", "graph", "load", "kernels", "demo", "torch")
 CPU_SECTIONS = ("pycost", "build")
 #: runs on any WebGPU adapter (a GPU, or lavapipe on the CPU), in a subprocess; skips itself
 WEBGPU_SECTIONS = ("webgpu",)
-ALL = ("pycost", "launch", "graph", "load", "kernels", "demo", "webgpu", "build")
+ALL = ("pycost", "launch", "graph", "load", "kernels", "demo", "torch", "webgpu", "build")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             meta[f"version:{mod_name}"] = None
     modules = {"pycost": ("bench_launch", "run_pycost"), "launch": ("bench_launch", "run"),
                "graph": ("bench_graph", "run"), "load": ("bench_load", "run"),
-               "kernels": ("bench_kernels", "run"), "demo": ("bench_demo", "run"), "webgpu": ("bench_webgpu", "run"),
+               "kernels": ("bench_kernels", "run"), "demo": ("bench_demo", "run"), "torch": ("bench_torch", "run"),
+               "webgpu": ("bench_webgpu", "run"),
                "build": ("bench_build", "run")}
     # the sections that will run: webgpu leaves the WebGPU demo rows to the demo section then
     args.sections = [s for s in wanted if gpu_ok or s not in GPU_SECTIONS]
