@@ -19,8 +19,9 @@ partial sum per group. The same source, the same calls, three ways on each backe
 
 Every way is checked against the NumPy reference after K steps: the alive count exactly, the
 energy to 1e-4, the particle state bit for bit on CUDA (the crate is built with
-``--fmad=false`` and written without fused operations) and within a few ulps on WebGPU (its
-compilers may contract ``p + v * dt`` into an FMA; the table says how far it is).
+``--fmad=false`` and written without fused operations) and to 1e-4 on WebGPU (its compilers may
+contract ``p + v * dt`` into an FMA, which compounds over the steps; the table says how far it
+is).
 
 ``--backend all`` (the default) runs each backend this machine can use in a process of its own
 (``KHAL_BACKEND`` is chosen once per process) and prints one table. The CUDA C++ crate's
@@ -42,9 +43,10 @@ import numpy as np
 
 MODES = ("direct", "indirect", "graph")
 BACKENDS = ("cuda", "webgpu")
-#: WebGPU's particle state may differ from the float32 reference by this many ulps per field
-#: (FMA contraction of ``p + v * dt`` by the shader compiler, compounded over the steps)
-WEBGPU_ULPS = 64
+#: WebGPU's particle state after K steps may differ from the float32 reference by this much per
+#: field, relative and absolute (FMA contraction of ``p + v * dt`` by the shader compiler,
+#: compounded over the steps; one kernel alone is within ``slang_reference.WEBGPU_ULPS`` ulps)
+WEBGPU_TOLERANCE = 1e-4
 
 
 @dataclass
@@ -105,16 +107,6 @@ def reference(R: Any, particles: np.ndarray, params: Any, steps: int) -> tuple[n
     return p, int(alive.size), float(R.kinetic_energy_total(p, alive))
 
 
-def ulps(got: np.ndarray, want: np.ndarray) -> int:
-    """The largest distance in float32 ulps between two particle arrays, field by field."""
-    a = got.view(np.int32).astype(np.int64)
-    b = want.view(np.int32).astype(np.int64)
-    # order the float bit patterns as integers (negative floats count down from zero)
-    a = np.where(a < 0, -(a & 0x7FFFFFFF), a)
-    b = np.where(b < 0, -(b & 0x7FFFFFFF), b)
-    return int(np.max(np.abs(a - b))) if a.size else 0
-
-
 def run_mode(mode: str, backend: str, K: Any, R: Any, rt: Any, particles: np.ndarray, params: Any,
              steps: int, expected: tuple[np.ndarray, int, float], group: int) -> Result:
     n = particles.size
@@ -152,11 +144,12 @@ def run_mode(mode: str, backend: str, K: Any, R: Any, rt: Any, particles: np.nda
     if got.tobytes() == exp_p.tobytes():
         notes.append("bit-exact")
     else:
-        d = ulps(got, exp_p)
-        if backend == "webgpu" and d <= WEBGPU_ULPS:
-            notes.append(f"within {d} ulp (FMA contraction)")
+        g, w = got.view(np.float32), exp_p.view(np.float32)
+        diff = float(np.max(np.abs(g.astype(np.float64) - w))) if g.size else 0.0
+        if backend == "webgpu" and np.allclose(g, w, rtol=WEBGPU_TOLERANCE, atol=WEBGPU_TOLERANCE):
+            notes.append(f"within {diff:.1e} (FMA contraction), {R.ulp_distance(got, exp_p)} ulp")
         else:
-            problems.append(f"particle state differs by up to {d} ulp")
+            problems.append(f"particle state differs (max |diff| {diff:.3g}, {R.ulp_distance(got, exp_p)} ulp)")
     if count != exp_count:
         problems.append(f"alive {count} != {exp_count}")
     if abs(energy - exp_energy) > 1e-4 * abs(exp_energy) + 1e-6:
@@ -214,6 +207,8 @@ def run_elsewhere(backend: str, modes: tuple[str, ...], n: int, steps: int, seed
         doc = json.loads(proc.stdout)
     except ValueError:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        if tail.startswith("khal_runtime.errors."):  # the package's import refused the backend
+            return tail.partition(": ")[2]
         return f"did not run ({tail})"
     if "unavailable" in doc:
         return str(doc["unavailable"])

@@ -28,12 +28,44 @@ __all__ = [
     "integrate",
     "kinetic_energy_partials",
     "kinetic_energy_total",
+    "WEBGPU_ULPS",
+    "matches",
     "saxpy_shared",
     "sum_u32",
+    "ulp_distance",
 ]
 
 #: threads per group of the Slang particle entries
 PARTICLE_GROUP = 128
+
+#: how far (float32 ulps) a WebGPU result may be from these references: WebGPU's shader compilers
+#: may contract ``a * b + c`` into one FMA (one rounding less), e.g. NVIDIA's Vulkan driver does
+#: for saxpy; lavapipe does not. CUDA builds use ``--fmad=false``: compare those bit for bit.
+WEBGPU_ULPS = 4
+
+
+def ulp_distance(got: np.ndarray, want: np.ndarray) -> int:
+    """The largest distance in float32 ulps between two float32 arrays (or arrays of float32
+    records, such as particles), element by element; shapes must agree."""
+    a = np.ascontiguousarray(got).view(np.int32).astype(np.int64).ravel()
+    b = np.ascontiguousarray(want).view(np.int32).astype(np.int64).ravel()
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {np.shape(got)} vs {np.shape(want)}")
+    # float bit patterns ordered as integers (negative floats count down from zero)
+    a = np.where(a < 0, -(a & 0x7FFFFFFF), a)
+    b = np.where(b < 0, -(b & 0x7FFFFFFF), b)
+    return int(np.max(np.abs(a - b))) if a.size else 0
+
+
+def matches(got: np.ndarray, want: np.ndarray, ulps: int = 0) -> bool:
+    """``got`` equals ``want`` bit for bit (``ulps=0``), or within ``ulps`` float32 ulps (floats:
+    pass :data:`WEBGPU_ULPS` for WebGPU results)."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype.itemsize != want.dtype.itemsize:
+        return False
+    if ulps == 0:
+        return got.tobytes() == want.tobytes()
+    return ulp_distance(got, want) <= ulps
 
 
 def saxpy_shared(x: np.ndarray, y: np.ndarray, a: float) -> np.ndarray:

@@ -240,13 +240,27 @@ def test_demo_small(example_pkg, rt) -> None:
 
     site = os.path.dirname(os.path.dirname(example_shader_pkg.__file__))
     e = dict(os.environ, PYTHONPATH=os.pathsep.join([site, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-m", "example_shader_pkg.demo", "--particles", "20000", "--steps", "20"],
+    r = subprocess.run([sys.executable, "-m", "example_shader_pkg.demo_cuda", "--particles", "20000", "--steps", "20"],
                        env=e, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.strip().splitlines()
     body = {ln.split()[0]: ln.split() for ln in lines[2:]}
     assert set(body) == {"sync", "device", "graph"}
     assert all(row[3] == "same" for row in body.values()), r.stdout
+
+
+def test_slang_demo_small_on_cuda(example_pkg, rt) -> None:
+    """The Slang particle step, direct / indirect / graph on CUDA, bit-exact against NumPy."""
+    import example_shader_pkg
+
+    site = os.path.dirname(os.path.dirname(example_shader_pkg.__file__))
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join([site, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "example_shader_pkg.demo", "--backend", "cuda", "--particles", "20000",
+                        "--steps", "20"], env=e, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [ln.split() for ln in r.stdout.strip().splitlines()[2:] if ln.startswith("cuda ")]
+    assert {row[1] for row in rows} == {"direct", "indirect", "graph"}, r.stdout
+    assert all(row[4] == "same" and "bit-exact" in " ".join(row) for row in rows), r.stdout
 
 
 def test_buffer_dropped_inside_capture_is_freed_after_it(rt, example_pkg, K, R) -> None:
