@@ -100,7 +100,7 @@ def device_info() -> dict[str, Any]:
         if st.usable:
             d = Device(0)
             out["gpu"] = d.name
-            out["compute_capability"] = getattr(d, "compute_capability", None)
+            out["compute_capability"] = list(d.compute_capability())
     except Exception as exc:  # noqa: BLE001
         out["error"] = str(exc)
     try:
