@@ -12,7 +12,7 @@ import pytest
 
 from hatch_khal.config import DEFAULT_ARCHS
 from hatch_khal.nvrtc import supported_archs
-from khal_runtime.binaries import khal_symbols, read_binary
+from khal_runtime.binaries import khal_symbols, read_binary, read_cubin, scan_cubin
 from khal_runtime.manifest import SCHEMA_VERSION, parse_manifest
 
 from .conftest import run
@@ -63,6 +63,8 @@ def test_cubins_cover_default_archs_and_are_elf_for_their_arch(manifest, wheel_f
             assert khal_symbols(info) | {} and all(
                 khal_symbols(info)[e.name] == e.hash for e in crate.entries
             )
+            # the load path's struct reader and pyelftools read the same symbols and probes
+            assert scan_cubin(data) == read_cubin(data) == info and info.globals_u64
 
 
 def test_ptx_entries_carry_hashes_and_libdevice_is_resolved(manifest, wheel_files) -> None:  # type: ignore[no-untyped-def]

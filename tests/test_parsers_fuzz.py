@@ -175,6 +175,37 @@ def test_read_cubin_damaged_bytes_give_a_result_or_the_documented_error(arch: st
         assert info.kind == "cubin" and 0 < info.arch < 256
 
 
+@_SETTINGS
+@given(st.sampled_from(["sm_80", "sm_90"]), st.integers(10, 255), st.data())
+def test_scan_cubin_reads_what_pyelftools_reads(arch: str, new_arch: int, data: st.DataObject) -> None:
+    """The load path's struct reader (scan_cubin) gives read_cubin's answer on real cubins, with
+    their arch rewritten, and on truncated ones it declines (None) or still agrees."""
+    blob = real_binary(arch)
+    info = binaries.scan_cubin(blob)
+    assert info == binaries.read_cubin(blob, "gen.cubin") and binaries.khal_symbols(info) == expected_symbols()
+    flags = (_elf_header(blob)["flags"] & ~0xFF00) | (new_arch << 8)
+    patched = blob[:48] + struct.pack("<I", flags) + blob[52:]
+    assert binaries.scan_cubin(patched) == binaries.read_cubin(patched, "gen.cubin")
+    cut = data.draw(st.integers(0, len(blob) - 1))
+    short = binaries.scan_cubin(blob[:cut])
+    assert short is None or short == binaries.read_cubin(blob[:cut], "gen.cubin")
+
+
+@_SETTINGS
+@given(st.sampled_from(["sm_80", "sm_90"]), st.lists(st.tuples(st.integers(0, 8187), st.integers(0, 255)),
+                                                    min_size=1, max_size=6))
+def test_scan_cubin_on_damaged_bytes_declines_or_agrees(arch: str, edits: list[tuple[int, int]]) -> None:
+    blob = bytearray(real_binary(arch))
+    for i, v in edits:
+        blob[4 + i % (len(blob) - 4)] = v
+    fast = binaries.scan_cubin(bytes(blob))  # never raises
+    try:
+        ref = binaries.read_cubin(bytes(blob), "gen.cubin")
+    except BinaryFormatError:
+        return  # read_binary then reports pyelftools' error, or scan_cubin's reading of what it can
+    assert fast is None or fast == ref
+
+
 # -- manifests ---------------------------------------------------------------------------------
 
 idents = st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True).filter(lambda s: "_khal" not in s)
@@ -365,6 +396,9 @@ _BROKEN: list[tuple[Any, str, Callable[..., Any], list[Callable[..., None]]]] = 
     (binaries, "read_cubin", _reject(BinaryFormatError), [test_read_cubin_reads_the_arch_and_entries]),
     (binaries, "read_cubin", lambda *a, **k: _EMPTY_CUBIN,
      [test_read_cubin_reads_the_arch_and_entries, test_read_cubin_truncated_fails_exactly_when_sections_are_cut]),
+    (binaries, "scan_cubin", lambda *a, **k: _EMPTY_CUBIN,
+     [test_scan_cubin_reads_what_pyelftools_reads]),
+    (binaries, "scan_cubin", lambda *a, **k: None, [test_scan_cubin_reads_what_pyelftools_reads]),
     (manifest_mod, "parse_manifest", _reject(ManifestError), [test_manifest_round_trips]),
     (manifest_mod, "parse_manifest", lambda text, source="": Manifest.model_validate_json(text),
      [test_manifest_error_names_the_broken_field]),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from khal_runtime import abi
-from khal_runtime.backends.cuda.driver import check, driver, while_initialising
+from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.errors import CudaError, NoCompatibleBinaryError, ParamLayoutError, PtxTooNewError
 from khal_runtime.manifest import Artifact, Crate, Entry
 from khal_runtime.verify import check_symbols
@@ -39,17 +39,6 @@ PTX_ISA_BY_DRIVER: dict[tuple[int, int], tuple[int, int]] = {
     (12, 5): (8, 5), (12, 6): (8, 5), (12, 8): (8, 7), (12, 9): (8, 8),
     (13, 0): (9, 0), (13, 1): (9, 1), (13, 2): (9, 2),
 }
-
-
-def _import_cubin_reader() -> None:
-    """Import pyelftools, which :func:`~khal_runtime.verify.check_symbols` needs to read a cubin
-    (about 30 ms of CPU): done while the driver initialises in the background, if it does."""
-    import elftools.elf.elffile  # noqa: F401  # lazy: only to have it imported early (see below)
-
-
-# The first crate load reads its cubin's symbols after the driver is up; importing the reader
-# can happen before, in time a first use would otherwise spend waiting for the early thread.
-while_initialising(_import_cubin_reader)
 
 
 def max_ptx_isa(driver: tuple[int, int]) -> tuple[int, int] | None:
