@@ -252,9 +252,9 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
         # lazy: only after a failed build
         from importlib.metadata import PackageNotFoundError, version
 
-        from packaging.requirements import Requirement
+        from packaging.requirements import Requirement  # lazy: only after a failed build
 
-        from hatch_khal.headers import header_requirements
+        from hatch_khal.headers import header_requirements  # lazy: only after a failed build
 
         if not any(c.cuda_headers == "wheels" for c in crates):
             return ""
