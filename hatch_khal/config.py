@@ -185,14 +185,9 @@ class HookConfig(_CommonOptions):
     @classmethod
     def _req(cls, v: str) -> str:
         # lazy: packaging is only needed when the table is validated
-        from packaging.requirements import InvalidRequirement, Requirement
+        from hatch_khal.nvidia_wheels import parse_nvrtc_requirement
 
-        try:
-            req = Requirement(v)
-        except InvalidRequirement as exc:
-            raise ValueError(f"{v!r} is not a valid requirement ({exc})") from None
-        if req.name.lower().replace("_", "-") != "nvidia-cuda-nvrtc":
-            raise ValueError(f"must be a requirement on nvidia-cuda-nvrtc, got {req.name!r}")
+        parse_nvrtc_requirement(v)  # nvidia-cuda-nvrtc (CUDA 13+) or nvidia-cuda-nvrtc-cu12; ValueError
         return v
 
     @model_validator(mode="after")

@@ -138,7 +138,7 @@ class CudaLanguage:
         entry_error = explain_entry_error(text, [d for d, _ in plan.decls], plan.sources.display, plan.cfg.name)
         if entry_error is not None:
             return entry_error
-        hints = header_hints(text, plan.headers.mode)
+        hints = header_hints(text, plan.headers.mode, plan.headers.nvrtc_major)
         return type(error)(f"{error}\n{hints}") if hints else error
 
     def finish(self, plan: CratePlan, binary: BinaryInfo) -> CrateParts:

@@ -3,8 +3,9 @@
 By default (``cuda-headers = "wheels"``) the headers come from the wheels the
 hook adds to the build environment, matched to NVRTC's CUDA major:
 ``nvidia-cuda-runtime`` (cuda_fp16.h, cuda_bf16.h, cooperative_groups.h, ...),
-``nvidia-cuda-crt`` (``crt/``) and ``nvidia-cuda-cccl`` (CUB, Thrust, libcu++),
-located with cuda-pathfinder. ``"system"`` takes a toolkit's ``include`` folder
+``nvidia-cuda-crt`` (``crt/``) and ``nvidia-cuda-cccl`` (CUB, Thrust, libcu++) for CUDA 13,
+``nvidia-cuda-runtime-cu12`` and ``nvidia-cuda-cccl-cu12`` for CUDA 12
+(:mod:`hatch_khal.nvidia_wheels`), found on sys.path or with cuda-pathfinder. ``"system"`` takes a toolkit's ``include`` folder
 from ``CUDA_HOME`` / ``CUDA_PATH``; ``"none"`` adds nothing.
 
 The headers are not hashed file by file (CCCL alone is thousands of files);
@@ -24,11 +25,19 @@ from pathlib import Path
 
 from hatch_khal.compilers import get_compiler
 from hatch_khal.errors import ConfigError, KhalBuildError
+from hatch_khal.nvidia_wheels import FAMILIES, admitted_majors, family_for_major, header_spec
 
-__all__ = ["HEADER_PACKAGES", "HeaderSet", "header_hint", "header_hints", "header_requirements", "nvrtc_cuda_major", "resolve_headers"]
+__all__ = ["HEADER_PACKAGES", "HeaderSet", "header_hint", "header_hints", "header_packages", "header_requirements",
+           "nvrtc_cuda_major", "resolve_headers"]
 
 #: The wheels that carry the CUDA headers (CUDA 13 naming: no -cuXX suffix).
-HEADER_PACKAGES = ("nvidia-cuda-runtime", "nvidia-cuda-crt", "nvidia-cuda-cccl")
+HEADER_PACKAGES = FAMILIES[0].header_packages
+
+
+def header_packages(nvrtc_major: int | None) -> tuple[str, ...]:
+    """The header wheels of NVRTC's CUDA major (CUDA 13's names when it is not known)."""
+    fam = family_for_major(nvrtc_major) if nvrtc_major is not None else None
+    return (fam or FAMILIES[0]).header_packages
 
 
 @dataclass(frozen=True)
@@ -37,29 +46,35 @@ class HeaderSet:
     include_dirs: tuple[Path, ...] = ()
     #: What identifies these headers in hashes and cache keys.
     fingerprint: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    #: NVRTC's CUDA major, when known: which wheels the hints name
+    nvrtc_major: int | None = None
 
 
 def header_requirements(nvrtc_requirement: str) -> list[str]:
     """Header wheels for the build environment, matched to NVRTC.
 
-    ``nvidia-cuda-runtime`` and ``nvidia-cuda-crt`` are released with NVRTC and take
-    its own version specifier (``~=13.0.0``, ``>=12.8``, ``==13.5.37``, ...); CCCL has
-    its own release numbers, so it is pinned to NVRTC's CUDA major only.
+    The runtime (and, for CUDA 13, crt) wheels are released with NVRTC and take its version
+    specifier at the minor level (``~=13.0.0``, ``>=12.8``, ``==13.5.37`` -> ``==13.5.*``: their
+    patch numbers differ from NVRTC's). CUDA 13's CCCL has its own release numbers, so it is
+    pinned to NVRTC's CUDA major only; CUDA 12's (``nvidia-cuda-cccl-cu12``) follows CUDA's.
     """
-    from packaging.requirements import Requirement  # lazy: only the hook's dependencies() asks
+    # lazy: packaging only when the hook's dependencies() asks
+    from hatch_khal.nvidia_wheels import parse_nvrtc_requirement
 
-    spec = Requirement(nvrtc_requirement).specifier
-    pinned = sorted({int(sp.version.split(".")[0]) for sp in spec if sp.operator in ("==", "~=", "===")})
-    majors = pinned or [
-        m for m in range(12, 40) if any(spec.contains(f"{m}.{n}.0", prereleases=True) for n in range(10))
-    ]
-    if not majors:
-        cccl = "nvidia-cuda-cccl"
-    elif majors[-1] == 39:  # no upper bound
-        cccl = f"nvidia-cuda-cccl>={max(majors[0], 13)}"
+    try:
+        req, fam = parse_nvrtc_requirement(nvrtc_requirement)
+    except ValueError as exc:
+        raise ConfigError(f"option 'nvrtc-requirement': {exc}") from None
+    spec = header_spec(req.specifier)
+    out = [f"{fam.runtime}{spec}"] + ([f"{fam.crt}{spec}"] if fam.crt else [])
+    if fam.cccl_follows_cuda:
+        return out + [f"{fam.cccl}{spec}"]
+    majors = admitted_majors(req.specifier, fam.lo, fam.hi)
+    if majors[-1] == fam.hi - 1:  # no upper bound
+        cccl = f"{fam.cccl}>={majors[0]}"
     else:
-        cccl = f"nvidia-cuda-cccl>={max(majors[0], 13)},<{majors[-1] + 1}"
-    return [f"nvidia-cuda-runtime{spec}", f"nvidia-cuda-crt{spec}", cccl]
+        cccl = f"{fam.cccl}>={majors[0]},<{majors[-1] + 1}"
+    return out + [cccl]
 
 
 def _dist_version(name: str) -> str | None:
@@ -71,20 +86,31 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def _locate(lib: str, marker: str) -> Path | None:
-    """A header folder from the wheels in this environment.
+def _subdirs(lib: str, nvrtc_major: int | None) -> list[str]:
+    """Folders (under a site-packages) that hold ``lib``'s headers for NVRTC's major, best first."""
+    if nvrtc_major is not None:
+        fam = family_for_major(nvrtc_major)
+        return list(fam.include_subdirs(lib, nvrtc_major)) if fam else []
+    out: list[str] = []
+    for fam in FAMILIES:  # unknown major: any family, newest first
+        out += [d for m in range(fam.hi - 1, fam.lo - 1, -1) for d in fam.include_subdirs(lib, m) if d not in out]
+    return out
+
+
+def _locate(lib: str, marker: str, nvrtc_major: int | None) -> Path | None:
+    """A header folder from the wheels in this environment, of NVRTC's CUDA major.
 
     sys.path first (an isolated build environment's packages are only there), then
-    cuda-pathfinder, which searches the interpreter's site-packages.
+    cuda-pathfinder, which searches the interpreter's site-packages (its answer is taken only
+    when it is a folder of NVRTC's family).
     """
-
+    subdirs = _subdirs(lib, nvrtc_major)
     for base in sys.path:
         if not base or not Path(base).is_dir():
             continue
-        for inc in sorted(Path(base).glob("nvidia/cu*/include"), reverse=True):
-            d = inc / "cccl" if lib == "cccl" else inc
-            if (d / marker).is_file():
-                return d
+        for sub in subdirs:
+            if (Path(base, sub) / marker).is_file():
+                return Path(base, sub)
     try:
         # lazy: cuda-pathfinder only when the headers are not on sys.path
         from cuda.pathfinder import locate_nvidia_header_directory
@@ -94,27 +120,32 @@ def _locate(lib: str, marker: str) -> Path | None:
         located = locate_nvidia_header_directory(lib)
     except Exception:  # pathfinder raises for setups it does not know
         return None
-    if located is not None and located.found_via == "site-packages":
-        return Path(located.abs_path)
-    return None
+    if located is None or located.found_via != "site-packages":
+        return None
+    found = Path(located.abs_path)
+    if not any(found.as_posix().endswith("/" + sub) for sub in subdirs):
+        return None  # another CUDA major's headers
+    return found
 
 
 @lru_cache(maxsize=None)
 def _wheels(nvrtc_major: int | None) -> HeaderSet:
     dirs: list[Path] = []
     for lib, marker in (("cudart", "cuda_runtime.h"), ("cccl", "cuda/std/version")):
-        d = _locate(lib, marker)
+        d = _locate(lib, marker, nvrtc_major)
         if d is not None and d not in dirs:
             dirs.append(d)
-    versions = tuple((p, v) for p in HEADER_PACKAGES if (v := _dist_version(p)) is not None)
+    fam = family_for_major(nvrtc_major) if nvrtc_major is not None else None
+    versions = tuple((p, v) for p in header_packages(nvrtc_major) if (v := _dist_version(p)) is not None)
     for pkg, v in versions:
         major = int(v.split(".")[0])
-        if nvrtc_major is not None and pkg != "nvidia-cuda-cccl" and major != nvrtc_major:
+        if nvrtc_major is not None and (fam is None or pkg != fam.cccl or fam.cccl_follows_cuda) \
+                and major != nvrtc_major:
             raise ConfigError(
                 f"{pkg} {v} provides CUDA {major} headers but NVRTC is CUDA {nvrtc_major}; install "
                 f"'{pkg}=={nvrtc_major}.*' (the khal hook pins it to NVRTC's major in isolated builds)"
             )
-    return HeaderSet("wheels", tuple(dirs), versions)
+    return HeaderSet("wheels", tuple(dirs), versions, nvrtc_major)
 
 
 def _system() -> HeaderSet:
@@ -159,13 +190,19 @@ _PROVIDERS: list[tuple[re.Pattern[str], str]] = [
                 r"channel_descriptor|driver_|surface_|texture_|math_|mma\.h|cuComplex)"), "nvidia-cuda-runtime"),
 ]
 _STD = re.compile(r"^(c?std\w*|stdint\.h|stddef\.h|stdio\.h|stdlib\.h|math\.h|string\.h|assert\.h|limits|type_traits|"
-                  r"utility|algorithm|array|vector|string|iostream|cmath|cassert|climits|cstring|cstdio)(\.h)?$")
+                  r"utility|algorithm|array|vector|string|iostream|cmath|cassert|climits|cstring|cstdio|iterator|memory|"
+                  r"tuple|functional|numeric|new|initializer_list)(\.h)?$")
 
 
-def header_hint(header: str, mode: str) -> str:
-    """What to do about a header NVRTC could not open."""
+def header_hint(header: str, mode: str, nvrtc_major: int | None = None) -> str:
+    """What to do about a header NVRTC could not open (naming the wheels of NVRTC's CUDA major)."""
+    fam = (family_for_major(nvrtc_major) if nvrtc_major is not None else None) or FAMILIES[0]
     for pattern, pkg in _PROVIDERS:
         if pattern.search(header):
+            if pkg == "nvidia-cuda-crt" and fam.crt is None:
+                return (f"<{header}> is internal to the CUDA headers, and CUDA {nvrtc_major} has no wheel of "
+                        "crt/ headers; include the public header (cuda_runtime.h, cuda_fp16.h, ...) instead")
+            pkg = {"nvidia-cuda-cccl": fam.cccl, "nvidia-cuda-runtime": fam.runtime}.get(pkg, pkg)
             if mode == "wheels":
                 return (f"<{header}> comes from the {pkg} wheel: the hatchling hook adds it to isolated "
                         f"builds (setuptools projects list it in [build-system] requires); for "
@@ -184,7 +221,8 @@ def header_hint(header: str, mode: str) -> str:
 _MISSING_HEADER = re.compile(r'(?:could not|cannot) open source file "([^"]+)"')
 
 
-def header_hints(compiler_log: str, mode: str) -> str:
-    """``hint: ...`` lines for every header NVRTC could not open in ``compiler_log`` ("" if none)."""
+def header_hints(compiler_log: str, mode: str, nvrtc_major: int | None = None) -> str:
+    """``hint: ...`` lines for every header NVRTC could not open in ``compiler_log`` ("" if none),
+    naming the header wheels of NVRTC's CUDA major."""
     names = sorted(set(_MISSING_HEADER.findall(compiler_log)))
-    return "\n".join(f"hint: {header_hint(n, mode)}" for n in names)
+    return "\n".join(f"hint: {header_hint(n, mode, nvrtc_major)}" for n in names)

@@ -1,8 +1,11 @@
 """NVRTC through ``cuda.bindings.nvrtc``: no CUDA toolkit, no GPU, no driver.
 
-NVRTC itself comes from the ``nvidia-cuda-nvrtc`` wheel, found by
-cuda-bindings (through cuda-pathfinder). PTX is produced here rather than by
-``cuda.core.Program``, whose PTX path asks for a driver.
+NVRTC itself comes from the ``nvidia-cuda-nvrtc`` wheel (CUDA 13 and later) or
+``nvidia-cuda-nvrtc-cu12`` (CUDA 12), found on sys.path (and then by cuda-bindings, through
+cuda-pathfinder). A process loads one NVRTC: where several are installed, the newest CUDA major
+that the project's ``nvrtc-requirement`` admits (:func:`requirement`); one it does not admit is
+a ConfigError. PTX is produced here rather than by ``cuda.core.Program``, whose PTX path asks
+for a driver.
 """
 
 from __future__ import annotations
@@ -10,17 +13,56 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from khal_runtime.abi import parse_arch
 
 from hatch_khal.errors import CompileError, ConfigError, KhalBuildError
 from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity
+from hatch_khal.nvidia_wheels import FAMILIES, admitted_majors, library_major
 
-__all__ = ["NVRTC", "CompileResult", "NvrtcCompiler", "compile_unit", "nvrtc_version", "supported_archs"]
+__all__ = ["NVRTC", "REQUIREMENT_ENV", "CompileResult", "NvrtcCompiler", "compile_unit", "nvrtc_version",
+           "requirement", "supported_archs"]
+
+#: The project's ``nvrtc-requirement`` while a front-end builds (:func:`requirement`); in the
+#: environment so that the compile worker processes, which inherit it, pick the same NVRTC.
+REQUIREMENT_ENV = "KHAL_NVRTC_REQUIREMENT"
+
+
+@contextmanager
+def requirement(text: str) -> Iterator[None]:
+    """Build under ``nvrtc-requirement`` ``text``: NVRTC is chosen by it and checked against it."""
+    before = os.environ.get(REQUIREMENT_ENV)
+    os.environ[REQUIREMENT_ENV] = text
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(REQUIREMENT_ENV, None)
+        else:
+            os.environ[REQUIREMENT_ENV] = before
+
+
+def _required() -> tuple[str, tuple[int, ...]] | None:
+    """(requirement, the CUDA majors its specifier admits) while a front-end builds, else None."""
+    text = os.environ.get(REQUIREMENT_ENV, "").strip()
+    majors = _majors(text) if text else None
+    return (text, majors) if majors is not None else None
+
+
+@lru_cache(maxsize=8)
+def _majors(text: str) -> tuple[int, ...] | None:
+    from packaging.requirements import InvalidRequirement, Requirement  # lazy: only while building
+
+    try:
+        spec = Requirement(text).specifier
+    except InvalidRequirement:
+        return None  # the hook validated its own; a malformed value set by hand selects nothing
+    return tuple(admitted_majors(spec))
 
 
 def _nvrtc() -> Any:
@@ -42,28 +84,35 @@ def _check(result: object, what: str) -> None:
 
 
 def _find_wheel_nvrtc() -> Path | None:
-    """libnvrtc from an nvidia-cuda-nvrtc wheel anywhere on sys.path.
+    """libnvrtc from an NVRTC wheel anywhere on sys.path: of the newest CUDA major the
+    requirement admits (:func:`requirement`), else the newest; the first on sys.path of a major.
 
     cuda-pathfinder looks in the interpreter's site-packages; an isolated build
     environment (pip, build, uv) installs the wheel in a directory that is only on
     sys.path, so look there too.
     """
-    found: list[Path] = []
+    found: dict[int, Path] = {}
     for base in sys.path:
         if not base or not os.path.isdir(base):
             continue
-        for pattern in ("nvidia/cu*/lib/libnvrtc.so.*", "nvidia/cuda_nvrtc/lib/libnvrtc.so.*",
-                        "nvidia/cu*/bin/nvrtc64_*.dll", "nvidia/cuda_nvrtc/bin/nvrtc64_*.dll"):
-            found += [p for p in Path(base).glob(pattern) if "builtins" not in p.name and "alt" not in p.name]
-    return max(found, key=lambda p: (p.parent.parent.name, p.name)) if found else None
+        for pattern in (g for fam in FAMILIES for g in fam.library_globs):
+            for p in sorted(Path(base).glob(pattern)):
+                major = library_major(p.name)
+                if major is not None and "builtins" not in p.name and "alt" not in p.name:
+                    found.setdefault(major, p)
+    if not found:
+        return None
+    req = _required()
+    admitted = [m for m in found if req is None or m in req[1]]
+    return found[max(admitted or found)]
 
 
 @lru_cache(maxsize=1)
-def _preload_nvrtc() -> None:
-    """Load the wheel's libnvrtc first, so cuda-bindings (via cuda-pathfinder) uses it."""
+def _preload_nvrtc() -> Path | None:
+    """Load the wheel's libnvrtc first, so cuda-bindings (via cuda-pathfinder) uses it; its path."""
     lib = _find_wheel_nvrtc()
     if lib is None:
-        return
+        return None
     import ctypes  # lazy: only when a wheel's libnvrtc is to be preloaded
 
     # libnvrtc dlopens its builtins library by soname: load that first from the same folder.
@@ -72,30 +121,48 @@ def _preload_nvrtc() -> None:
             ctypes.CDLL(str(dep), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
         except OSError:
             pass  # leave the search to cuda-pathfinder, which reports what it tried
+    return lib
 
 
 @lru_cache(maxsize=1)
-def nvrtc_version() -> tuple[int, int]:
-    """(major, minor) of the NVRTC library in use; a clear error when there is none."""
+def _loaded_version() -> tuple[int, int]:
     nvrtc = _nvrtc()
     _preload_nvrtc()
     try:
         err, major, minor = nvrtc.nvrtcVersion()
     except Exception as exc:  # cuda-bindings raises when libnvrtc cannot be found
+        req = _required()
+        want = req[0] if req else "nvidia-cuda-nvrtc"
         raise KhalBuildError(
-            f"NVRTC could not be loaded ({exc}). The khal hook needs the 'nvidia-cuda-nvrtc' wheel "
+            f"NVRTC could not be loaded ({exc}). The khal hook needs the NVRTC wheel ({want!r}) "
             "in the build environment (the hatchling hook adds it to the build requirements itself; "
             "setuptools projects list it in [build-system] requires); for --no-build-isolation builds "
-            "run: pip install nvidia-cuda-nvrtc"
+            f"run: pip install '{want}'"
         ) from None
     _check(err, "version query")
     return int(major), int(minor)
 
 
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the NVRTC library in use; a clear error when there is none, or when
+    its CUDA major is not one the project's ``nvrtc-requirement`` admits."""
+    version = _loaded_version()
+    req = _required()
+    if req is not None and version[0] not in req[1]:
+        lib = _preload_nvrtc()
+        raise ConfigError(
+            f"option 'nvrtc-requirement' is {req[0]!r}, but the NVRTC found is {version[0]}.{version[1]}"
+            f"{f' ({lib})' if lib else ''}: its PTX and cubins would be CUDA {version[0]}'s. The hatchling "
+            f"hook installs the requirement in isolated builds; for --no-build-isolation (and setuptools) "
+            f"builds run: pip install '{req[0]}' (one process loads one NVRTC: build in a fresh one)"
+        )
+    return version
+
+
 @lru_cache(maxsize=1)
 def supported_archs() -> tuple[int, ...]:
     nvrtc = _nvrtc()
-    nvrtc_version()
+    _loaded_version()
     err, archs = nvrtc.nvrtcGetSupportedArchs()
     _check(err, "supported-architecture query")
     return tuple(int(a) for a in archs)

@@ -29,6 +29,7 @@ from hatch_khal.errors import ConfigError
 from hatch_khal.frontend import CallbackReporter, all_prebuilt, check_packages, default_package, summary
 from hatch_khal.headers import header_requirements
 from hatch_khal.model import BuildResult
+from hatch_khal.nvrtc import requirement as nvrtc_requirement
 from hatch_khal.output import remove_output, write_package_output
 from hatch_khal.slang.library import SLANGPY_REQUIREMENT
 
@@ -95,7 +96,9 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
                 f"{self.target_name} target (kernel sources travel in the sdist as plain files)"
             )
         editable = version == "editable"
-        result = build_packages(Path(self.root), self.crates, self.reporter, editable=editable)
+        # NVRTC chosen by (and checked against) nvrtc-requirement, also in the compile workers
+        with nvrtc_requirement(self.hook_config.nvrtc_requirement):
+            result = build_packages(Path(self.root), self.crates, self.reporter, editable=editable)
         if editable:
             for out in result.packages:
                 write_package_output(out, Path(self.root) / out.package)

@@ -182,12 +182,16 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
         dests = {c.package: Path(self.build_lib) / self._dist_package(root, c.package) for c in crates}
         reporter = CallbackReporter(lambda m: self.announce(m, level=logging.INFO), self.warn,
                                     lambda m: self.announce(m, level=logging.DEBUG))
-        self._check_nvrtc(hook, crates)
-        self._check_slang(hook, crates)
-        try:
-            result = build_packages(root, crates, reporter, editable=self.editable_mode)
-        except KhalBuildError as exc:
-            raise type(exc)(f"{exc}{self._header_note(hook, crates)}") from exc
+        from hatch_khal.nvrtc import requirement as nvrtc_requirement  # lazy: only for [tool.khal] projects
+
+        # NVRTC chosen by (and checked against) nvrtc-requirement, also in the compile workers
+        with nvrtc_requirement(hook.nvrtc_requirement):
+            self._check_nvrtc(hook, crates)
+            self._check_slang(hook, crates)
+            try:
+                result = build_packages(root, crates, reporter, editable=self.editable_mode)
+            except KhalBuildError as exc:
+                raise type(exc)(f"{exc}{self._header_note(hook, crates)}") from exc
         for out in result.packages:
             if self.editable_mode:
                 # In place: lenient editable installs (the default) import the source package.
@@ -248,19 +252,22 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
         # lazy: only after a failed build
         from importlib.metadata import PackageNotFoundError, version
 
-        from hatch_khal.headers import HEADER_PACKAGES, header_requirements
+        from packaging.requirements import Requirement  # lazy: only after a failed build
+
+        from hatch_khal.headers import header_requirements  # lazy: only after a failed build
 
         if not any(c.cuda_headers == "wheels" for c in crates):
             return ""
-        missing = []
-        for pkg in HEADER_PACKAGES:
+        missing, wanted = [], []
+        for req in header_requirements(hook.nvrtc_requirement):  # the wheels of NVRTC's CUDA major
+            pkg = Requirement(req).name
             try:
                 version(pkg)
             except PackageNotFoundError:
                 missing.append(pkg)
+                wanted.append(req)
         if not missing:
             return ""
-        wanted = [r for r in header_requirements(hook.nvrtc_requirement) if any(r.startswith(m) for m in missing)]
         return (
             f"\nnote: setuptools builds get no CUDA header wheels of their own ({', '.join(missing)} "
             f"missing here); if the kernels include CUDA/CCCL headers, add {', '.join(map(repr, wanted))} "

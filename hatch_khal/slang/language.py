@@ -166,7 +166,7 @@ class SlangLanguage:
 
     def explain(self, plan: CratePlan, error: KhalBuildError) -> KhalBuildError:
         p = _slang_plan(plan)
-        hints = header_hints(str(error), p.headers.mode)
+        hints = header_hints(str(error), p.headers.mode, p.headers.nvrtc_major)
         return type(error)(f"{error}\n{hints}") if hints else error
 
     def finish(self, plan: CratePlan, binary: BinaryInfo) -> CrateParts:

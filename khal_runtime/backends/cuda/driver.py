@@ -49,13 +49,14 @@ import atexit
 import os
 import sys
 import threading
+import warnings
 from types import ModuleType
 from typing import Any, Callable
 
 from khal_runtime.backends import BackendStatus
 from khal_runtime.errors import BackendUnavailableError, CaptureError, CudaError
 
-__all__ = ["EAGER_ENV", "check", "driver", "driver_version", "prestart", "primary_context", "require_cuda",
+__all__ = ["EAGER_ENV", "bindings_mismatch", "check", "driver", "driver_version", "prestart", "primary_context", "require_cuda",
            "reset_status", "status", "while_initialising"]
 
 #: "1" turns the early initialisation on (off by default: module docstring)
@@ -124,6 +125,27 @@ def _version(drv: Any) -> tuple[int, int] | None:
     return (int(ver) // 1000, (int(ver) % 1000) // 10) if not err else None
 
 
+def _bindings_version() -> str:
+    try:
+        from cuda import bindings  # lazy: only to word an error
+
+        return str(bindings.__version__)
+    except Exception:  # noqa: BLE001 - an old or odd install: the message goes without it
+        return "(version unknown)"
+
+
+def bindings_mismatch(drv: Any, version: tuple[int, int] | None) -> str | None:
+    """What to install when cuda-bindings was built for a newer CUDA major than the driver's
+    (cuda-bindings 13.x on a CUDA 12 driver: some calls may fail), else None."""
+    built = getattr(drv, "CUDA_VERSION", None)
+    if version is None or not isinstance(built, int) or built // 1000 <= version[0]:
+        return None
+    fix = ("install 'cuda-bindings~=12.9' (and PTX built by an NVRTC 12 no newer than the driver: "
+           "docs/guide/configuration.md)" if version[0] == 12 else "update the NVIDIA driver")
+    return (f"khal: cuda-bindings {_bindings_version()} is built for CUDA {built // 1000}, but the driver "
+            f"is CUDA {version[0]}.{version[1]}: some calls may fail; {fix}")
+
+
 def _probe() -> BackendStatus:
     try:
         drv = driver()
@@ -141,12 +163,17 @@ def _probe() -> BackendStatus:
         name = result_name(res[0])
         why = {
             "CUDA_ERROR_NO_DEVICE": "the driver reports no CUDA-capable device",
-            "CUDA_ERROR_INSUFFICIENT_DRIVER": "the installed driver is older than cuda-bindings needs",
+            "CUDA_ERROR_INSUFFICIENT_DRIVER": f"the installed driver is older than cuda-bindings {_bindings_version()} "
+                                              "needs (cuda-bindings 13.x needs a CUDA 13 driver, 580 or newer; "
+                                              "with a CUDA 12 driver install 'cuda-bindings~=12.9')",
             "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE": "the CUDA forward-compat layer does not support this device",
         }.get(name, "cuInit failed")
         return BackendStatus(False, f"no CUDA device/driver was found: {why} (cuInit -> {name})", "cuda",
                              _version(drv))
     version = _version(drv)
+    note = bindings_mismatch(drv, version)
+    if note:
+        warnings.warn(note, RuntimeWarning, stacklevel=2)
     err, count = drv.cuDeviceGetCount()
     if err or count == 0:
         return BackendStatus(
