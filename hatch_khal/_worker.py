@@ -1,20 +1,25 @@
 """A compile worker process: ``python -m hatch_khal._worker`` (used by the compile stage only).
 
-Reads one length-prefixed pickled list of :class:`~hatch_khal.model.CompileJob` on stdin,
-writes a pickled list of outcomes on stdout. A plain child process rather than a
-multiprocessing pool: a pool started with ``spawn`` re-runs the parent's ``__main__`` (a
-``setup.py`` or a user's script without a main guard would run again in every worker), and
-``fork`` is unsafe in a threaded build backend.
+The protocol, frames of a little-endian u64 length and a pickle: the parent sends one
+:class:`~hatch_khal.model.CompileJob` at a time on stdin; the worker answers each with one
+outcome on stdout (``("ok", data, log, seconds)`` or ``("error", class name, message)``) as
+soon as it is compiled, and gets its next job then (so a slow crate does not hold back the
+others, and the parent can show each artifact as it finishes). An empty frame means "no more
+jobs": the worker exits. A plain child process rather than a multiprocessing pool: a pool
+started with ``spawn`` re-runs the parent's ``__main__`` (a ``setup.py`` or a user's script
+without a main guard would run again in every worker), and ``fork`` is unsafe in a threaded
+build backend.
 
-The parent keeps stdin open until it has the results: when the parent dies (even by
-SIGKILL) the pipe closes, and a watchdog thread here ends the worker at once instead of
-letting it compile on for minutes.
+Only a reader thread reads stdin: its end of file means the parent is gone (killed, even by
+SIGKILL, or it cancelled the build after another job failed), and the worker ends at once
+instead of compiling on for minutes.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import queue
 import struct
 import sys
 import threading
@@ -29,41 +34,48 @@ def _read_exact(fd: int, n: int) -> bytes:
     while n:
         b = os.read(fd, min(n, 1 << 20))
         if not b:
-            raise EOFError("the build process closed the pipe before sending its jobs")
+            raise EOFError("the build process closed the pipe")
         chunks.append(b)
         n -= len(b)
     return b"".join(chunks)
 
 
-def _watch_parent(fd: int) -> None:
-    """Block on stdin; its end of file means the parent is gone (or gave up): stop now."""
+def _read_jobs(fd: int, jobs: queue.SimpleQueue[bytes]) -> None:
+    """Hand each job frame to the main thread; an empty frame ends the work; end of file means
+    the parent is gone (or gave up): stop now."""
     try:
-        while os.read(fd, 1 << 16):
-            pass
-    except OSError:
+        while True:
+            (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size))
+            if not size:
+                jobs.put(b"")
+                return
+            jobs.put(_read_exact(fd, size))
+    except (OSError, EOFError):
         pass
     os._exit(ORPHANED)
 
 
 def main() -> int:
-    # lazy: the worker imports the compiler stack only once it has jobs to run
+    # lazy: the worker imports the compiler stack only once it runs
     from hatch_khal.compilers import get_compiler
     from hatch_khal.errors import KhalBuildError
 
-    fd = sys.stdin.fileno()
-    (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size))
-    jobs = pickle.loads(_read_exact(fd, size))
-    threading.Thread(target=_watch_parent, args=(fd,), daemon=True, name="khal-parent-watch").start()
-    out: list[tuple[object, ...]] = []
-    for job in jobs:
+    jobs: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+    threading.Thread(target=_read_jobs, args=(sys.stdin.fileno(), jobs), daemon=True,
+                     name="khal-job-reader").start()
+    out = sys.stdout.buffer
+    while payload := jobs.get():
+        job = pickle.loads(payload)
+        result: tuple[object, ...]
         try:
             r = get_compiler(job.compiler).compile(job)
         except KhalBuildError as exc:
-            out.append(("error", type(exc).__name__, str(exc)))
+            result = ("error", type(exc).__name__, str(exc))
         else:
-            out.append(("ok", r.data, r.log, r.seconds))
-    sys.stdout.buffer.write(pickle.dumps(out))
-    sys.stdout.buffer.flush()
+            result = ("ok", r.data, r.log, r.seconds)
+        data = pickle.dumps(result)
+        out.write(_HEADER.pack(len(data)) + data)
+        out.flush()
     return 0
 
 

@@ -7,18 +7,25 @@ dropped and rebuilt with a warning; a fresh output that does not fit is an error
 Jobs run in this process (one job), in threads (light crates: NVRTC releases the GIL) or
 in worker processes (``python -m hatch_khal._worker``: crates that include the CUDA
 headers or CCCL spend seconds per arch in NVRTC's front end, which only scales across
-processes).
+processes). A line up front says what will compile and how (:func:`plan_line`); each
+output is checked, cached and reported as it finishes; the first failure cancels the
+compiles still running or waiting (workers killed, nothing of theirs cached) and is raised
+at once. Every crate's first target compiles before any crate's second, so a broken crate
+fails the build early.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import queue
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import closing
+from typing import Callable, Generator
 
 from hatch_khal import errors
 from hatch_khal._worker import _HEADER
@@ -32,6 +39,8 @@ from hatch_khal.model import CompileJob, CompileOutput, CratePlan, Reporter
 __all__ = ["compile_jobs", "prepare_crates"]
 
 Outcome = CompileOutput | KhalBuildError
+#: each job with its outcome as it finishes; closing it cancels the rest
+Outcomes = Generator[tuple[CompileJob, Outcome], None, None]
 
 
 def _attempt(job: CompileJob) -> Outcome:
@@ -48,66 +57,150 @@ def _error_from(name: str, message: str) -> KhalBuildError:
     return KhalBuildError(message)
 
 
-def _in_processes(todo: list[CompileJob], workers: int) -> list[Outcome]:
-    """Compile ``todo`` in ``workers`` child processes; they end with this process."""
-    chunks = [todo[i::workers] for i in range(workers)]
+def _order(todo: list[CompileJob]) -> list[CompileJob]:
+    """Every crate's first target before any crate's second: all targets of a crate fail alike,
+    so a broken crate is found (and the build stopped) after one compile, not after the others'."""
+    rank: dict[str, int] = {}
+    nth: dict[str, int] = {}
+    keyed = []
+    for i, j in enumerate(todo):
+        rank.setdefault(j.crate, len(rank))
+        n = nth[j.crate] = nth.get(j.crate, -1) + 1
+        keyed.append(((n, rank[j.crate], i), j))
+    return [j for key, j in sorted(keyed, key=lambda kj: kj[0])]
+
+
+def _send(proc: subprocess.Popen[bytes], job: CompileJob | None) -> None:
+    payload = b"" if job is None else pickle.dumps(job)
+    assert proc.stdin is not None
+    proc.stdin.write(_HEADER.pack(len(payload)) + payload)
+    proc.stdin.flush()
+
+
+def _read_frames(index: int, proc: subprocess.Popen[bytes], results: queue.SimpleQueue[tuple[int, bytes | None]]) -> None:
+    """A worker's outcomes, frame by frame, onto ``results``; None at its end of output."""
+    assert proc.stdout is not None
+    try:
+        while len(head := proc.stdout.read(_HEADER.size)) == _HEADER.size:
+            (size,) = _HEADER.unpack(head)
+            body = proc.stdout.read(size)
+            if len(body) != size:
+                break
+            results.put((index, body))
+    except (OSError, ValueError):  # the pipe was closed: the build is cancelling
+        pass
+    results.put((index, None))
+
+
+def _in_processes(todo: list[CompileJob], workers: int) -> Outcomes:
+    """Compile ``todo`` in ``workers`` child processes, each given its next job when it answers
+    the last; yields each outcome as it arrives. Closing the generator (the caller stopped at
+    a failure, or was interrupted) kills the workers: none outlives it."""
     env = dict(os.environ)
     # the child sees what this process sees (an isolated build env is only on sys.path)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    procs: list[tuple[subprocess.Popen[bytes], list[CompileJob]]] = []
+    results: queue.SimpleQueue[tuple[int, bytes | None]] = queue.SimpleQueue()
+    procs: list[subprocess.Popen[bytes]] = []
     logs = []
-    results: dict[int, Outcome] = {}
+    readers: list[threading.Thread] = []
+    busy: dict[int, CompileJob] = {}
+    waiting = iter(todo)
     try:
-        for chunk in chunks:
+        for index in range(workers):
             log = tempfile.TemporaryFile()
             logs.append(log)
+            # stdin stays open: its end of file tells the worker this process is gone
             proc = subprocess.Popen([sys.executable, "-m", "hatch_khal._worker"], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=log, env=env)
-            procs.append((proc, chunk))
-            assert proc.stdin is not None
-            payload = pickle.dumps(chunk)
-            # stdin stays open: its end of file tells the worker this process is gone
-            proc.stdin.write(_HEADER.pack(len(payload)) + payload)
-            proc.stdin.flush()
-        for (proc, chunk), log in zip(procs, logs):
-            assert proc.stdout is not None
-            raw = proc.stdout.read()
-            proc.wait()
+            procs.append(proc)
+            reader = threading.Thread(target=_read_frames, args=(index, proc, results), daemon=True,
+                                      name=f"khal-worker-{index}")
+            reader.start()
+            readers.append(reader)
+            busy[index] = next(waiting)
+            _send(proc, busy[index])
+        while busy:
+            index, body = results.get()
+            job = busy.pop(index, None)
+            if job is None:
+                continue  # a worker told to stop has ended
             try:
-                outs = pickle.loads(raw) if proc.returncode == 0 else None
+                out = pickle.loads(body) if body is not None else None
             except Exception:  # noqa: BLE001 - a broken worker is reported below
-                outs = None
-            if outs is None or len(outs) != len(chunk):
-                log.seek(0)
-                tail = log.read().decode("utf-8", "replace")[-2000:]
-                raise KhalBuildError(f"a compile worker process failed (exit {proc.returncode}):\n{tail}")
-            for job, out in zip(chunk, outs):
-                results[id(job)] = CompileOutput(out[1], out[2], out[3]) if out[0] == "ok" \
-                    else _error_from(out[1], out[2])
+                out = None
+            if out is None:
+                proc = procs[index]
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                logs[index].seek(0)
+                tail = logs[index].read().decode("utf-8", "replace")[-2000:]
+                raise KhalBuildError(f"a compile worker process failed (exit {proc.returncode}) compiling crate "
+                                     f"{job.crate!r} for {job.target}:\n{tail}")
+            following = next(waiting, None)
+            if following is not None:
+                busy[index] = following
+            _send(procs[index], following)
+            yield job, (CompileOutput(out[1], out[2], out[3]) if out[0] == "ok" else _error_from(out[1], out[2]))
     finally:
-        for proc, _ in procs:
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
+        for proc in procs:
+            proc.wait()
+        for reader in readers:
+            reader.join(timeout=10)
+        for proc in procs:
             for pipe in (proc.stdin, proc.stdout):
                 if pipe is not None:
-                    pipe.close()
-            proc.wait()
+                    try:
+                        pipe.close()
+                    except OSError:  # a pipe to a killed worker with unsent bytes
+                        pass
         for log in logs:
             log.close()
-    return [results[id(j)] for j in todo]
 
 
-def _run(todo: list[CompileJob], jobs: int | None) -> list[Outcome]:
-    if not todo:
-        return []
+def _in_threads(todo: list[CompileJob], workers: int) -> Outcomes:
+    """Compile ``todo`` in threads; yields each outcome as it finishes. Closing the generator
+    cancels the jobs not started and waits for the running ones (under a second each: light crates)."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="khal-compile")
+    try:
+        futures = {pool.submit(_attempt, j): j for j in todo}
+        for done in as_completed(futures):
+            yield futures[done], done.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _workers(todo: list[CompileJob], jobs: int | None) -> tuple[int, str]:
+    """How many compiles run at once, and how: "process" (this one), "threads" or "processes"."""
     workers = jobs or jobs_from_env() or os.cpu_count() or 1
     workers = max(1, min(workers, len(todo)))
     if workers == 1:
-        return [_attempt(j) for j in todo]
-    if any(j.heavy for j in todo):
+        return 1, "process"
+    return workers, ("processes" if any(j.heavy for j in todo) else "threads")
+
+
+def _run(todo: list[CompileJob], workers: int, how: str) -> Outcomes:
+    """Each job with its outcome, in the order they finish (a generator: close it to cancel the rest)."""
+    if how == "process":
+        return ((j, _attempt(j)) for j in todo)
+    if how == "processes":
         return _in_processes(todo, workers)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_attempt, todo))
+    return _in_threads(todo, workers)
+
+
+def plan_line(crates: dict[str, int], cached: int, workers: int, how: str) -> str:
+    """``khal: compiling 3 crate(s) x 8 target(s) with 2 worker processes`` (targets per crate)."""
+    counts = set(crates.values())
+    total = sum(crates.values())
+    shape = (f"{len(crates)} crate(s) \u00d7 {counts.pop()} target(s)" if len(counts) == 1
+             else f"{total} artifact(s) of {len(crates)} crate(s)")
+    with_ = {"process": "in this process", "threads": f"with {workers} threads",
+             "processes": f"with {workers} worker processes"}[how]
+    return f"khal: compiling {shape} {with_}" + (f"; {cached} more from the cache" if cached else "")
 
 
 def _raise_failures(failures: list[KhalBuildError]) -> None:
@@ -123,7 +216,8 @@ def prepare_crates(plans: list[CratePlan], cache: Cache, reporter: Reporter, *,
                    jobs: int | None = None) -> tuple[int, int]:
     """Each language's front stage (:meth:`~hatch_khal.languages.Language.prepare`), crates in
     parallel threads (a Slang crate compiles in a worker process of its own). Returns (compiled,
-    from cache) over all crates; every crate's failure is reported, each once."""
+    from cache) over all crates. The first failure cancels the crates not started yet; the
+    failures of those already running are reported with it, each crate's once."""
     if not plans:
         return 0, 0
     workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(plans)))
@@ -135,10 +229,23 @@ def prepare_crates(plans: list[CratePlan], cache: Cache, reporter: Reporter, *,
             return exc
 
     if workers == 1:
-        results = [one(p) for p in plans]
+        results: list[tuple[int, int] | KhalBuildError] = []
+        for p in plans:
+            results.append(one(p))
+            if isinstance(results[-1], KhalBuildError):
+                break  # the first failure stops the build
     else:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(one, plans))
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="khal-prepare")
+        try:
+            futures = [pool.submit(one, p) for p in plans]
+            for done in as_completed(futures):
+                if isinstance(done.result(), KhalBuildError):
+                    break  # the first failure stops the build: the crates not started are cancelled
+        finally:
+            # a crate's front stage already running finishes (its own worker process); its
+            # failure is reported too
+            pool.shutdown(wait=True, cancel_futures=True)
+        results = [f.result() for f in futures if f.done() and not f.cancelled()]
     _raise_failures([r for r in results if isinstance(r, KhalBuildError)])
     counts = [r for r in results if not isinstance(r, KhalBuildError)]
     return sum(c for c, _ in counts), sum(h for _, h in counts)
@@ -179,17 +286,31 @@ def compile_jobs(
 
     misses = [j for j in all_jobs if not from_cache(j)]
     compiled = 0
-    if misses:
-        with cache.locked(j.key for j in misses):
-            todo = [j for j in misses if not from_cache(j)]  # another build may have stored them meanwhile
-            failures: dict[str, KhalBuildError] = {}
-            for job, out in zip(todo, _run(todo, jobs)):
+    if not misses:
+        return outputs, compiled
+    with cache.locked(j.key for j in misses):
+        todo = _order([j for j in misses if not from_cache(j)])  # another build may have stored them meanwhile
+        if not todo:
+            return outputs, compiled
+        workers, how = _workers(todo, jobs)
+        per_crate: dict[str, int] = {}
+        for job in todo:
+            per_crate[job.crate] = per_crate.get(job.crate, 0) + 1
+        reporter.info(plan_line(per_crate, len(all_jobs) - len(todo), workers, how))
+        width = len(str(len(todo)))
+        # each outcome is checked, stored and shown as it comes; the first failure stops the rest
+        with closing(_run(todo, workers, how)) as outcomes:
+            for job, out in outcomes:
                 if isinstance(out, KhalBuildError):
-                    # all targets of a crate fail alike: report each crate's first failure once
-                    failures.setdefault(job.crate, explain(job, out))
-                    continue
+                    left = len(todo) - compiled - 1
+                    if left:
+                        reporter.warn(f"khal: crate {job.crate!r} failed to compile for {job.target}; "
+                                      f"cancelling the {left} other compile(s)")
+                    outcomes.close()  # workers killed, pending jobs cancelled before the error shows
+                    raise explain(job, out)
                 why = _usable(job, out.data)
                 if why is not None:
+                    outcomes.close()
                     raise KhalBuildError(f"crate {job.crate!r}: the compiler's output for {job.target} is "
                                          f"unusable: {why}")
                 cache.store(job.key, out.data, out.log)
@@ -197,6 +318,6 @@ def compile_jobs(
                 compiled += 1
                 if out.log:
                     reporter.warn(f"crate {job.crate!r} ({job.target}): {job.compiler.upper()} says:\n{out.log}")
-                reporter.info(f"khal: compiled crate {job.crate!r} for {job.target} in {out.seconds:.2f}s")
-            _raise_failures(list(failures.values()))
+                reporter.info(f"khal: [{compiled:{width}}/{len(todo)}] compiled crate {job.crate!r} for "
+                              f"{job.target} in {out.seconds:.2f}s")
     return outputs, compiled

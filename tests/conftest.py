@@ -39,13 +39,29 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
+_GPU_SKIP = "GPU test: "
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reason = None
     for item in items:
         if "gpu" in item.keywords:
             reason = reason or gpu_unavailable_reason() or ""
             if reason:
-                item.add_marker(pytest.mark.skip(reason=f"GPU test: {reason}"))
+                item.add_marker(pytest.mark.skip(reason=_GPU_SKIP + reason))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """``-ra`` folds skips by (file, line, reason), and a marker's skip is placed at each test:
+    one line per GPU test, all saying "no CUDA driver". Placed here instead, they fold into one
+    line with their count."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3:
+        _, _, message = rep.longrepr
+        if str(message).removeprefix("Skipped: ").startswith(_GPU_SKIP):
+            rep.longrepr = (__file__, None, message)
 
 
 def run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None,

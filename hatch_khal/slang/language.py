@@ -126,6 +126,7 @@ class SlangLanguage:
             with cache.locked([key]):
                 out = self._cached(p, key, cache)  # another build may have stored it meanwhile
                 if out is None:
+                    reporter.info(f"khal: compiling Slang crate {name!r} to {', '.join(sorted(p.targets))}")
                     out = compile_slang_crate(p.slang, p.targets)
                     cache.store(key, out.to_bytes(), "")
                     compiled = 1
