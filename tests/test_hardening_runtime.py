@@ -116,6 +116,24 @@ def test_a_bfloat16_takes_numbers_only_on_every_path(ks: Any, fake: FakeDriver, 
     assert struct.unpack("<H", fake.launches[-1]["slots"][3])[0] == abi.bf16_bits(1.5) == 0x3FC0
 
 
+@pytest.mark.parametrize("value", [np.complex64(3 + 4j), 3 + 4j, np.bool_(True), "0.5", None])
+def test_a_float_scalar_takes_real_numbers_only_on_every_path(ks: Any, fake: FakeDriver, value: Any) -> None:
+    """A NumPy complex or bool given for a float was packed by the typed call and launch() (as its
+    real part / 1.0) while check_args refused it: one set of rules on every path."""
+    x, y = _bufs()
+    for launch in (lambda: ks.axpby(1024, x, y, Params(1, 2), value),
+                   lambda: ks.axpby.launch(4, None, x, y, Params(1, 2), value),
+                   lambda: ks.axpby.bind(x, y, Params(1, 2), value),
+                   lambda: ks.axpby.check_args(x, y, Params(1, 2), value)):
+        for _ in range(2):  # the first call generates code; the second runs the generated fast path
+            with pytest.raises(ArgumentError, match=r"axpby\(\): argument .*expected a"):
+                launch()
+    assert fake.launches == []
+    for ok in (np.float32(0.25), 0.25, np.float64(0.25)):
+        ks.axpby(1024, x, y, Params(1, 2), ok)
+    assert len(fake.launches) == 3
+
+
 def test_a_uniform_given_a_plain_numpy_number_is_refused(ks: Any, fake: FakeDriver) -> None:
     x, y = _bufs()
     for value in (np.int32(2), np.float64(2.0), np.arange(2, dtype=np.float32)):

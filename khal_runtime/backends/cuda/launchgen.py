@@ -173,8 +173,11 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
         elif p.element_type == "bfloat16" or abi.SCALARS[p.element_type].family == "complex":
             pack_args.append(f"scalar_value({i}, {a})" if p.element_type == "bfloat16"
                              else f"*scalar_value({i}, {a})")
-        else:  # struct's own checks refuse what abi.scalar_value refuses (str, None, float for int)
-            pack_args.append(a)
+        elif abi.SCALARS[p.element_type].family in ("int", "uint"):  # an int goes straight to struct
+            pack_args.append(f"({a} if {a}.__class__ is int else scalar_value({i}, {a}))")
+        else:  # floats: a float or int straight to struct; NumPy numbers, bools, complex: the rules
+            pack_args.append(f"({a} if {a}.__class__ is float or {a}.__class__ is int "
+                             f"else scalar_value({i}, {a}))")
     if pack_args:
         lines.append(f"{I}pack_args(m.buf, 0, {', '.join(pack_args)})")
     return lines
