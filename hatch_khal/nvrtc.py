@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from khal_runtime.abi import parse_arch
+from khal_runtime.binaries import BinaryFormatError, read_binary
 
 from hatch_khal.errors import CompileError, ConfigError, KhalBuildError
 from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity
@@ -241,9 +242,6 @@ class NvrtcCompiler:
         return CompileOutput(r.data, r.log, time.perf_counter() - t0)
 
     def check_output(self, job: CompileJob, data: bytes) -> str | None:
-        # lazy: pyelftools is needed only once outputs are checked
-        from khal_runtime.binaries import BinaryFormatError, read_binary
-
         want = parse_arch(job.target)
         kind = "cubin" if want.kind == "sm" else "ptx"
         try:

@@ -246,7 +246,7 @@ def scan_cubin(data: bytes) -> BinaryInfo | None:
     anything else, which :func:`read_cubin` then reads (and explains) with pyelftools.
 
     Written by hand for the load path: pyelftools costs about 30 ms to import and 20-90 ms to
-    walk a cubin's symbol table in pure Python, a third of the 300 ms cold-start bar (DESIGN.md);
+    walk a cubin's symbol table in pure Python, a third of the 300 ms cold-start bar (benchmarks/bench_load.py);
     a test checks that both readers agree on every cubin the example builds.
     """
     try:
