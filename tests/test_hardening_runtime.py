@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import struct
 import sys
 from pathlib import Path
@@ -143,9 +144,13 @@ def test_a_uniform_given_a_plain_numpy_number_is_refused(ks: Any, fake: FakeDriv
 
 
 # -- (3) byte order ------------------------------------------------------------------------------
+_OTHER = ">" if sys.byteorder == "little" else "<"
+_NATIVE = "<" if sys.byteorder == "little" else ">"
+
+
 def test_device_buffers_of_the_other_byte_order_are_refused() -> None:
     other = ">f4" if sys.byteorder == "little" else "<f4"
-    with pytest.raises(ArgumentError, match="not in this machine's byte order"):
+    with pytest.raises(ArgumentError, match=rf"dtype {other} is .*-endian, not in this machine's byte order.*use {_NATIVE}f4"):
         DeviceBuffer(0x1000, 4, other, 0)
     with pytest.raises(ArgumentError, match="not in this machine's byte order"):
         DeviceBuffer.alloc(4, other)
@@ -167,8 +172,9 @@ def test_cai_and_struct_uniforms_of_the_other_byte_order_are_refused(ks: Any, fa
     with pytest.raises(ArgumentError, match=r"argument 'x'.*byte order big-endian|argument 'x'.*little-endian"):
         ks.axpby(4, _Cai(f"{other}f4"), y, Params(1, 2), 0.5)
     rec = np.zeros((), dtype=[("a", f"{other}f4"), ("b", f"{other}f4")])
-    with pytest.raises(ArgumentError, match=r"argument 'p'.*the other byte order"):
-        ks.axpby(4, x, y, rec, 0.5)
+    with pytest.raises(ArgumentError, match=rf"argument 'p'.*field 'a' \({other}f4\) of dtype .* not in this "
+                                            rf"machine's byte order.*use \[\('a', '{_NATIVE}f4'\), \('b', '{_NATIVE}f4'\)\]"):
+        ks.axpby(4, x, y, rec, 0.5)  # the suggestion is the native spelling, not the struct's |V8 again
     swapped = ctypes.BigEndianStructure if sys.byteorder == "little" else ctypes.LittleEndianStructure
 
     class Swapped(swapped):  # type: ignore[valid-type, misc]
@@ -177,6 +183,40 @@ def test_cai_and_struct_uniforms_of_the_other_byte_order_are_refused(ks: Any, fa
     with pytest.raises(ArgumentError, match=r"argument 'p'.*-endian ctypes structure"):
         ks.axpby(4, x, y, Swapped(1, 2), 0.5)
     assert fake.launches == []
+
+
+#: big-endian (on this host, the other byte order) numbers that NumPy's dtype.isnative misses
+_HIDDEN = [np.dtype([("v", f"{_OTHER}f4", (3,))]),  # a subarray field
+           np.dtype([("s", [("a", f"{_NATIVE}f4"), ("b", f"{_OTHER}i4", (2,))])])]  # nested, then a subarray
+
+
+@pytest.mark.parametrize("dt", _HIDDEN, ids=["subarray", "nested-subarray"])
+def test_a_struct_dtype_with_a_subarray_of_the_other_byte_order_is_refused_everywhere(
+        fake: FakeDriver, tmp_path: Path, dt: Any) -> None:
+    """NumPy says isnative for a struct whose other-order numbers sit in a subarray; one rule
+    (khal_runtime.dtypes.byte_order_problem) looks inside for DeviceBuffer, a CAI descr and a uniform."""
+    assert dt.isnative  # what made the per-place checks miss it
+    field = "v" if dt.names == ("v",) else "s.b"
+    native = str(dt.newbyteorder("="))
+    msg = rf"field '{field}' \({_OTHER}[fi]4\) of dtype .* not in this machine's byte order.*use {re.escape(native)}"
+    with pytest.raises(ArgumentError, match=rf"DeviceBuffer: {msg}"):
+        DeviceBuffer(0x1000, 4, dt, 0)
+    with pytest.raises(ArgumentError, match=rf"DeviceBuffer.alloc: {msg}"):
+        DeviceBuffer.alloc(4, dt)
+    e = make_entry("setp", (storage("out", "uint32", 4, writable=True), uniform("p", size=dt.itemsize)))
+    ks = fake_kernels(fake, tmp_path, [e])
+    out = DeviceBuffer(0x1000, 16, "uint32", 0)
+    cai = _Cai(f"|V{dt.itemsize}", descr=dt.descr)
+    with pytest.raises(ArgumentError, match=rf"setp\(\): argument 'p'.*has descr: {msg}"):
+        ks.setp(16, out, cai)
+    with pytest.raises(ArgumentError, match=rf"setp\(\): argument 'p'.*is a NumPy struct whose {msg}"):
+        ks.setp(16, out, np.zeros((), dtype=dt))
+    assert fake.launches == []
+    good = dt.newbyteorder("=")
+    assert DeviceBuffer(0x1000, 4, good, 0).dtype == good
+    ks.setp(16, out, np.zeros((), dtype=good))
+    ks.setp(16, out, _Cai(f"|V{dt.itemsize}", descr=good.descr))
+    assert len(fake.launches) == 2
 
 
 def test_from_numpy_of_a_big_endian_array_keeps_the_values(fake: FakeDriver) -> None:
