@@ -387,6 +387,55 @@ def test_an_artifact_that_is_a_device_or_fifo_is_refused(tmp_path: Path) -> None
     assert any("not a regular file" in p.message for p in problems)
 
 
+# -- (6, 9) size caps: a manifest, an artifact, an editable source larger than the cap is refused unread
+def _sparse(path: Path, size: int) -> None:
+    """Replace ``path`` with a sparse file of ``size`` bytes (no disk, no memory)."""
+    path.unlink()
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+def test_a_manifest_over_the_size_cap_is_a_manifest_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from khal_runtime.manifest import MAX_MANIFEST_BYTES
+
+    pkg = build_package(tmp_path, "synth_hard_cap_manifest")
+    text = pkg.manifest_path.read_text()
+    _sparse(pkg.manifest_path, MAX_MANIFEST_BYTES + 1)
+    with pytest.raises(ManifestError, match=rf"the manifest is {MAX_MANIFEST_BYTES + 1} bytes, more than the "
+                                            rf"{MAX_MANIFEST_BYTES} allowed"):
+        khal_runtime.load(pkg.package_dir)
+    pkg.manifest_path.write_text(text)
+    monkeypatch.setattr(khal_runtime.manifest, "MAX_MANIFEST_BYTES", len(text) - 1)  # text already in memory
+    with pytest.raises(ManifestError, match=rf"{len(text)} bytes, more than a manifest may be \({len(text) - 1}\)"):
+        parse_manifest(text)
+
+
+def test_an_artifact_over_the_size_cap_is_refused_unread(tmp_path: Path) -> None:
+    from khal_runtime.verify import MAX_ARTIFACT_BYTES
+
+    pkg = build_package(tmp_path, "synth_hard_cap_artifact")
+    _sparse(pkg.artifact_file("ptx"), MAX_ARTIFACT_BYTES + 1)
+    msg = rf"artifact '_khal/{CRATE}/{CRATE}.compute_75.ptx' is {MAX_ARTIFACT_BYTES + 1} bytes, more than the " \
+          rf"{MAX_ARTIFACT_BYTES} allowed"
+    problems = verify_package(pkg.package_dir)
+    assert any(p.error is ArtifactError and re.search(msg, p.message) for p in problems), problems
+    with pytest.raises(ArtifactError, match=msg):
+        khal_runtime.check_package(pkg.package_dir)
+
+
+def test_an_editable_source_over_the_size_cap_is_stale_unread(tmp_path: Path) -> None:
+    from khal_runtime.verify import MAX_SOURCE_BYTES, check_sources
+
+    pkg = build_package(tmp_path, "synth_hard_cap_source", editable=True)
+    _sparse(tmp_path / "kernels" / "core.cu", MAX_SOURCE_BYTES + 1)
+    msg = rf"kernels/core.cu cannot be read \(.*source is {MAX_SOURCE_BYTES + 1} bytes, more than the " \
+          rf"{MAX_SOURCE_BYTES} allowed\)"
+    with pytest.raises(khal_runtime.StaleBuildError, match=msg):
+        khal_runtime.load(pkg.package_dir)
+    (problem,) = check_sources(khal_runtime.manifest.load_manifest(pkg.manifest_path), pkg.package_dir)
+    assert re.search(msg, problem.message) and problem.error is khal_runtime.StaleBuildError
+
+
 # -- (8) a binary of another arch in an arch's slot ------------------------------------------------------
 def test_a_cubin_of_another_arch_in_a_slot_is_refused(tmp_path: Path) -> None:
     pkg = build_package(tmp_path, "synth_hard_arch", cubin_archs=("sm_80", "sm_90"))
