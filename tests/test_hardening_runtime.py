@@ -65,6 +65,8 @@ def test_a_2d_or_3d_grid_is_refused_where_ids_are_1d(ks: Any, fake: FakeDriver, 
     x, y = _bufs()
     with pytest.raises(ArgumentValueError, match=r"grid .* has more than 1 dimension.*thread ids use x only"):
         ks.axpby.launch(grid, None, x, y, Params(1, 2), 0.5)
+    with pytest.raises(ArgumentValueError, match=r"grid .* has more than 1 dimension.*thread ids use x only"):
+        khal_runtime.launch(None, khal_runtime.LaunchConfig(grid), ks.axpby, x, y, Params(1, 2), 0.5)
     assert fake.launches == []
 
 
