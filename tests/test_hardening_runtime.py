@@ -110,7 +110,7 @@ def test_a_bool_takes_true_or_false_only_on_every_path(ks: Any, fake: FakeDriver
 def test_a_bfloat16_takes_numbers_only_on_every_path(ks: Any, fake: FakeDriver, value: Any) -> None:
     out = DeviceBuffer(0x1000, 16, "uint32", 0)
     for launch in (lambda: ks.flags(16, out, True, value), lambda: ks.flags.launch(1, None, out, True, value),
-                   lambda: ks.flags.bind(out, True, value)):
+                   lambda: ks.flags.bind(out, True, value), lambda: ks.flags.check_args(out, True, value)):
         for _ in range(2):
             with pytest.raises(ArgumentError, match=r"argument 'h' \(scalar bfloat16\): expected a"):
                 launch()
@@ -140,8 +140,11 @@ def test_a_float_scalar_takes_real_numbers_only_on_every_path(ks: Any, fake: Fak
 def test_a_uniform_given_a_plain_numpy_number_is_refused(ks: Any, fake: FakeDriver) -> None:
     x, y = _bufs()
     for value in (np.int32(2), np.float64(2.0), np.arange(2, dtype=np.float32)):
-        with pytest.raises(ArgumentError, match=r"argument 'p'.*is a NumPy .* value, not a struct"):
-            ks.axpby(1024, x, y, value, 0.5)
+        for launch in (lambda: ks.axpby(1024, x, y, value, 0.5), lambda: ks.axpby.launch(4, None, x, y, value, 0.5),
+                       lambda: ks.axpby.bind(x, y, value, 0.5), lambda: ks.axpby.check_args(x, y, value, 0.5)):
+            for _ in range(2):  # the first call generates code; the second runs the generated fast path
+                with pytest.raises(ArgumentError, match=r"argument 'p'.*is a NumPy .* value, not a struct"):
+                    launch()
     assert fake.launches == []
 
 
