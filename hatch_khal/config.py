@@ -363,7 +363,7 @@ def parse_config(
                 language=language,
                 sources=list(c.sources),
                 include_dirs=list(cfg.include_dirs) + list(c.include_dirs),
-                package=package.strip("/"),
+                package=package.rstrip("/"),  # a leading "/" stays: check_packages refuses an absolute path
                 archs=sorted(set(archs), key=lambda a: (_cubin_arch(a).number, a)),
                 archs_explicit=env_archs is not None or c.archs is not None or cfg.archs is not None,
                 ptx_arch=ptx,

@@ -15,7 +15,7 @@ from typing import Any, Callable, Hashable
 
 from khal_runtime import capture_state, interop
 from khal_runtime.device import Device, Stream, as_stream, current_device_id, ensure_current
-from khal_runtime.dtypes import element_type_of_numpy
+from khal_runtime.dtypes import byte_order_problem, element_type_of_numpy
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.memo import bump_epoch
 
@@ -39,9 +39,9 @@ def _native_dtype(dtype: Any, what: str) -> Any:
         dt = np.dtype(dtype)
     except TypeError as exc:
         raise ArgumentError(f"{what}: {dtype!r} is not a NumPy dtype ({exc})") from None
-    if not dt.isnative:
-        raise ArgumentError(f"{what}: dtype {dt.str} is not in this machine's byte order; the device "
-                            f"reads native numbers: use {dt.newbyteorder('=').str}")
+    problem = byte_order_problem(dt)
+    if problem is not None:
+        raise ArgumentError(f"{what}: {problem}")
     if dt.hasobject:
         raise ArgumentError(f"{what}: dtype {dt} holds Python objects, which device memory cannot")
     return dt
@@ -116,7 +116,7 @@ class DeviceBuffer:
         """Copy a host array (flattened, C order) to new device memory, ordered on ``stream``."""
         np = _numpy()
         a = np.ascontiguousarray(array)
-        if not a.dtype.isnative:  # the same values, in the byte order the device reads
+        if byte_order_problem(a.dtype) is not None:  # the same values, in the byte order the device reads
             a = a.astype(a.dtype.newbyteorder("="))
         st = as_stream(stream) if stream is not None or device is None else \
             Device(_device_ordinal(device, lambda: 0)).default_stream

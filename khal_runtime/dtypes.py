@@ -5,6 +5,7 @@ Pure Python, no GPU: used by argument checking and the launch-plan builder.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Hashable
 
 from khal_runtime import abi
@@ -13,6 +14,7 @@ __all__ = [
     "SCALAR_TYPES",
     "STRUCT_CODES",
     "bf16_bits",
+    "byte_order_problem",
     "dtype_info",
     "element_type_of_numpy",
 ]
@@ -44,15 +46,56 @@ _DLPACK = {(0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64",
            (4, 16): "bfloat16", (5, 64): "complex64", (5, 128): "complex128", (6, 8): "bool", (1, 1): "bool"}
 
 
+#: the byte-order character NumPy gives a dtype of the other byte order than this machine's
+_OTHER_ORDER = ">" if sys.byteorder == "little" else "<"
+
+
+def _foreign_part(dt: Any, path: str) -> tuple[str, Any] | None:
+    """(field path, scalar dtype) of the first number in ``dt`` stored in the other byte order,
+    at any depth: a field, a nested struct's field, a subarray's element."""
+    if dt.fields is not None:
+        for name in dt.names:
+            found = _foreign_part(dt.fields[name][0], f"{path}.{name}" if path else name)
+            if found is not None:
+                return found
+        return None
+    if dt.subdtype is not None:
+        return _foreign_part(dt.subdtype[0], path)
+    return (path, dt) if dt.byteorder == _OTHER_ORDER else None
+
+
+def _spelling(dt: Any) -> str:
+    return dt.str if dt.fields is None and dt.subdtype is None else str(dt)
+
+
+def byte_order_problem(dt: Any) -> str | None:
+    """Why the device would misread a NumPy dtype's bytes, or None when every number in it is
+    in this machine's byte order. The one rule for DeviceBuffer dtypes, ``__cuda_array_interface__``
+    typestrs and descrs, and NumPy struct uniforms. NumPy's ``dtype.isnative`` is not enough: it is
+    True for a struct whose only field is a big-endian subarray (``[('v', '>f4', (3,))]``). The
+    message names the offending field and spells the native dtype."""
+    found = _foreign_part(dt, "")
+    if found is None:
+        return None
+    path, part = found
+    order = "big" if _OTHER_ORDER == ">" else "little"
+    if path:
+        what = f"field {path!r} ({part.str}) of dtype {_spelling(dt)}"
+    elif part is not dt:  # a subarray dtype: name its element
+        what = f"dtype {_spelling(dt)} (elements {part.str})"
+    else:
+        what = f"dtype {_spelling(dt)}"
+    return (f"{what} is {order}-endian, not in this machine's byte order; the device reads native "
+            f"({sys.byteorder}-endian) numbers: use {_spelling(dt.newbyteorder('='))} "
+            "(.astype(dtype.newbyteorder('=')))")
+
+
 def element_type_of_numpy(dt: Any) -> tuple[str, int]:
     """(element type name or "struct"/"other", itemsize) of a NumPy dtype."""
     name = getattr(dt, "name", str(dt))
     size = int(getattr(dt, "itemsize", 0))
-    if getattr(dt, "byteorder", "=") not in ("=", "|") and size > 1 and not getattr(dt, "fields", None):
-        import sys  # lazy: only for a dtype of another byte order
-
-        if dt.byteorder != ("<" if sys.byteorder == "little" else ">"):
-            return f"{name} of non-native byte order ({dt.str})", size
+    if getattr(dt, "byteorder", "=") == _OTHER_ORDER and not getattr(dt, "fields", None):
+        return f"{name} of non-native byte order ({dt.str})", size
     if getattr(dt, "fields", None) or name.startswith("void"):
         return "struct", size
     if name in SCALAR_TYPES:

@@ -14,7 +14,7 @@ import sys
 from typing import Any, Callable
 
 from khal_runtime import interop
-from khal_runtime.dtypes import dtype_info
+from khal_runtime.dtypes import byte_order_problem, dtype_info
 from khal_runtime.errors import ArgumentError
 from khal_runtime.interop import BadArgument
 
@@ -41,27 +41,12 @@ def _c_numpy(obj: Any) -> bytes:
     if dt.fields is None:
         raise BadArgument(ArgumentError, f"is a NumPy {dt} value, not a struct: pass a NumPy "
                           "structured scalar, a ctypes Structure or the struct's bytes")
-    if not _native_fields(dt):
-        raise BadArgument(ArgumentError, f"is a NumPy struct with fields of the other byte order "
-                          f"({dt}); the device reads native numbers: convert it with "
-                          ".astype(dtype.newbyteorder('='))")
+    problem = byte_order_problem(dt)
+    if problem is not None:
+        raise BadArgument(ArgumentError, f"is a NumPy struct whose {problem}")
     if getattr(obj, "ndim", 0) and obj.size != 1:
         raise BadArgument(ArgumentError, f"is a NumPy array of {obj.size} elements; a uniform is one struct")
     return obj.tobytes()  # type: ignore[no-any-return]
-
-
-def _native_fields(dt: Any) -> bool:
-    for name in dt.names or ():
-        sub = dt.fields[name][0]
-        if sub.fields is not None:
-            if not _native_fields(sub):
-                return False
-        elif sub.subdtype is not None:
-            if not sub.subdtype[0].isnative:
-                return False
-        elif not sub.isnative:
-            return False
-    return True
 
 
 def _c_device(obj: Any) -> tuple[int, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,6 +112,89 @@ def test_package_outside_the_project_is_refused(tmp_path: Path) -> None:
     assert "'../outside_pkg'" in proc.stderr and "inside the project" in proc.stderr
     assert (outside / "_khal" / "precious.txt").read_text() == "keep me"
     assert not list((tmp_path).glob("dist/*.whl"))
+
+
+def _tree(top: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(top)): f.read_bytes() for f in sorted(top.rglob("*")) if f.is_file()}
+
+
+def _outside_package(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside_pkg"
+    (outside / "_khal").mkdir(parents=True)
+    (outside / "_khal" / "precious.txt").write_text("keep me")
+    (outside / "__init__.py").write_text("")
+    return outside
+
+
+@pytest.mark.parametrize("how", ["absolute", "symlink-out"])
+def test_absolute_or_symlinked_package_outside_the_project_is_refused_by_the_hatch_hook(
+        tmp_path: Path, how: str) -> None:
+    """The hook itself (no pip): every step that would write or delete <package>/_khal refuses
+    first, and the folder outside keeps its files; nothing new appears there."""
+    from types import SimpleNamespace
+
+    from hatch_khal.plugin import KhalBuildHook
+
+    outside = _outside_package(tmp_path)
+    proj = make_project(tmp_path / "proj")
+    if how == "absolute":
+        package = str(outside)
+    else:
+        (proj / "linked_pkg").symlink_to(outside, target_is_directory=True)
+        package = "linked_pkg"
+    before = _tree(outside)
+    crates = [{"name": "alpha", "sources": ["kernels/alpha/*.cu"], "include-dirs": ["kernels/include"],
+               "package": package}]
+    meta = SimpleNamespace(core=SimpleNamespace(raw_name="mini-pkg"))
+    steps = {"standard": lambda h: h.initialize("standard", {"force_include": {}}),
+             "editable": lambda h: h.initialize("editable", {"force_include": {}}),
+             "clean": lambda h: h.clean([])}
+    for step, do in steps.items():
+        hook = KhalBuildHook(str(proj), {"archs": ["sm_90"], "crates": crates}, None, meta, str(proj), "wheel")
+        with pytest.raises(ConfigError, match=rf"crate 'alpha': option 'package' = {re.escape(repr(package))} "
+                                              r"must name a package directory inside the project"):
+            do(hook)
+        assert _tree(outside) == before, step
+    assert not (proj / "mini_pkg" / "_khal").exists()
+
+
+def test_setuptools_package_that_is_not_a_distribution_package_is_refused(tmp_path: Path) -> None:
+    """setuptools: `package` must be one of the distribution's packages (else the kernels would be
+    written to build_lib at a path no installed package has); refused before anything is compiled."""
+    from setuptools.dist import Distribution
+    from setuptools.errors import SetupError
+
+    from hatch_khal.setuptools_ext import BuildKhal
+
+    proj = tmp_path / "proj"
+    (proj / "src" / "mini_pkg").mkdir(parents=True)
+    (proj / "src" / "mini_pkg" / "__init__.py").write_text("")
+    (proj / "tools" / "helper").mkdir(parents=True)  # inside the project, but not shipped
+    (proj / "tools" / "helper" / "__init__.py").write_text("")
+    (proj / "kernels" / "alpha").mkdir(parents=True)
+    (proj / "kernels" / "alpha" / "fill.cu").write_text(OTHER_CU)
+    (proj / "pyproject.toml").write_text(textwrap.dedent("""\
+        [project]
+        name = "mini-pkg"
+        version = "0.1.0"
+
+        [tool.khal]
+        archs = ["sm_90"]
+
+        [[tool.khal.crates]]
+        name = "alpha"
+        sources = ["kernels/alpha/*.cu"]
+        package = "tools/helper"
+        """))
+    dist = Distribution({"name": "mini-pkg", "packages": ["mini_pkg"], "package_dir": {"": "src"},
+                         "src_root": str(proj)})
+    cmd = BuildKhal(dist)
+    cmd.build_lib = str(tmp_path / "build_lib")
+    before = _tree(proj)
+    with pytest.raises(SetupError, match=r"package directory 'tools/helper' is not one of the distribution's "
+                                         r"packages \(mini_pkg\); list it in \[tool.setuptools\] packages"):
+        cmd.run()
+    assert _tree(proj) == before and not (tmp_path / "build_lib").exists()
 
 
 def test_existing_foreign_khal_folder_is_not_deleted(tmp_path: Path) -> None:

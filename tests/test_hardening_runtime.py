@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import struct
 import sys
 from pathlib import Path
@@ -64,6 +65,8 @@ def test_a_2d_or_3d_grid_is_refused_where_ids_are_1d(ks: Any, fake: FakeDriver, 
     x, y = _bufs()
     with pytest.raises(ArgumentValueError, match=r"grid .* has more than 1 dimension.*thread ids use x only"):
         ks.axpby.launch(grid, None, x, y, Params(1, 2), 0.5)
+    with pytest.raises(ArgumentValueError, match=r"grid .* has more than 1 dimension.*thread ids use x only"):
+        khal_runtime.launch(None, khal_runtime.LaunchConfig(grid), ks.axpby, x, y, Params(1, 2), 0.5)
     assert fake.launches == []
 
 
@@ -107,7 +110,7 @@ def test_a_bool_takes_true_or_false_only_on_every_path(ks: Any, fake: FakeDriver
 def test_a_bfloat16_takes_numbers_only_on_every_path(ks: Any, fake: FakeDriver, value: Any) -> None:
     out = DeviceBuffer(0x1000, 16, "uint32", 0)
     for launch in (lambda: ks.flags(16, out, True, value), lambda: ks.flags.launch(1, None, out, True, value),
-                   lambda: ks.flags.bind(out, True, value)):
+                   lambda: ks.flags.bind(out, True, value), lambda: ks.flags.check_args(out, True, value)):
         for _ in range(2):
             with pytest.raises(ArgumentError, match=r"argument 'h' \(scalar bfloat16\): expected a"):
                 launch()
@@ -137,15 +140,22 @@ def test_a_float_scalar_takes_real_numbers_only_on_every_path(ks: Any, fake: Fak
 def test_a_uniform_given_a_plain_numpy_number_is_refused(ks: Any, fake: FakeDriver) -> None:
     x, y = _bufs()
     for value in (np.int32(2), np.float64(2.0), np.arange(2, dtype=np.float32)):
-        with pytest.raises(ArgumentError, match=r"argument 'p'.*is a NumPy .* value, not a struct"):
-            ks.axpby(1024, x, y, value, 0.5)
+        for launch in (lambda: ks.axpby(1024, x, y, value, 0.5), lambda: ks.axpby.launch(4, None, x, y, value, 0.5),
+                       lambda: ks.axpby.bind(x, y, value, 0.5), lambda: ks.axpby.check_args(x, y, value, 0.5)):
+            for _ in range(2):  # the first call generates code; the second runs the generated fast path
+                with pytest.raises(ArgumentError, match=r"argument 'p'.*is a NumPy .* value, not a struct"):
+                    launch()
     assert fake.launches == []
 
 
 # -- (3) byte order ------------------------------------------------------------------------------
+_OTHER = ">" if sys.byteorder == "little" else "<"
+_NATIVE = "<" if sys.byteorder == "little" else ">"
+
+
 def test_device_buffers_of_the_other_byte_order_are_refused() -> None:
     other = ">f4" if sys.byteorder == "little" else "<f4"
-    with pytest.raises(ArgumentError, match="not in this machine's byte order"):
+    with pytest.raises(ArgumentError, match=rf"dtype {other} is .*-endian, not in this machine's byte order.*use {_NATIVE}f4"):
         DeviceBuffer(0x1000, 4, other, 0)
     with pytest.raises(ArgumentError, match="not in this machine's byte order"):
         DeviceBuffer.alloc(4, other)
@@ -167,8 +177,9 @@ def test_cai_and_struct_uniforms_of_the_other_byte_order_are_refused(ks: Any, fa
     with pytest.raises(ArgumentError, match=r"argument 'x'.*byte order big-endian|argument 'x'.*little-endian"):
         ks.axpby(4, _Cai(f"{other}f4"), y, Params(1, 2), 0.5)
     rec = np.zeros((), dtype=[("a", f"{other}f4"), ("b", f"{other}f4")])
-    with pytest.raises(ArgumentError, match=r"argument 'p'.*the other byte order"):
-        ks.axpby(4, x, y, rec, 0.5)
+    with pytest.raises(ArgumentError, match=rf"argument 'p'.*field 'a' \({other}f4\) of dtype .* not in this "
+                                            rf"machine's byte order.*use \[\('a', '{_NATIVE}f4'\), \('b', '{_NATIVE}f4'\)\]"):
+        ks.axpby(4, x, y, rec, 0.5)  # the suggestion is the native spelling, not the struct's |V8 again
     swapped = ctypes.BigEndianStructure if sys.byteorder == "little" else ctypes.LittleEndianStructure
 
     class Swapped(swapped):  # type: ignore[valid-type, misc]
@@ -177,6 +188,40 @@ def test_cai_and_struct_uniforms_of_the_other_byte_order_are_refused(ks: Any, fa
     with pytest.raises(ArgumentError, match=r"argument 'p'.*-endian ctypes structure"):
         ks.axpby(4, x, y, Swapped(1, 2), 0.5)
     assert fake.launches == []
+
+
+#: big-endian (on this host, the other byte order) numbers that NumPy's dtype.isnative misses
+_HIDDEN = [np.dtype([("v", f"{_OTHER}f4", (3,))]),  # a subarray field
+           np.dtype([("s", [("a", f"{_NATIVE}f4"), ("b", f"{_OTHER}i4", (2,))])])]  # nested, then a subarray
+
+
+@pytest.mark.parametrize("dt", _HIDDEN, ids=["subarray", "nested-subarray"])
+def test_a_struct_dtype_with_a_subarray_of_the_other_byte_order_is_refused_everywhere(
+        fake: FakeDriver, tmp_path: Path, dt: Any) -> None:
+    """NumPy says isnative for a struct whose other-order numbers sit in a subarray; one rule
+    (khal_runtime.dtypes.byte_order_problem) looks inside for DeviceBuffer, a CAI descr and a uniform."""
+    assert dt.isnative  # what made the per-place checks miss it
+    field = "v" if dt.names == ("v",) else "s.b"
+    native = str(dt.newbyteorder("="))
+    msg = rf"field '{field}' \({_OTHER}[fi]4\) of dtype .* not in this machine's byte order.*use {re.escape(native)}"
+    with pytest.raises(ArgumentError, match=rf"DeviceBuffer: {msg}"):
+        DeviceBuffer(0x1000, 4, dt, 0)
+    with pytest.raises(ArgumentError, match=rf"DeviceBuffer.alloc: {msg}"):
+        DeviceBuffer.alloc(4, dt)
+    e = make_entry("setp", (storage("out", "uint32", 4, writable=True), uniform("p", size=dt.itemsize)))
+    ks = fake_kernels(fake, tmp_path, [e])
+    out = DeviceBuffer(0x1000, 16, "uint32", 0)
+    cai = _Cai(f"|V{dt.itemsize}", descr=dt.descr)
+    with pytest.raises(ArgumentError, match=rf"setp\(\): argument 'p'.*has descr: {msg}"):
+        ks.setp(16, out, cai)
+    with pytest.raises(ArgumentError, match=rf"setp\(\): argument 'p'.*is a NumPy struct whose {msg}"):
+        ks.setp(16, out, np.zeros((), dtype=dt))
+    assert fake.launches == []
+    good = dt.newbyteorder("=")
+    assert DeviceBuffer(0x1000, 4, good, 0).dtype == good
+    ks.setp(16, out, np.zeros((), dtype=good))
+    ks.setp(16, out, _Cai(f"|V{dt.itemsize}", descr=good.descr))
+    assert len(fake.launches) == 2
 
 
 def test_from_numpy_of_a_big_endian_array_keeps_the_values(fake: FakeDriver) -> None:
@@ -345,6 +390,55 @@ def test_an_artifact_that_is_a_device_or_fifo_is_refused(tmp_path: Path) -> None
     os.mkfifo(ptx)
     problems = verify_package(pkg.package_dir)
     assert any("not a regular file" in p.message for p in problems)
+
+
+# -- (6, 9) size caps: a manifest, an artifact, an editable source larger than the cap is refused unread
+def _sparse(path: Path, size: int) -> None:
+    """Replace ``path`` with a sparse file of ``size`` bytes (no disk, no memory)."""
+    path.unlink()
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+def test_a_manifest_over_the_size_cap_is_a_manifest_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from khal_runtime.manifest import MAX_MANIFEST_BYTES
+
+    pkg = build_package(tmp_path, "synth_hard_cap_manifest")
+    text = pkg.manifest_path.read_text()
+    _sparse(pkg.manifest_path, MAX_MANIFEST_BYTES + 1)
+    with pytest.raises(ManifestError, match=rf"the manifest is {MAX_MANIFEST_BYTES + 1} bytes, more than the "
+                                            rf"{MAX_MANIFEST_BYTES} allowed"):
+        khal_runtime.load(pkg.package_dir)
+    pkg.manifest_path.write_text(text)
+    monkeypatch.setattr(khal_runtime.manifest, "MAX_MANIFEST_BYTES", len(text) - 1)  # text already in memory
+    with pytest.raises(ManifestError, match=rf"{len(text)} bytes, more than a manifest may be \({len(text) - 1}\)"):
+        parse_manifest(text)
+
+
+def test_an_artifact_over_the_size_cap_is_refused_unread(tmp_path: Path) -> None:
+    from khal_runtime.verify import MAX_ARTIFACT_BYTES
+
+    pkg = build_package(tmp_path, "synth_hard_cap_artifact")
+    _sparse(pkg.artifact_file("ptx"), MAX_ARTIFACT_BYTES + 1)
+    msg = rf"artifact '_khal/{CRATE}/{CRATE}.compute_75.ptx' is {MAX_ARTIFACT_BYTES + 1} bytes, more than the " \
+          rf"{MAX_ARTIFACT_BYTES} allowed"
+    problems = verify_package(pkg.package_dir)
+    assert any(p.error is ArtifactError and re.search(msg, p.message) for p in problems), problems
+    with pytest.raises(ArtifactError, match=msg):
+        khal_runtime.check_package(pkg.package_dir)
+
+
+def test_an_editable_source_over_the_size_cap_is_stale_unread(tmp_path: Path) -> None:
+    from khal_runtime.verify import MAX_SOURCE_BYTES, check_sources
+
+    pkg = build_package(tmp_path, "synth_hard_cap_source", editable=True)
+    _sparse(tmp_path / "kernels" / "core.cu", MAX_SOURCE_BYTES + 1)
+    msg = rf"kernels/core.cu cannot be read \(.*source is {MAX_SOURCE_BYTES + 1} bytes, more than the " \
+          rf"{MAX_SOURCE_BYTES} allowed\)"
+    with pytest.raises(khal_runtime.StaleBuildError, match=msg):
+        khal_runtime.load(pkg.package_dir)
+    (problem,) = check_sources(khal_runtime.manifest.load_manifest(pkg.manifest_path), pkg.package_dir)
+    assert re.search(msg, problem.message) and problem.error is khal_runtime.StaleBuildError
 
 
 # -- (8) a binary of another arch in an arch's slot ------------------------------------------------------

@@ -7,12 +7,15 @@ import operator
 import sys
 from typing import Any, Hashable
 
+from khal_runtime.dtypes import byte_order_problem
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.interop.registry import ArrayType, BadArgument
 
 __all__ = ["c_contiguous", "native_typestr", "probe"]
 
 _TYPESTR_SIZE: dict[str, int] = {}
+#: the byte-order character of a typestr of the other byte order than this machine's
+_OTHER = ">" if sys.byteorder == "little" else "<"
 
 
 def _typestr_size(typestr: str) -> int:
@@ -27,15 +30,24 @@ def _typestr_size(typestr: str) -> int:
 
 def native_typestr(typestr: str) -> None:
     """Refuse a typestr of the other byte order (``>f4`` on a little-endian host): the kernel
-    would read its bytes as native numbers."""
+    would read its bytes as native numbers (the rule is :func:`khal_runtime.dtypes.byte_order_problem`)."""
     if len(typestr) < 3 or typestr[0] not in "<>|=":
         raise BadArgument(ArgumentError, f"has typestr {typestr!r}, not a __cuda_array_interface__ typestr")
-    order = typestr[0]
-    other = ">" if sys.byteorder == "little" else "<"
-    if order == other and _typestr_size(typestr) > 1 and typestr[1] != "V":
-        raise BadArgument(ArgumentError, f"has byte order {'big' if order == '>' else 'little'}-endian "
-                          f"(typestr {typestr!r}); the device reads native ({sys.byteorder}-endian) "
-                          "numbers: convert it (e.g. .astype(dtype.newbyteorder('=')))")
+    if typestr[0] == _OTHER:  # only then can a number in it be of the other byte order
+        import numpy as np  # lazy: only for a typestr of the other byte order
+
+        try:
+            dt = np.dtype(typestr)
+        except TypeError:
+            raise BadArgument(ArgumentError, f"has typestr {typestr!r}, not a __cuda_array_interface__ "
+                              "typestr") from None
+        _native(dt, f"typestr {typestr!r}")
+
+
+def _native(dt: Any, what: str) -> None:
+    problem = byte_order_problem(dt)
+    if problem is not None:
+        raise BadArgument(ArgumentError, f"has {what}: {problem}")
 
 
 def c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> bool:
@@ -83,8 +95,7 @@ def extract(obj: Any) -> tuple[int, int, Hashable]:
         import numpy as np  # lazy: structured element types only
 
         descr = np.dtype([tuple(d) for d in cai["descr"]])
-        for name in descr.names or ():
-            native_typestr(descr[name].str)
+        _native(descr, "descr")
         key = descr
     return int(ptr or 0), count, key
 

@@ -140,8 +140,10 @@ def test_saxpy_torch(example_pkg, K, R, rt, n):
 @pytest.mark.gpu
 def test_saxpy_torch_relaunch_sees_every_change_to_a_tensor(example_pkg, K, rt):
     """The typed call reuses what it packed for the same tensors (a memo slot, then a shared
-    snapshot) only while each has the version and pointer it had: an in-place resize, ``.data =``
-    and an in-place transpose between launches all reach the next launch."""
+    snapshot) only while each has the version and pointer it had: an in-place resize (also under
+    ``no_grad`` and ``inference_mode``), ``.data =``, an inference tensor (no version counter)
+    resized or moved, a storage freed under its tensor and an in-place transpose between launches
+    all reach the next launch."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
@@ -176,6 +178,58 @@ def test_saxpy_torch_relaunch_sees_every_change_to_a_tensor(example_pkg, K, rt):
     _sync(rt)
     assert torch.equal(y.cpu(), torch.full((n,), 2.0))
     assert torch.equal(whole.cpu()[:1000], torch.full((1000,), 38.0))  # the old memory untouched
+
+    # From here on y's memory is mirrored in NumPy: with a = 1 a launch does y[:m] += x[:m],
+    # m = min(len x, len y); a launch that used a stale size or pointer breaks the mirror.
+    xs, ws, ws2 = _floats(n, 5), _floats(n, 6), _floats(n + 4096, 7)
+    x.copy_(torch.from_numpy(xs.copy()))
+    ymem = torch.zeros(n, device="cuda")
+    y.data = ymem  # y and ymem share memory: ymem shows all n floats whatever y's size
+    ey = np.zeros(n, np.float32)
+
+    def relaunch(xt, xref, count=1):
+        torch.cuda.synchronize()
+        for _ in range(count):
+            K.saxpy(threads, xt, y, one)
+        _sync(rt)
+        m = min(xt.numel(), y.numel())
+        for _ in range(count):
+            ey[:m] += xref[:m]
+        np.testing.assert_allclose(ymem.cpu().numpy(), ey, rtol=1e-6, atol=1e-6)
+
+    relaunch(x, xs, 12)  # past PROMOTE_AFTER: each change below meets the shared snapshot
+    with torch.no_grad():
+        y.resize_(2000)  # shrinks in place under no_grad
+    relaunch(x, xs)
+    with torch.no_grad():
+        y.resize_(3000)  # grows back within its memory: same pointer, more elements
+    relaunch(x, xs, 12)
+    with torch.inference_mode():
+        y.resize_(2500)  # a normal tensor resized under inference_mode
+    relaunch(x, xs, 12)
+    with torch.inference_mode():
+        y.resize_(n)
+    relaunch(x, xs)
+
+    with torch.inference_mode():
+        w = torch.empty(n, device="cuda")  # an inference tensor: no version counter
+        w.copy_(torch.from_numpy(ws.copy()))
+    assert w.is_inference()
+    relaunch(w, ws, 12)
+    with torch.inference_mode():
+        w.resize_(100)  # same memory, fewer elements
+    relaunch(w, ws, 12)
+    with torch.inference_mode():
+        w.resize_(n + 4096)  # more than its memory holds: moved to new memory
+        w.copy_(torch.from_numpy(ws2.copy()))
+    relaunch(w, ws2)
+
+    relaunch(x, xs, 12)
+    y.untyped_storage().resize_(0)  # y's memory (and ymem's) freed under it: no pointer, n elements
+    for _ in range(2):  # twice: a refused launch leaves nothing behind to reuse
+        with pytest.raises(rt.ArgumentValueError, match=r"argument 'y'.*with no memory"):
+            K.saxpy(threads, x, y, one)
+    y.data = torch.zeros(n, device="cuda")
 
     x.resize_(2, (n - 1) // 2).t_()  # x itself transposed in place: no longer contiguous
     with pytest.raises(rt.ArgumentValueError, match="non-contiguous"):
