@@ -462,3 +462,22 @@ def test_a_cubin_of_another_arch_in_a_slot_is_refused(tmp_path: Path) -> None:
         "CUDA_OXIDE_SHADERS_PTX_CORE is set, unset it"]
     with pytest.raises(ArtifactError, match="is a cubin for sm_80, the manifest says sm_90"):
         khal_runtime.check_package(pkg.package_dir)
+
+
+def test_the_loader_refuses_a_cubin_of_another_arch_before_the_driver_sees_it(
+        tmp_path: Path, fake: FakeDriver) -> None:
+    """The same swap met by a plain load and first launch on an sm_90 device (the fake driver):
+    the loader checks the ELF's arch before handing the bytes to the driver."""
+    pkg = build_package(tmp_path, "synth_hard_arch_load", cubin_archs=("sm_80", "sm_90"))
+    import hashlib
+
+    sm80 = pkg.artifact_file("cubin", "sm_80").read_bytes()
+    pkg.artifact_file("cubin", "sm_90").write_bytes(sm80)
+    _edit(pkg, lambda d: [a.update(sha256=hashlib.sha256(sm80).hexdigest(), size=len(sm80))
+                          for a in d["crates"][0]["artifacts"] if a["arch"] == "sm_90"])
+    kernels = khal_runtime.load(pkg.package_dir)  # the manifest is fine: nothing read yet
+    out = DeviceBuffer.alloc(16, np.uint32)
+    with pytest.raises(ArtifactError, match="is a cubin for sm_80, the manifest says sm_90"):
+        kernels.fill(16, out, 7)
+    assert fake.launches == []
+    assert not [c for c in fake.calls if c[0].startswith("cuModuleLoad") or c[0].startswith("cuLibraryLoad")]
