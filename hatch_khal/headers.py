@@ -193,10 +193,26 @@ _STD = re.compile(r"^(c?std\w*|stdint\.h|stddef\.h|stdio\.h|stdlib\.h|math\.h|st
                   r"utility|algorithm|array|vector|string|iostream|cmath|cassert|climits|cstring|cstdio|iterator|memory|"
                   r"tuple|functional|numeric|new|initializer_list)(\.h)?$")
 
+#: headers of the full CUDA toolkit that no PyPI wheel ships (so no 'cuda-headers' = "wheels" build
+#: has them), with what they provide and what to write instead under NVRTC
+_TOOLKIT_ONLY = {
+    "nvfunctional": ("nvstd::function", "take the callable as a template parameter (a functor, a lambda, or a "
+                     "function object of <cuda/std/functional>; libcu++ has no cuda::std::function)"),
+}
+
 
 def header_hint(header: str, mode: str, nvrtc_major: int | None = None) -> str:
     """What to do about a header NVRTC could not open (naming the wheels of NVRTC's CUDA major)."""
     fam = (family_for_major(nvrtc_major) if nvrtc_major is not None else None) or FAMILIES[0]
+    if header in _TOOLKIT_ONLY:
+        what, instead = _TOOLKIT_ONLY[header]
+        base = (f"<{header}> ({what}) is a header of the full CUDA toolkit that no PyPI wheel ships (not "
+                f"{fam.runtime}, not {fam.cccl})")
+        if mode == "system":
+            return (f"{base}, and the toolkit under CUDA_HOME / CUDA_PATH has none in its include folder: "
+                    f"check that it is a full toolkit, or {instead}")
+        return (f"{base}, so a build from the wheels cannot open it: {instead}; or, where a CUDA toolkit is "
+                "installed, set option 'cuda-headers' = \"system\" (CUDA_HOME) to compile against its headers")
     for pattern, pkg in _PROVIDERS:
         if pattern.search(header):
             if pkg == "nvidia-cuda-crt" and fam.crt is None:

@@ -7,7 +7,9 @@ whose ``kernels`` a type checker knows entry by entry (:func:`stub_files`):
   ``__init__.py`` did by hand;
 * ``_khal/__init__.pyi``: a class per entry (subclassing :class:`khal_runtime.Kernel`) whose
   ``__call__``, ``launch``, ``bind``, ``dispatch_indirect`` and ``check_args`` take exactly the
-  entry's parameters, typed by :mod:`khal_runtime.types` (storages ``DeviceArray``, uniforms
+  entry's parameters (the call's thread count an integer, or ``(nx, ny[, nz])`` for a 2-D / 3-D
+  entry; ``dispatch_indirect`` only with ``host_read=True`` where the entry has no indirect
+  variant), typed by :mod:`khal_runtime.types` (storages ``DeviceArray``, uniforms
   ``Uniform``, scalars by their ABI type's family), each with a docstring naming the
   parameters' kinds, element types and writability, the block size and the entry hash; a class
   per crate; ``Kernels`` (a :class:`khal_runtime.KernelSet`) with every entry whose name is
@@ -110,31 +112,54 @@ def _doc(lines: list[str], indent: str) -> list[str]:
     return out
 
 
+#: per ``grid_dims``: the typed call's thread count (its type, its spelling in the docstring) and
+#: what ``bind`` returns (the runtime refuses a count of the other dimensionality)
+_COUNT = {1: ("IntScalar", "n", "BoundLaunch"), 2: ("Count2D", "(nx, ny)", "BoundLaunch2D"),
+          3: ("Count3D", "(nx, ny, nz)", "BoundLaunch3D")}
+
+
 def _entry_class(name: str, crate: Crate, entry: Entry) -> list[str]:
     params = list(zip(_arg_names(entry), entry.params))
     sig = "".join(f", {n}: {_arg_type(p)}" for n, p in params)
     lang = "Slang" if crate.language == "slang" else "CUDA C++"
+    dims = entry.grid_dims
+    count_type, count, bound = _COUNT[dims]
+    block = entry.block_size
+    if dims == 1:
+        runs = f"runs ``n`` threads (grid = ceil(n / {block[0]}))"
+    else:
+        axes = "xyz"[:dims]
+        grid = ", ".join(f"ceil(n{a} / {block[i]})" for i, a in enumerate(axes))
+        runs = (f"runs a {dims}-D grid of threads (grid = ({grid})); the entry is {dims}-D, so an integer "
+                "count is refused")
     doc = [
-        f"``{entry.name}`` of crate ``{crate.name}`` ({lang}): block {tuple(entry.block_size)}, "
+        f"``{entry.name}`` of crate ``{crate.name}`` ({lang}): block {tuple(block)}, "
         f"hash ``{entry.hash}``.",
         "",
-        f"``kernels.{entry.name}(n, {', '.join(n for n, _ in params)})`` runs ``n`` threads "
-        f"(grid = ceil(n / {entry.block_size[0]})); the arguments:",
+        f"``kernels.{entry.name}({count}, {', '.join(n for n, _ in params)})`` {runs}; the arguments:",
         "",
         *(f"- ``{n}``: {_describe(p)}" for n, p in params),
     ]
     if entry.indirect_symbol:
         doc += ["", "``dispatch_indirect`` runs on the device-side count (no host synchronisation)."]
+    else:
+        why = entry.indirect_reason or "none is in its binary"
+        doc += ["", f"No indirect variant ({why}): ``dispatch_indirect`` needs ``host_read=True`` (the host "
+                    "reads the count, then launches that many blocks along x)."]
     out = [f"class {name}(Kernel):"]
     out += _doc(doc, "    ")
     ignore = "  # type: ignore[override, unused-ignore]"
+    if entry.indirect_symbol:
+        indirect = ("stream: StreamLike = ..., grid: Dim3 | None = ..., threads: bool = ..., "
+                    "host_read: bool | None = ...")
+    else:  # the runtime refuses the device-side path: only a host read of the count launches it
+        indirect = "stream: StreamLike = ..., threads: bool = ..., host_read: Literal[True]"
     out += [
-        f"    def __call__(self, n: IntScalar{sig}, /, *, stream: StreamLike = ...) -> None: ...{ignore}",
+        f"    def __call__(self, n: {count_type}{sig}, /, *, stream: StreamLike = ...) -> None: ...{ignore}",
         f"    def launch(self, grid: Dim3, block: Dim3 | None{sig}, /, *, stream: StreamLike = ..., "
         f"shared_mem: int = ...) -> None: ...{ignore}",
-        f"    def bind(self{sig}, /, *, stream: StreamLike = ...) -> BoundLaunch: ...{ignore}",
-        f"    def dispatch_indirect(self, count: DeviceArray{sig}, /, *, stream: StreamLike = ..., "
-        f"grid: Dim3 | None = ..., threads: bool = ..., host_read: bool | None = ...) -> None: ...{ignore}",
+        f"    def bind(self{sig}, /, *, stream: StreamLike = ...) -> {bound}: ...{ignore}",
+        f"    def dispatch_indirect(self, count: DeviceArray{sig}, /, *, {indirect}) -> None: ...{ignore}",
         f"    def check_args(self{sig}, /) -> None: ...{ignore}",
     ]
     return out
@@ -179,7 +204,11 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
         "from khal_runtime.types import (",
         "    BoolScalar,",
         "    BoundLaunch,",
+        "    BoundLaunch2D,",
+        "    BoundLaunch3D,",
         "    ComplexScalar,",
+        "    Count2D,",
+        "    Count3D,",
         "    DeviceArray,",
         "    Dim3,",
         "    FloatScalar,",

@@ -24,7 +24,11 @@ if TYPE_CHECKING:
 __all__ = [
     "BoolScalar",
     "BoundLaunch",
+    "BoundLaunch2D",
+    "BoundLaunch3D",
     "ComplexScalar",
+    "Count2D",
+    "Count3D",
     "DeviceArray",
     "Dim3",
     "FloatScalar",
@@ -66,6 +70,18 @@ class BoundLaunch(Protocol):
     def __call__(self, n: SupportsIndex, /) -> None: ...
 
 
+class BoundLaunch2D(Protocol):
+    """What ``kernel.bind(...)`` of a 2-D entry returns: call it with ``(nx, ny)``."""
+
+    def __call__(self, n: Count2D, /) -> None: ...
+
+
+class BoundLaunch3D(Protocol):
+    """What ``kernel.bind(...)`` of a 3-D entry returns: call it with ``(nx, ny, nz)``."""
+
+    def __call__(self, n: Count3D, /) -> None: ...
+
+
 #: A storage argument: device memory of the entry's element type (checked at launch).
 DeviceArray: TypeAlias = Union["DeviceBuffer", SupportsCudaArrayInterface, SupportsDLPack]
 
@@ -90,6 +106,12 @@ IntScalar: TypeAlias = SupportsIndex
 FloatScalar: TypeAlias = SupportsFloat
 BoolScalar: TypeAlias = bool
 ComplexScalar: TypeAlias = Union[SupportsComplex, SupportsFloat]
+
+#: The thread count of a 2-D entry's typed call, ``(nx, ny)``, and of a 3-D one's, ``(nx, ny, nz)``
+#: (``entry.grid_dims``): a tuple of that many integers, or a list (the launch checks its length).
+#: A 1-D entry takes an :data:`IntScalar`; each refuses the other's form at run time too.
+Count2D: TypeAlias = Union[tuple[SupportsIndex, SupportsIndex], list[int], list[SupportsIndex]]
+Count3D: TypeAlias = Union[tuple[SupportsIndex, SupportsIndex, SupportsIndex], list[int], list[SupportsIndex]]
 
 #: A grid or block: an int or up to three ints.
 Dim3: TypeAlias = Union[SupportsIndex, Sequence[SupportsIndex]]

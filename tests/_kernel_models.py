@@ -79,7 +79,8 @@ def _crate(name: str, build: str, entries: list[tuple[str, tuple[int, int, int],
     models = []
     for ename, block, params in entries:
         h = abi.entry_hash(content, abi.entry_signature(ename, block, params))
-        models.append(Entry(name=ename, symbol=symbol_for(ename, h), hash=h, block_size=block, params=params))
+        models.append(Entry(name=ename, symbol=symbol_for(ename, h), hash=h, block_size=block, params=params,
+                            indirect_symbol=abi.indirect_symbol_for(ename, h)))
     return Crate(name=name, language="slang" if name == "shaders" else "cuda", package_dir=f"_khal/{name}",
                  sources=(), content_hash=content, artifacts=(), entries=tuple(models))
 

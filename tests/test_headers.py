@@ -9,7 +9,7 @@ import pytest
 
 from hatch_khal import cuda as cuda_lang
 from hatch_khal.errors import CompileError
-from hatch_khal.headers import HeaderSet, header_requirements, resolve_headers
+from hatch_khal.headers import HeaderSet, header_hint, header_requirements, resolve_headers
 
 from ._projects import make_project
 from .test_builder import build, manifest_of
@@ -82,6 +82,7 @@ def test_header_versions_enter_the_hash_of_including_crates_only(tmp_path: Path,
         ("<cuda_fp16.h>", 'cuda-headers = "none"\n', "'cuda-headers' is \"none\""),
         ("<stdint.h>", "", "NVRTC does not have"),
         ('"missing_local.cuh"', "", "include-dirs"),
+        ("<nvfunctional>", "", "no PyPI wheel ships"),
     ],
 )
 def test_missing_header_names_header_and_provider(tmp_path: Path, include: str, hook: str, expect: str) -> None:
@@ -91,3 +92,21 @@ def test_missing_header_names_header_and_provider(tmp_path: Path, include: str, 
         build(root, None)
     msg = str(err.value)
     assert include.strip('<>"') in msg and expect in msg and "fill.cu(1)" in msg
+
+
+def test_a_toolkit_only_header_is_not_sent_to_include_dirs(tmp_path: Path) -> None:
+    """<nvfunctional> (nvstd::function) is in no wheel: NVRTC cannot open it, and the hint says so
+    and what to write instead, not "check 'include-dirs'"."""
+    src = "#include <nvfunctional>\nKHAL_ENTRY(fill, 64, (KHAL_STORAGE(float, o))) { }\n"
+    root = make_project(tmp_path / "p", hook=ONE_ARCH, files={"kernels/beta/fill.cu": src})
+    with pytest.raises(CompileError) as err:
+        build(root, None)
+    msg = str(err.value)
+    assert 'cannot open source file "nvfunctional"' in msg  # what NVRTC itself says
+    (hint,) = [line for line in msg.splitlines() if line.startswith("hint: ")]
+    assert "include-dirs" not in hint
+    assert "<nvfunctional> (nvstd::function) is a header of the full CUDA toolkit that no PyPI wheel ships" in hint
+    assert "take the callable as a template parameter" in hint and "'cuda-headers' = \"system\"" in hint
+    system = header_hint("nvfunctional", "system", 13)
+    assert "CUDA_HOME / CUDA_PATH has none in its include folder" in system and "'cuda-headers'" not in system
+    assert "nvidia-cuda-runtime-cu12" in header_hint("nvfunctional", "wheels", 12)

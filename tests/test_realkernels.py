@@ -287,7 +287,7 @@ def test_templates_shapes_and_indirect_variants_in_the_manifest(real_build: Any)
     any_block = real.entry("iota_any_block")
     assert (any_block.fixed_block, any_block.launch_bounds, any_block.max_block_threads) == (False, 1024, 1024)
     # bodies reading blockIdx / gridDim keep a (remapped) indirect variant ...
-    for name in ("stamp", "block_sum", "abs2_c64", "scale_f32"):
+    for name in ("stamp", "block_sum", "abs2_c64", "scale_f32", "spellings", "move"):  # typedef-typed too
         assert real.entry(name).indirect_symbol is not None, name
     # ... a helper reading the real blockIdx makes it absent, saying why; so does a 2-D shape
     helper = real.entry("stamp_helper")
@@ -537,6 +537,29 @@ def test_dispatch_indirect_of_an_entry_without_the_variant_says_why(fake: FakeDr
     with pytest.raises(KhalError, match=r"entry c\.h has no indirect \(persistent-grid\) variant: code it runs reads "
                                         r"blockIdx\.x .*\. Pass host_read=True"):
         ks.h.dispatch_indirect(count, DeviceBuffer(0x1000, 64, "uint32", 0))
+
+
+def test_dispatch_indirect_of_a_2d_entry_says_it_is_2d(fake: FakeDriver, tmp_path: Path, real_build: Any) -> None:
+    """The build's reason for the 2-D ``add2d`` (no indirect variant) is what dispatch_indirect says;
+    host_read=True still launches the direct kernel, that many blocks along x."""
+    m, _, _ = real_build
+    built = m.crate("real").entry("add2d")
+    assert built.indirect_symbol is None and built.grid_dims == 2
+    params = (storage("a"), storage("out"), scalar("nx", "int32"), scalar("ny", "int32"))
+    ks = fake_kernels(fake, tmp_path, [make_entry("add2d", params, block=built.block_size, grid_dims=2,
+                                                  indirect=False, indirect_reason=built.indirect_reason)])
+    count = DeviceBuffer(0x2000, 1, "uint32", 0)
+    a, out = DeviceBuffer(0x1000, 64 * 64, "float32", 0), DeviceBuffer(0x9000, 64 * 64, "float32", 0)
+    launched = len(fake.launches)
+    with pytest.raises(KhalError, match=r"entry c\.add2d has no indirect \(persistent-grid\) variant: it is a 2-D "
+                                        r"entry, and indirect dispatch counts groups along x only\. Pass host_read=True"):
+        ks.add2d.dispatch_indirect(count, a, out, 64, 64)
+    with pytest.raises(KhalError, match=r"it is a 2-D entry"):
+        ks.add2d.dispatch_indirect(count, a, out, 64, 64, threads=True)
+    assert len(fake.launches) == launched  # nothing launched
+    fake.host_words[0x2000] = 3
+    ks.add2d.dispatch_indirect(count, a, out, 64, 64, host_read=True)
+    assert fake.launches[-1]["grid"] == (3, 1, 1) and fake.launches[-1]["block"] == (16, 16, 1)
 
 
 def test_one_entry_name_in_two_crates_at_run_time(fake: FakeDriver, tmp_path: Path) -> None:

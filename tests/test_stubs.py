@@ -277,6 +277,109 @@ def test_type_checkers_accept_good_calls_and_report_a_wrong_one(models_project: 
 
 
 # ---------------------------------------------------------------------------------------------
+# 2-D / 3-D entries: the 2-D and 3-D launches of tests/real_kernels_pkg, built alone
+# ---------------------------------------------------------------------------------------------
+REAL_GRIDS = ROOT / "tests" / "real_kernels_pkg" / "kernels" / "real" / "grids.cu"
+
+GOOD_ND = '''\
+from __future__ import annotations
+
+from khal_runtime import DeviceBuffer
+from khal_real_kernels import kernels
+
+
+def step(a: DeviceBuffer, out: DeviceBuffer, u: DeviceBuffer, count: DeviceBuffer, nx: int, ny: int) -> None:
+    kernels.add2d((nx, ny), a, out, nx, ny)
+    kernels.add2d([nx, ny], a, out, nx, ny, stream=None)
+    shape: list[int] = [nx, ny]
+    kernels.add2d(shape, a, out, nx, ny)
+    kernels.grid3d((4, 4, 4), u, 4, 4, 4)
+    kernels.batch_scale((nx, 3), a, out, nx)
+    kernels.add2d.launch((4, 2), None, a, out, nx, ny)
+    kernels.add2d.launch((4, 2), (16, 16), a, out, nx, ny)
+    kernels.add2d.bind(a, out, nx, ny)((nx, ny))
+    kernels.grid3d.bind(u, 4, 4, 4)((4, 4, 4))
+    kernels.add2d.dispatch_indirect(count, a, out, nx, ny, host_read=True)
+    kernels.iota_any_block(64, u, u)
+    kernels.iota_any_block.bind(u, u)(64)
+    kernels.iota_any_block.dispatch_indirect(count, u, u, threads=True)
+    kernels.iota_any_block.launch(1, 512, u, u)
+'''
+
+BAD_ND = '''\
+from __future__ import annotations
+
+from khal_runtime import DeviceBuffer
+from khal_real_kernels import kernels
+
+
+def step(a: DeviceBuffer, out: DeviceBuffer, u: DeviceBuffer, count: DeviceBuffer, nx: int, ny: int) -> None:
+    kernels.add2d(64, a, out, nx, ny)
+    kernels.grid3d((4, 4), u, 4, 4, 4)
+    kernels.iota_any_block((64, 1), u, u)
+    kernels.add2d.dispatch_indirect(count, a, out, nx, ny)
+    kernels.add2d.bind(a, out, nx, ny)(64)
+'''
+
+
+@pytest.fixture(scope="module")
+def grids_project(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> tuple[Path, Manifest]:
+    from tests._projects import make_project
+    from tests.test_builder import build, manifest_of
+
+    tmp = tmp_path_factory.mktemp("grids")
+    crates = '[[tool.hatch.build.targets.wheel.hooks.khal.crates]]\nname = "real"\nsources = ["kernels/real/*.cu"]\n'
+    proj = make_project(tmp / "proj", name="khal-real-kernels", crates=crates,
+                        files={"kernels/real/grids.cu": REAL_GRIDS.read_text()})
+    manifest = manifest_of(build(proj, session_cache)[0])[0].model_copy(update={"package": "khal_real_kernels"})
+    root = tmp / "client"
+    _write_package(root, manifest, "khal_real_kernels")
+    (root / "good_nd.py").write_text(GOOD_ND)
+    (root / "bad_nd.py").write_text(BAD_ND)
+    return root, manifest
+
+
+def test_2d_and_3d_entries_take_their_count_as_the_runtime_does(grids_project: tuple[Path, Manifest]) -> None:
+    _, m = grids_project
+    real = m.crate("real")
+    assert sorted((e.name, e.grid_dims, e.indirect_symbol is not None) for e in real.entries) == \
+        [("add2d", 2, False), ("batch_scale", 2, False), ("grid3d", 3, False), ("iota_any_block", 1, True)]
+    text = kernels_stub(m, module_name="khal_real_kernels._khal")
+    ast.parse(text)
+    def cls_of(entry: str) -> str:
+        start = text.index(f"class Kernel_real__{entry}(Kernel):")
+        return text[start:text.index("\n\n\nclass ", start)]
+
+    cls = cls_of("add2d")
+    assert "def __call__(self, n: Count2D, a: DeviceArray, out: DeviceArray, nx: IntScalar, ny: IntScalar, /, *, " \
+           "stream: StreamLike = ...) -> None: ..." in cls
+    assert "-> BoundLaunch2D: ..." in cls
+    assert ("def dispatch_indirect(self, count: DeviceArray, a: DeviceArray, out: DeviceArray, nx: IntScalar, "
+            "ny: IntScalar, /, *, stream: StreamLike = ..., threads: bool = ..., host_read: Literal[True]) "
+            "-> None: ...") in cls
+    assert "``kernels.add2d((nx, ny), a, out, nx, ny)`` runs a 2-D grid of threads " \
+           "(grid = (ceil(nx / 16), ceil(ny / 16)))" in cls
+    assert "No indirect variant (it is a 2-D entry" in cls
+    cls3 = cls_of("grid3d")
+    assert "def __call__(self, n: Count3D, out: DeviceArray, " in cls3 and "-> BoundLaunch3D: ..." in cls3
+    one = cls_of("iota_any_block")
+    assert "def __call__(self, n: IntScalar, out: DeviceArray" in one and "-> BoundLaunch: ..." in one
+    assert "grid: Dim3 | None = ..., threads: bool = ..., host_read: bool | None = ...) -> None" in one
+
+
+@pytest.mark.parametrize("checker", ["mypy", "pyright"])
+def test_type_checkers_check_2d_and_3d_counts(grids_project: tuple[Path, Manifest], checker: str) -> None:
+    root, _ = grids_project
+    assert _problems(checker, root, ["good_nd.py"]) == []
+    bad = _problems(checker, root, ["bad_nd.py"])
+    assert sorted({line for _, line, _ in bad}) == [8, 9, 10, 11, 12], bad
+    if checker == "mypy":
+        by_line = {line: msg for _, line, msg in bad}
+        assert by_line[8].startswith('Argument 1 to "__call__" of "Kernel_real__add2d" has incompatible type "int"')
+        assert by_line[11].startswith('Missing named argument "host_read" for "dispatch_indirect"')
+
+
+# ---------------------------------------------------------------------------------------------
 # the example wheel
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")

@@ -4,7 +4,13 @@ What can be shown without a GPU: registration, naming, idempotence, the schemas 
 mutated), the fake implementation under ``FakeTensorMode`` (CUDA fake tensors work on a CPU-only
 torch) and under ``torch.compile(fullgraph=True)``, the uniform helper, and the error paths of the
 real implementation. The real launch (eager, compiled, inside ``torch.cuda.graph``) is in
-``tests/gpu/test_torch_ops_gpu.py``. Skipped where torch is not installed (``pip install torch``).
+``tests/gpu/test_torch_ops_gpu.py``.
+
+Skipped where torch is not installed. torch is not in the ``test`` extra, so CI skips this file:
+PyPI's Linux torch is the CUDA build (a 0.55 GB wheel pulling several GB of CUDA libraries), and
+the CPU-only wheels live on download.pytorch.org, a second index. It runs on the GPU machine,
+whose torch is a CUDA build (``scripts/gpu-check tests`` runs it after the gpu tests), or
+anywhere after ``pip install torch``.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed: not in the test extra (PyPI's Linux torch is the multi-GB CUDA build); "
+    "this file runs on the GPU machine (scripts/gpu-check tests) or after pip install torch")
 
 import khal_runtime.torch as khal_torch  # noqa: E402
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError  # noqa: E402

@@ -231,15 +231,32 @@ def test_first_use_inside_a_capture_is_a_clear_error(torch: Any, kt: Any, exampl
     assert float(y[0]) == 3.0  # 1 (start) + 1 (warm-up) + 1 (replay)
 
 
+def _slang_ops(ops: Any, example_pkg: Any) -> tuple[Any, Any]:
+    """The operators of the example's Slang ``saxpy_shared`` and ``affine`` (a crate of
+    example_shader_pkg/pyproject.toml, kernels/slang/)."""
+    entries = {e.name: c.name for c in example_pkg.kernels.manifest.crates if c.language == "slang"
+               for e in c.entries}
+    assert {"saxpy_shared", "affine"} <= set(entries), f"the example's Slang entries: {sorted(entries)}"
+    return ops.crates[entries["saxpy_shared"]].saxpy_shared, ops.crates[entries["affine"]].affine
+
+
+def _affine_fields(round_: int) -> dict[str, Any]:
+    """Field values of the Slang ``struct Affine`` (a vector, an array, mixed scalars), per round."""
+    return {"scale": [1.5, -2.0, 0.25, 3.0 + round_], "shift": [0.5, -0.25, 0.125 * (round_ + 1)],
+            "bias": 0.75 - round_, "step": 3 + round_, "mask": 0x3FF >> round_, "taps": [0.1, -0.2 * (round_ + 1)]}
+
+
+def _affine_struct(S: Any, fields: dict[str, Any]) -> Any:
+    """The same values as the CUDA-layout ctypes struct the reference takes."""
+    return S.Affine(tuple(fields["scale"]), tuple(fields["shift"]), fields["bias"], fields["step"], fields["mask"],
+                    tuple(fields["taps"]))
+
+
 def test_slang_entry_through_torch(torch: Any, ops: Any, kt: Any, example_pkg: Any) -> None:
-    slang = [c for c in example_pkg.kernels.manifest.crates if c.language == "slang"]
-    entries = {e.name: c.name for c in slang for e in c.entries}
-    if "saxpy_shared" not in entries:
-        pytest.skip("the example wheel has no Slang crate with saxpy_shared: example_shader_pkg/pyproject.toml "
-                    "declares no Slang crate (kernels/slang/ is built by the Slang tests only)")
+    """Eager and torch.compile(fullgraph=True); a dict uniform packed by the Slang (CUDA) layout."""
     from example_shader_pkg import slang_reference as S
 
-    op = ops.crates[entries["saxpy_shared"]].saxpy_shared
+    op, affine = _slang_ops(ops, example_pkg)
     n = 70_001
     x0, y0 = _floats(n, 30), _floats(n, 31)
     x, y = _cuda(torch, x0), _cuda(torch, y0)
@@ -249,3 +266,65 @@ def test_slang_entry_through_torch(torch: Any, ops: Any, kt: Any, example_pkg: A
     y2 = _cuda(torch, y0)
     torch.compile(lambda a, b: op(n, a, b, 1.75), fullgraph=True)(y2, x)
     assert torch.equal(y2, y)
+    # a dict of fields: the bytes of the CUDA-layout struct, and the kernel sees them
+    fields = _affine_fields(0)
+    p = kt.uniform(affine, fields)
+    assert p.dtype == torch.uint8 and p.is_cuda and p.numel() == 48
+    assert bytes(p.cpu().numpy()) == bytes(_affine_struct(S, fields))
+    ay, ak = torch.zeros(n, device="cuda"), torch.zeros(n, dtype=torch.int32, device="cuda")
+    affine(n, x, ay, ak, p, 1.25, -40, n - 5)
+    want_y, want_k = S.affine(x0, _affine_struct(S, fields), 1.25, -40, n - 5)
+    np.testing.assert_array_equal(ay.cpu().numpy(), want_y)
+    np.testing.assert_array_equal(ak.cpu().numpy(), want_k)
+    torch._dynamo.reset()
+    cy, ck = torch.zeros_like(ay), torch.zeros_like(ak)
+    torch.compile(lambda a, b, c, q: affine(n, a, b, c, q, 1.25, -40, n - 5), fullgraph=True)(x, cy, ck, p)
+    assert torch.equal(cy, ay) and torch.equal(ck, ak)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_slang_entries_in_a_cuda_graph(torch: Any, ops: Any, kt: Any, example_pkg: Any, compiled: bool) -> None:
+    """Two Slang ops (the second reads what the first wrote) captured in torch.cuda.graph; between
+    replays the inputs and the dict-packed uniform change in place."""
+    from example_shader_pkg import slang_reference as S
+
+    saxpy, affine = _slang_ops(ops, example_pkg)
+    n, count = 65_537, 65_530
+
+    def step(x: Any, y: Any, ay: Any, ak: Any, p: Any) -> Any:
+        saxpy(n, y, x, -0.5)                          # y = -0.5 x + y
+        affine(n, y, ay, ak, p, 1.25, -40, count)     # ay, ak from the new y
+        return ay * 2.0                               # a torch op reading what the kernel wrote
+
+    fn = step
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(step, fullgraph=True)
+    x, y = _cuda(torch, _floats(n, 40)), _cuda(torch, _floats(n, 41))
+    ay, ak = torch.zeros(n, device="cuda"), torch.zeros(n, dtype=torch.int32, device="cuda")
+    p = kt.uniform(affine, _affine_fields(0))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up, as torch.cuda.graph asks: loads the kernels, compiles
+        for _ in range(2):
+            fn(x, y, ay, ak, p)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn(x, y, ay, ak, p)
+    for round_ in range(1, 4):
+        x0, y0 = _floats(n, 40 + 2 * round_), _floats(n, 41 + 2 * round_)
+        x.copy_(torch.from_numpy(x0))
+        y.copy_(torch.from_numpy(y0))
+        ay.zero_()
+        ak.zero_()
+        fields = _affine_fields(round_)
+        kt.uniform(affine, fields, out=p)  # the uniform's bytes, in place
+        g.replay()
+        torch.cuda.synchronize()
+        want = S.saxpy_shared(x0, y0, -0.5)
+        np.testing.assert_array_equal(y.cpu().numpy(), want)
+        want_y, want_k = S.affine(want, _affine_struct(S, fields), 1.25, -40, count)
+        np.testing.assert_array_equal(ay.cpu().numpy(), want_y)
+        np.testing.assert_array_equal(ak.cpu().numpy(), want_k)
+        torch.testing.assert_close(out, ay * 2.0, rtol=0, atol=0)
