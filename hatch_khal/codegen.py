@@ -73,30 +73,20 @@ class GeneratedUnit:
 def _kernel_params(entry: EntryDecl, sig: str) -> list[str]:
     out: list[str] = []
     for i, p in enumerate(entry.params):
-        t = f"{sig}::arg<{i}>"
-        if p.kind == "storage":
-            restrict = " __restrict" if p.restrict else ""
-            out += [f"::khal::element_t<{t}>*{restrict} khal_p{i}_ptr", f"unsigned long long khal_p{i}_len"]
-        elif p.kind == "uniform":
-            out.append(f"const ::khal::value_t<{t}>* khal_p{i}_ptr")
-        else:
-            out.append(f"::khal::value_t<{t}> khal_p{i}")
+        out += abi.kind(p.kind).cuda_params(f"{sig}::arg<{i}>", f"khal_p{i}", p.restrict)
     return out
 
 
 def _call_args(entry: EntryDecl, sig: str) -> list[str]:
-    out: list[str] = []
-    for i, p in enumerate(entry.params):
-        t = f"{sig}::arg<{i}>"
-        if p.kind == "storage" and p.shape == "slice":
-            out.append(f"{t}{{khal_p{i}_ptr, khal_p{i}_len}}")
-        elif p.kind == "storage" and p.shape == "array":
-            out.append(f"::khal::array_ref<{t}>::from(khal_p{i}_ptr)")
-        elif p.kind in ("storage", "uniform"):
-            out.append(f"*khal_p{i}_ptr")
-        else:
-            out.append(f"khal_p{i}")
-    return out
+    return [abi.kind(p.kind).marker(p.shape).call_arg(f"{sig}::arg<{i}>", f"khal_p{i}")
+            for i, p in enumerate(entry.params)]
+
+
+def marker_defines() -> list[str]:
+    """The parameter markers' ``#define`` lines, from :data:`khal_runtime.abi.KINDS`: the
+    generated unit defines them before ``khal.h`` (which defines its copies only outside the
+    hook), so a new kind needs no edit of the header."""
+    return [m.define() for _, m in abi.markers().values()]
 
 
 def _callee(entry: EntryDecl) -> str:
@@ -227,7 +217,7 @@ def generate_unit(crate: str, sources: list[Path], entries: list[tuple[EntryDecl
         # KHAL_STORAGE(const float __restrict__, x): restrict qualifies the kernel's pointer
         # parameter (spelled __restrict there), not an element type, where C++ refuses it
         head += ["#define __restrict__"]
-    head += ['#include "khal.h"']
+    head += ["// parameter markers (khal_runtime.abi.KINDS)", *marker_defines(), '#include "khal.h"']
     includes = [f'#include "{p.as_posix()}"' for p in sources]
     text = "\n".join(head + includes) + "\n\n" + kernels
     return GeneratedUnit(text=text, generated="\n".join(head) + "\n" + kernels)

@@ -64,13 +64,6 @@ _INT_RE = re.compile(r"^(0|[1-9][0-9]*)$")
 _MARKER_RE = re.compile(r"\b(KHAL_ENTRY|KHAL_INSTANTIATE)\b")
 _GRID_READ_RE = re.compile(r"\b(blockIdx|gridDim)\b")
 
-_PARAM_ARITY = {
-    "KHAL_STORAGE": 2,
-    "KHAL_STORAGE_ARRAY": 3,
-    "KHAL_STORAGE_VALUE": 2,
-    "KHAL_UNIFORM": 2,
-    "KHAL_SCALAR": 2,
-}
 _MAX_BLOCK = abi.MAX_BLOCK_THREADS
 _MAX_BLOCK_DIMS = (1024, 1024, 64)
 _QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict"}
@@ -94,10 +87,10 @@ class Cond:
 @dataclass(frozen=True)
 class ParamDecl:
     name: str
-    kind: str  # storage | uniform | scalar
+    kind: str  # a name in khal_runtime.abi.KINDS
     ctype: str  # the type as spelled, qualifiers removed, whitespace normalised
     const: bool
-    shape: str | None = None  # storage: slice | array | value
+    shape: str | None = None  # the marker's (khal_runtime.abi.Marker.shape)
     length: int | None = None
     #: ``__restrict__`` was written: the kernel's pointer parameter carries it
     restrict: bool = False
@@ -111,7 +104,7 @@ class ParamDecl:
 
     @property
     def writable(self) -> bool:
-        return self.kind == "storage" and not self.const
+        return abi.kind(self.kind).strategy.writable and not self.const
 
     def signature(self) -> dict[str, object]:
         """What of this parameter feeds the entry hash: its spelling (``ctype``), not its
@@ -717,20 +710,24 @@ def _parse_type(raw: str, where: str, what: str) -> tuple[str, bool, bool]:
 
 
 def _parse_param(raw: str, where: str, entry: str) -> ParamDecl:
+    """One parameter marker (``KHAL_STORAGE(const float, x)``): the markers, their arguments and
+    what they declare are :data:`khal_runtime.abi.KINDS`' (:func:`khal_runtime.abi.markers`)."""
+    known = abi.markers()
     m = re.match(rf"^({_IDENT})\s*\(", raw)
-    if not m or m.group(1) not in _PARAM_ARITY:
+    if not m or m.group(1) not in known:
         raise EntryParseError(
             f"{where}: entry {entry!r}: parameter {raw!r} is not one of "
-            + ", ".join(f"{k}(...)" for k in _PARAM_ARITY)
+            + ", ".join(f"{k}(...)" for k in known)
         )
     macro = m.group(1)
+    kind, marker = known[macro]
     end = _balanced(raw, m.end() - 1)
     if end != len(raw):
         raise EntryParseError(f"{where}: entry {entry!r}: malformed parameter {raw!r}")
     args = _split_top(raw[m.end() : end - 1])
-    if len(args) != _PARAM_ARITY[macro]:
+    if len(args) != len(marker.args):
         raise EntryParseError(
-            f"{where}: entry {entry!r}: {macro} takes {_PARAM_ARITY[macro]} arguments, got {len(args)} in {raw!r}"
+            f"{where}: entry {entry!r}: {macro} takes {len(marker.args)} arguments, got {len(args)} in {raw!r}"
             + (" (a type whose template arguments hold a comma needs a typedef)" if "<" in raw else "")
         )
     name = args[-1]
@@ -738,18 +735,18 @@ def _parse_param(raw: str, where: str, entry: str) -> ParamDecl:
         raise EntryParseError(f"{where}: entry {entry!r}: parameter name {name!r} is not an identifier")
     what = f"entry {entry!r} parameter {name!r}"
     ctype, const, restrict = _parse_type(args[0], where, what)
-    if macro == "KHAL_SCALAR":
-        return ParamDecl(name, "scalar", ctype, const)
-    if macro == "KHAL_UNIFORM":
-        return ParamDecl(name, "uniform", ctype, True, restrict=restrict)
-    if macro == "KHAL_STORAGE_ARRAY":
+    length = marker.length
+    if marker.sized:
         if not _INT_RE.match(args[1]) or int(args[1]) == 0:
             raise EntryParseError(
                 f"{where}: {what}: array length {args[1]!r} must be a positive integer literal"
             )
-        return ParamDecl(name, "storage", ctype, const, "array", int(args[1]), restrict)
-    shape = "value" if macro == "KHAL_STORAGE_VALUE" else "slice"
-    return ParamDecl(name, "storage", ctype, const, shape, 1 if shape == "value" else None, restrict)
+        length = int(args[1])
+    # restrict applies only to a pointer the kernel receives; a pointer it cannot write through
+    # (a uniform's) is const
+    r = kind.strategy
+    return ParamDecl(name, kind.name, ctype, const or (r.by_pointer and not r.writable), marker.shape, length,
+                     restrict and r.by_pointer)
 
 
 def _parse_block(raw: str, where: str, name: str) -> int | tuple[int, int, int]:

@@ -84,10 +84,12 @@ def _element(crate: str, decl: EntryDecl, i: int, p: ParamDecl, probes: dict[str
             f"{what}: type {spelled!r} is {abi.describe_type_id(tid)} on the device, which the ABI has no scalar "
             f"for (it has {', '.join(abi.SCALARS)}); use one of those"
         )
-    if p.kind == "scalar":
+    kind = abi.kind(p.kind)
+    if kind.strategy.name == "value":  # passed by value: only a scalar of the ABI
+        structs = " or ".join(m.macro for k, m in abi.markers().values() if k.strategy.name == "struct")
         raise KhalBuildError(
-            f"{what}: KHAL_SCALAR type {spelled!r} is a struct ({size} bytes) on the device; a scalar is one of "
-            f"the ABI's ({', '.join(abi.SCALARS)}): pass structs as KHAL_UNIFORM"
+            f"{what}: {kind.marker(p.shape).macro} type {spelled!r} is a struct ({size} bytes) on the device; "
+            f"a scalar is one of the ABI's ({', '.join(abi.SCALARS)}): pass structs as {structs}"
         )
     base = re.sub(r"<.*", "", spelled).split("::")[-1]
     if base in abi.C_SCALARS or base in abi.SCALARS or SCALAR_LOOKING.match(base):

@@ -72,12 +72,8 @@ def _ident(name: str) -> str:
 
 
 def _arg_type(p: Param) -> str:
-    reader = abi.kind(p.kind).reader
-    if reader == "array":
-        return "DeviceArray"
-    if reader == "struct":
-        return "Uniform"
-    return _SCALAR_TYPE[abi.SCALARS[p.element_type].family]
+    py_type = abi.kind(p.kind).strategy.py_type  # None: the scalar's own type
+    return py_type or _SCALAR_TYPE[abi.SCALARS[p.element_type].family]
 
 
 def _arg_names(entry: Entry) -> list[str]:
@@ -93,13 +89,11 @@ def _arg_names(entry: Entry) -> list[str]:
 
 
 def _describe(p: Param) -> str:
-    reader = abi.kind(p.kind).reader
+    reader = abi.kind(p.kind).strategy
     text = p.describe()
-    if reader == "array":
+    if reader.writable:
         text += ", written by the kernel" if p.writable else ", read only"
-    elif reader == "value":
-        text += " (by value)"
-    return text
+    return text + reader.stub_note
 
 
 def _doc(lines: list[str], indent: str) -> list[str]:

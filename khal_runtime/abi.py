@@ -10,8 +10,10 @@ Everything both halves must agree on lives here and nowhere else:
 * **arch strings** (:func:`parse_arch`), **symbol names** (:func:`symbol_for`) and the
   **entry hash** (:func:`entry_hash` over :func:`entry_signature`).
 
-A new parameter kind is one :class:`ParamKind` in :data:`KINDS`; an unknown kind is an
-error everywhere (:func:`kind`), never a scalar by default. This module is a leaf: it
+A new parameter kind that reuses one of the :data:`READERS` is one :class:`ParamKind` in
+:data:`KINDS` (its CUDA C++ markers, what the kernel receives, its binding, its stub type all
+come from the table); an unknown kind is an error everywhere (:func:`kind`), and a branch on
+readers raises on one it does not implement (:func:`unknown_reader`), never a scalar by default. This module is a leaf: it
 imports nothing of the project, so every other module may import it.
 """
 
@@ -24,26 +26,32 @@ import operator
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Iterable, Literal, Mapping, NamedTuple
 
 __all__ = [
     "ABI_VERSION",
     "HASH_LEN",
     "KINDS",
+    "READERS",
     "MAX_BLOCK_THREADS",
     "SCALARS",
     "Arch",
+    "Marker",
     "ParamKind",
+    "Reader",
     "ScalarType",
     "Slot",
     "c_scalar",
     "describe_type_id",
     "entry_hash",
     "entry_signature",
+    "implemented_reader",
     "indirect_symbol_for",
     "kind",
+    "markers",
     "parse_arch",
     "probe_names",
+    "reader",
     "prebuilt_env_var",
     "scalar",
     "scalar_value",
@@ -51,6 +59,7 @@ __all__ = [
     "symbol_for",
     "type_id",
     "type_id_scalar",
+    "unknown_reader",
 ]
 
 #: Version of the kernel ABI (how parameters are pushed).
@@ -238,56 +247,198 @@ class Slot(NamedTuple):
 
 
 @dataclass(frozen=True)
-class ParamKind:
-    """How one kind of binding travels from host to kernel.
+class Reader:
+    """How the host reads one kind of argument and what the kernel receives for it: a closed set
+    the launch paths implement once each (:data:`READERS`). Each launch path branches on
+    ``reader.name`` and raises on a name it does not implement; everything else about a reader
+    is data here, so a new :class:`ParamKind` that reuses a reader is one entry in :data:`KINDS`.
+    """
 
-    ``reader`` names the host-side mechanism that reads an argument of this kind, a closed set
-    the launch paths implement once each: ``"array"`` (a device array: pointer, element count,
-    element type), ``"struct"`` (a small struct: host bytes or a device pointer) and
-    ``"value"`` (a number passed by value)."""
+    #: ``"array"`` (a device array: pointer, element count, element type), ``"struct"`` (a small
+    #: struct: host bytes or a device pointer) or ``"value"`` (a number passed by value)
+    name: str
+    #: a binding read this way may be written by the kernel (when its element type is not const)
+    writable: bool
+    #: the kernel receives a pointer (a ``__restrict__`` the author wrote applies to it)
+    by_pointer: bool
+    #: the CUDA C++ kernel parameters of one binding, one per slot; ``{t}`` is the entry
+    #: function's parameter type, ``{p}`` the binding's name prefix, ``{restrict}`` is
+    #: `` __restrict`` when the author wrote ``__restrict__``
+    cuda_params: tuple[str, ...]
+    #: the WGSL / SPIR-V binding of one parameter: ``"storage"`` (read-only or read-write by
+    #: its writability), ``"uniform"``, or None: packed into the entry's scalar block
+    binding: str | None
+    #: the Python type a stub and a torch schema give the argument; None: the scalar's own type
+    py_type: str | None
+    #: appended to the parameter's description in a stub's docstring
+    stub_note: str = ""
+
+    def access(self, writable: bool) -> Literal["read", "read_write", "uniform"] | None:
+        """A WebGPU binding's access (``"read"``, ``"read_write"``, ``"uniform"``), None for a
+        parameter packed into the scalar block."""
+        if self.binding == "storage":
+            return "read_write" if writable else "read"
+        if self.binding == "uniform":
+            return "uniform"
+        if self.binding is None:
+            return None
+        raise ValueError(f"reader {self.name!r} has binding {self.binding!r}; WebGPU has storage and uniform")
+
+
+READERS: dict[str, Reader] = {
+    r.name: r
+    for r in (
+        Reader("array", True, True, ("::khal::element_t<{t}>*{restrict} {p}_ptr", "unsigned long long {p}_len"),
+               "storage", "DeviceArray"),
+        Reader("struct", False, True, ("const ::khal::value_t<{t}>* {p}_ptr",), "uniform", "Uniform"),
+        Reader("value", False, False, ("::khal::value_t<{t}> {p}",), None, None, " (by value)"),
+    )
+}
+
+
+def reader(name: str) -> Reader:
+    """The reader called ``name``; ValueError naming the known ones otherwise."""
+    try:
+        return READERS[name]
+    except KeyError:
+        raise ValueError(f"unknown parameter reader {name!r}; the launch paths implement "
+                         f"{', '.join(READERS)}") from None
+
+
+def unknown_reader(kind_name: str, reader_name: str, where: str) -> ValueError:
+    """The error a branch on readers raises for one it does not implement (never a scalar by
+    default)."""
+    return ValueError(f"{where}: parameter kind {kind_name!r} has reader {reader_name!r}, which this "
+                      f"path does not implement (it implements {', '.join(READERS)})")
+
+
+def implemented_reader(kind_name: str, implemented: Iterable[str], where: str) -> str:
+    """The reader of kind ``kind_name`` (ValueError if the kind is unknown) if ``where`` (a
+    launch path, a code generator) implements it; :func:`unknown_reader`'s error otherwise.
+    Called once per entry, where the path is built, never per launch."""
+    name = kind(kind_name).reader
+    if name not in implemented:
+        raise unknown_reader(kind_name, name, where)
+    return name
+
+
+@dataclass(frozen=True)
+class Marker:
+    """How a CUDA C++ author declares a parameter of a kind: ``KHAL_STORAGE_ARRAY(T, N, name)``.
+
+    The hook's scanner reads the markers (:mod:`hatch_khal.entries`) and the generated
+    translation unit defines them (:mod:`hatch_khal.codegen`) from this table;
+    ``include/khal.h`` repeats them for editors and for compiles outside the hook (a test
+    checks they agree)."""
+
+    macro: str
+    #: the manifest ``shape`` a parameter declared so has
+    shape: str | None
+    #: the C++ declaration in the entry function the marker expands to, over its arguments
+    #: ``T``, ``name`` and, if ``sized``, ``N``
+    declares: str
+    #: the argument the generated kernel passes to the entry function, from its slots
+    #: (``{t}``: the entry function's parameter type, ``{p}``: the slots' name prefix)
+    passes: str
+    #: the marker takes a length ``N`` before the name (``KHAL_STORAGE_ARRAY(T, N, name)``)
+    sized: bool = False
+    #: the fixed length a parameter declared so has (``KHAL_STORAGE_VALUE``: 1)
+    length: int | None = None
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The macro's arguments, in order."""
+        return ("T", "N", "name") if self.sized else ("T", "name")
+
+    def define(self) -> str:
+        """``#define KHAL_SCALAR(T, name) T name``: the C preprocessor definition."""
+        return f"#define {self.macro}({', '.join(self.args)}) {self.declares}"
+
+    def call_arg(self, param_type: str, prefix: str) -> str:
+        """The argument passed to the entry function (placeholders filled without
+        ``str.format``, so the templates spell C++ braces plainly)."""
+        return self.passes.replace("{t}", param_type).replace("{p}", prefix)
+
+
+@dataclass(frozen=True)
+class ParamKind:
+    """How one kind of binding travels from host to kernel: the manifest's ``kind``.
+
+    ``reader`` names its :class:`Reader` (:data:`READERS`), the host-side mechanism the launch
+    paths implement; ``markers`` are how a CUDA C++ author writes one (none: not written in
+    CUDA C++, only reflected from another language)."""
 
     name: str
     reader: str
     #: the manifest's ``shape`` values this kind takes (None: it has none)
     shapes: tuple[str | None, ...]
+    markers: tuple[Marker, ...] = ()
+
+    @property
+    def strategy(self) -> Reader:
+        """The :class:`Reader` of this kind; ValueError if ``reader`` names none."""
+        r = READERS.get(self.reader)
+        if r is None:
+            raise unknown_reader(self.name, self.reader, "the ABI table")
+        return r
+
+    def marker(self, shape: str | None) -> Marker:
+        """The marker declaring a parameter of this kind and ``shape``; ValueError if none."""
+        for m in self.markers:
+            if m.shape == shape:
+                return m
+        raise ValueError(f"no CUDA C++ marker declares a {self.name} parameter of shape {shape!r}")
+
+    def cuda_params(self, param_type: str, prefix: str, restrict: bool) -> list[str]:
+        """The CUDA C++ kernel parameters of one binding (:attr:`Reader.cuda_params`)."""
+        r = " __restrict" if restrict else ""
+        return [t.replace("{t}", param_type).replace("{p}", prefix).replace("{restrict}", r)
+                for t in self.strategy.cuda_params]
 
     def slots(self, element_type: str, element_size: int, element_align: int) -> tuple[Slot, ...]:
         """The kernel parameters one binding of this kind takes, in order."""
-        if self.reader == "array":
+        name = self.strategy.name
+        if name == "array":
             return (Slot("pointer", 8, 8, "Q"), Slot("count", 8, 8, "Q"))
-        if self.reader == "struct":
+        if name == "struct":
             return (Slot("pointer", 8, 8, "Q"),)
-        t = SCALARS.get(element_type)
-        if t is None:
-            raise ValueError(f"scalar parameter of type {element_type!r}: not a scalar type of the ABI "
-                             f"({', '.join(SCALARS)})")
-        return (Slot("value", t.size, max(element_align, t.align), t.code),)
+        if name == "value":
+            t = SCALARS.get(element_type)
+            if t is None:
+                raise ValueError(f"scalar parameter of type {element_type!r}: not a scalar type of the ABI "
+                                 f"({', '.join(SCALARS)})")
+            return (Slot("value", t.size, max(element_align, t.align), t.code),)
+        raise unknown_reader(self.name, name, "kernel slots")
 
     def describe(self, element_type: str, element_size: int, shape: str | None = None,
                  length: int | None = None, writable: bool = False) -> str:
         """``storage float32``, ``storage Particle[4] rw``, ``uniform Params (16 bytes)``, ..."""
-        if self.reader == "array":
+        name = self.strategy.name
+        if name == "array":
             extra = f"[{length}]" if shape == "array" and length else ""
             single = " (one value)" if shape == "value" else ""
             return f"{self.name} {element_type}{extra}{single}{' rw' if writable else ''}"
-        if self.reader == "struct":
+        if name == "struct":
             return f"{self.name} {element_type} ({element_size} bytes)"
-        return f"{self.name} {element_type}"
+        if name == "value":
+            return f"{self.name} {element_type}"
+        raise unknown_reader(self.name, name, "parameter description")
 
     def validate(self, element_type: str, element_size: int, shape: str | None,
                  length: int | None, writable: bool) -> None:
         """Raise ValueError if a manifest parameter of this kind is inconsistent."""
+        r = self.strategy
         if shape not in self.shapes:
             raise ValueError(f"a {self.name} parameter has no shape {shape!r}")
-        if self.reader == "array":
+        if r.name == "array":
             if (shape == "array") != (length is not None) and not (shape == "value" and length == 1):
                 raise ValueError(f"a {self.name} of shape {shape!r} has length {length!r}")
         elif length is not None:
             raise ValueError(f"a {self.name} parameter has no length")
-        if writable and self.reader != "array":
+        if writable and not r.writable:
             raise ValueError(f"a {self.name} parameter cannot be writable")
         t = SCALARS.get(element_type)
-        if self.reader == "value" and t is None:
+        if r.name == "value" and t is None:
             raise ValueError(f"scalar type {element_type!r} is not one of the ABI's ({', '.join(SCALARS)})")
         if t is not None and element_size != t.size:
             raise ValueError(f"element type {element_type} is {t.size} bytes, not {element_size}")
@@ -296,9 +447,14 @@ class ParamKind:
 KINDS: dict[str, ParamKind] = {
     k.name: k
     for k in (
-        ParamKind("storage", "array", ("slice", "array", "value", None)),
-        ParamKind("uniform", "struct", (None,)),
-        ParamKind("scalar", "value", (None,)),
+        ParamKind("storage", "array", ("slice", "array", "value", None), (
+            Marker("KHAL_STORAGE", "slice", "::khal::Storage<T> name", "{t}{{p}_ptr, {p}_len}"),
+            Marker("KHAL_STORAGE_ARRAY", "array", "T (&name)[N]", "::khal::array_ref<{t}>::from({p}_ptr)",
+                   sized=True),
+            Marker("KHAL_STORAGE_VALUE", "value", "T& name", "*{p}_ptr", length=1),
+        )),
+        ParamKind("uniform", "struct", (None,), (Marker("KHAL_UNIFORM", None, "const T& name", "*{p}_ptr"),)),
+        ParamKind("scalar", "value", (None,), (Marker("KHAL_SCALAR", None, "T name", "{p}"),)),
     )
 }
 
@@ -309,6 +465,11 @@ def kind(name: str) -> ParamKind:
         return KINDS[name]
     except KeyError:
         raise ValueError(f"unknown parameter kind {name!r}; the ABI has {', '.join(KINDS)}") from None
+
+
+def markers() -> dict[str, tuple[ParamKind, Marker]]:
+    """Every CUDA C++ parameter marker of :data:`KINDS`, by macro name."""
+    return {m.macro: (k, m) for k in KINDS.values() for m in k.markers}
 
 
 # ---------------------------------------------------------------------------------------------

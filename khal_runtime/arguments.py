@@ -272,8 +272,10 @@ def diagnose_args(entry: Entry, args: Sequence[Any], exc: BaseException | None =
             _check_storage(arg, p, obj, device)
         elif reader == "struct":
             _check_struct(arg, p, obj)
-        else:
+        elif reader == "value":
             check_scalar(arg, p, obj)
+        else:
+            raise abi.unknown_reader(p.kind, reader, f"{where}: argument {p.name!r}")
     if isinstance(exc, Short):
         raise ArgumentError(f"{where}: the arguments do not match the entry's parameters")
     # nothing wrong with the arguments: the caller re-raises the original error

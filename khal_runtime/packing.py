@@ -317,7 +317,8 @@ class ScalarPacker:
 
     def __init__(self, entry: str, params: Sequence[Param], target: WebGpuTarget, size: int | None = None) -> None:
         self.entry = entry
-        self.params = tuple(p for p in params if p.kind == "scalar")
+        # the parameters WebGPU binds nothing for (abi.Reader.binding None): the scalar block's
+        self.params = tuple(p for p in params if abi.kind(p.kind).strategy.binding is None)
         slots = {s.param: s for s in target.scalar_slots}
         self.size = target.scalar_block_size if size is None else size
         items: list[tuple[int, str, int]] = []

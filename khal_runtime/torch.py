@@ -99,7 +99,9 @@ def _schema_type(p: Param) -> str:
     reader = abi.kind(p.kind).reader
     if reader in ("array", "struct"):
         return "Tensor"
-    return _SCHEMA_SCALAR[abi.SCALARS[p.element_type].family]
+    if reader == "value":
+        return _SCHEMA_SCALAR[abi.SCALARS[p.element_type].family]
+    raise abi.unknown_reader(p.kind, reader, "torch operator schema")
 
 
 def _spec(torch: Any, namespace: str, op_name: str, kernel: Kernel) -> _OpSpec:
@@ -438,6 +440,8 @@ def _check_tensors(spec: _OpSpec, threads: Any, args: Sequence[Any]) -> None:
         reader = abi.kind(p.kind).reader
         if reader == "value":
             continue
+        if reader not in ("array", "struct"):
+            raise abi.unknown_reader(p.kind, reader, spec.where)
         arg = f"{spec.where}: argument {p.name!r} ({p.describe(True)})"
         if device is None:
             device = a.device

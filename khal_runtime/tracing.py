@@ -179,7 +179,9 @@ def describe_arg(p: Any, obj: Any) -> str:
             if isinstance(u, bytes):
                 return f"{p.name}={p.kind} {p.element_type} ({len(u)} B, host)"
             return f"{p.name}={p.kind} {p.element_type} ({u[1]} B, device @0x{u[0]:x})"
-        return f"{p.name}={p.kind} {p.element_type} ({p.element_size} B) = {obj!r}"
+        if reader == "value":
+            return f"{p.name}={p.kind} {p.element_type} ({p.element_size} B) = {obj!r}"
+        raise abi.unknown_reader(p.kind, reader, "trace")
     except Exception as exc:  # a bad argument: the launch itself reports it
         return f"{p.name}=<{type(obj).__name__}: {exc}>"
 

@@ -167,12 +167,17 @@ namespace khal { template <bool> struct scanned_ { typedef void type; }; }
 // KHAL_INSTANTIATE(template_entry, entry_name, template arguments...): one entry per line.
 #define KHAL_INSTANTIATE(template_name, name, ...) KHAL_CHECK_INSTANCE_(name)
 
-// Parameter markers (usable only inside KHAL_ENTRY's parameter list).
+// Parameter markers (usable only inside KHAL_ENTRY's parameter list). Under the hook, the
+// generated unit defines them from khal_runtime.abi.KINDS before including this header;
+// these copies serve editors and compiles outside the hook (tests/test_kinds.py checks that
+// they agree with the table).
+#ifndef KHAL_SCANNED
 #define KHAL_STORAGE(T, name) ::khal::Storage<T> name
 #define KHAL_STORAGE_ARRAY(T, N, name) T (&name)[N]
 #define KHAL_STORAGE_VALUE(T, name) T& name
 #define KHAL_UNIFORM(T, name) const T& name
 #define KHAL_SCALAR(T, name) T name
+#endif
 
 // Thread indexing inside an entry body (the unsuffixed ones are x).
 #define KHAL_GLOBAL_ID (khal_invocation.global_id)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from khal_runtime import abi
+
 from hatch_khal.codegen import probe_names
 from hatch_khal.errors import CompileError
 from hatch_khal.slang.entries import SlangEntry
@@ -151,20 +153,27 @@ def _entry_code(e: SlangEntry) -> str:
         t = f"khal_t_{n}_{i}"
         lines.append(f"typedef khal_fn_<decltype({n})>::arg<{i + 2}>::type {t};")
         size_name, align_name = probe_names(n, i)
-        elem = {"storage": f"khal_elem_<{t}>::type", "uniform": f"khal_deref_<{t}>::type"}.get(p.kind, t)
-        lines.append(f'extern "C" __device__ const unsigned long long {size_name} = sizeof({elem});')
-        lines.append(f'extern "C" __device__ const unsigned long long {align_name} = alignof({elem});')
-        if p.kind == "storage":
+        # what the kernel receives is the reader's (khal_runtime.abi.READERS); how Slang's own
+        # parameter is built from it is Slang's, so this branch stays, one case per reader
+        reader = abi.kind(p.kind).reader
+        if reader == "array":
+            elem = f"khal_elem_<{t}>::type"
             kparams += [f"khal_elem_<{t}>::type* khal_p{i}_ptr", f"unsigned long long khal_p{i}_len"]
             build += [f"    {t} khal_b{i}_;", f"    khal_b{i}_.data = khal_p{i}_ptr;",
                       f"    khal_b{i}_.count = (size_t)khal_p{i}_len;"]
             args.append(f"khal_b{i}_")
-        elif p.kind == "uniform":
+        elif reader == "struct":
+            elem = f"khal_deref_<{t}>::type"
             kparams.append(f"const void* khal_p{i}")
             args.append(f"({t})khal_p{i}")
-        else:
+        elif reader == "value":
+            elem = t
             kparams.append(f"{t} khal_p{i}")
             args.append(f"khal_p{i}")
+        else:
+            raise abi.unknown_reader(p.kind, reader, f"Slang CUDA wrapper of entry {n!r}")
+        lines.append(f'extern "C" __device__ const unsigned long long {size_name} = sizeof({elem});')
+        lines.append(f'extern "C" __device__ const unsigned long long {align_name} = alignof({elem});')
     threads = e.threads
     plist = ",\n    ".join(kparams)
     call = ", ".join(args)

@@ -20,7 +20,7 @@ the entry and the parameter. Pure Python: runs in the build process, never loads
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from khal_runtime import abi
 from khal_runtime.manifest import Binding, Param, ScalarSlot, StructField, StructLayout, WebGpuTarget
@@ -322,7 +322,8 @@ def webgpu_target(crate: str, entry: SlangEntry, target: str, reflected: dict[st
     layouts: dict[str, StructLayout] = {}
     for p, mp in zip(params, entry.params):
         t = p["type"]
-        if mp.kind == "scalar":
+        access = abi.kind(mp.kind).strategy.access(mp.writable)
+        if access is None:  # packed into the entry's scalar block
             off = p["offsets"].get("uniform")
             if off is None:
                 raise w.error(f"{target}: Slang placed the scalar outside the entry's scalar block", mp.name)
@@ -335,7 +336,7 @@ def webgpu_target(crate: str, entry: SlangEntry, target: str, reflected: dict[st
         if element is not None and _names(element) != _names(entry.cuda_elements[mp.name]):
             raise renamed(f"the fields of {element.get('name')!r} ({_names(entry.cuda_elements[mp.name])} -> "
                           f"{_names(element)})")
-        if mp.kind == "uniform":
+        if access == "uniform":
             layouts[mp.name] = struct_layout(element, w, mp.name)
         elif element is not None and element["kind"] == "struct":
             cuda, here = _leaves(entry.cuda_elements[mp.name]), _leaves(element)
@@ -348,8 +349,6 @@ def webgpu_target(crate: str, entry: SlangEntry, target: str, reflected: dict[st
                     mp.name)
         if p.get("used") is False:
             continue  # Slang dropped it from the shader: nothing to bind
-        access: Literal["read", "read_write", "uniform"] = (
-            "uniform" if mp.kind == "uniform" else ("read_write" if mp.writable else "read"))
         bindings.append(Binding(param=mp.name, group=slot[1] + base[1], binding=slot[0] + base[0], access=access))
     scalars = None
     block = reflected.get("scalar_block_size", 0) if slots else 0

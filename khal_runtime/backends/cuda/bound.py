@@ -26,7 +26,7 @@ from typing import Any, Callable
 from khal_runtime import abi, interop
 from khal_runtime.arguments import diagnose_args, grid_for, grid_for_threads, struct_bytes, thread_count
 from khal_runtime.backends.cuda.driver import driver
-from khal_runtime.backends.cuda.launch import LaunchPlan, launch_call
+from khal_runtime.backends.cuda.launch import READERS, LaunchPlan, launch_call
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import _tls, ensure_current
 from khal_runtime.hooks import hooks
@@ -60,7 +60,7 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
         values: list[Any] = []
         owned: list[Any] = []
         for p, a in zip(kernel.entry.params, args):
-            reader = abi.kind(p.kind).reader
+            reader = abi.implemented_reader(p.kind, READERS, f"{kernel.entry.name}.bind()")
             if reader == "array":
                 ptr, count, _ = interop.extract(a)
                 values += [ptr, count]
@@ -75,9 +75,11 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
                     values.append(dbuf.ptr)
                 else:
                     values.append(u[0])
-            else:
+            elif reader == "value":
                 v = abi.scalar_value(p.element_type, a)
                 values += list(v) if isinstance(v, tuple) else [v]
+            else:
+                raise abi.unknown_reader(p.kind, reader, f"{kernel.entry.name}.bind()")
         block = ctypes.create_string_buffer(max(plan.args_size, 8))
         plan.struct.pack_into(block, 0, *values)
         base = ctypes.addressof(block)

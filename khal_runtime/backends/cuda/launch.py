@@ -46,6 +46,9 @@ MISSING = object()  # default of the generated __call__'s parameters: "not passe
 NOMEMO = object()  # a memo slot item no argument is identical to
 _PACK_U64 = struct.Struct("<Q").pack_into
 
+#: the readers (abi.READERS) the CUDA launch path implements
+READERS = ("array", "struct", "value")
+
 
 def uniform_reader(obj: Any, converted: Any) -> Any:
     """How the prepacked path re-reads a uniform argument it saw before: None when its identity
@@ -95,8 +98,10 @@ class LaunchPlan:
         self.indirect_function = indirect_function
         self.uniforms = uniforms
         self.block = tuple(entry.block_size)
-        #: per parameter, how the host reads it: "array", "struct" or "value" (abi.KINDS)
-        self.readers = [abi.kind(p.kind).reader for p in entry.params]
+        #: per parameter, how the host reads it: "array", "struct" or "value" (abi.READERS); a
+        #: reader this path does not implement is refused here, never launched as a scalar
+        self.readers = [abi.implemented_reader(p.kind, READERS, f"CUDA launch of {entry.name}()")
+                        for p in entry.params]
         layout = expected_param_layout(entry)
         self.layout = layout
         self.args_size = (layout[-1][1] + layout[-1][2]) if layout else 0

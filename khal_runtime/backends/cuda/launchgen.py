@@ -118,14 +118,17 @@ def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa:
     """Lines reading uniform ``a{i}`` into ``u{i}``, a device pointer to its bytes, and
     ``h{i}``, what its converter gave (bytes, or (pointer, size) of a device buffer)."""
     a, size = f"a{i}", int(plan.entry.params[i].element_size)
-    lines = [f"{I}t = type({a})"]
-    for j, kind in enumerate(plan._uinline[i].values()):
-        lines.append(f"{I}{'if' if j == 0 else 'elif'} t is StructT{i}_{j}:")
-        lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
+    lines: list[str] = []
+    if plan._uinline[i]:
+        lines.append(f"{I}t = type({a})")
+        for j, kind in enumerate(plan._uinline[i].values()):
+            lines.append(f"{I}{'if' if j == 0 else 'elif'} t is StructT{i}_{j}:")
+            lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
+        lines += [f"{I}else:", f"{I}    u = uniform_seen({i}, {a})"]
+    else:
+        lines.append(f"{I}u = uniform_seen({i}, {a})")
     fetch, ptr = cached_upload(I + "    ", size)
     return lines + [
-        f"{I}{'else:' if plan._uinline[i] else 'if True:'}",
-        f"{I}    u = uniform_seen({i}, {a})",
         f"{I}h{i} = u",
         f"{I}if u.__class__ is bytes:",
         *fetch,
@@ -168,19 +171,30 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
         elif reader == "struct":
             lines += uniform_param_lines(plan, i, I)
             pack_args.append(f"u{i}")
-        elif p.element_type == "bool":  # struct's '?' would take any object's truth value
-            pack_args.append(f"({a} if {a}.__class__ is bool else scalar_value({i}, {a}))")
-        elif p.element_type == "bfloat16" or abi.SCALARS[p.element_type].family == "complex":
-            pack_args.append(f"scalar_value({i}, {a})" if p.element_type == "bfloat16"
-                             else f"*scalar_value({i}, {a})")
-        elif abi.SCALARS[p.element_type].family in ("int", "uint"):  # an int goes straight to struct
-            pack_args.append(f"({a} if {a}.__class__ is int else scalar_value({i}, {a}))")
-        else:  # floats: a float or int straight to struct; NumPy numbers, bools, complex: the rules
-            pack_args.append(f"({a} if {a}.__class__ is float or {a}.__class__ is int "
-                             f"else scalar_value({i}, {a}))")
+        elif reader == "value":
+            pack_args.append(scalar_pack_arg(p.element_type, i))
+        else:
+            raise abi.unknown_reader(p.kind, reader, f"CUDA launch of {plan.entry.name}()")
     if pack_args:
         lines.append(f"{I}pack_args(m.buf, 0, {', '.join(pack_args)})")
     return lines
+
+
+def scalar_pack_arg(element_type: str, i: int) -> str:
+    """What ``pack_args`` gets for scalar ``a{i}``: a plain value of the right Python type goes
+    straight to ``struct``, anything else through ``scalar_value`` (the ABI's rules)."""
+    a = f"a{i}"
+    family = abi.SCALARS[element_type].family
+    if element_type == "bool":  # struct's '?' would take any object's truth value
+        return f"({a} if {a}.__class__ is bool else scalar_value({i}, {a}))"
+    if element_type == "bfloat16":
+        return f"scalar_value({i}, {a})"
+    if family == "complex":
+        return f"*scalar_value({i}, {a})"
+    if family in ("int", "uint"):  # an int goes straight to struct
+        return f"({a} if {a}.__class__ is int else scalar_value({i}, {a}))"
+    # floats: a float or int straight to struct; NumPy numbers, bools, complex: the rules
+    return f"({a} if {a}.__class__ is float or {a}.__class__ is int else scalar_value({i}, {a}))"
 
 
 # -- memo slots ------------------------------------------------------------------------------------

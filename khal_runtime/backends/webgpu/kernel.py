@@ -27,6 +27,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Sequence
 
+from khal_runtime import abi
 from khal_runtime.abi import SCALARS
 from khal_runtime.backends.webgpu import memory
 from khal_runtime.backends.webgpu.indirect import dispatch_indirect
@@ -83,6 +84,16 @@ def _desc(p: Param) -> str:
     return p.describe()
 
 
+#: the readers (:data:`khal_runtime.abi.READERS`) this launch path implements
+_READERS = ("array", "struct", "value")
+
+
+def _reader(p: Param, where: str) -> str:
+    """The reader of ``p``'s kind, if this launch path implements it; ValueError otherwise (an
+    unknown kind or reader is never taken for a scalar)."""
+    return abi.implemented_reader(p.kind, _READERS, where)
+
+
 class KernelPlan:
     """One entry on one WebGPU device (see the module docstring)."""
 
@@ -100,25 +111,29 @@ class KernelPlan:
         self.max_groups = device.max_groups
         self.params = entry.params
         t = self.target.target
-        self._upack = {p.name: UniformPacker(entry.name, p, t) for p in entry.params if p.kind == "uniform"}
-        scalars = [p for p in entry.params if p.kind == "scalar"]
+        where = f"WebGPU launch of {entry.name}()"
+        readers = [_reader(p, where) for p in entry.params]
+        self._upack = {p.name: UniformPacker(entry.name, p, t)
+                       for p, r in zip(entry.params, readers) if r == "struct"}
+        scalars = [p for p, r in zip(entry.params, readers) if r == "value"]
         self._spack = ScalarPacker(entry.name, entry.params, self.target) if scalars else None
         self._scalar_mode = self.target.scalars
         self._pool = self.launcher.pool
-        #: (index, param, kind, whether any element count will do)
-        self._kinds = tuple((i, p, p.kind, p.shape in (None, "slice")) for i, p in enumerate(entry.params))
+        #: (index, param, reader, whether any element count will do)
+        self._kinds = tuple((i, p, r, p.shape in (None, "slice"))
+                            for i, (p, r) in enumerate(zip(entry.params, readers)))
         # single-group fast path: where each binding of group 0 comes from
         plan = self.launcher.plan
         self._single = len(plan) == 1
         if self._single:
             g, src = plan[0]
             self._g0 = g
-            storage_at = [i for i, p in enumerate(entry.params) if p.kind == "storage"]
+            storage_at = [i for i, r in enumerate(readers) if r == "array"]
             index = {p.name: i for i, p in enumerate(entry.params)}
             src0: list[tuple[str, Any, bool]] = []
-            for (kind, k), dy in zip(src, g.dynamic):
-                where = storage_at[k] if kind == "s" else index[k] if kind == "u" else k
-                src0.append((kind, where, dy))
+            for (source, k), dy in zip(src, g.dynamic):
+                at = storage_at[k] if source == "s" else index[k] if source == "u" else k
+                src0.append((source, at, dy))
             #: where each binding of group 0 comes from: ("s", param index) storage, ("u", param
             #: index) uniform, ("b", None) the scalar block; and whether its offset is dynamic
             self._src0 = tuple(src0)
@@ -185,21 +200,23 @@ class KernelPlan:
         svals: list[Any] = []
         dev = self.device
         memo = True
-        for i, p, kind, plain in self._kinds:
+        for i, p, reader, plain in self._kinds:
             a = args[i]
-            if kind == "storage":
+            if reader == "array":
                 if plain and type(a) is WgpuArray and a._et == p.element_type and a._bind_error is None \
                         and not a.allocation.freed and a.allocation.device is dev:
                     items[i] = a._res
                 else:
                     items[i] = self._storage(p, a)
                     memo = memo and type(a) is WgpuArray
-            elif kind == "uniform":
+            elif reader == "struct":
                 items[i] = self._pool.region(self._upack[p.name].pack(a))
                 memo = memo and type(a) is bytes
-            else:
+            elif reader == "value":
                 svals.append(a)
                 memo = memo and (type(a) is int or type(a) is float)
+            else:
+                raise abi.unknown_reader(p.kind, reader, f"WebGPU launch of {self.name}()")
         block = None
         imm = None
         if self._spack is not None:
@@ -212,11 +229,11 @@ class KernelPlan:
             g = self._g0
             res: list[Any] = []
             dyn: list[int] = []
-            for kind, k, dy in self._src0:
-                if kind == "s":
+            for source, k, dy in self._src0:
+                if source == "s":
                     res.append(items[k])
                 else:
-                    reg: Any = items[k] if kind == "u" else block
+                    reg: Any = items[k] if source == "u" else block
                     if dy:
                         res.append(reg[1])
                         dyn.append(reg[2])
@@ -229,8 +246,8 @@ class KernelPlan:
             if dyn:
                 return (self.launcher.groups_cache.with_offsets(bg, tuple(dyn)),), imm, memo
             return (bg,), imm, memo
-        storages = [items[i] for i, p, kind, _ in self._kinds if kind == "storage"]
-        uniforms = {p.name: items[i] for i, p, kind, _ in self._kinds if kind == "uniform"}
+        storages = [items[i] for i, p, reader, _ in self._kinds if reader == "array"]
+        uniforms = {p.name: items[i] for i, p, reader, _ in self._kinds if reader == "struct"}
         return self.launcher.resolve(storages, uniforms, block), imm, memo
 
     def _make_resolve(self) -> Callable[[Sequence[Any]], Any]:
@@ -239,66 +256,69 @@ class KernelPlan:
         helpers, which raise the named errors."""
         params = self.params
         n = len(params)
-        ns: dict[str, Any] = {"_WA": WgpuArray, "_DB": DeviceBuffer, "_dev": self.device, "_storage": self._storage,
-                              "_region": self._pool.region, "_bgc": self._bgcache,
-                              "_create": self.launcher.groups_cache.create,
-                              "_withoff": self.launcher.groups_cache.with_offsets,
-                              "_general": type(self)._resolve.__get__(self), "_g": self._g0}
-        lines = ["def resolve(args):", f"    if len(args) != {n}:", "        return _general(args)"]
+        ns: dict[str, Any] = {"WgpuArray": WgpuArray, "DeviceBuffer": DeviceBuffer, "device": self.device,
+                              "check_storage": self._storage, "uniform_region": self._pool.region,
+                              "bind_groups": self._bgcache, "create_bind_group": self.launcher.groups_cache.create,
+                              "with_offsets": self.launcher.groups_cache.with_offsets,
+                              "resolve_general": type(self)._resolve.__get__(self), "group": self._g0}
+        lines = ["def resolve(args):", f"    if len(args) != {n}:", "        return resolve_general(args)"]
         if n:
             lines.append(f"    {', '.join(f'a{i}' for i in range(n))}{',' if n == 1 else ''} = args")
         lines.append("    memo = True")
         scal: list[str] = []
-        for i, p in enumerate(params):
-            ns[f"_P{i}"] = p
-            if p.kind == "storage":
-                ns[f"_ET{i}"] = p.element_type
+        for i, p, reader, plain in self._kinds:
+            ns[f"param{i}"] = p
+            if reader == "array":
+                ns[f"element_type{i}"] = p.element_type
                 # a DeviceBuffer binds the WgpuArray over its bytes (``_native``)
-                lines.append(f"    w{i} = a{i}._native if type(a{i}) is _DB else a{i}")
-                if p.shape in (None, "slice"):
+                lines.append(f"    w{i} = a{i}._native if type(a{i}) is DeviceBuffer else a{i}")
+                if plain:
                     lines += [
-                        f"    if type(w{i}) is _WA and w{i}._et == _ET{i} and w{i}._bind_error is None "
-                        f"and not w{i}.allocation.freed and w{i}.allocation.device is _dev:",
+                        f"    if type(w{i}) is WgpuArray and w{i}._et == element_type{i} and w{i}._bind_error is None "
+                        f"and not w{i}.allocation.freed and w{i}.allocation.device is device:",
                         f"        r{i} = w{i}._res",
                         "    else:",
-                        f"        r{i} = _storage(_P{i}, a{i})",
-                        f"        memo = memo and type(w{i}) is _WA"]
+                        f"        r{i} = check_storage(param{i}, a{i})",
+                        f"        memo = memo and type(w{i}) is WgpuArray"]
                 else:
-                    lines += [f"    r{i} = _storage(_P{i}, a{i})", f"    memo = memo and type(w{i}) is _WA"]
-            elif p.kind == "uniform":
-                ns[f"_UP{i}"] = self._upack[p.name].pack
-                lines += [f"    r{i} = _region(_UP{i}(a{i}))", f"    memo = memo and type(a{i}) is bytes"]
-            else:
+                    lines += [f"    r{i} = check_storage(param{i}, a{i})", f"    memo = memo and type(w{i}) is WgpuArray"]
+            elif reader == "struct":
+                ns[f"pack_uniform{i}"] = self._upack[p.name].pack
+                lines += [f"    r{i} = uniform_region(pack_uniform{i}(a{i}))", f"    memo = memo and type(a{i}) is bytes"]
+            elif reader == "value":
                 scal.append(f"a{i}")
                 lines.append(f"    memo = memo and (type(a{i}) is int or type(a{i}) is float)")
-        lines.append("    imm = None")
+            else:
+                raise abi.unknown_reader(p.kind, reader, f"WebGPU launch of {self.name}()")
+        lines.append("    push_data = None")
         if self._spack is not None:
-            ns["_spack"] = self._spack.pack
-            lines.append(f"    blk = _spack(({', '.join(scal)}{',' if len(scal) == 1 else ''}))")
+            ns["pack_scalars"] = self._spack.pack
+            lines.append(f"    scalar_block = pack_scalars(({', '.join(scal)}{',' if len(scal) == 1 else ''}))")
             if self._scalar_mode == "uniform":
-                lines.append("    rb = _region(blk)")
+                lines.append("    rb = uniform_region(scalar_block)")
             elif self._scalar_mode == "push_constants":
-                ns["_imm"] = self.launcher.immediates
-                lines.append("    imm = _imm(blk)")
+                ns["push_constants"] = self.launcher.immediates
+                lines.append("    push_data = push_constants(scalar_block)")
         res: list[str] = []
         dyn: list[str] = []
-        for kind, k, dy in self._src0:
-            v = f"r{k}" if kind != "b" else "rb"
-            if kind == "s":
+        for source, k, dy in self._src0:
+            v = f"r{k}" if source != "b" else "rb"
+            if source == "s":
                 res.append(v)
             elif dy:
                 res.append(f"{v}[1]")
                 dyn.append(f"{v}[2]")
             else:
                 res.append(f"{v}[0]")
-        ns["_lid"] = self._g0.lid
-        lines += [f"    key = (_lid, {', '.join(res)}{',' if len(res) == 1 else ''})" if res else "    key = (_lid,)",
-                  "    bg = _bgc.get(key)",
+        ns["layout_id"] = self._g0.lid
+        lines += [f"    key = (layout_id, {', '.join(res)}{',' if len(res) == 1 else ''})" if res
+                  else "    key = (layout_id,)",
+                  "    bg = bind_groups.get(key)",
                   "    if bg is None:",
-                  "        bg = _create(_g.layout, key, _g.bindings, key[1:])"]
+                  "        bg = create_bind_group(group.layout, key, group.bindings, key[1:])"]
         if dyn:
-            lines.append(f"    bg = _withoff(bg, ({', '.join(dyn)},))")
-        lines.append("    return (bg,), imm, memo")
+            lines.append(f"    bg = with_offsets(bg, ({', '.join(dyn)},))")
+        lines.append("    return (bg,), push_data, memo")
         src = "\n".join(lines) + "\n"
         exec(compile(src, f"<khal webgpu resolve {self.name}>", "exec"), ns)
         self.resolve_source = src
@@ -318,12 +338,15 @@ class KernelPlan:
         n = len(self.params)
         names = [f"a{i}" for i in range(n)]
         conds = []
-        for i, p in enumerate(self.params):
-            if p.kind == "scalar":
-                conds.append(f"(m[{i}] is a{i} or (type(a{i}) is int is type(m[{i}]) and a{i} == m[{i}]) "
-                             f"or (type(a{i}) is float is type(m[{i}]) and a{i} == m[{i}] and a{i} != 0.0))")
+        # last_call: the previous memoable call's (*args, pool generation, FREES, bind groups, push data)
+        for i, p, reader, _ in self._kinds:
+            if reader == "value":
+                conds.append(f"(last[{i}] is a{i} or (type(a{i}) is int is type(last[{i}]) and a{i} == last[{i}]) "
+                             f"or (type(a{i}) is float is type(last[{i}]) and a{i} == last[{i}] and a{i} != 0.0))")
+            elif reader in ("array", "struct"):
+                conds.append(f"last[{i}] is a{i}")
             else:
-                conds.append(f"m[{i}] is a{i}")
+                raise abi.unknown_reader(p.kind, reader, f"WebGPU launch of {self.name}()")
         unpack = (", ".join(names) + ("," if n == 1 else "")) if n else "_"
         src = (
             "def call(n, args):\n"
@@ -332,17 +355,18 @@ class KernelPlan:
             "def call(n, args):\n"
             "    if type(n) is int and n > 0 and len(args) == 0:\n"
         )
+        same = conds + [f"last[{n}] == uniform_pool.generation", f"last[{n + 1}] == FREES[0]"]
         src += (
-            "        m = _memo[0]\n"
-            f"        if {' and '.join(conds + [f'm[{n}] == _pool.generation', f'm[{n + 1}] == _FREES[0]'])}:\n"
+            "        last = last_call[0]\n"
+            f"        if {' and '.join(same)}:\n"
             f"            gx = (n + {self._bx - 1}) // {self._bx}\n"
             f"            if gx <= {self.max_groups}:\n"
-            f"                _rec(_pl, m[{n + 2}], gx, 1, 1, m[{n + 3}])\n"
+            f"                record(pipeline, last[{n + 2}], gx, 1, 1, last[{n + 3}])\n"
             "                return\n"
-            "    _slow(n, args)\n"
+            "    call_slow(n, args)\n"
         )
-        ns: dict[str, Any] = {"_memo": self._memo, "_pool": self._pool, "_FREES": memory.FREES,
-                              "_rec": self.stream.record, "_pl": self.pipeline, "_slow": self._call_slow}
+        ns: dict[str, Any] = {"last_call": self._memo, "uniform_pool": self._pool, "FREES": memory.FREES,
+                              "record": self.stream.record, "pipeline": self.pipeline, "call_slow": self._call_slow}
         exec(compile(src, f"<khal webgpu call {self.name}>", "exec"), ns)
         self.call_source = src
         return ns["call"]  # type: ignore[no-any-return]

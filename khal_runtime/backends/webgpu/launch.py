@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from khal_runtime import abi
 from khal_runtime.backends.webgpu.bindings import (
     Bound,
     Immediates,
@@ -55,22 +56,27 @@ class Launcher:
         self.max_groups = dev.max_groups
         entry = pipeline.entry
         self.name = pipeline.name
-        self.storage_params = tuple(p.name for p in entry.params if p.kind == "storage")
-        self.uniform_params = tuple(p.name for p in entry.params if p.kind == "uniform")
+        #: each parameter's WebGPU binding (khal_runtime.abi.Reader.binding): "storage", "uniform"
+        #: or None (packed into the scalar block)
+        binding = {p.name: abi.kind(p.kind).strategy.binding for p in entry.params}
+        self.storage_params = tuple(p.name for p in entry.params if binding[p.name] == "storage")
+        self.uniform_params = tuple(p.name for p in entry.params if binding[p.name] == "uniform")
         self._itemsize = {p.name: p.element_size for p in entry.params}
         sidx = {n: i for i, n in enumerate(self.storage_params)}
         #: per group: (GroupPlan, sources) with source ("s", storage index) / ("u", name) / ("b", None)
         self.plan: list[tuple[Any, tuple[tuple[str, Any], ...]]] = []
-        kinds = {p.name: p.kind for p in entry.params}
         for g in pipeline.groups:
             src: list[tuple[str, Any]] = []
             for name in g.params:
                 if name is None:
                     src.append(("b", None))
-                elif kinds[name] == "storage":
+                elif binding[name] == "storage":
                     src.append(("s", sidx[name]))
-                else:
+                elif binding[name] == "uniform":
                     src.append(("u", name))
+                else:
+                    raise ValueError(f"{self.name}: the shader binds parameter {name!r}, whose kind has binding "
+                                     f"{binding[name]!r} (not storage or uniform)")
             self.plan.append((g, tuple(src)))
         self.scalar_mode = pipeline.target.scalars
         self.has_scalars = bool(pipeline.target.scalar_slots)
