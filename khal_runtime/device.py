@@ -7,7 +7,8 @@ WebGPU a device is an adapter's device and its stream is the device's queue, rec
 order.
 
 ``stream=`` takes a :class:`Stream`, any object with ``__cuda_stream__`` (cuda.core), PyTorch
-and CuPy streams, or a raw integer ``CUstream`` handle. The legacy NULL stream is never used
+and CuPy streams (and those of libraries registered with their ``stream`` hook:
+:mod:`khal_runtime.interop`), or a raw integer ``CUstream`` handle. The legacy NULL stream is never used
 unless passed explicitly (``0``).
 """
 
@@ -16,10 +17,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from khal_runtime import backends
+from khal_runtime import backends, interop
 from khal_runtime.capture_state import forbid_in_capture
-from khal_runtime.interop import cupy as _cupy
-from khal_runtime.interop import torch as _torch
 
 __all__ = [
     "Device",
@@ -286,10 +285,9 @@ def _foreign_handle(obj: Any) -> tuple[int, int | None]:
     if proto is not None:
         ver_handle = obj.__cuda_stream__()
         return int(ver_handle[1]), None
-    for lib in (_torch, _cupy):
-        got: tuple[int, int | None] | None = lib.stream_handle(obj)
-        if got is not None:
-            return got
+    got = interop.stream_handle(obj)  # the array libraries' streams (torch, CuPy, registered ones)
+    if got is not None:
+        return got
     for attr in ("handle", "ptr", "cuda_stream"):
         v = getattr(obj, attr, None)
         if isinstance(v, int):
