@@ -30,7 +30,6 @@ from khal_runtime.interop.registry import (
     ArrayType,
     BadArgument,
     Extractor,
-    add_probe,
     array_type,
     device_of,
     extract,
