@@ -82,10 +82,3 @@ def native() -> tuple[Any, Any] | None:
         except Exception:  # noqa: BLE001  (another wgpu-py layout: use its public methods)
             _native = (None, None)
     return None if _native[0] is None else _native
-
-
-def _reset_for_tests() -> None:
-    global _module, _native
-    with _lock:
-        _module = None
-        _native = None
