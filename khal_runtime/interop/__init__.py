@@ -26,6 +26,7 @@ from importlib.machinery import all_suffixes
 from khal_runtime.interop.registry import (
     MEMO_ARRAY_TYPES,
     STABLE_ARRAY_TYPES,
+    STREAM_READERS,
     VERSIONED_ARRAY_TYPES,
     ArrayType,
     BadArgument,
@@ -43,6 +44,7 @@ from khal_runtime.interop.registry import (
 __all__ = [
     "MEMO_ARRAY_TYPES",
     "STABLE_ARRAY_TYPES",
+    "STREAM_READERS",
     "VERSIONED_ARRAY_TYPES",
     "ArrayType",
     "BadArgument",

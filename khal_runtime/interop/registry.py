@@ -30,6 +30,7 @@ __all__ = [
     "MEMO_ARRAY_TYPES",
     "add_probe",
     "STABLE_ARRAY_TYPES",
+    "STREAM_READERS",
     "VERSIONED_ARRAY_TYPES",
     "ArrayType",
     "BadArgument",
@@ -102,8 +103,13 @@ _BY_TYPE: dict[type, ArrayType] = {}
 #: (order, probe), asked in order on first sight of a type; replaced, never mutated, so reads
 #: need no lock
 _PROBES: tuple[tuple[int, Probe], ...] = ()
-#: every library's stream reader (same: replaced under the lock)
-_STREAMS: tuple[StreamReader, ...] = ()
+#: every library's stream reader, in probe order (the built-in libraries first, then those
+#: registered with :func:`register_array_type`); the launch path iterates it directly, and it is
+#: only ever replaced whole (slice assignment), under the lock
+STREAM_READERS: list[StreamReader] = []
+_STREAM_ORDER: list[tuple[int, StreamReader]] = []
+#: the order of a reader given to register_array_type (after every built-in probe)
+_REGISTERED = 1000
 _VERSION: dict[type, Callable[[Any], "tuple[int, Any] | None"]] = {}
 
 #: Array types a launch may remember under the same identity (see ``ArrayType.memo``).
@@ -112,11 +118,12 @@ VERSIONED_ARRAY_TYPES: set[type] = set()
 MEMO_ARRAY_TYPES: set[type] = set()
 
 
-def _add_hooks(stream: StreamReader | None, dtype_name: DtypeNamer | None) -> None:
+def _add_hooks(stream: StreamReader | None, dtype_name: DtypeNamer | None, order: int = _REGISTERED) -> None:
     """Under ``_lock``: a library's stream reader and dtype namer (once each)."""
-    global _STREAMS
-    if stream is not None and stream not in _STREAMS:
-        _STREAMS = (*_STREAMS, stream)
+    if stream is not None and stream not in STREAM_READERS:
+        _STREAM_ORDER.append((order, stream))
+        _STREAM_ORDER.sort(key=lambda op: op[0])
+        STREAM_READERS[:] = [r for _, r in _STREAM_ORDER]
     if dtype_name is not None:
         dtypes.add_dtype_namer(dtype_name)
 
@@ -173,7 +180,7 @@ def add_probe(probe: Probe, *, order: int, stream: StreamReader | None = None,
     global _PROBES
     with _lock:
         _PROBES = tuple(sorted((*_PROBES, (order, probe)), key=lambda op: op[0]))
-        _add_hooks(stream, dtype_name)
+        _add_hooks(stream, dtype_name, order)
 
 
 def _not_an_array(obj: Any) -> tuple[int, int, Hashable]:
@@ -225,7 +232,7 @@ def device_of(obj: Any) -> int | None:
 
 def stream_handle(obj: Any) -> tuple[int, int | None] | None:
     """(CUstream handle, device or None) of a stream object of a registered library, else None."""
-    for reader in _STREAMS:
+    for reader in STREAM_READERS:
         got = reader(obj)
         if got is not None:
             return got
