@@ -68,7 +68,7 @@ def _majors(text: str) -> tuple[int, ...] | None:
 
 def _nvrtc() -> Any:
     try:
-        # lazy: importing cuda.bindings costs ~100 ms; prebuilt-only builds never need it
+        # lazy: importing cuda.bindings is slow (benchmarks/RESULTS.md); prebuilt-only builds never need it
         from cuda.bindings import nvrtc
     except ImportError as exc:  # pragma: no cover - cuda-bindings is a dependency
         raise KhalBuildError(

@@ -1,7 +1,7 @@
 """The hatchling build hook ``khal``: compile kernel crates into the wheel.
 
 Enable it with ``hatch-khal`` in ``build-system.requires`` and a
-``[tool.hatch.build.targets.wheel.hooks.khal]`` table (see the README for the
+``[tool.hatch.build.targets.wheel.hooks.khal]`` table (see docs/reference/options.md for the
 options). Standard wheels get the artifacts through ``force_include`` from a
 staging directory (removed in ``finalize``, or at once if the build fails); editable
 wheels do not carry artifacts, so those builds write them into the package in place,

@@ -245,9 +245,10 @@ def scan_cubin(data: bytes) -> BinaryInfo | None:
     NVRTC and nvcc write), read with :mod:`struct` in well under a millisecond; None for
     anything else, which :func:`read_cubin` then reads (and explains) with pyelftools.
 
-    Written by hand for the load path: pyelftools costs about 30 ms to import and 20-90 ms to
-    walk a cubin's symbol table in pure Python, a third of the 300 ms cold-start bar (benchmarks/bench_load.py);
-    a test checks that both readers agree on every cubin the example builds.
+    Written by hand for the load path: importing pyelftools and walking a cubin's symbol table
+    in pure Python cost a large share of the cold-start bar (benchmarks/RESULTS.md, 2026-11-30,
+    "Figures formerly in code comments"); a test checks that both readers agree on every cubin
+    the example builds.
     """
     try:
         (ident, _type, machine, _ver, _entry, _phoff, shoff, flags, _ehsize, _phentsize, _phnum,

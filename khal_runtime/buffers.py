@@ -10,13 +10,13 @@ per-process range the backend hands out, so that slicing and identity work the s
 from __future__ import annotations
 
 import operator
-import os
 from typing import Any, Callable, Hashable
 
 from khal_runtime import capture_state, interop
 from khal_runtime.device import Device, Stream, as_stream, current_device_id, ensure_current
 from khal_runtime.dtypes import byte_order_problem, element_type_of_numpy
 from khal_runtime.errors import ArgumentError, ArgumentValueError
+from khal_runtime.hooks import alloc_trace_on, trace_alloc
 from khal_runtime.memo import bump_epoch
 
 __all__ = ["FREED", "DeviceBuffer"]
@@ -100,10 +100,8 @@ class DeviceBuffer:
         dev = Device(_device_ordinal(device, current_device_id))
         ensure_current(dev.device_id)
         nbytes = max(n * dt.itemsize, 1)
-        if os.environ.get("KHAL_CUDA_ALLOC_TRACE", "").strip().lower() not in ("", "0", "false", "no", "off"):
-            from khal_runtime.tracing import trace_alloc  # lazy: only while tracing allocations
-
-            trace_alloc(nbytes, dev.device_id)
+        if alloc_trace_on():
+            trace_alloc(nbytes, dev.device_id, capture_state.capturing())
         capture_state.forbid_in_capture(
             "DeviceBuffer allocation", "allocate every buffer before begin_capture() and reuse "
             "it in the captured work (KHAL_CUDA_ALLOC_TRACE=1 shows where)")

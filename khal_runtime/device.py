@@ -7,7 +7,8 @@ WebGPU a device is an adapter's device and its stream is the device's queue, rec
 order.
 
 ``stream=`` takes a :class:`Stream`, any object with ``__cuda_stream__`` (cuda.core), PyTorch
-and CuPy streams, or a raw integer ``CUstream`` handle. The legacy NULL stream is never used
+and CuPy streams (and those of libraries registered with their ``stream`` hook:
+:mod:`khal_runtime.interop`), or a raw integer ``CUstream`` handle. The legacy NULL stream is never used
 unless passed explicitly (``0``).
 """
 
@@ -18,8 +19,7 @@ from typing import Any
 
 from khal_runtime import backends
 from khal_runtime.capture_state import forbid_in_capture
-from khal_runtime.interop import cupy as _cupy
-from khal_runtime.interop import torch as _torch
+from khal_runtime.interop import STREAM_READERS
 
 __all__ = [
     "Device",
@@ -286,8 +286,8 @@ def _foreign_handle(obj: Any) -> tuple[int, int | None]:
     if proto is not None:
         ver_handle = obj.__cuda_stream__()
         return int(ver_handle[1]), None
-    for lib in (_torch, _cupy):
-        got: tuple[int, int | None] | None = lib.stream_handle(obj)
+    for reader in STREAM_READERS:  # the array libraries' streams (torch, CuPy, registered ones)
+        got = reader(obj)
         if got is not None:
             return got
     for attr in ("handle", "ptr", "cuda_stream"):

@@ -6,13 +6,16 @@ Pure Python, no GPU: used by argument checking and the launch-plan builder.
 from __future__ import annotations
 
 import sys
-from typing import Any, Hashable
+import threading
+from typing import Any, Callable, Hashable
 
 from khal_runtime import abi
 
 __all__ = [
     "SCALAR_TYPES",
     "STRUCT_CODES",
+    "DtypeNamer",
+    "add_dtype_namer",
     "bf16_bits",
     "byte_order_problem",
     "dtype_info",
@@ -29,15 +32,21 @@ STRUCT_CODES: dict[str, str] = {name: t.code for name, t in abi.SCALARS.items()}
 bf16_bits = abi.bf16_bits
 
 
-_TORCH_NAMES = {
-    "torch.float32": "float32", "torch.float": "float32", "torch.float64": "float64",
-    "torch.double": "float64", "torch.float16": "float16", "torch.half": "float16",
-    "torch.bfloat16": "bfloat16", "torch.int8": "int8", "torch.int16": "int16",
-    "torch.int32": "int32", "torch.int64": "int64", "torch.uint8": "uint8",
-    "torch.uint16": "uint16", "torch.uint32": "uint32", "torch.uint64": "uint64",
-    "torch.bool": "bool", "torch.complex64": "complex64", "torch.cfloat": "complex64",
-    "torch.complex128": "complex128", "torch.cdouble": "complex128",
-}
+#: dtype key -> (element type name, itemsize) for one array library's dtype objects (a torch
+#: dtype), None for a key that is not one of them. Each library's record brings its own
+#: (:class:`khal_runtime.interop.ArrayType`, ``dtype_name``).
+DtypeNamer = Callable[[Any], "tuple[str, int] | None"]
+_NAMERS: tuple[DtypeNamer, ...] = ()
+_namers_lock = threading.Lock()
+
+
+def add_dtype_namer(namer: DtypeNamer) -> None:
+    """Teach :func:`dtype_info` one library's dtype objects (once per namer)."""
+    global _NAMERS
+    with _namers_lock:
+        if namer not in _NAMERS:
+            _NAMERS = (*_NAMERS, namer)
+
 
 # DLPack type codes: 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool.
 _DLPACK = {(0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64",
@@ -106,8 +115,9 @@ def element_type_of_numpy(dt: Any) -> tuple[str, int]:
 
 
 def dtype_info(key: Hashable) -> tuple[str, int]:
-    """Map a dtype key (element type name, NumPy/CuPy dtype, torch dtype, DLPack triple)
-    to (element type name, itemsize). Unknown -> (repr, 0)."""
+    """Map a dtype key (element type name, NumPy/CuPy dtype, DLPack triple, or a dtype of a
+    library that registered a namer, e.g. torch) to (element type name, itemsize).
+    Unknown -> (repr, 0)."""
     if isinstance(key, str):
         if key in SCALAR_TYPES:
             return key, SCALAR_TYPES[key]
@@ -123,10 +133,10 @@ def dtype_info(key: Hashable) -> tuple[str, int]:
         if name is None or lanes != 1:
             return f"dlpack(code={code}, bits={bits}, lanes={lanes})", (bits * lanes + 7) // 8
         return name, SCALAR_TYPES[name]
-    mod = type(key).__module__
-    if mod.startswith("torch"):
-        name = _TORCH_NAMES.get(str(key), str(key))
-        return name, int(getattr(key, "itemsize", SCALAR_TYPES.get(name, 0)))
+    for namer in _NAMERS:
+        got = namer(key)
+        if got is not None:
+            return got
     if hasattr(key, "itemsize") and hasattr(key, "kind"):
         return element_type_of_numpy(key)
     return repr(key), 0

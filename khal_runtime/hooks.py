@@ -5,15 +5,23 @@ stream, args, do_launch)``, which must call ``do_launch()``. The generated launc
 plan holds that call only while hooks are installed: plans register with :meth:`Hooks.watch`
 and are regenerated when hooks come and go, so launches without tracing pay nothing.
 
+Also the trace output every layer writes to (:func:`write_line`: ``KHAL_CUDA_TRACE_FILE`` or
+stderr), and the allocation lines ``KHAL_CUDA_ALLOC_TRACE`` asks for (:func:`trace_alloc`,
+written by :class:`khal_runtime.DeviceBuffer`): the lower layers report here, tracing reads and
+writes through it, so no module imports one above it.
+
 A leaf module: it imports nothing of the project (``khal_runtime.tracing`` installs into it).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import weakref
-from typing import Any, Callable, Protocol
+from typing import IO, Any, Callable, Protocol
 
-__all__ = ["Hooks", "Regenerable", "hooks"]
+__all__ = ["Hooks", "Regenerable", "alloc_trace_on", "hooks", "trace_alloc", "write_line"]
 
 
 class Regenerable(Protocol):
@@ -52,3 +60,48 @@ class Hooks:
 
 
 hooks = Hooks()
+
+
+# ---------------------------------------------------------------------------------------------
+# trace output
+# ---------------------------------------------------------------------------------------------
+_out_lock = threading.Lock()
+_files: dict[str, IO[str]] = {}
+
+
+def _sink(path: str | None) -> IO[str]:
+    if not path:
+        return sys.stderr
+    f = _files.get(path)
+    if f is None:
+        f = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - kept open, line-buffered
+        _files[path] = f
+    return f
+
+
+def write_line(line: str, path: str | None = None) -> None:
+    """One line to the trace sink (``KHAL_CUDA_TRACE_FILE`` or stderr)."""
+    if path is None:
+        path = os.environ.get("KHAL_CUDA_TRACE_FILE") or None
+    with _out_lock:
+        f = _sink(path)
+        f.write(line + "\n")
+        f.flush()
+
+
+def alloc_trace_on() -> bool:
+    """Whether ``KHAL_CUDA_ALLOC_TRACE`` asks for a line per allocation (read at each one)."""
+    return os.environ.get("KHAL_CUDA_ALLOC_TRACE", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def trace_alloc(nbytes: int, device_id: int, inside_capture: bool = False) -> None:
+    """``KHAL_CUDA_ALLOC_TRACE``: one line per DeviceBuffer allocation, with its caller."""
+    import traceback  # lazy: only while tracing allocations
+
+    where = "?"
+    for fr in reversed(traceback.extract_stack()[:-1]):
+        if "khal_runtime" not in fr.filename.replace("\\", "/").split("/")[-2:][0]:
+            where = f"{fr.filename}:{fr.lineno} in {fr.name}"
+            break
+    cap = " INSIDE GRAPH CAPTURE" if inside_capture else ""
+    write_line(f"khal: alloc {nbytes} B on device {device_id} at {where}{cap}")

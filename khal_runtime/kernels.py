@@ -190,7 +190,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     def dispatch_indirect(self, count: Any, *args: Any, stream: Any = None, grid: Any = None,
                           threads: bool = False, host_read: bool | None = None) -> None:
         """Launch with the workgroup count (``threads=True``: thread count) read from ``count``,
-        a device uint32 buffer written by earlier work (see the README, "Indirect dispatch")."""
+        a device uint32 buffer written by earlier work (docs/guide/graphs-and-indirect.md,
+        "Indirect dispatch")."""
         st = self._stream(stream)
         plan = self._ready(st.device_id)
         self._crate.backend.dispatch_indirect(self, plan, count, args, st, grid, threads, host_read)

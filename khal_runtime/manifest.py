@@ -56,6 +56,7 @@ __all__ = [
     "Toolchain",
     "WebGpuTarget",
     "load_manifest",
+    "package_path",
     "parse_manifest",
     "prebuilt_env_var",
     "split_symbol",
@@ -87,8 +88,11 @@ def _ident(v: str, what: str) -> str:
     return v
 
 
-def _package_path(v: str) -> str:
-    """A POSIX path relative to the package, normalised, confined to it."""
+def package_path(v: str) -> str:
+    """A POSIX path relative to the package, normalised, confined to it (ValueError otherwise).
+
+    The one lexical confinement check: the manifest's validators use it, and
+    :func:`khal_runtime.verify.artifact_path` before it resolves the path (symlinks)."""
     # (a POSIX path is absolute exactly when it starts with "/")
     if not v or v.startswith("/") or "\\" in v or ":" in v:
         raise ValueError(f"path {v!r} must be relative to the package")
@@ -244,7 +248,7 @@ class WebGpuTarget(_Model):
     @field_validator("path")
     @classmethod
     def _path(cls, v: str) -> str:
-        return _package_path(v)
+        return package_path(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> WebGpuTarget:
@@ -390,7 +394,7 @@ class Artifact(_Model):
     @field_validator("path")
     @classmethod
     def _path(cls, v: str) -> str:
-        return _package_path(v)
+        return package_path(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> Artifact:
@@ -421,7 +425,7 @@ class SourceFile(_Model):
     def _rel(cls, v: str) -> str:
         if v.startswith("<external>/"):
             return v
-        return _package_path(v)
+        return package_path(v)
 
 
 class Prebuilt(_Model):

@@ -44,15 +44,15 @@ import atexit
 import os
 import sys
 import threading
-import traceback
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable
+from typing import Any, Callable
 
 from khal_runtime import abi, backends, interop
 from khal_runtime.capture_state import capturing, current_capture
 from khal_runtime.errors import CudaError, KhalError
 from khal_runtime.hooks import Hooks
 from khal_runtime.hooks import hooks as _hooks
+from khal_runtime.hooks import write_line
 from khal_runtime.uniforms import to_uniform
 
 __all__ = [
@@ -66,7 +66,6 @@ __all__ = [
     "profile",
     "profile_stats",
     "reset_profile",
-    "trace_alloc",
     "trace_line",
 ]
 
@@ -121,39 +120,7 @@ def parse_env(environ: Any = None) -> TraceConfig:
 # ---------------------------------------------------------------------------------------------
 # output
 # ---------------------------------------------------------------------------------------------
-_out_lock = threading.Lock()
-_files: dict[str, IO[str]] = {}
-
-
-def _sink(path: str | None) -> IO[str]:
-    if not path:
-        return sys.stderr
-    f = _files.get(path)
-    if f is None:
-        f = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - kept open, line-buffered
-        _files[path] = f
-    return f
-
-
-def write_line(line: str, path: str | None = None) -> None:
-    """One line to the trace sink (``KHAL_CUDA_TRACE_FILE`` or stderr)."""
-    if path is None:
-        path = os.environ.get("KHAL_CUDA_TRACE_FILE") or None
-    with _out_lock:
-        f = _sink(path)
-        f.write(line + "\n")
-        f.flush()
-
-
-def trace_alloc(nbytes: int, device_id: int) -> None:
-    """``KHAL_CUDA_ALLOC_TRACE``: one line per DeviceBuffer allocation, with its caller."""
-    where = "?"
-    for fr in reversed(traceback.extract_stack()[:-1]):
-        if "khal_runtime" not in fr.filename.replace("\\", "/").split("/")[-2:][0]:
-            where = f"{fr.filename}:{fr.lineno} in {fr.name}"
-            break
-    cap = " INSIDE GRAPH CAPTURE" if capturing() else ""
-    write_line(f"khal: alloc {nbytes} B on device {device_id} at {where}{cap}")
+# write_line: the trace sink, shared with the lower layers (khal_runtime.hooks)
 
 
 # ---------------------------------------------------------------------------------------------

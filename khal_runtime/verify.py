@@ -26,7 +26,7 @@ from khal_runtime import abi
 from khal_runtime.binaries import BinaryFormatError, khal_symbols, read_binary, webgpu_entry_points
 from khal_runtime.errors import ArtifactError, HashMismatchError, KhalError, ManifestError, StaleBuildError
 from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Crate, Entry, Manifest, load_manifest,
-                                   prebuilt_env_var, read_regular_file)
+                                   package_path, prebuilt_env_var, read_regular_file)
 
 __all__ = [
     "MAX_ARTIFACT_BYTES",
@@ -91,10 +91,12 @@ def rebuild_hint(crate: Crate) -> str:
 def artifact_path(package_dir: Path, artifact: Artifact) -> Path:
     """The artifact's file, confined to ``package_dir``; ArtifactError otherwise."""
     rel = artifact.path
+    try:
+        package_path(rel)
+    except ValueError as exc:
+        raise ArtifactError(f"artifact path {rel!r} is not confined to the package ({exc}); "
+                            "rebuild the package") from None
     pure = PurePosixPath(rel)
-    if (not rel or rel.startswith("/") or "\\" in rel or ":" in rel or pure.is_absolute()
-            or any(p in ("..", ".", "") for p in rel.split("/")) or os.path.isabs(rel)):
-        raise ArtifactError(f"artifact path {rel!r} is not confined to the package; rebuild the package")
     root = Path(package_dir).resolve()
     candidate = root.joinpath(*pure.parts)
     try:

@@ -28,6 +28,23 @@ KHAL_ENTRY(fill, 64, (KHAL_STORAGE(uint32_t, out), KHAL_SCALAR(uint32_t, value))
 """
 
 
+HALF_CU = """\
+#include <cuda_fp16.h>
+#include <cooperative_groups.h>
+#include <cub/warp/warp_reduce.cuh>
+#include <cuda/std/cstdint>
+KHAL_ENTRY(halve, 32, (KHAL_STORAGE(__half, x), KHAL_SCALAR(__half, s)))
+{
+    using WR = cub::WarpReduce<float>;
+    __shared__ typename WR::TempStorage tmp;
+    cuda::std::uint64_t i = KHAL_GLOBAL_ID;
+    float v = i < x.len ? __half2float(x[i]) : 0.0f;
+    float total = WR(tmp).Sum(v);
+    if (i < x.len) x[i] = __float2half(__half2float(x[i]) * __half2float(s) + total * 0.0f);
+}
+"""
+
+
 def make_project(
     root: Path,
     *,

@@ -64,6 +64,21 @@ public float twice(float x) { return 2.0 * x; }
 """
 
 
+ENTRY = """\
+[shader("compute")]
+[numthreads(64, 1, 1)]
+void {name}(uint3 t : SV_DispatchThreadID,
+        uniform RWStructuredBuffer<float> o{params})
+{{
+    {body}
+}}
+"""
+
+
+def one_entry(name: str = "f", params: str = "", body: str = "o[t.x] = 1.0;", head: str = "") -> dict[str, str]:
+    return {"k/e.slang": head + ENTRY.format(name=name, params=params, body=body)}
+
+
 def write(root: Path, files: dict[str, str]) -> Path:
     for rel, text in files.items():
         p = root / rel

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -144,6 +145,65 @@ def test_backends_do_not_import_each_other() -> None:
            for a, b in (("cuda", "webgpu"), ("webgpu", "cuda"))
            if m.startswith(f"khal_runtime.backends.{a}") and i.startswith(f"khal_runtime.backends.{b}")]
     assert bad == []
+
+
+def runtime_layers(text: str | None = None) -> dict[str, int]:
+    """``khal_runtime`` module -> layer, read from ARCHITECTURE.md's layer table: ``x`` is one
+    module, ``x/`` a package and its modules, ``x/*`` the modules of package ``x``."""
+    if text is None:
+        text = (ROOT / "ARCHITECTURE.md").read_text("utf-8")
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    runtime = sorted(m for m in MODULES if m.split(".")[0] == "khal_runtime")
+    out: dict[str, int] = {}
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) < 2 or not cells[0].isdigit():
+            continue
+        for name in re.findall(r"`([^`]+)`", cells[1]):
+            if name == "__init__":
+                found = ["khal_runtime"]
+            elif name.endswith("/__init__"):
+                found = ["khal_runtime." + name[: -len("/__init__")].replace("/", ".")]
+            elif name.endswith(("/*", "/")):
+                pkg = "khal_runtime." + name.rstrip("*").rstrip("/").replace("/", ".")
+                found = [m for m in runtime if m == pkg or m.startswith(pkg + ".")]
+            else:
+                found = ["khal_runtime." + name]
+            assert found and all(m in MODULES for m in found), f"ARCHITECTURE.md names `{name}`: no such module"
+            for m in found:
+                assert m not in out or out[m] == int(cells[0]), f"{m} is in two layers of ARCHITECTURE.md"
+                out[m] = int(cells[0])
+    return out
+
+
+def layer_violations(layers: dict[str, int]) -> list[str]:
+    """Every import of a ``khal_runtime`` module (in functions too) of a module of a higher
+    layer, and every runtime module the table leaves out."""
+    bad = [f"{MODULES[m].relative_to(ROOT)} is in no layer of ARCHITECTURE.md"
+           for m in MODULES if m.split(".")[0] == "khal_runtime" and m not in layers]
+    for m, mine in layers.items():
+        for i, line, _ in imports(m):
+            theirs = layers.get(i)
+            if theirs is not None and theirs > mine:
+                bad.append(f"{_where(m, line)}: {m} (layer {mine}) imports {i} (layer {theirs})")
+    return bad
+
+
+def test_each_runtime_module_imports_only_its_layer_or_below() -> None:
+    """ARCHITECTURE.md's layer table, module by module (in-function imports count)."""
+    assert layer_violations(runtime_layers()) == []
+
+
+def test_the_layer_check_catches_an_upward_import() -> None:
+    layers = runtime_layers()
+    assert layers["khal_runtime.errors"] == 0 and layers["khal_runtime.backends.cuda.launch"] == 8
+    assert layers["khal_runtime.interop.torch"] == layers["khal_runtime.interop"] == 2
+    # buffers -> hooks, as if hooks sat above buffers
+    moved = dict(layers, **{"khal_runtime.hooks": layers["khal_runtime.buffers"] + 1})
+    assert any("buffers.py" in b and "imports khal_runtime.hooks" in b for b in layer_violations(moved))
+    # a module the table leaves out
+    assert any("packing.py is in no layer" in b for b in
+               layer_violations({m: n for m, n in layers.items() if m != "khal_runtime.packing"}))
 
 
 #: what the build side may import of the runtime: the shared contract, nothing that runs kernels

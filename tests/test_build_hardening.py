@@ -21,10 +21,9 @@ from khal_runtime.binaries import khal_symbols, read_binary
 from khal_runtime.manifest import parse_manifest
 from khal_runtime.verify import check_sources
 
-from ._projects import COMMON_CUH, OTHER_CU, SCALE_CU, make_project
+from ._build import Recorder, _crates, build, manifest_of
+from ._projects import COMMON_CUH, HALF_CU, OTHER_CU, SCALE_CU, make_project
 from .conftest import ROOT, build_env, run
-from .test_builder import Recorder, _crates, build, manifest_of
-from .test_headers import HALF_CU
 
 
 @pytest.fixture(autouse=True)

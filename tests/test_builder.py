@@ -8,57 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from hatch_khal.builder import PrintReporter, build_packages
-from hatch_khal.cache import Cache
-from hatch_khal.config import parse_config
 from hatch_khal.errors import CompileError, ConfigError, PrebuiltError, SourceError
 from khal_runtime.binaries import khal_symbols, read_binary
-from khal_runtime.manifest import parse_manifest
 
+from ._build import build, manifest_of
 from ._projects import make_project
-
-try:  # Python 3.11+
-    import tomllib
-except ImportError:  # pragma: no cover
-    import tomli as tomllib  # type: ignore[no-redef]
-
-
-class Recorder(PrintReporter):
-    def __init__(self) -> None:
-        super().__init__()
-        self.infos: list[str] = []
-        self.warnings: list[str] = []
-
-    def info(self, message: str) -> None:
-        self.infos.append(message)
-
-    def warn(self, message: str) -> None:
-        self.warnings.append(message)
-
-
-def _crates(root: Path):  # type: ignore[no-untyped-def]
-    data = tomllib.loads((root / "pyproject.toml").read_text())
-    raw = data["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["khal"]
-    return parse_config(raw, default_package="mini_pkg")[1]
-
-
-def build(root: Path, cache_dir: Path | None, **kw):  # type: ignore[no-untyped-def]
-    rep = Recorder()
-    cache = Cache(cache_dir, rep.warn) if cache_dir else Cache(None)
-    result = build_packages(root, _crates(root), rep, cache=cache, **kw)
-    return result, rep
-
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in list(os.environ):
         if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")):
             monkeypatch.delenv(k)
-
-
-def manifest_of(result):  # type: ignore[no-untyped-def]
-    (pkg,) = result.packages
-    return parse_manifest(pkg.files["_khal/manifest.json"]), pkg.files
 
 
 def test_build_produces_hashed_entries_and_valid_artifacts(tmp_path: Path) -> None:

@@ -11,9 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from ._projects import make_project
+from ._projects import HALF_CU, make_project
 from .conftest import build_env
-from .test_headers import HALF_CU
 
 BUILD_SCRIPT = """
 import sys, tomllib

@@ -11,24 +11,8 @@ from hatch_khal import cuda as cuda_lang
 from hatch_khal.errors import CompileError
 from hatch_khal.headers import HeaderSet, header_hint, header_requirements, resolve_headers
 
-from ._projects import make_project
-from .test_builder import build, manifest_of
-
-HALF_CU = """\
-#include <cuda_fp16.h>
-#include <cooperative_groups.h>
-#include <cub/warp/warp_reduce.cuh>
-#include <cuda/std/cstdint>
-KHAL_ENTRY(halve, 32, (KHAL_STORAGE(__half, x), KHAL_SCALAR(__half, s)))
-{
-    using WR = cub::WarpReduce<float>;
-    __shared__ typename WR::TempStorage tmp;
-    cuda::std::uint64_t i = KHAL_GLOBAL_ID;
-    float v = i < x.len ? __half2float(x[i]) : 0.0f;
-    float total = WR(tmp).Sum(v);
-    if (i < x.len) x[i] = __float2half(__half2float(x[i]) * __half2float(s) + total * 0.0f);
-}
-"""
+from ._build import build, manifest_of
+from ._projects import HALF_CU, make_project
 
 ONE_ARCH = 'archs = ["sm_90"]\nptx-arch = "none"\n'
 

@@ -24,9 +24,8 @@ from hatch_khal.compiling import compile_jobs, plan_line
 from hatch_khal.errors import CompileError
 from hatch_khal.model import CompileJob, CompileOutput
 
-from ._projects import make_project
-from .test_builder import Recorder, _crates, build
-from .test_headers import HALF_CU
+from ._build import Recorder, _crates, build
+from ._projects import HALF_CU, make_project
 
 
 class _Stub:

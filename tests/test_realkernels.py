@@ -33,7 +33,7 @@ from khal_runtime.verify import check_manifest, verify_package
 
 from ._projects import make_project
 from .fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storage  # noqa: F401
-from .test_builder import build, manifest_of
+from ._build import build, manifest_of
 
 REAL_PKG = Path(__file__).parent / "real_kernels_pkg"
 
@@ -229,7 +229,7 @@ def real_build(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) ->
     from hatch_khal.cache import Cache
     from hatch_khal.config import parse_config
 
-    from .test_builder import Recorder, tomllib
+    from ._build import Recorder, tomllib
 
     root = tmp_path_factory.mktemp("real") / "proj"
     shutil.copytree(REAL_PKG, root)

@@ -3,67 +3,18 @@ generic path, on CPU with the fake driver (tests/fakecuda.py)."""
 
 from __future__ import annotations
 
-import ctypes
 import struct
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-import tempfile
-from pathlib import Path
-
 from khal_runtime import DeviceBuffer, kernels, memo
-from khal_runtime.device import Stream, _tls
+from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.kernels import Kernel
-from khal_runtime.manifest import Param
+from tests._runtime import P, Tensor, _kernel, _u64
 from tests.fakecuda import FakeDriver, fake, fake_kernels, make_entry, stream  # noqa: F401  (fixture)
-
-
-class P(ctypes.Structure):
-    _fields_ = [("a", ctypes.c_float), ("b", ctypes.c_float)]
-
-
-FIVE = (Param(name="x", kind="storage", shape="slice", element_type="float32", element_size=4, element_align=4),
-        Param(name="y", kind="storage", shape="slice", writable=True, element_type="float32", element_size=4,
-              element_align=4),
-        Param(name="z", kind="storage", shape="array", length=4, element_type="float32", element_size=4,
-              element_align=4),
-        Param(name="p", kind="uniform", element_type="P", element_size=8, element_align=4),
-        Param(name="s", kind="scalar", element_type="float32", element_size=4, element_align=4))
-
-
-def _kernel(fake: FakeDriver) -> tuple[Kernel, Stream]:
-    """Entry ``five`` of a fake package, loaded and planned on device 0, and a borrowed stream
-    whose native handle reads "STREAM"."""
-    ks = fake_kernels(fake, Path(tempfile.mkdtemp(prefix="khal-fast-")), [make_entry("five", FIVE)])
-    k = ks.five
-    k.plan(0)
-    return k, stream()
-
-
-class Tensor:
-    def __init__(self, ptr: int, n: int, contiguous: bool = True, device: int = 0) -> None:
-        self.ptr, self.n, self.contiguous, self.index = ptr, n, contiguous, device
-        self.dtype = "float32"
-        self.is_cuda = device >= 0
-        self.device = SimpleNamespace(type="cuda" if device >= 0 else "cpu", index=device)
-
-    def get_device(self) -> int:
-        return self.index
-
-    def is_contiguous(self) -> bool:
-        return self.contiguous
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-    def numel(self) -> int:
-        return self.n
-
-
-Tensor.__module__ = "torch"
 
 
 def test_generated_call_packs_like_the_abi(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,10 +69,6 @@ def test_generated_call_names_bad_arguments(fake: FakeDriver, monkeypatch: pytes
     with pytest.raises(ValueError, match=">= 0"):
         k(-1, x, x, x, p, 1.0, stream=st)
     assert len(fake.launches) == 1
-
-
-def _u64(launch: dict[str, Any], slot: int) -> int:
-    return struct.unpack("<Q", launch["slots"][slot])[0]
 
 
 def test_prepacked_path_repacks_whatever_changed(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:

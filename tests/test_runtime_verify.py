@@ -25,7 +25,7 @@ from khal_runtime.backends.cuda.loader import (
     ptx_isa_supported,
     select_candidates,
 )
-from khal_runtime.manifest import Artifact, load_manifest, parse_manifest
+from khal_runtime.manifest import Artifact, load_manifest, package_path, parse_manifest
 from khal_runtime.verify import artifact_path, check_package, read_artifact, verify_package
 from tests._synthetic import CRATE, build_package
 
@@ -128,6 +128,17 @@ def test_escaping_artifact_paths_are_rejected(pkg, bad: str) -> None:
     # and the runtime's own check, should a manifest model get built around the validator
     art = Artifact.model_construct(kind="cubin", arch="sm_90", path=bad, sha256="0" * 64, size=1)
     with pytest.raises(ArtifactError, match="confined"):
+        artifact_path(pkg.package_dir, art)
+
+
+def test_the_runtime_check_is_the_manifests_confinement_check(pkg) -> None:
+    """verify.artifact_path runs the manifest's one lexical check (manifest.package_path), then
+    resolves: a path the manifest refuses (here a control character) is refused by both."""
+    bad = "_khal/a\x01b.cubin"
+    with pytest.raises(ValueError, match="control characters"):
+        package_path(bad)
+    art = Artifact.model_construct(kind="cubin", arch="sm_90", path=bad, sha256="0" * 64, size=1)
+    with pytest.raises(ArtifactError, match="not confined.*control characters"):
         artifact_path(pkg.package_dir, art)
 
 

@@ -25,8 +25,8 @@ from khal_runtime.verify import verify_package
 
 from ._projects import SCALE_CU, COMMON_CUH
 from ._slang import MAIN_SLANG, UTIL_SLANG, needs_slang, write
-from .test_builder import Recorder
-from .test_slang_entries import ENTRY, one_entry
+from ._build import Recorder
+from ._slang import ENTRY, one_entry
 
 pytestmark = needs_slang
 

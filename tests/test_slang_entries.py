@@ -9,23 +9,9 @@ from khal_runtime import abi
 from khal_runtime.manifest import Entry
 
 from hatch_khal.errors import CompileError, SourceError
-from tests._slang import compile_files, main_crate, needs_slang
+from tests._slang import ENTRY, compile_files, main_crate, needs_slang, one_entry
 
 pytestmark = needs_slang
-
-ENTRY = """\
-[shader("compute")]
-[numthreads(64, 1, 1)]
-void {name}(uint3 t : SV_DispatchThreadID,
-        uniform RWStructuredBuffer<float> o{params})
-{{
-    {body}
-}}
-"""
-
-
-def one_entry(name: str = "f", params: str = "", body: str = "o[t.x] = 1.0;", head: str = "") -> dict[str, str]:
-    return {"k/e.slang": head + ENTRY.format(name=name, params=params, body=body)}
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 
 from hatch_khal.slang.library import PROTOTYPES, SLANGPY_REQUIREMENT, SlangNotFound, find_slang
 from tests._slang import ROOT, needs_slang, plan, write
-from tests.test_slang_entries import one_entry
+from tests._slang import one_entry
 
 
 def test_missing_slangpy_says_what_to_add() -> None:

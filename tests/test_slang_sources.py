@@ -10,7 +10,7 @@ import pytest
 from hatch_khal.errors import ConfigError, SourceError
 from hatch_khal.slang.sources import collect_slang_sources
 from tests._slang import needs_slang, plan, write
-from tests.test_slang_entries import one_entry
+from tests._slang import one_entry
 
 FILES = {
     "k/a.slang": """\

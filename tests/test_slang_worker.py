@@ -14,7 +14,7 @@ from hatch_khal.errors import CompileError
 from hatch_khal.slang.client import SlangCrashed
 from hatch_khal.slang.worker import CRASH_ENV
 from tests._slang import ROOT, compile_files, needs_slang
-from tests.test_slang_entries import one_entry
+from tests._slang import one_entry
 
 pytestmark = needs_slang
 

@@ -15,54 +15,9 @@ from khal_runtime import DeviceBuffer, interop
 from khal_runtime.backends.cuda.launchgen import PROMOTE_AFTER
 from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentValueError
-from tests.fakecuda import FakeDriver
-from tests.test_runtime_fastcall import P, _kernel, _u64, fake  # noqa: F401  (fixture)
-
-
-class Storage:
-    """What ``untyped_storage()`` returns: the memory a tensor views."""
-
-
-class Tensor:
-    """torch.Tensor as the runtime reads it, with the version counter in-place ops bump and the
-    storage ``.data =`` replaces. ``reads`` counts the reads a full argument read makes."""
-
-    _version = 0  # class attribute, as on torch.Tensor (a descriptor there)
-    reads = 0
-
-    def __init__(self, ptr: int, n: int) -> None:
-        self.ptr, self.n, self._version, self.storage = ptr, n, 0, Storage()
-        self.dtype = "float32"
-        self.is_cuda = True
-
-    def get_device(self) -> int:
-        return 0
-
-    def is_contiguous(self) -> bool:
-        return True
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-    def numel(self) -> int:
-        Tensor.reads += 1
-        return self.n
-
-    def untyped_storage(self) -> Storage:
-        return self.storage
-
-    def is_inference(self) -> bool:
-        return False
-
-    # what torch does to a tensor in place
-    def resize_(self, n: int) -> None:
-        self.n, self._version = n, self._version + 1
-
-    def set_data(self, ptr: int, n: int) -> None:  # ``t.data = other``: the version is kept
-        self.ptr, self.n, self.storage = ptr, n, Storage()
-
-
-Tensor.__module__ = "torch"
+from tests._runtime import P, _kernel, _u64
+from tests._runtime import VersionedTensor as Tensor
+from tests.fakecuda import FakeDriver, fake  # noqa: F401  (fixture)
 
 
 class InferenceTensor(Tensor):

@@ -4,39 +4,47 @@ An :class:`ArrayType` (:mod:`.registry`) says, for one array library, how to rea
 a storage argument (``extract``: device pointer, element count, dtype key), which device its
 memory is on, whether a launch may reuse what it read from the same object (its memo
 policy), what a launch must hold to keep the memory alive, and (for the built-in records) the
-few lines the CUDA launch path inlines for it. The first time the runtime meets a type it
-asks the probes in order; the answer is cached per type, so the hot path is one dict lookup.
+few lines the CUDA launch path inlines for it, how to read its stream objects and name its
+dtype objects. The first time the runtime meets a type it asks the probes in order; the answer
+is cached per type, so the hot path is one dict lookup.
 
 Built in, one module each: :class:`khal_runtime.DeviceBuffer` (registered by
 :mod:`khal_runtime.buffers`), PyTorch (:mod:`.torch`), CuPy (:mod:`.cupy`), anything with
 ``__cuda_array_interface__`` (:mod:`.cai`) and DLPack (:mod:`.dlpack`); host arrays are refused
-with a hint (:mod:`.host`). Teach the runtime another library with :func:`register_array_type`
-(README, "Other array libraries").
+with a hint (:mod:`.host`). Importing this package imports every public module in its folder,
+and each registers itself (:func:`.registry.add_probe`), so a library is one module here. Teach
+the runtime another library from outside with :func:`register_array_type`
+(docs/guide/interop.md, "Another array library").
 """
 
 from __future__ import annotations
 
-from khal_runtime.interop import cai, cupy, dlpack, host, torch
+import importlib
+import os
+from importlib.machinery import all_suffixes
+
 from khal_runtime.interop.registry import (
     MEMO_ARRAY_TYPES,
     STABLE_ARRAY_TYPES,
+    STREAM_READERS,
     VERSIONED_ARRAY_TYPES,
     ArrayType,
     BadArgument,
     Extractor,
-    add_probe,
     array_type,
     device_of,
     extract,
     extractor_for,
     held_memory,
     register_array_type,
+    stream_handle,
     tensor_memo,
 )
 
 __all__ = [
     "MEMO_ARRAY_TYPES",
     "STABLE_ARRAY_TYPES",
+    "STREAM_READERS",
     "VERSIONED_ARRAY_TYPES",
     "ArrayType",
     "BadArgument",
@@ -47,11 +55,33 @@ __all__ = [
     "extractor_for",
     "held_memory",
     "register_array_type",
+    "stream_handle",
     "tensor_memo",
 ]
 
-# the built-in libraries, in probe order (torch and CuPy are recognised by module name, never
-# imported here)
-for _probe in (torch.probe, cupy.probe, cai.probe, host.probe, dlpack.probe, host.probe_sequence):
-    add_probe(_probe)
-del _probe
+
+
+def library_modules() -> list[str]:
+    """The names of this package's public modules (every ``*.py`` here not starting with ``_``;
+    the libraries and the registry), sorted."""
+    suffixes = tuple(all_suffixes())
+    names: set[str] = set()
+    for folder in __path__:
+        try:
+            files = os.listdir(folder)
+        except OSError:  # not a folder (a zip archive): ask pkgutil
+            import pkgutil  # lazy: only for a runtime imported from an archive
+
+            names.update(m.name for m in pkgutil.iter_modules([folder]))
+            continue
+        for f in files:
+            if f.endswith(suffixes):
+                names.add(f.split(".", 1)[0])
+    return sorted(n for n in names if not n.startswith("_") and n.isidentifier())
+
+
+# the built-in libraries: each module registers itself on import (torch and CuPy are recognised
+# by module name, never imported here)
+for _name in library_modules():
+    importlib.import_module(f"{__name__}.{_name}")
+del _name

@@ -9,7 +9,7 @@ from typing import Any, Hashable
 
 from khal_runtime.dtypes import byte_order_problem
 from khal_runtime.errors import ArgumentError, ArgumentValueError
-from khal_runtime.interop.registry import ArrayType, BadArgument
+from khal_runtime.interop.registry import ArrayType, BadArgument, add_probe
 
 __all__ = ["c_contiguous", "native_typestr", "probe"]
 
@@ -104,3 +104,6 @@ def probe(obj: Any) -> ArrayType | None:
     if not hasattr(type(obj), "__cuda_array_interface__"):
         return None
     return ArrayType("__cuda_array_interface__", extract)
+
+
+add_probe(probe, order=30)

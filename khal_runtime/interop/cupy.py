@@ -3,6 +3,8 @@
 ``.data.ptr``, many times cheaper than the interface dict (benchmarks/RESULTS.md). A ``cupy.ndarray``'s
 ``data``, ``size``, ``dtype`` and ``_c_contiguous`` are read-only, set in ``__init__`` (an
 in-place shape change keeps a contiguous array contiguous): its memo policy is "stable".
+``cupy.cuda.Stream`` objects are ``stream=`` arguments through :func:`stream_handle`; CuPy's
+dtypes are NumPy's. It registers itself when :mod:`khal_runtime.interop` imports it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Hashable
 
 from khal_runtime.errors import ArgumentValueError
-from khal_runtime.interop.registry import ArrayType, BadArgument
+from khal_runtime.interop.registry import ArrayType, BadArgument, add_probe
 
 __all__ = ["probe", "stream_handle"]
 
@@ -50,10 +52,10 @@ def probe(obj: Any) -> ArrayType | None:
     try:
         obj._c_contiguous
     except AttributeError:
-        return ArrayType("cupy", extract, device, None, None, None, INLINE)
+        return ArrayType("cupy", extract, device, None, None, None, INLINE, stream_handle)
     if tp.__name__ == "ndarray":
-        return ArrayType("cupy.ndarray", extract_fast, device, "stable", None, None, INLINE_FAST)
-    return ArrayType("cupy.ndarray", extract_fast, device, None, None, None, INLINE_FAST)
+        return ArrayType("cupy.ndarray", extract_fast, device, "stable", None, None, INLINE_FAST, stream_handle)
+    return ArrayType("cupy.ndarray", extract_fast, device, None, None, None, INLINE_FAST, stream_handle)
 
 
 def stream_handle(obj: Any) -> tuple[int, int | None] | None:
@@ -62,3 +64,7 @@ def stream_handle(obj: Any) -> tuple[int, int | None] | None:
         return None
     dev = getattr(obj, "device_id", None)
     return int(obj.ptr), (int(dev) if dev is not None and dev >= 0 else None)
+
+
+# before __cuda_array_interface__, which a CuPy array also has (its attributes are cheaper)
+add_probe(probe, order=20, stream=stream_handle)

@@ -10,7 +10,7 @@ import ctypes
 from typing import Any, Hashable
 
 from khal_runtime.errors import ArgumentError, ArgumentValueError
-from khal_runtime.interop.registry import ArrayType, BadArgument
+from khal_runtime.interop.registry import ArrayType, BadArgument, add_probe
 from khal_runtime.interop.cai import c_contiguous
 
 __all__ = ["probe"]
@@ -73,3 +73,6 @@ def probe(obj: Any) -> ArrayType | None:
     if hasattr(tp, "__dlpack__") and hasattr(tp, "__dlpack_device__"):
         return ArrayType("DLPack", extract)
     return None
+
+
+add_probe(probe, order=50)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Hashable
 
 from khal_runtime.errors import ArgumentError
-from khal_runtime.interop.registry import ArrayType, BadArgument, Extractor
+from khal_runtime.interop.registry import ArrayType, BadArgument, Extractor, add_probe
 
 __all__ = ["probe", "probe_sequence"]
 
@@ -32,3 +32,9 @@ def probe_sequence(obj: Any) -> ArrayType | None:
     if isinstance(obj, (list, tuple)):
         return ArrayType("host", _rejector(type(obj).__name__))
     return None
+
+
+# a NumPy array before DLPack (NumPy arrays have __dlpack__ too, on the host); lists and tuples
+# last
+add_probe(probe, order=40)
+add_probe(probe_sequence, order=60)

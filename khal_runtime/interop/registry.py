@@ -4,13 +4,17 @@ An :class:`ArrayType` says, for one array library, how to read an object as a st
 argument (``extract``: device pointer, element count, dtype key), which device its memory is
 on, whether a launch may reuse what it read from the same object (its memo policy), what a
 launch must hold to keep the memory alive, and (for the built-in records) the few lines the
-CUDA launch path inlines for it. The first time the runtime meets a type it asks the probes
-in order; the answer is cached per type, so the hot path is one dict lookup.
+CUDA launch path inlines for it; and, for a library with its own stream and dtype objects, how
+to read a stream's handle (``stream``) and name a dtype (``dtype_name``). The first time the
+runtime meets a type it asks the probes in order; the answer is cached per type, so the hot
+path is one dict lookup.
 
 Built in: :class:`khal_runtime.DeviceBuffer` (registered by :mod:`khal_runtime.buffers`),
 PyTorch (:mod:`.torch`), CuPy (:mod:`.cupy`), anything with ``__cuda_array_interface__``
-(:mod:`.cai`) and DLPack (:mod:`.dlpack`); host arrays are refused with a hint. Teach the
-runtime another library with :func:`register_array_type`.
+(:mod:`.cai`) and DLPack (:mod:`.dlpack`); host arrays are refused with a hint. Each is one
+module of this package that registers itself (:func:`add_probe`) when the package imports it:
+the package imports every public module in its folder. Teach the runtime another library from
+outside with :func:`register_array_type`.
 """
 
 from __future__ import annotations
@@ -19,27 +23,39 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Literal
 
+from khal_runtime import dtypes
 from khal_runtime.errors import ArgumentError
 
 __all__ = [
     "MEMO_ARRAY_TYPES",
     "add_probe",
     "STABLE_ARRAY_TYPES",
+    "STREAM_READERS",
     "VERSIONED_ARRAY_TYPES",
     "ArrayType",
     "BadArgument",
+    "DtypeNamer",
     "Extractor",
+    "Probe",
+    "StreamReader",
     "array_type",
     "device_of",
     "extract",
     "extractor_for",
     "held_memory",
     "register_array_type",
+    "stream_handle",
     "tensor_memo",
 ]
 
 #: obj -> (device pointer, element count, dtype key); raises :class:`BadArgument`
 Extractor = Callable[[Any], "tuple[int, int, Hashable]"]
+#: obj -> (CUstream handle, device ordinal or None) of one library's stream object; None for
+#: an object that is not one of its streams
+StreamReader = Callable[[Any], "tuple[int, int | None] | None"]
+#: dtype key -> (ABI element type name, itemsize) of one library's dtype object; None for a key
+#: that is not one of its dtypes (:data:`khal_runtime.dtypes.DtypeNamer`)
+DtypeNamer = dtypes.DtypeNamer
 
 
 class BadArgument(Exception):
@@ -71,13 +87,29 @@ class ArrayType:
     #: its index, ``{d}`` the plan's device; set ``p{i}``, ``c{i}``, ``k{i}``; ``raise _Short()``
     #: for anything off the fast path)
     inline: tuple[str, ...] = ()
+    #: the library's stream objects as ``stream=`` arguments: ``(handle, device or None)``
+    stream: StreamReader | None = None
+    #: the library's dtype objects (what ``extract`` returns as the dtype key) named as ABI
+    #: element types: ``(name, itemsize)``
+    dtype_name: DtypeNamer | None = None
 
+
+#: first sight of an object's type: a record for it, or None
+Probe = Callable[[Any], "ArrayType | None"]
 
 _lock = threading.Lock()
 #: type -> its record; read lock-free on the hot path
 _BY_TYPE: dict[type, ArrayType] = {}
-#: first sight of a type: each probe returns a record for it, or None
-_PROBES: list[Callable[[Any], "ArrayType | None"]] = []
+#: (order, probe), asked in order on first sight of a type; replaced, never mutated, so reads
+#: need no lock
+_PROBES: tuple[tuple[int, Probe], ...] = ()
+#: every library's stream reader, in probe order (the built-in libraries first, then those
+#: registered with :func:`register_array_type`); the launch path iterates it directly, and it is
+#: only ever replaced whole (slice assignment), under the lock
+STREAM_READERS: list[StreamReader] = []
+_STREAM_ORDER: list[tuple[int, StreamReader]] = []
+#: the order of a reader given to register_array_type (after every built-in probe)
+_REGISTERED = 1000
 _VERSION: dict[type, Callable[[Any], "tuple[int, Any] | None"]] = {}
 
 #: Array types a launch may remember under the same identity (see ``ArrayType.memo``).
@@ -86,8 +118,19 @@ VERSIONED_ARRAY_TYPES: set[type] = set()
 MEMO_ARRAY_TYPES: set[type] = set()
 
 
+def _add_hooks(stream: StreamReader | None, dtype_name: DtypeNamer | None, order: int = _REGISTERED) -> None:
+    """Under ``_lock``: a library's stream reader and dtype namer (once each)."""
+    if stream is not None and stream not in STREAM_READERS:
+        _STREAM_ORDER.append((order, stream))
+        _STREAM_ORDER.sort(key=lambda op: op[0])
+        STREAM_READERS[:] = [r for _, r in _STREAM_ORDER]
+    if dtype_name is not None:
+        dtypes.add_dtype_namer(dtype_name)
+
+
 def _cache(tp: type, rec: ArrayType) -> None:
     with _lock:
+        _add_hooks(rec.stream, rec.dtype_name)
         _BY_TYPE[tp] = rec
         if rec.memo == "stable":
             STABLE_ARRAY_TYPES.add(tp)
@@ -102,7 +145,8 @@ def register_array_type(tp: type, extract: Extractor, *, device: Callable[[Any],
                         memo: Literal["stable", "versioned"] | None = None,
                         version: Callable[[Any], "tuple[int, Any] | None"] | None = None,
                         storage: Callable[[Any], Any] | None = None, name: str | None = None,
-                        inline: tuple[str, ...] = ()) -> ArrayType:
+                        inline: tuple[str, ...] = (), stream: StreamReader | None = None,
+                        dtype_name: DtypeNamer | None = None) -> ArrayType:
     """Teach the runtime a device-array type.
 
     ``extract(obj)`` returns ``(device pointer, element count, dtype)`` where dtype is a NumPy
@@ -111,24 +155,32 @@ def register_array_type(tp: type, extract: Extractor, *, device: Callable[[Any],
     object it cannot pass. ``device(obj)`` gives the device ordinal when known (the launch then
     refuses an array of another device). ``memo="stable"`` promises that an object's pointer,
     count and dtype never change for its life, so a repeated launch reuses what it read.
+    ``stream(obj)`` gives ``(CUstream handle, device or None)`` for the library's stream
+    objects (None for anything else), so ``stream=`` takes them; ``dtype_name(key)`` gives
+    ``(element type name, itemsize)`` for the library's dtype objects (None for anything else).
     Subclasses of ``tp`` are looked up separately (register them too if they differ)."""
     if memo not in (None, "stable", "versioned"):
         raise ValueError(f"memo must be None, 'stable' or 'versioned', got {memo!r}")
     if memo == "versioned" and version is None:
         raise ValueError("memo='versioned' needs version(obj) -> (version, memory) or None")
     rec = ArrayType(name or f"{tp.__module__}.{tp.__qualname__}", extract, device, memo, version,
-                    storage, tuple(inline))
+                    storage, tuple(inline), stream, dtype_name)
     _cache(tp, rec)
     return rec
 
 
-def add_probe(probe: Callable[[Any], "ArrayType | None"], first: bool = False) -> None:
-    """Internal: a probe asked about types not registered yet (built-in libraries)."""
+def add_probe(probe: Probe, *, order: int, stream: StreamReader | None = None,
+              dtype_name: DtypeNamer | None = None) -> None:
+    """Internal: how a library module of this package registers itself when imported.
+
+    ``probe`` is asked about types not registered yet, lowest ``order`` first (torch 10, CuPy
+    20, ``__cuda_array_interface__`` 30, host arrays 40, DLPack 50, host sequences 60).
+    ``stream`` and ``dtype_name`` are the library's hooks (see :class:`ArrayType`), registered
+    now: a stream or a dtype can come before the first array of the library does."""
+    global _PROBES
     with _lock:
-        if first:
-            _PROBES.insert(0, probe)
-        else:
-            _PROBES.append(probe)
+        _PROBES = tuple(sorted((*_PROBES, (order, probe)), key=lambda op: op[0]))
+        _add_hooks(stream, dtype_name, order)
 
 
 def _not_an_array(obj: Any) -> tuple[int, int, Hashable]:
@@ -147,7 +199,7 @@ def array_type(obj: Any) -> ArrayType:
     rec = _BY_TYPE.get(type(obj))
     if rec is not None:
         return rec
-    for probe in list(_PROBES):
+    for _order, probe in _PROBES:
         rec = probe(obj)
         if rec is not None:
             if rec.name != "host":  # refusals are not cached: the type may be registered later
@@ -176,6 +228,15 @@ def device_of(obj: Any) -> int | None:
         return rec.device(obj)
     except Exception:  # noqa: BLE001  (a look-alike without these attributes)
         return None
+
+
+def stream_handle(obj: Any) -> tuple[int, int | None] | None:
+    """(CUstream handle, device or None) of a stream object of a registered library, else None."""
+    for reader in STREAM_READERS:
+        got = reader(obj)
+        if got is not None:
+            return got
+    return None
 
 
 def tensor_memo(t: Any) -> tuple[int, Any] | None:

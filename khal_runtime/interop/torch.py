@@ -5,7 +5,9 @@ in place (``resize_``, ``set_``, ``t_``, ``.data =``) but not without a sign: ev
 bumps its ``_version`` (under ``no_grad`` and ``inference_mode`` too) and ``.data =`` moves its
 ``data_ptr()``, so its memo policy is "versioned": a repeated launch checks both. A launch holds
 the tensor's storage so that its address cannot be handed to other data while remembered.
-Inference tensors have no version counter and are read on every launch.
+Inference tensors have no version counter and are read on every launch. ``torch.cuda.Stream``
+objects are ``stream=`` arguments, and torch dtypes name ABI element types, through this
+module's hooks. It registers itself when :mod:`khal_runtime.interop` imports it.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from __future__ import annotations
 import sys
 from typing import Any, Hashable
 
-from khal_runtime import capture_state
+from khal_runtime import abi, capture_state
 from khal_runtime.errors import ArgumentError, ArgumentValueError
-from khal_runtime.interop.registry import ArrayType, BadArgument
+from khal_runtime.interop.registry import ArrayType, BadArgument, add_probe
 
-__all__ = ["probe", "stream_handle"]
+__all__ = ["dtype_name", "probe", "stream_handle"]
 
 
 def _bad(t: Any) -> BadArgument:
@@ -66,6 +68,25 @@ INLINE = (
 )
 
 
+_NAMES = {
+    "torch.float32": "float32", "torch.float": "float32", "torch.float64": "float64",
+    "torch.double": "float64", "torch.float16": "float16", "torch.half": "float16",
+    "torch.bfloat16": "bfloat16", "torch.int8": "int8", "torch.int16": "int16",
+    "torch.int32": "int32", "torch.int64": "int64", "torch.uint8": "uint8",
+    "torch.uint16": "uint16", "torch.uint32": "uint32", "torch.uint64": "uint64",
+    "torch.bool": "bool", "torch.complex64": "complex64", "torch.cfloat": "complex64",
+    "torch.complex128": "complex128", "torch.cdouble": "complex128",
+}
+
+
+def dtype_name(key: Any) -> tuple[str, int] | None:
+    """(element type name, itemsize) of a ``torch.dtype``, else None."""
+    if not (type(key).__module__ or "").startswith("torch"):
+        return None
+    name = _NAMES.get(str(key), str(key))
+    return name, int(getattr(key, "itemsize", abi.SCALARS[name].size if name in abi.SCALARS else 0))
+
+
 def probe(obj: Any) -> ArrayType | None:
     tp = type(obj)
     if not (tp.__module__ or "").startswith("torch") or not hasattr(obj, "data_ptr") \
@@ -74,7 +95,7 @@ def probe(obj: Any) -> ArrayType | None:
     versioned = hasattr(tp, "_version") and hasattr(obj, "untyped_storage") and hasattr(obj, "is_inference")
     return ArrayType("torch.Tensor", extract, device, "versioned" if versioned else None,
                      version if versioned else None, storage if hasattr(obj, "untyped_storage") else None,
-                     INLINE)
+                     INLINE, stream_handle, dtype_name)
 
 
 def stream_handle(obj: Any) -> tuple[int, int | None] | None:
@@ -96,3 +117,7 @@ def capturing() -> bool:
 
 # a DeviceBuffer freed by the garbage collector inside torch.cuda.graph waits for it to end
 capture_state.add_foreign_probe(capturing)
+
+
+# first among the probes: a tensor also has __cuda_array_interface__ and __dlpack__
+add_probe(probe, order=10, stream=stream_handle, dtype_name=dtype_name)

@@ -9,8 +9,8 @@ the backend does.
 Early initialisation (``KHAL_EAGER_INIT``)
 ------------------------------------------
 ``cuInit`` and the retain of device 0's primary context are the largest part of a process's
-first launch (257 ms of the 959 ms of import + first launch on the H200, driver 580), and they
-wait on nothing of ours. :func:`prestart` runs them in a background thread. It is called when a
+first launch (figures: benchmarks/RESULTS.md, 2026-11-30, "Figures formerly in code comments"),
+and they wait on nothing of ours. :func:`prestart` runs them in a background thread. It is called when a
 shader package's ``__init__`` imports ``khal_runtime`` (its first line, normally) and again by
 ``khal_runtime.load()`` (for a package that imported the runtime earlier, or a ``load`` by
 path): the driver initialises while the main thread imports what the package imports (numpy,
@@ -38,7 +38,7 @@ modules); the driver would read ``CUDA_VISIBLE_DEVICES`` at the import rather th
 use; and a process that forks after the import would hand its children a CUDA initialised
 before the fork (CUDA does not survive fork). PyTorch and CuPy initialise CUDA lazily for the
 same reasons. A CLI tool or a service whose every process launches kernels gains the overlap
-(about 250 ms on the H200) by setting ``KHAL_EAGER_INIT=1`` (then ``CUDA_VISIBLE_DEVICES``
+(most of ``cuInit`` and the context retain) by setting ``KHAL_EAGER_INIT=1`` (then ``CUDA_VISIBLE_DEVICES``
 empty or ``KHAL_BACKEND=webgpu`` still start nothing; the driver-visible check is skipped). Processes that import ``khal_runtime`` without importing or loading a shader package
 (the build hook, ``verify``, scripts) never start it.
 """

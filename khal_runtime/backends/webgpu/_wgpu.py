@@ -61,9 +61,10 @@ def native() -> tuple[Any, Any] | None:
     (``wgpu.backends.wgpu_native.lib`` / ``.ffi``), or None if this wgpu-py lacks them.
 
     Used only by the per-dispatch recording calls (set_pipeline, set_bind_group,
-    set_immediates, dispatch), where wgpu-py's wrappers cost 6.3 us per dispatch on lavapipe
-    against 1.6 us for the same three C calls (their per-call error capture, and a fresh cffi
-    array for the dynamic offsets of every ``set_bind_group``). Errors of pass commands are
+    set_immediates, dispatch), where wgpu-py's wrappers cost several times what the same C calls
+    cost (their per-call error capture, and a fresh cffi array for the dynamic offsets of every
+    ``set_bind_group``; figures: benchmarks/RESULTS.md, 2026-11-30, "Figures formerly in code
+    comments"). Errors of pass commands are
     reported by wgpu-native when the pass ends or the encoder finishes, both of which go
     through wgpu-py's checked wrappers, so nothing is lost."""
     global _native
@@ -82,10 +83,3 @@ def native() -> tuple[Any, Any] | None:
         except Exception:  # noqa: BLE001  (another wgpu-py layout: use its public methods)
             _native = (None, None)
     return None if _native[0] is None else _native
-
-
-def _reset_for_tests() -> None:
-    global _module, _native
-    with _lock:
-        _module = None
-        _native = None

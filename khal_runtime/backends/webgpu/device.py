@@ -255,10 +255,3 @@ def as_device(device: Any) -> WebGpuDevice:
     if device is None:
         return get_device(0)
     return get_device(int(getattr(device, "device_id", device)))
-
-
-def _reset_for_tests() -> None:
-    global _probe
-    with _lock:
-        _probe = None
-        _devices.clear()

@@ -1,8 +1,8 @@
 """The ordered command stream of one WebGPU device: an open command encoder and compute pass.
 
 WebGPU has one queue per device and submits command buffers. Submitting one per dispatch costs
-~60 us on an H200 (110-170 us on lavapipe) against ~5 us per dispatch recorded into an open
-compute pass, so the stream keeps one encoder and one compute pass open and records every
+an order of magnitude more than recording the dispatch into an open compute pass
+(benchmarks/RESULTS.md, 2026-11-30, "Figures formerly in code comments"), so the stream keeps one encoder and one compute pass open and records every
 dispatch into it; it submits when something needs the results or the queue's order:
 
 * a read-back (:meth:`read_back`: downloads, :meth:`synchronize`),

@@ -1,0 +1,47 @@
+"""Build helpers shared by the build-side tests: run ``build_packages`` on a test project with a
+reporter that records what it says, and read the manifest a build made."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hatch_khal.builder import PrintReporter, build_packages
+from hatch_khal.cache import Cache
+from hatch_khal.config import parse_config
+from khal_runtime.manifest import parse_manifest
+
+try:  # Python 3.11+
+    import tomllib
+except ImportError:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[no-redef]
+
+
+class Recorder(PrintReporter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.infos: list[str] = []
+        self.warnings: list[str] = []
+
+    def info(self, message: str) -> None:
+        self.infos.append(message)
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+def _crates(root: Path):  # type: ignore[no-untyped-def]
+    data = tomllib.loads((root / "pyproject.toml").read_text())
+    raw = data["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["khal"]
+    return parse_config(raw, default_package="mini_pkg")[1]
+
+
+def build(root: Path, cache_dir: Path | None, **kw):  # type: ignore[no-untyped-def]
+    rep = Recorder()
+    cache = Cache(cache_dir, rep.warn) if cache_dir else Cache(None)
+    result = build_packages(root, _crates(root), rep, cache=cache, **kw)
+    return result, rep
+
+
+def manifest_of(result):  # type: ignore[no-untyped-def]
+    (pkg,) = result.packages
+    return parse_manifest(pkg.files["_khal/manifest.json"]), pkg.files
