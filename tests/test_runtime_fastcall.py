@@ -27,7 +27,7 @@ def test_generated_call_packs_like_the_abi(fake: FakeDriver, monkeypatch: pytest
     t = Tensor(0x9000, 50)
     k(300, t, y, z, P(2.0, 3.0), 0.25, stream=st)  # torch-like: learned, then inlined
     k(300, t, y, z, P(2.0, 3.0), 0.25, stream=st)
-    assert "ArrayT0_0" in k._plans[0].call_source and "StructT3_0" in k._plans[0].call_source
+    assert "ArrayT0_0" in k.plan(0).call_source and "StructT3_0" in k.plan(0).call_source
     assert len(fake.launches) == 5
     for l in fake.launches:
         assert l["grid"] == (3, 1, 1) and l["block"] == (128, 1, 1) and l["stream"] == "STREAM"
@@ -88,7 +88,7 @@ def test_prepacked_path_repacks_whatever_changed(fake: FakeDriver, monkeypatch: 
     p.a = 5.0  # same ctypes object, new bytes: the uniform is re-read on the fast path too
     k(300, x, y, z, p, s, stream=st)
     assert _u64(fake.launches[-1], 6) != ptr_p
-    assert _u64(fake.launches[-1], 6) == k._plans[0].uniforms.entries[bytes(p)].ptr
+    assert _u64(fake.launches[-1], 6) == k.plan(0).uniforms.entries[bytes(p)].ptr
     assert fake.launches[-1]["slots"][:6] == fake.launches[0]["slots"][:6]
 
     k(300, Tensor(0x9000, 77), y, z, p, s, stream=st)  # another array type in between
@@ -197,7 +197,7 @@ def test_kernel_call_is_the_generated_code_and_hooks_regenerate_it(fake: FakeDri
 
     k, st = _kernel(fake)
     monkeypatch.setattr(_tls, "dev", 0, raising=False)
-    plan = k._plans[0]
+    plan = k.plan(0)
     assert k.func.__code__.co_filename == "<khal call five>"
     assert "hooks." not in plan.call_source  # no tracing: no hook check on the launch path
     seen: list[Any] = []
@@ -228,7 +228,7 @@ def test_shared_memo_snapshot_is_immutable_and_follows_every_change(fake: FakeDr
 
     k, st = _kernel(fake)
     monkeypatch.setattr(_tls, "dev", 0, raising=False)
-    plan = k._plans[0]
+    plan = k.plan(0)
     x, y, z = (DeviceBuffer(0x1000 * (i + 1), 300 + i, "float32", 0) for i in range(3))
     p = P(2.0, 3.0)
     for _ in range(PROMOTE_AFTER + 1):
@@ -297,7 +297,7 @@ def test_threads_repeating_their_own_arguments_each_launch_their_own(fake: FakeD
         t = launch["grid"][0] - 1
         assert _u64(launch, 0) == 0x10_0000 * (t + 1) and _u64(launch, 4) == 0x10_0000 * (t + 1) + 0x2000
         assert struct.unpack("<f", launch["slots"][7])[0] == float(t)
-    assert sum(snap.a0 is not cuda_launch.NOMEMO for snap in k._plans[0]._shared) == launchgen.SLOTS
+    assert sum(snap.a0 is not cuda_launch.NOMEMO for snap in k.plan(0)._shared) == launchgen.SLOTS
 
 
 def _counting_array_type(module: str, name: str) -> type:
