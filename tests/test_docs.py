@@ -741,7 +741,9 @@ def test_python_block(block: Block, request: pytest.FixtureRequest, monkeypatch:
         if QUICKSTART in uses:
             stack.enter_context(_importable(request.getfixturevalue("quickstart_site"), "my_shaders"))
         # a real module: torch.compile (dynamo) looks the functions' module up in sys.modules
-        module = types.ModuleType("_khal_docs_block")
+        # a name of its own per block: dynamo resolves a compiled function's globals through
+        # the module's name, so two blocks compiling under one name saw each other's module
+        module = types.ModuleType("_khal_docs_block_" + re.sub(r"\W", "_", block.id))
         stack.enter_context(_registered(module))
         ns: dict[str, Any] = module.__dict__
         out = io.StringIO()
