@@ -13,7 +13,7 @@ import operator
 import os
 from typing import Any, Callable, Hashable
 
-from khal_runtime import capture_state, interop
+from khal_runtime import backends, capture_state, interop
 from khal_runtime.device import Device, Stream, as_stream, current_device_id, ensure_current
 from khal_runtime.dtypes import element_type_of_numpy
 from khal_runtime.errors import ArgumentError, ArgumentValueError
@@ -252,7 +252,11 @@ def _release(bk: Any, alloc: Any, device_id: int) -> None:
     ``capture()`` — a temporary, or one the launch memo let go of — must not break it)."""
 
     def now() -> None:
-        ensure_current(device_id)
+        # a buffer of a backend no longer the process's (tests switch backends): no context to
+        # make current, and no Device() of the new one (a buffer collected while the next backend
+        # is being chosen would wait on that choice's lock)
+        if backends.is_current(bk):
+            ensure_current(device_id)
         bk.free(device_id, alloc)
 
     if not capture_state.defer(now):
