@@ -169,7 +169,9 @@ def _choose() -> tuple[Backend, str]:
         b = get(mode)
         st = b.status()
         if not st.usable:
-            raise BackendUnavailableError(f"{BACKEND_ENV}={mode}: {st.reason}")
+            hint = (" An NVIDIA device is visible (/dev/nvidiactl): the NVIDIA driver or "
+                    "cuda-bindings install is probably broken." if mode == "cuda" and _nvidia_visible() else "")
+            raise BackendUnavailableError(f"{BACKEND_ENV}={mode}: {st.reason}{hint}")
         return b, f"{BACKEND_ENV}={mode}"
     cuda = get("cuda")
     cst = cuda.status()
