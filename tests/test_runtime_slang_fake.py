@@ -14,10 +14,11 @@ import pytest
 
 import khal_runtime
 from khal_runtime.buffers import DeviceBuffer
-from khal_runtime.errors import ArgumentError, ArgumentValueError
+from khal_runtime.errors import ArgumentError, ArgumentValueError, HashMismatchError
 from khal_runtime.manifest import Param, StructField, StructLayout
 from khal_runtime.verify import verify_package
 
+from ._slang import needs_slang_or_wheel, stale_slang_package
 from .fakecuda import FakeDriver, fake, fake_kernels, make_entry, storage, uniform  # noqa: F401
 
 #: ``struct P { float a; uint n; float2 w; }`` as CUDA lays it out (what a Slang build records)
@@ -90,3 +91,34 @@ def test_a_schema_1_manifest_still_loads_and_launches(fake: FakeDriver, tmp_path
     ks.fill(300, o)
     (launch,) = [ln for ln in fake.launches if ln["f"] == f"FUNC:{e.symbol}"]
     assert launch["grid"] == (3, 1, 1)  # ceil(300 / 128)
+
+
+@needs_slang_or_wheel
+def test_a_stale_slang_cubin_is_refused_before_loading(fake: FakeDriver, example_wheel: Path,
+                                                       tmp_path: Path) -> None:
+    """The example's Slang cubin for the fake device (sm_90) beside a manifest rebuilt from an
+    edited source: its symbols carry the old hashes: HashMismatchError, and nothing is loaded.
+    (On a GPU: tests/gpu/test_runtime_gpu.py::test_stale_slang_cubin_rejected.)"""
+    pkg = stale_slang_package(example_wheel, tmp_path)
+    assert verify_package(pkg), "verify sees the stale symbols too"
+    ks = khal_runtime.load(pkg)
+    # the whole crate is checked before it loads: the first entry (by name) is named
+    first = ks.manifest.crate("slang").entries[0]
+    with pytest.raises(HashMismatchError, match=rf"entry '{first.name}' \(crate 'slang'\) in "
+                                                rf"_khal/slang/slang\.sm_90\.cubin: the manifest expects hash "
+                                                rf"{first.hash}, the binary has [0-9a-f]{{16}}"):
+        ks.saxpy_shared(16, DeviceBuffer.zeros(16, np.float32), DeviceBuffer.zeros(16, np.float32), 1.0)
+    assert "cuLibraryLoadData" not in fake.names()
+
+
+def test_a_slice_passes_its_own_element_count(fake: FakeDriver, tmp_path: Path) -> None:
+    """What a Slang kernel's GetDimensions returns on CUDA is the count the host passes beside the
+    pointer: a slice's, not its allocation's (the GPU check: tests/test_example_slang.py)."""
+    e = make_entry("shade", (storage("o", writable=True), _slang_uniform()), block=(64, 1, 1))
+    ks = fake_kernels(fake, tmp_path, [e], crate="s", package="slang_slice_pkg", language="slang")
+    big = DeviceBuffer.zeros(1000, np.float32)
+    view = big[64:328]
+    ks.shade(1000, view, {"a": 1.0, "n": 1, "w": (0.0, 0.0)})
+    slots = fake.launches[-1]["slots"]
+    assert struct.unpack("<Q", slots[0])[0] == big.ptr + 64 * 4
+    assert struct.unpack("<Q", slots[1])[0] == 264

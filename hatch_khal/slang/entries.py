@@ -20,7 +20,7 @@ the entry and the parameter. Pure Python: runs in the build process, never loads
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from khal_runtime import abi
 from khal_runtime.manifest import Binding, Param, ScalarSlot, StructField, StructLayout, WebGpuTarget
@@ -251,7 +251,8 @@ def _cuda_only_leaf(t: dict[str, Any] | None, path: str) -> tuple[str, str] | No
     return None
 
 
-def refuse_cuda_only_types(crate: str, entries: list[SlangEntry], locator: Locator, targets: list[str]) -> None:
+def refuse_cuda_only_types(crate: str, entries: Sequence[SlangEntry], locator: Locator,
+                           targets: Sequence[str]) -> None:
     """SourceError naming the file, entry and parameter for a 64-bit scalar (``double``,
     ``int64_t``, ``uint64_t``) in a binding of a crate built for WebGPU: a loose scalar, a storage
     element, or a field of a storage element or uniform struct. They are CUDA-only: WGSL has no
