@@ -37,8 +37,9 @@ SLANG_SCALARS: dict[int, str] = {
     9: "float64", 10: "int8", 11: "uint8", 12: "int16", 13: "uint16", 16: "bfloat16",
 }
 #: ABI scalars WebGPU cannot bind: WGSL has no 64-bit types (naga takes i64/u64 only with the
-#: native-only SHADER_INT64 feature, which the WebGPU backend does not request, and SPIR-V goes
-#: through the same validation), and Slang cannot emit ``double`` to WGSL at all
+#: native-only SHADER_INT64 feature, which the WebGPU backend does not request; on lavapipe both the
+#: WGSL and the SPIR-V module of an int64 scalar or uint64 storage fail create_shader_module), and
+#: Slang cannot emit ``double`` to WGSL at all
 CUDA_ONLY_SCALARS = {"int64": "int64_t", "uint64": "uint64_t", "float64": "double"}
 _STRUCTURED_BUFFER = 0x06
 _ACCESS_READ, _ACCESS_READ_WRITE = 1, 2
