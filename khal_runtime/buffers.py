@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Hashable
 
-from khal_runtime import capture_state, interop
+from khal_runtime import backends, capture_state, interop
 from khal_runtime.device import Device, Stream, as_stream, current_device_id, ensure_current
 from khal_runtime.dtypes import byte_order_problem, element_type_of_numpy
 from khal_runtime.errors import ArgumentError, ArgumentValueError
@@ -250,7 +250,11 @@ def _release(bk: Any, alloc: Any, device_id: int) -> None:
     ``capture()`` — a temporary, or one the launch memo let go of — must not break it)."""
 
     def now() -> None:
-        ensure_current(device_id)
+        # a buffer of a backend no longer the process's (tests switch backends): no context to
+        # make current, and no Device() of the new one (a buffer collected while the next backend
+        # is being chosen would wait on that choice's lock)
+        if backends.is_current(bk):
+            ensure_current(device_id)
         bk.free(device_id, alloc)
 
     if not capture_state.defer(now):

@@ -408,5 +408,7 @@ def load(package: str | os.PathLike[str]) -> KernelSet:
             backends.current()
         except BackendUnavailableError as exc:
             raise BackendUnavailableError(f"package {name!r}: {exc}") from None
+    else:  # auto: the choice, still to come, checks this package has a binary for the backend
+        backends.consider(manifest.package or name, manifest.crates)
     tracing.install_from_env_once()
     return KernelSet(manifest.package or name, pkg_dir, manifest)

@@ -3,6 +3,7 @@ Slang crate as its wheel ships it."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import textwrap
@@ -224,4 +225,36 @@ def _webgpu_package_from_wheel(wheel: Path, root: Path, name: str) -> Path:
                  crates=(crate,))
     (pkg / "_khal" / "manifest.json").write_text(m.to_json())
     (pkg / "__init__.py").write_text("import khal_runtime\n\nkernels = khal_runtime.load(__name__)\n")
+    return pkg
+
+
+def stale_slang_package(wheel: Path, root: Path, name: str = "stale_slang_pkg") -> Path:
+    """The example wheel's Slang crate as it would be after its source was edited and only the
+    manifest was rebuilt: another content hash, so every entry hash and symbol is new, beside the
+    old (stale) cubins and PTX, whose symbols carry the old hashes. CUDA binaries only (the
+    WebGPU files would be stale the same way). Needs no Slang compiler (the GPU machine)."""
+    from khal_runtime import abi
+    from khal_runtime.manifest import SCHEMA_VERSION, Manifest, SpirvStatus, Toolchain
+
+    shipped = shipped_crate(wheel)
+    c = shipped.manifest.crate(EXAMPLE_CRATE)
+    content = hashlib.sha256(b"edited " + c.content_hash.encode()).hexdigest()
+    entries = []
+    for e in c.entries:
+        h = abi.entry_hash(content, e.signature())
+        entries.append(e.model_copy(update={
+            "hash": h, "symbol": abi.symbol_for(e.name, h), "webgpu": None,
+            "indirect_symbol": abi.indirect_symbol_for(e.name, h) if e.indirect_symbol else None}))
+    arts = tuple(a for a in c.artifacts if a.kind in ("cubin", "ptx"))
+    pkg = root / name
+    with zipfile.ZipFile(wheel) as zf:
+        for a in arts:
+            (pkg / a.path).parent.mkdir(parents=True, exist_ok=True)
+            (pkg / a.path).write_bytes(zf.read(f"{EXAMPLE_PACKAGE}/{a.path}"))
+    crate = c.model_copy(update={"content_hash": content, "entries": tuple(entries), "artifacts": arts,
+                                 "spirv": SpirvStatus(status="skipped", reason="KHAL_SKIP_SPIRV is set")})
+    m = Manifest(schema_version=SCHEMA_VERSION, package=name, toolchain=Toolchain(hatch_khal_version="test"),
+                 crates=(crate,))
+    (pkg / "_khal").mkdir(parents=True, exist_ok=True)
+    (pkg / "_khal" / "manifest.json").write_text(m.to_json())
     return pkg

@@ -169,6 +169,19 @@ RUN_ON_WEBGPU = textwrap.dedent("""\
     K.affine(200, B.from_numpy(xs), yy, kk, p, 1.25, -40, 150)  # the CUDA-layout struct, repacked to std140
     want_y, want_k = S.affine(xs, p, 1.25, -40, 150)
     assert np.array_equal(kk.to_numpy(), want_k) and S.matches(yy.to_numpy(), want_y, ulps)
+    # the same struct as a dict of its fields: packed per backend from the manifest's layouts
+    fields = dict(scale=(1.5, -2.0, 0.25, 3.0), shift=(0.5, -0.25, 0.125), bias=0.75, step=3, mask=0x3FF,
+                  taps=(0.1, -0.2))
+    yy2, kk2 = B.from_numpy(np.zeros(200, np.float32)), B.from_numpy(np.zeros(200, np.int32))
+    K.affine(200, B.from_numpy(xs), yy2, kk2, fields, 1.25, -40, 150)
+    assert np.array_equal(kk2.to_numpy(), want_k) and np.array_equal(yy2.to_numpy(), yy.to_numpy())
+
+    # GetDimensions sees the element count of a slice (264 of 1000: 1000 threads, y a view at an
+    # offset of 256 bytes, aligned for WebGPU): nothing outside the slice is written
+    big, ones = B.from_numpy(np.zeros(1000, np.float32)), B.from_numpy(np.ones(1000, np.float32))
+    K.saxpy_shared(1000, big[64:328], ones, 2.0)
+    got = big.to_numpy()
+    assert (got[64:328] == 2.0).all() and not got[:64].any() and not got[328:].any(), np.flatnonzero(got)
 
     parts = R.make_particles(1000, seed=4)
     sim = ex.SimParams(0.01, -9.81, 0.5, 900)
@@ -177,6 +190,9 @@ RUN_ON_WEBGPU = textwrap.dedent("""\
     K.slang_collide_ground(1000, buf, sim)
     want = S.collide_ground(S.integrate(parts, sim), sim)
     assert S.matches(buf.to_numpy(), want, ulps)
+    alive = B.from_numpy(np.zeros(1, np.uint32))
+    K.slang_count_active(1000, buf, sim, alive)  # counts over the first sim.n = 900 only
+    assert int(alive.to_numpy()[0]) == R.count_active(buf.to_numpy(), sim) > 0
     print("OK", khal_runtime.backend_status().backend)
     """)
 
@@ -186,7 +202,9 @@ def test_the_example_slang_kernels_run_from_the_wheel(example_site: Path, tmp_pa
     """Through the public API, one script for both backends, against the NumPy references: on
     WebGPU (lavapipe here, the H200 through Vulkan) from the wheel's WGSL and its manifest's bindings
     and layouts, within WEBGPU_ULPS (drivers may fuse a*b+c; integers exact); on CUDA (the GPU
-    machine) from its cubins / PTX, built with --fmad=false: bit for bit."""
+    machine) from its cubins / PTX, built with --fmad=false: bit for bit. Also: a uniform given as a
+    dict of fields, ``GetDimensions`` of a slice (its count, not the allocation's) and
+    ``slang_count_active``."""
     if backend == "webgpu":
         pytest.importorskip("wgpu")
     env = dict(os.environ, KHAL_BACKEND=backend,

@@ -141,3 +141,39 @@ def test_64_bit_scalars_on_cuda(tmp_path) -> None:  # type: ignore[no-untyped-de
                         targets=("cuda",))
     assert [(p.element_type, p.element_size) for p in out.entries[0].params[1:]] == [
         ("uint64", 8), ("float64", 8), ("int16", 2)]
+
+
+#: 64-bit types in a binding: (parameter, struct declarations, body, what the message names)
+SIXTY_FOUR = {
+    "int64 scalar": ("uniform int64_t v", "", "o[t.x] = float(v);", "parameter 'v': is int64_t"),
+    "uint64 scalar": ("uniform uint64_t v", "", "o[t.x] = float(v);", "parameter 'v': is uint64_t"),
+    "double scalar": ("uniform double v", "", "o[t.x] = float(v);", "parameter 'v': is double"),
+    "uint64 storage": ("uniform StructuredBuffer<uint64_t> v", "", "o[t.x] = float(v[t.x]);",
+                       "parameter 'v': its element type is uint64_t"),
+    "double storage": ("uniform RWStructuredBuffer<double> v", "", "v[t.x] = 2.0;",
+                       "parameter 'v': its element type is double"),
+    "struct storage": ("uniform RWStructuredBuffer<Rec> v", "struct Rec { float a; int64_t k; };\n",
+                       "o[t.x] = float(v[t.x].k);", "parameter 'v': field 'k' is int64_t"),
+    "uniform field": ("uniform ConstantBuffer<P> v", "struct In { double d; };\nstruct P { float a; In inner[2]; };\n",
+                      "o[t.x] = float(v.inner[1].d);", "parameter 'v': field 'inner'.d is double"),
+}
+
+
+@pytest.mark.parametrize("case", list(SIXTY_FOUR))
+def test_64_bit_types_are_cuda_only(tmp_path, case: str) -> None:  # type: ignore[no-untyped-def]
+    """WGSL has no 64-bit types: wgpu rejected the WGSL Slang emits for int64 at pipeline creation
+    (the build shipped it) and Slang failed on double with an internal error. A build for WebGPU
+    refuses them by file, entry and parameter; the CUDA-only build takes them."""
+    param, head, body, names = SIXTY_FOUR[case]
+    files = one_entry(name="wide", params=",\n        " + param, head=head, body=body)
+    line = 5 + head.count("\n")
+    for targets in (("cuda", "wgsl", "spirv"), ("cuda", "spirv"), ("cuda", "wgsl")):
+        with pytest.raises(SourceError) as exc:
+            compile_files(tmp_path, files, targets=targets)
+        msg = str(exc.value)
+        assert msg.startswith(f"k/e.slang:{line}: crate 'demo': entry 'wide' {names}, a 64-bit type WebGPU "
+                              "does not support"), msg
+        assert f"cannot be built for {' / '.join(t.upper() for t in targets if t != 'cuda')};" in msg
+        assert "64-bit types are CUDA-only" in msg and "KHAL_SKIP_SPIRV=1" in msg and "spirv = false" in msg
+    out = compile_files(tmp_path, files, targets=("cuda",))
+    assert out.entries[0].params[1].name == "v" and not out.webgpu_files

@@ -20,7 +20,7 @@ the entry and the parameter. Pure Python: runs in the build process, never loads
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from khal_runtime import abi
 from khal_runtime.manifest import Binding, Param, ScalarSlot, StructField, StructLayout, WebGpuTarget
@@ -28,13 +28,19 @@ from khal_runtime.manifest import Binding, Param, ScalarSlot, StructField, Struc
 from hatch_khal.errors import SourceError
 from hatch_khal.slang.locate import Locator
 
-__all__ = ["SLANG_SCALARS", "SlangEntry", "WEBGPU_WORKGROUP_LIMIT", "entries_from_reflection", "webgpu_target"]
+__all__ = ["CUDA_ONLY_SCALARS", "SLANG_SCALARS", "SlangEntry", "WEBGPU_WORKGROUP_LIMIT", "entries_from_reflection",
+           "refuse_cuda_only_types", "webgpu_target"]
 
 #: SlangScalarType (slang.h) -> ABI scalar name
 SLANG_SCALARS: dict[int, str] = {
     2: "bool", 3: "int32", 4: "uint32", 5: "int64", 6: "uint64", 7: "float16", 8: "float32",
     9: "float64", 10: "int8", 11: "uint8", 12: "int16", 13: "uint16", 16: "bfloat16",
 }
+#: ABI scalars WebGPU cannot bind: WGSL has no 64-bit types (naga takes i64/u64 only with the
+#: native-only SHADER_INT64 feature, which the WebGPU backend does not request; on lavapipe both the
+#: WGSL and the SPIR-V module of an int64 scalar or uint64 storage fail create_shader_module), and
+#: Slang cannot emit ``double`` to WGSL at all
+CUDA_ONLY_SCALARS = {"int64": "int64_t", "uint64": "uint64_t", "float64": "double"}
 _STRUCTURED_BUFFER = 0x06
 _ACCESS_READ, _ACCESS_READ_WRITE = 1, 2
 _STAGE_COMPUTE = 6
@@ -228,6 +234,51 @@ def entries_from_reflection(crate: str, reflected: list[dict[str, Any]], global_
     if dup:
         raise SourceError(f"crate {crate!r}: entry {dup[0]!r} is defined twice")
     return sorted(out, key=lambda x: x.name)
+
+
+def _cuda_only_leaf(t: dict[str, Any] | None, path: str) -> tuple[str, str] | None:
+    """(path, Slang spelling) of the first 64-bit scalar in a reflected type (fields, arrays)."""
+    if t is None:
+        return None
+    if t.get("kind") == "scalar":
+        name = SLANG_SCALARS.get(t.get("scalar", -1), "")
+        return (path, CUDA_ONLY_SCALARS[name]) if name in CUDA_ONLY_SCALARS else None
+    for f in t.get("fields") or ():
+        got = _cuda_only_leaf(f["type"], f"{path}.{f['name']}" if path else f"field {f['name']!r}")
+        if got is not None:
+            return got
+    if t.get("kind") in ("array", "vector", "matrix") and t.get("element"):
+        return _cuda_only_leaf(t["element"], path)
+    return None
+
+
+def refuse_cuda_only_types(crate: str, entries: Sequence[SlangEntry], locator: Locator,
+                           targets: Sequence[str]) -> None:
+    """SourceError naming the file, entry and parameter for a 64-bit scalar (``double``,
+    ``int64_t``, ``uint64_t``) in a binding of a crate built for WebGPU: a loose scalar, a storage
+    element, or a field of a storage element or uniform struct. They are CUDA-only: WGSL has no
+    64-bit types (wgpu rejects the WGSL Slang emits for int64 at pipeline creation, and Slang
+    cannot emit double at all); ``targets``: the WebGPU targets being built (none: nothing to do)."""
+    if not targets:
+        return
+    for e in entries:
+        w = _Where(crate, locator, e.name)
+        for p in e.params:
+            got: tuple[str, str] | None = None
+            if p.kind == "scalar" and p.element_type in CUDA_ONLY_SCALARS:
+                got = ("", CUDA_ONLY_SCALARS[p.element_type])
+            elif p.element_type in CUDA_ONLY_SCALARS:
+                got = ("its element type", CUDA_ONLY_SCALARS[p.element_type])
+            else:
+                got = _cuda_only_leaf(e.cuda_elements.get(p.name), "")
+            if got is None:
+                continue
+            what, spelling = got
+            raise w.error(
+                f"{what + ' is ' if what else 'is '}{spelling}, a 64-bit type WebGPU does not support "
+                f"(WGSL has no 64-bit types), so it cannot be built for {' / '.join(t.upper() for t in targets)}; "
+                "64-bit types are CUDA-only: build this crate for CUDA only (KHAL_SKIP_SPIRV=1, or "
+                "spirv = false in the crate's configuration), or use a 32-bit type", p.name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, SourceE
 from hatch_khal.hashing import crate_content_hash
 from hatch_khal.slang.client import WorkerClient
 from hatch_khal.slang.cuda_abi import CODEGEN_VERSION, build_cuda_unit, nvrtc_options
-from hatch_khal.slang.entries import WEBGPU_WORKGROUP_LIMIT, SlangEntry, entries_from_reflection, webgpu_target
+from hatch_khal.slang.entries import (WEBGPU_WORKGROUP_LIMIT, SlangEntry, entries_from_reflection,
+                                      refuse_cuda_only_types, webgpu_target)
 from hatch_khal.slang.library import SlangNotFound, find_slang
 from hatch_khal.slang.locate import Locator
 from hatch_khal.slang.output import ALL_TARGETS, SlangOutput, SlangPlan, normalize_targets, webgpu_path
@@ -166,6 +167,7 @@ def compile_slang_crate(plan: SlangPlan, targets: Iterable[str] = ALL_TARGETS) -
                 f"crate {plan.crate!r}: no entry point in {', '.join(f.rel for f in plan.files.sources)}; mark "
                 "kernels with [shader(\"compute\")] and [numthreads(X, Y, Z)]"
             )
+        refuse_cuda_only_types(plan.crate, entries, locator, webgpu)
         jobs = [{"entry": e.name, "symbol": e.symbol, "targets": webgpu} for e in entries] if webgpu else []
         second = worker.ask({"webgpu": jobs}, "compiling entries to WGSL / SPIR-V")
     for r in second.get("results", []):

@@ -7,10 +7,14 @@ backend only through this interface and never import a backend package: :func:`g
 one by name, like a plugin, the first time it is needed. That keeps ``import khal_runtime``
 free of cuda-bindings and wgpu, and every import pointing down the layers (ARCHITECTURE.md).
 
-``KHAL_BACKEND`` (read at first use): ``auto`` (default) uses CUDA when it is usable, else
-WebGPU when an adapter exists, printing one line to stderr that says why CUDA was not used
-(and that an NVIDIA device is visible, if one is); ``cuda`` and ``webgpu`` force one, and a
-forced backend that is unusable is a hard error, never a substitute.
+``KHAL_BACKEND`` (read at first use): ``auto`` (default) uses CUDA when it is usable and every
+package loaded so far (:func:`consider`, called by ``khal_runtime.load``) has a CUDA binary for
+the device (a cubin of its arch, or PTX the driver can JIT); else WebGPU when an adapter exists
+and those packages have WebGPU artifacts, printing one line to stderr that says why CUDA was not
+used (and that an NVIDIA device is visible, if one is); ``cuda`` and ``webgpu`` force one, and a
+forced backend that is unusable is a hard error, never a substitute. The choice is made once per
+process, at the first use of the runtime: buffers, streams and loaded crates belong to one
+backend, so a package loaded after it runs on the backend already chosen.
 
 :func:`prestart` (called when a shader package imports the runtime, and by
 ``khal_runtime.load()``) lets the likely backend start its first-use work early, in the
@@ -31,6 +35,7 @@ from khal_runtime.errors import BackendUnavailableError
 
 if TYPE_CHECKING:
     from khal_runtime.device import Device, Stream
+    from khal_runtime.manifest import Crate
 
 __all__ = [
     "BACKEND_ENV",
@@ -40,10 +45,12 @@ __all__ = [
     "backend_mode",
     "backend_status",
     "chosen",
+    "consider",
     "loaded",
     "current",
     "prestart",
     "for_crate",
+    "is_current",
     "get",
     "reset",
 ]
@@ -100,6 +107,10 @@ class Backend(Protocol):
     def fill_zero(self, buf: Any, stream: Stream) -> None: ...
 
     # -- kernels (``crate``: a :class:`khal_runtime.kernels.CrateKernels`) ----------------------
+    def missing_binary(self, crate: Crate, package: str) -> str | None:
+        """Why this backend has nothing to run ``crate`` with on this machine (CUDA: no cubin
+        for the first device's arch and no PTX its driver can JIT; WebGPU: no WGSL / SPIR-V),
+        or None when it has; loads nothing. Asked only of a usable backend."""
     def load_crate(self, crate: Any, device_id: int) -> Any: ...
     def plan(self, kernel: Any, module: Any, device_id: int) -> Any: ...
     def unload(self, module: Any) -> None: ...
@@ -120,6 +131,8 @@ _lock = threading.Lock()
 _loaded: dict[str, Backend] = {}
 _current: Backend | None = None
 _why = ""
+#: (package, crate) of every package loaded under ``auto`` before the choice (:func:`consider`)
+_considered: list[tuple[str, Crate]] = []
 #: where the one line of ``auto``'s fallback goes (tests redirect it)
 _report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -156,28 +169,50 @@ def _choose() -> tuple[Backend, str]:
         b = get(mode)
         st = b.status()
         if not st.usable:
-            raise BackendUnavailableError(f"{BACKEND_ENV}={mode}: {st.reason}")
+            hint = (" An NVIDIA device is visible (/dev/nvidiactl): the NVIDIA driver or "
+                    "cuda-bindings install is probably broken." if mode == "cuda" and _nvidia_visible() else "")
+            raise BackendUnavailableError(f"{BACKEND_ENV}={mode}: {st.reason}{hint}")
         return b, f"{BACKEND_ENV}={mode}"
     cuda = get("cuda")
     cst = cuda.status()
+    missing = None
     if cst.usable:
-        return cuda, "CUDA is usable"
+        missing = next((m for p, c in _considered if (m := cuda.missing_binary(c, p)) is not None), None)
+        if missing is None:
+            return cuda, "CUDA is usable"
     try:
         webgpu = get("webgpu")
         wst = webgpu.status()
     except ImportError as exc:  # pragma: no cover - the package ships with the runtime
         wst = BackendStatus(False, f"the WebGPU backend cannot be imported ({exc})", "webgpu")
+    name = wst.adapter.get("name", "an adapter")
+    kind = wst.adapter.get("adapter_type", "")
+    adapter = f"{name}{', ' + kind if kind else ''}"
+    if missing is not None:
+        # CUDA works, but a loaded package has no binary for the device: WebGPU only where it
+        # can run every loaded package (else CUDA, and that crate's load names the missing binary)
+        if not wst.usable or any(webgpu.missing_binary(c, p) is not None for p, c in _considered):
+            return cuda, f"CUDA is usable (but {missing}, and WebGPU cannot run every loaded package)"
+        _report(f"khal: KHAL_BACKEND=auto: {missing}; using WebGPU ({adapter})")
+        return webgpu, f"{missing}; fell back to WebGPU"
     if not wst.usable:
         raise BackendUnavailableError(
             f"{cst.reason}; and no WebGPU fallback: {wst.reason}")
     hint = (" An NVIDIA device is visible (/dev/nvidiactl): this probably hides a broken CUDA "
             "setup; set KHAL_BACKEND=cuda to see the error.") if _nvidia_visible() else ""
-    name = wst.adapter.get("name", "an adapter")
-    kind = wst.adapter.get("adapter_type", "")
-    line = (f"khal: KHAL_BACKEND=auto: using WebGPU ({name}{', ' + kind if kind else ''}) because "
+    line = (f"khal: KHAL_BACKEND=auto: using WebGPU ({adapter}) because "
             f"CUDA is not usable: {cst.reason}.{hint}")
     _report(line)
     return webgpu, f"CUDA is not usable ({cst.reason}); fell back to WebGPU"
+
+
+def consider(package: str, crates: tuple[Crate, ...]) -> None:
+    """Let ``auto``'s choice, when it is still to be made, check that ``package``'s crates have a
+    binary for the backend it picks (``khal_runtime.load`` calls it; nothing is loaded or
+    initialised here)."""
+    with _lock:
+        if _current is None:
+            _considered.extend((package, c) for c in crates)
 
 
 def prestart() -> None:
@@ -212,8 +247,14 @@ def current() -> Backend:
         with _lock:
             if _current is None:
                 _current, _why = _choose()
+                _considered.clear()
             b = _current
     return b
+
+
+def is_current(backend: Backend) -> bool:
+    """Whether ``backend`` is the one this process chose (no lock: safe in ``__del__``)."""
+    return _current is backend
 
 
 def for_crate(has_webgpu: bool, what: str) -> Backend:
@@ -263,3 +304,4 @@ def reset() -> None:
     with _lock:
         _current = None
         _why = ""
+        _considered.clear()

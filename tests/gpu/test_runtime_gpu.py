@@ -169,6 +169,20 @@ def test_stale_cubin_rejected(tmp_path: Path) -> None:
         ks.fill(4, DeviceBuffer.alloc(4, np.uint32), 1)
 
 
+def test_stale_slang_cubin_rejected(tmp_path: Path, example_wheel: Path) -> None:
+    """A Slang crate's cubin from before its source was edited (the example wheel's cubins beside
+    a manifest with the edited crate's hashes: tests/_slang.py::stale_slang_package): refused
+    with HashMismatchError before it is loaded, as a CUDA C++ crate's is."""
+    require_gpu()
+    from tests._slang import stale_slang_package
+
+    ks = khal_runtime.load(stale_slang_package(example_wheel, tmp_path))
+    first = ks.manifest.crate("slang").entries[0]
+    y, x = DeviceBuffer.from_numpy(np.zeros(16, np.float32)), DeviceBuffer.from_numpy(np.ones(16, np.float32))
+    with pytest.raises(HashMismatchError, match=f"entry '{first.name}'.*expects hash {first.hash}"):
+        ks.saxpy_shared(16, y, x, 1.0)
+
+
 def test_ptx_path(tmp_path: Path) -> None:
     require_gpu()
     cc = Device(0).compute_capability()

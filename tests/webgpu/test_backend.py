@@ -218,6 +218,34 @@ def test_indirect_counts(wdev: Any, stream: Any, threads: bool) -> None:
         assert got[:groups * G].all()
 
 
+@pytest.mark.parametrize("threads", [False, True])
+def test_indirect_counts_above_the_limit_are_clamped_on_the_device(wdev: Any, stream: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   threads: bool) -> None:
+    """The conversion kernel clamps the group count to the device's limit (WebGPU would drop the
+    whole dispatch): with the limit lowered to 3 groups, 10 groups (or 1000 threads, 16 groups)
+    run as 3."""
+    k = plan("hits", wdev)
+    G = k.block[0]
+    monkeypatch.setattr(wdev, "max_groups", 3)
+    h = arr(np.zeros(G * 20, np.uint32), wdev)
+    count = arr(np.array([1000 if threads else 10], np.uint32), wdev)
+    k.dispatch_indirect(count, (h,), threads=threads)
+    got = h.to_numpy()
+    assert int(got.sum()) == 3 * G and got[:3 * G].all() and got.max() == 1
+
+
+def test_an_indirect_count_over_the_real_limit_still_runs(wdev: Any, stream: Any) -> None:
+    """One group over the adapter's max_compute_workgroups_per_dimension: clamped, it runs (the
+    first groups write; unclamped, WebGPU drops the dispatch and nothing is written)."""
+    k = plan("hits", wdev)
+    G = k.block[0]
+    h = arr(np.zeros(G * 2, np.uint32), wdev)
+    count = arr(np.array([wdev.max_groups + 1], np.uint32), wdev)
+    k.dispatch_indirect(count, (h,))
+    np.testing.assert_array_equal(h.to_numpy(), 1)
+
+
 def test_indirect_count_written_by_a_kernel(wdev: Any, stream: Any) -> None:
     # the count comes from device work recorded just before, in the same pass
     k, s = plan("hits", wdev), plan("saxpy", wdev)

@@ -22,7 +22,8 @@ from khal_runtime.backends.cuda.launch import LaunchPlan
 from khal_runtime.backends.cuda.timer import EventTimer
 from khal_runtime.backends.cuda.uniform_cache import cache_for
 from khal_runtime.device import Device, Stream, ensure_current
-from khal_runtime.errors import CudaError
+from khal_runtime.errors import CudaError, NoCompatibleBinaryError, PtxTooNewError
+from khal_runtime.manifest import Crate
 
 __all__ = ["BACKEND", "CudaBackend", "CudaDevice"]
 
@@ -161,6 +162,30 @@ class CudaBackend:
         _drv.check(_drv.driver().cuMemsetD8Async(buf.ptr, 0, buf.nbytes, stream._cu), "cuMemsetD8Async")
 
     # -- kernels -------------------------------------------------------------------------------
+    def missing_binary(self, crate: Crate, package: str) -> str | None:
+        """Why ``crate`` has no binary for device 0 (the arch of its compute capability, the
+        driver's PTX ISA), or None when it has one: the choice of :func:`loader.select_candidates`,
+        asked without creating a context or loading anything."""
+        st = _drv.require_cuda()
+        drv = _drv.driver()
+        dev = _drv.check(drv.cuDeviceGet(0), "cuDeviceGet")
+        attr = drv.CUdevice_attribute
+        cc = (int(_drv.check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+                             "cuDeviceGetAttribute")),
+              int(_drv.check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+                             "cuDeviceGetAttribute")))
+        version = st.driver_version or (0, 0)
+        try:
+            loader.select_candidates(crate, cc, version, package=package)
+        except PtxTooNewError:
+            return (f"no CUDA binary for sm_{cc[0]}{cc[1]} in package {package!r} crate {crate.name!r}: "
+                    f"no cubin for it, and its PTX is newer than the driver (CUDA {version[0]}.{version[1]}) "
+                    f"can JIT (it ships: {loader.describe_shipped(crate)})")
+        except NoCompatibleBinaryError:
+            return (f"no CUDA binary for sm_{cc[0]}{cc[1]} in package {package!r} crate {crate.name!r} "
+                    f"(it ships: {loader.describe_shipped(crate)})")
+        return None
+
     def load_crate(self, crate: Any, device_id: int) -> loader.LoadedModule:
         """Load ``crate`` (a :class:`khal_runtime.kernels.CrateKernels`) on a device; a first
         launch may come inside a graph capture, where loading is allowed in relaxed mode only."""

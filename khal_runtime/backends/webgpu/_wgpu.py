@@ -8,6 +8,7 @@ it; the first thing that needs it calls :func:`wgpu_module`, which raises
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import threading
 from types import ModuleType
@@ -15,9 +16,24 @@ from typing import Any
 
 from khal_runtime.errors import BackendUnavailableError
 
-__all__ = ["INSTALL_HINT", "native", "wgpu_module"]
+__all__ = ["INSTALL_HINT", "MIN_PYTHON", "install_hint", "native", "wgpu_module"]
 
 INSTALL_HINT = "pip install hatch-khal[webgpu] (or pip install wgpu)"
+#: the Python the ``webgpu`` extra installs wgpu-py on (pyproject.toml: ``python_version >= '3.11'``)
+MIN_PYTHON = (3, 11)
+
+
+def install_hint(version: tuple[int, int] | None = None) -> str:
+    """How to get wgpu-py on this Python (``version``, default the running one): the extra, or,
+    below 3.11, where the extra installs nothing (wgpu-py 0.32 requires 3.11), a newer Python."""
+    major, minor = version if version is not None else sys.version_info[:2]
+    if (major, minor) < MIN_PYTHON:
+        return (f"WebGPU needs Python >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]} (this is Python {major}.{minor}: "
+                "the wgpu-py it is tested with, 0.32, requires 3.11, and the [webgpu] extra installs "
+                "nothing here); on "
+                f"Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer install it with {INSTALL_HINT}")
+    return f"install it with {INSTALL_HINT}"
+
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -47,7 +63,7 @@ def wgpu_module() -> ModuleType:
             except ImportError as exc:
                 raise BackendUnavailableError(
                     f"the WebGPU backend needs wgpu-py, which cannot be imported ({exc}); "
-                    f"install it with {INSTALL_HINT}") from None
+                    f"{install_hint()}") from None
             except Exception as exc:  # a broken install: the native library fails to load
                 raise BackendUnavailableError(
                     f"the WebGPU backend needs wgpu-py, which failed to load "

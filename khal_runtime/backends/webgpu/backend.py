@@ -32,6 +32,7 @@ from khal_runtime.device import Device, Stream, as_stream
 from khal_runtime.errors import ArgumentError, BackendUnavailableError, CaptureError, KhalError
 from khal_runtime.graphs import Graph
 from khal_runtime.hooks import hooks
+from khal_runtime.manifest import Crate
 
 __all__ = ["BACKEND", "WebGpuBackend", "WebGpuPlan"]
 
@@ -321,6 +322,15 @@ class WebGpuBackend:
         memory.fill_zero(buf._native.view)
 
     # -- kernels -------------------------------------------------------------------------------
+    def missing_binary(self, crate: Crate, package: str) -> str | None:
+        """Why ``crate`` has no WGSL / SPIR-V to run here, or None when it has."""
+        if crate.language != "slang":
+            return f"package {package!r} crate {crate.name!r} is CUDA C++ (no WebGPU build)"
+        if not crate.has_webgpu:
+            return (f"package {package!r} crate {crate.name!r} was built without its WebGPU stage "
+                    f"({crate.spirv.reason or crate.spirv.status})")
+        return None
+
     def load_crate(self, crate: Any, device_id: int) -> _Module:
         c = crate.crate
         if c.language != "slang" or not c.has_webgpu:
