@@ -19,7 +19,7 @@ from typing import Any
 
 from khal_runtime import backends
 from khal_runtime.capture_state import forbid_in_capture
-from khal_runtime.interop import STREAM_READERS
+from khal_runtime.interop import stream_handle
 
 __all__ = [
     "Device",
@@ -286,10 +286,9 @@ def _foreign_handle(obj: Any) -> tuple[int, int | None]:
     if proto is not None:
         ver_handle = obj.__cuda_stream__()
         return int(ver_handle[1]), None
-    for reader in STREAM_READERS:  # the array libraries' streams (torch, CuPy, registered ones)
-        got = reader(obj)
-        if got is not None:
-            return got
+    got = stream_handle(obj)  # the array libraries' streams (torch, CuPy, registered ones)
+    if got is not None:
+        return got
     for attr in ("handle", "ptr", "cuda_stream"):
         v = getattr(obj, attr, None)
         if isinstance(v, int):

@@ -60,7 +60,6 @@ __all__ = [
 ]
 
 
-
 def library_modules() -> list[str]:
     """The names of this package's public modules (every ``*.py`` here not starting with ``_``;
     the libraries and the registry), sorted."""

@@ -104,7 +104,7 @@ _BY_TYPE: dict[type, ArrayType] = {}
 #: need no lock
 _PROBES: tuple[tuple[int, Probe], ...] = ()
 #: every library's stream reader, in probe order (the built-in libraries first, then those
-#: registered with :func:`register_array_type`); the launch path iterates it directly, and it is
+#: registered with :func:`register_array_type`), read by :func:`stream_handle`; it is
 #: only ever replaced whole (slice assignment), under the lock
 STREAM_READERS: list[StreamReader] = []
 _STREAM_ORDER: list[tuple[int, StreamReader]] = []
