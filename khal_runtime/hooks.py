@@ -21,7 +21,7 @@ import threading
 import weakref
 from typing import IO, Any, Callable, Protocol
 
-__all__ = ["Hooks", "Regenerable", "alloc_trace_on", "hooks", "trace_alloc", "write_line"]
+__all__ = ["FALSE_VALUES", "Hooks", "Regenerable", "alloc_trace_on", "hooks", "trace_alloc", "write_line"]
 
 
 class Regenerable(Protocol):
@@ -89,9 +89,13 @@ def write_line(line: str, path: str | None = None) -> None:
         f.flush()
 
 
+#: the values of a KHAL_CUDA_* switch that mean "off" (anything else is on)
+FALSE_VALUES = ("", "0", "false", "no", "off")
+
+
 def alloc_trace_on() -> bool:
     """Whether ``KHAL_CUDA_ALLOC_TRACE`` asks for a line per allocation (read at each one)."""
-    return os.environ.get("KHAL_CUDA_ALLOC_TRACE", "").strip().lower() not in ("", "0", "false", "no", "off")
+    return os.environ.get("KHAL_CUDA_ALLOC_TRACE", "").strip().lower() not in FALSE_VALUES
 
 
 def trace_alloc(nbytes: int, device_id: int, inside_capture: bool = False) -> None:

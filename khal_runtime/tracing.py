@@ -50,7 +50,7 @@ from typing import Any, Callable
 from khal_runtime import abi, backends, interop
 from khal_runtime.capture_state import capturing, current_capture
 from khal_runtime.errors import CudaError, KhalError
-from khal_runtime.hooks import Hooks
+from khal_runtime.hooks import FALSE_VALUES, Hooks
 from khal_runtime.hooks import hooks as _hooks
 from khal_runtime.hooks import write_line
 from khal_runtime.uniforms import to_uniform
@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 _TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
+_FALSE = FALSE_VALUES
 
 
 @dataclass(frozen=True)
