@@ -30,6 +30,16 @@ __all__ = ["BACKEND", "CudaBackend", "CudaDevice"]
 _LEGACY_HANDLES = (0, 1, 2)  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 
 
+def _compute_capability(handle: Any) -> tuple[int, int]:
+    """(major, minor) of a ``CUdevice``: needs the driver initialised, no context."""
+    drv = _drv.driver()
+    attr = drv.CUdevice_attribute
+    return (int(_drv.check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, handle),
+                           "cuDeviceGetAttribute")),
+            int(_drv.check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, handle),
+                           "cuDeviceGetAttribute")))
+
+
 class CudaDevice:
     """What the generic :class:`~khal_runtime.device.Device` holds on CUDA: the ``CUdevice``
     and its retained primary context (shared with PyTorch / CuPy)."""
@@ -52,8 +62,7 @@ class CudaDevice:
 
     def compute_capability(self) -> tuple[int, int]:
         if self._cc is None:
-            self._cc = (self.attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
-                        self.attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
+            self._cc = _compute_capability(self.handle)
         return self._cc
 
     @property
@@ -167,13 +176,7 @@ class CudaBackend:
         driver's PTX ISA), or None when it has one: the choice of :func:`loader.select_candidates`,
         asked without creating a context or loading anything."""
         st = _drv.require_cuda()
-        drv = _drv.driver()
-        dev = _drv.check(drv.cuDeviceGet(0), "cuDeviceGet")
-        attr = drv.CUdevice_attribute
-        cc = (int(_drv.check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
-                             "cuDeviceGetAttribute")),
-              int(_drv.check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
-                             "cuDeviceGetAttribute")))
+        cc = _compute_capability(_drv.check(_drv.driver().cuDeviceGet(0), "cuDeviceGet"))
         version = st.driver_version or (0, 0)
         try:
             loader.select_candidates(crate, cc, version, package=package)
