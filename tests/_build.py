@@ -45,3 +45,18 @@ def build(root: Path, cache_dir: Path | None, **kw):  # type: ignore[no-untyped-
 def manifest_of(result):  # type: ignore[no-untyped-def]
     (pkg,) = result.packages
     return parse_manifest(pkg.files["_khal/manifest.json"]), pkg.files
+
+
+def worker_children(pid: int) -> list[int]:
+    """The live ``hatch_khal._worker`` processes whose parent is ``pid`` (Linux: read from /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"hatch_khal._worker" in cmd:
+                out.append(int(d.name))
+    return out

@@ -21,7 +21,7 @@ from khal_runtime.binaries import khal_symbols, read_binary
 from khal_runtime.manifest import parse_manifest
 from khal_runtime.verify import check_sources
 
-from ._build import Recorder, _crates, build, manifest_of
+from ._build import Recorder, _crates, build, manifest_of, worker_children
 from ._projects import COMMON_CUH, HALF_CU, OTHER_CU, SCALE_CU, make_project
 from .conftest import ROOT, build_env, run
 
@@ -433,20 +433,6 @@ build_packages(root, crates, quiet, cache=Cache(None), jobs=2)
 """
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-                cmd = (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"hatch_khal._worker" in cmd:
-                out.append(int(d.name))
-    return out
-
-
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -465,7 +451,7 @@ def test_workers_end_when_the_build_is_killed(tmp_path: Path) -> None:
         workers: list[int] = []
         while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
-            workers = _children(proc.pid)
+            workers = worker_children(proc.pid)
         assert len(workers) == 2, "the build did not start two compile workers"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -474,7 +460,7 @@ def test_workers_end_when_the_build_is_killed(tmp_path: Path) -> None:
             time.sleep(0.1)
         left = [w for w in workers if _alive(w)]
     finally:
-        for w in _children(proc.pid):
+        for w in worker_children(proc.pid):
             os.kill(w, signal.SIGKILL)
     for w in left:
         os.kill(w, signal.SIGKILL)

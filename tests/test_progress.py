@@ -24,7 +24,7 @@ from hatch_khal.compiling import compile_jobs, plan_line
 from hatch_khal.errors import CompileError
 from hatch_khal.model import CompileJob, CompileOutput
 
-from ._build import Recorder, _crates, build
+from ._build import Recorder, _crates, build, worker_children
 from ._projects import HALF_CU, make_project
 
 
@@ -149,20 +149,6 @@ def test_first_failure_stops_the_build(stub: _Stub, tmp_path: Path, workers: int
 BROKEN = "KHAL_ENTRY(one, 32, (KHAL_STORAGE(float, y)))\n{\n    int x = ;\n}\n"
 
 
-def _worker_children() -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-                cmd = (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"hatch_khal._worker" in cmd:
-                out.append(int(d.name))
-    return out
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_worker_processes_stop_at_the_first_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A crate with the CUDA headers (worker processes, seconds per arch) and a broken crate: the
@@ -179,7 +165,7 @@ def test_worker_processes_stop_at_the_first_failure(tmp_path: Path, monkeypatch:
         build_packages(root, _crates(root), rep, cache=Cache(cache_dir, rep.warn), jobs=2)
     assert str(exc.value).count("crate 'alpha' failed") == 1
     assert rep.infos[0] == "khal: compiling 2 crate(s) \u00d7 4 target(s) with 2 worker processes"
-    assert _worker_children() == []
+    assert worker_children(os.getpid()) == []
     done = [m for m in rep.infos if "compiled crate 'beta'" in m]
     assert len(done) < 4, rep.infos
     # what finished before the failure is cached whole; the cancelled compiles left nothing
