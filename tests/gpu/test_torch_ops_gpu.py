@@ -82,6 +82,21 @@ def test_eager_ops_match_the_typed_call_and_the_reference(torch: Any, ops: Any, 
     assert torch.equal(x, _cuda(torch, x0))  # read-only storage untouched
 
 
+def _warm_and_capture(torch: Any, fn: Any, *args: Any) -> tuple[Any, Any]:
+    """Warm ``fn`` up on a side stream, as ``torch.cuda.graph`` asks (loads the kernels,
+    compiles), then capture one call: (the graph, what the captured call returned)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn(*args)
+    return g, out
+
+
 def _make_step(ns: Any) -> Any:
     def step(threads: int, x: Any, y: Any, p: Any, z: Any) -> Any:
         ns.saxpy(threads, x, y, p)  # y = a x + y
@@ -147,15 +162,7 @@ def test_cuda_graph_replays_see_inputs_changed_in_place(torch: Any, ops: Any, ns
     if compiled:
         torch._dynamo.reset()
         fn = torch.compile(step, fullgraph=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up, as torch.cuda.graph asks: loads the kernels, compiles
-        for _ in range(2):
-            fn(threads, x, y, p, z)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn(threads, x, y, p, z)
+    g, out = _warm_and_capture(torch, fn, threads, x, y, p, z)
     for round_, a in enumerate((0.5, -3.0, 2.0)):
         x0, y0 = _floats(n, 10 + round_), _floats(n, 20 + round_)
         x.copy_(torch.from_numpy(x0))
@@ -303,15 +310,7 @@ def test_slang_entries_in_a_cuda_graph(torch: Any, ops: Any, kt: Any, example_pk
     x, y = _cuda(torch, _floats(n, 40)), _cuda(torch, _floats(n, 41))
     ay, ak = torch.zeros(n, device="cuda"), torch.zeros(n, dtype=torch.int32, device="cuda")
     p = kt.uniform(affine, _affine_fields(0))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up, as torch.cuda.graph asks: loads the kernels, compiles
-        for _ in range(2):
-            fn(x, y, ay, ak, p)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn(x, y, ay, ak, p)
+    g, out = _warm_and_capture(torch, fn, x, y, ay, ak, p)
     for round_ in range(1, 4):
         x0, y0 = _floats(n, 40 + 2 * round_), _floats(n, 41 + 2 * round_)
         x.copy_(torch.from_numpy(x0))
