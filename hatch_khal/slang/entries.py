@@ -20,7 +20,7 @@ the entry and the parameter. Pure Python: runs in the build process, never loads
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Container, Sequence
 
 from khal_runtime import abi
 from khal_runtime.manifest import Binding, Param, ScalarSlot, StructField, StructLayout, WebGpuTarget
@@ -40,7 +40,7 @@ SLANG_SCALARS: dict[int, str] = {
 #: native-only SHADER_INT64 feature, which the WebGPU backend does not request; on lavapipe both the
 #: WGSL and the SPIR-V module of an int64 scalar or uint64 storage fail create_shader_module), and
 #: Slang cannot emit ``double`` to WGSL at all
-CUDA_ONLY_SCALARS = {"int64": "int64_t", "uint64": "uint64_t", "float64": "double"}
+CUDA_ONLY_SCALARS = frozenset({"int64", "uint64", "float64"})
 _STRUCTURED_BUFFER = 0x06
 _ACCESS_READ, _ACCESS_READ_WRITE = 1, 2
 _STAGE_COMPUTE = 6
@@ -122,22 +122,37 @@ class _Where:
         return SourceError(f"{at}: crate {self.crate!r}: {who}: {message}")
 
 
-def _no_bool(t: dict[str, Any], w: _Where, param: str, path: str) -> None:
-    """bool has no host-shareable layout in WGSL (and differs in size between targets)."""
-    if t.get("kind") == "scalar" and t.get("scalar") == 2:
-        raise w.error(f"{path or 'it'} is a bool, which has no portable layout (1 byte in CUDA, "
-                      "none in WGSL buffers); use uint (0 or 1)", param)
+def _first_scalar(t: dict[str, Any] | None, names: Container[str], path: str = "") -> tuple[str, str] | None:
+    """(where, ABI name) of the first scalar of one of ``names`` in a reflected type, at any depth:
+    ``""`` for the type itself, ``field 'a'.b`` for a field, an array's / vector's element as
+    its container."""
+    if t is None:
+        return None
+    if t.get("kind") == "scalar":
+        name = SLANG_SCALARS.get(t.get("scalar", -1), "")
+        return (path, name) if name in names else None
     for f in t.get("fields") or ():
-        _no_bool(f["type"], w, param, f"field {f['name']!r}" if not path else f"{path}.{f['name']}")
-    if t.get("element") and t.get("kind") == "array":
-        _no_bool(t["element"], w, param, path)
+        got = _first_scalar(f["type"], names, f"{path}.{f['name']}" if path else f"field {f['name']!r}")
+        if got is not None:
+            return got
+    if t.get("kind") in ("array", "vector", "matrix") and t.get("element"):
+        return _first_scalar(t["element"], names, path)
+    return None
+
+
+def _no_bool(t: dict[str, Any], w: _Where, param: str) -> None:
+    """bool has no host-shareable layout in WGSL (and differs in size between targets)."""
+    got = _first_scalar(t, ("bool",))
+    if got is not None:
+        raise w.error(f"{got[0] or 'it'} is a bool, which has no portable layout (1 byte in CUDA, "
+                      "none in WGSL buffers); use uint (0 or 1)", param)
 
 
 def _element(t: dict[str, Any] | None, w: _Where, param: str, what: str) -> tuple[str, int, int]:
     """(element_type, size, align) of a storage element or a uniform struct, CUDA layout."""
     if t is None:
         raise w.error(f"{what} has no element type Slang could lay out; {_USE}", param)
-    _no_bool(t, w, param, "")
+    _no_bool(t, w, param)
     if t["kind"] == "scalar":
         name = SLANG_SCALARS.get(t["scalar"])
         if name is None:
@@ -168,7 +183,7 @@ def _param(p: dict[str, Any], w: _Where) -> tuple[Param, dict[str, Any] | None]:
         return Param(name=name, kind="uniform", element_type=etype, element_size=size, element_align=align,
                      layouts={"cuda": layout}), el
     if kind == "scalar":
-        _no_bool(t, w, name, "")
+        _no_bool(t, w, name)
         scalar_name = SLANG_SCALARS.get(t["scalar"])
         if scalar_name is None:
             raise w.error(f"{t.get('name') or 'this scalar type'} is not an ABI scalar type", name)
@@ -236,22 +251,6 @@ def entries_from_reflection(crate: str, reflected: list[dict[str, Any]], global_
     return sorted(out, key=lambda x: x.name)
 
 
-def _cuda_only_leaf(t: dict[str, Any] | None, path: str) -> tuple[str, str] | None:
-    """(path, Slang spelling) of the first 64-bit scalar in a reflected type (fields, arrays)."""
-    if t is None:
-        return None
-    if t.get("kind") == "scalar":
-        name = SLANG_SCALARS.get(t.get("scalar", -1), "")
-        return (path, CUDA_ONLY_SCALARS[name]) if name in CUDA_ONLY_SCALARS else None
-    for f in t.get("fields") or ():
-        got = _cuda_only_leaf(f["type"], f"{path}.{f['name']}" if path else f"field {f['name']!r}")
-        if got is not None:
-            return got
-    if t.get("kind") in ("array", "vector", "matrix") and t.get("element"):
-        return _cuda_only_leaf(t["element"], path)
-    return None
-
-
 def refuse_cuda_only_types(crate: str, entries: Sequence[SlangEntry], locator: Locator,
                            targets: Sequence[str]) -> None:
     """SourceError naming the file, entry and parameter for a 64-bit scalar (``double``,
@@ -266,14 +265,14 @@ def refuse_cuda_only_types(crate: str, entries: Sequence[SlangEntry], locator: L
         for p in e.params:
             got: tuple[str, str] | None = None
             if p.kind == "scalar" and p.element_type in CUDA_ONLY_SCALARS:
-                got = ("", CUDA_ONLY_SCALARS[p.element_type])
+                got = ("", p.element_type)
             elif p.element_type in CUDA_ONLY_SCALARS:
-                got = ("its element type", CUDA_ONLY_SCALARS[p.element_type])
+                got = ("its element type", p.element_type)
             else:
-                got = _cuda_only_leaf(e.cuda_elements.get(p.name), "")
+                got = _first_scalar(e.cuda_elements.get(p.name), CUDA_ONLY_SCALARS)
             if got is None:
                 continue
-            what, spelling = got
+            what, spelling = got[0], _SPELLING[got[1]]
             raise w.error(
                 f"{what + ' is ' if what else 'is '}{spelling}, a 64-bit type WebGPU does not support "
                 f"(WGSL has no 64-bit types), so it cannot be built for {' / '.join(t.upper() for t in targets)}; "
