@@ -94,6 +94,20 @@ def test_unsupported_parameter_names_file_entry_parameter(tmp_path, param: str, 
         assert w in msg
 
 
+@pytest.mark.parametrize("param, head, body, where", [
+    ("uniform StructuredBuffer<Rec> v", "struct Rec { float a; bool on; };\n", "o[t.x] = v[t.x].a;", "field 'on'"),
+    ("uniform ConstantBuffer<P> v", "struct In { bool on; };\nstruct P { float a; In inner[2]; };\n",
+     "o[t.x] = v.a;", "field 'inner'.on"),
+])
+def test_a_bool_inside_a_struct_is_refused_by_its_path(tmp_path, param: str, head: str, body: str,  # type: ignore[no-untyped-def]
+                                                       where: str) -> None:
+    files = one_entry(name="flags", params=",\n        " + param, head=head, body=body)
+    with pytest.raises(SourceError) as exc:
+        compile_files(tmp_path, files)
+    msg = str(exc.value)
+    assert f"crate 'demo': entry 'flags' parameter 'v': {where} is a bool" in msg and "use uint" in msg, msg
+
+
 def test_global_binding_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SourceError) as exc:
         compile_files(tmp_path, one_entry(head="RWStructuredBuffer<float> gbuf;\n", body="o[t.x] = gbuf[t.x];"))
