@@ -55,6 +55,9 @@ class ShaderVar:
     leaves: tuple[Leaf, ...] = ()
     #: uniform / scalar block: bytes its fields cover (the end of the last one)
     end: int = 0
+    #: uniform / scalar block: its struct's size where the language defines one (WGSL's layout
+    #: rules: the end rounded up to the struct's alignment); None in SPIR-V (no struct size there)
+    size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,9 @@ _INT = re.compile(r"^(?:[iu]32\()?\s*(\d+)[iu]?\s*\)?$")
 
 def _split_top(body: str) -> list[str]:
     """``body`` split on the commas outside ``<...>`` and ``(...)``."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in body:
         if ch in "<(":
             depth += 1
@@ -269,7 +274,8 @@ def read_wgsl(text: str, source: str = "WGSL") -> ShaderFacts:
             leaves: list[Leaf] = []
             w.leaves(t, 0, (), leaves)
             end = max((lf.offset + _SIZES[lf.type] for lf in leaves), default=0)
-            out.append(ShaderVar(param, group, binding, "uniform", leaves=tuple(leaves), end=end))
+            out.append(ShaderVar(param, group, binding, "uniform", leaves=tuple(leaves), end=end,
+                                 size=w.layout(t)[0]))
         else:
             raise w.error(f"variable {m.group(3)!r} in address space {m.group(2)!r}")
     return ShaderFacts(tuple(out))

@@ -147,12 +147,20 @@ def check_manifest(manifest: Manifest) -> list[Problem]:
     for crate in manifest.crates:
         for e in crate.entries:
             want = abi.entry_hash(crate.content_hash, e.signature())
+            if want != e.hash and any(p.layouts for p in e.params) and \
+                    abi.entry_hash(crate.content_hash, e.signature(layouts=False)) == e.hash:
+                # built before the uniforms' CUDA layouts were hashed: it loads as it did then (its
+                # hash is not the one a build with the layouts would give, so an edit of a newer
+                # manifest never passes this way); its WebGPU layouts are still checked at use
+                continue
             if want != e.hash:
                 problems.append(Problem(
                     "manifest", crate.name,
                     f"entry {e.name!r} (crate {crate.name!r}): the manifest records hash {e.hash}, but "
                     f"the entry's own signature and its crate's content hash give {want}: the manifest "
-                    "was edited after the build; rebuild the package",
+                    "was edited after the build (the hash covers the entry's name, block size and launch "
+                    "shape, and its parameters' names, kinds, element types, shapes, lengths, writability "
+                    "and uniforms' CUDA layouts); rebuild the package",
                     ManifestError, None, e.name, e.hash, want))
     return problems
 
@@ -332,7 +340,8 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
     field = f"webgpu.{target.target}"
     want: dict[str | None, tuple[int | None, int | None, str]] = {
         b.param: (b.group, b.binding, b.access) for b in target.bindings}
-    if target.scalars == "push_constants":
+    if target.scalars == "push_constants" and None in facts:
+        # (a shader that reads none of its scalars declares no push constants: the slots are unused)
         want[None] = (None, None, "push_constants")
     for name in sorted(set(want) | set(facts), key=lambda n: (n is not None, n or "")):
         v = facts.get(name)
@@ -371,9 +380,9 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
                 out.append(problem(f"params.{name}.layouts.{target.target}",
                                    f"fields {sorted('.'.join(c) for c in {lf.chain for lf in mine})}",
                                    f"fields {sorted('.'.join(c) for c in {lf.chain for lf in v.leaves})}"))
-            elif layout.size < v.end:
+            elif layout.size < v.end or v.size is not None and layout.size != v.size:
                 out.append(problem(f"params.{name}.layouts.{target.target}.size", f"{layout.size} bytes",
-                                   f"fields up to byte {v.end}"))
+                                   f"a {v.size}-byte struct" if v.size is not None else f"fields up to byte {v.end}"))
     block = facts.get(None)
     if block is not None:
         slots = {s.param: (s.offset, s.size) for s in target.scalar_slots}
@@ -389,11 +398,12 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
                 t = next(lf.type for lf in block.leaves if lf.chain == (name,))
                 out.append(problem(f"{field}.scalar_slots (parameter {name!r})",
                                    f"a {params[name].element_type} slot", f"a {t}"))
-        if not out and target.scalar_block_size < block.end:
+        if not out and (target.scalar_block_size < block.end or
+                        block.size is not None and target.scalar_block_size != block.size):
             out.append(problem(f"{field}.scalar_block_size", f"{target.scalar_block_size} bytes",
-                               f"scalars up to byte {block.end}"))
-    elif target.scalar_slots:
-        out.append(problem(f"{field}.scalar_slots", f"{len(target.scalar_slots)} slot(s)", "no scalar block"))
+                               f"a {block.size}-byte block" if block.size is not None else f"scalars up to byte {block.end}"))
+    elif target.scalars == "uniform":
+        out.append(problem(f"{field}.scalars", "a uniform block", "no scalar block"))
     return out
 
 
