@@ -30,12 +30,18 @@ __all__ = ["Leaf", "ShaderFacts", "ShaderVar", "read_shader", "read_spirv", "rea
 
 
 class Leaf(NamedTuple):
-    """One scalar of a struct: the chain of field names leading to it (array and vector indices
-    left out), its byte offset from the struct's start, its ABI scalar type."""
+    """One scalar of a struct: its path (field names, and the indices of the arrays, vectors and
+    matrix columns on the way: ``("arr", 1)``, ``("v", 2)``), its byte offset from the struct's
+    start, its ABI scalar type."""
 
-    chain: tuple[str, ...]
+    path: tuple[str | int, ...]
     offset: int
     type: str
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        """The field names of its path (what a rename would change)."""
+        return tuple(x for x in self.path if isinstance(x, str))
 
 
 @dataclass(frozen=True)
@@ -200,7 +206,7 @@ class _Wgsl:
         size, align = self.layout(element)
         return -(-size // align) * align
 
-    def leaves(self, t: str, base: int, chain: tuple[str, ...], out: list[Leaf], depth: int = 0) -> None:
+    def leaves(self, t: str, base: int, chain: tuple[str | int, ...], out: list[Leaf], depth: int = 0) -> None:
         if depth > 32:
             raise self.error("types nested too deep")
         t = t.strip()
@@ -215,13 +221,13 @@ class _Wgsl:
         if m:
             s = self.layout(m.group(2))[0]
             for i in range(int(m.group(1))):
-                self.leaves(m.group(2), base + i * s, chain, out, depth + 1)
+                self.leaves(m.group(2), base + i * s, chain + (i,), out, depth + 1)
             return
         m = re.fullmatch(r"mat([234])x([234])\s*<\s*(\w+)\s*>", t)
         if m:
             col = f"vec{m.group(2)}<{m.group(3)}>"
             for i in range(int(m.group(1))):
-                self.leaves(col, base + i * self.stride(col), chain, out, depth + 1)
+                self.leaves(col, base + i * self.stride(col), chain + (i,), out, depth + 1)
             return
         arr = self._array(t)
         if arr is not None:
@@ -229,7 +235,7 @@ class _Wgsl:
                 raise self.error(f"a runtime-sized array inside a uniform ({t!r})")
             s = self.stride(arr[0])
             for i in range(arr[1]):
-                self.leaves(arr[0], base + i * s, chain, out, depth + 1)
+                self.leaves(arr[0], base + i * s, chain + (i,), out, depth + 1)
             return
         members, _, _ = self.struct(t)
         wrapper = t.startswith("_Array_") and len(members) == 1 and _SUFFIX.sub("", members[0].name) == "data"
@@ -368,7 +374,7 @@ class _Spirv:
             return "bool", 4
         return None
 
-    def leaves(self, tid: int, base: int, chain: tuple[str, ...], out: list[Leaf], depth: int = 0,
+    def leaves(self, tid: int, base: int, chain: tuple[str | int, ...], out: list[Leaf], depth: int = 0,
                matrix_stride: int | None = None) -> None:
         if depth > 32:
             raise self.error("types nested too deep")
@@ -383,19 +389,19 @@ class _Spirv:
             if es is None:
                 raise self.error(f"vector %{tid} of a non-scalar")
             for i in range(t[2]):
-                out.append(Leaf(chain, base + i * es[1], es[0]))
+                out.append(Leaf(chain + (i,), base + i * es[1], es[0]))
         elif op == _OP_TYPE_MATRIX:
             if matrix_stride is None:
                 raise self.error(f"matrix %{tid} without a MatrixStride")
             for i in range(t[2]):
-                self.leaves(t[1], base + i * matrix_stride, chain, out, depth + 1)
+                self.leaves(t[1], base + i * matrix_stride, chain + (i,), out, depth + 1)
         elif op == _OP_TYPE_ARRAY:
             n = self.constants.get(t[2])
             if n is None:
                 raise self.error(f"array %{tid} of a length that is not a constant")
             stride = self.decoration(tid, _DEC_ARRAY_STRIDE)
             for i in range(n):
-                self.leaves(t[1], base + i * stride, chain, out, depth + 1, matrix_stride)
+                self.leaves(t[1], base + i * stride, chain + (i,), out, depth + 1, matrix_stride)
         elif op == _OP_TYPE_STRUCT:
             members = t[1:]
             wrapper = self.names.get(tid, "").startswith("_Array_") and len(members) == 1 and \

@@ -294,16 +294,24 @@ def _struct_leaves(layout: StructLayout) -> list[Leaf]:
     """Every scalar of a manifest struct layout as a :class:`~khal_runtime.shaders.Leaf`."""
     out: list[Leaf] = []
 
-    def walk(fields: Iterable[Any], base: int, chain: tuple[str, ...]) -> None:
+    def walk(fields: Iterable[Any], base: int, chain: tuple[str | int, ...]) -> None:
         for f in fields:
             for idx in itertools.product(*(range(n) for n in f.shape)):
                 off = base + f.offset + sum(i * st for i, st in zip(idx, f.strides))
                 if f.type == "struct":
-                    walk(f.fields or (), off, chain + (f.name,))
+                    walk(f.fields or (), off, chain + (f.name, *idx))
                 else:
-                    out.append(Leaf(chain + (f.name,), off, f.type))
+                    out.append(Leaf(chain + (f.name, *idx), off, f.type))
 
     walk(layout.fields, 0, ())
+    return out
+
+
+def _path(leaf: Leaf) -> str:
+    """``arr[1]``, ``inner.q[0]``: a leaf's path as C spells it."""
+    out = ""
+    for x in leaf.path:
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else x)
     return out
 
 
@@ -369,13 +377,16 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
                 continue
             have = set(v.leaves)
             mine = _struct_leaves(layout)
-            wrong = next((lf for lf in mine if lf not in have), None)
+            # a std140 array of scalars pads each element to a vec4 in WGSL: the element is its
+            # first component (path + (0,)); anything else must sit where the artifact has it
+            wrong = next((lf for lf in mine if lf not in have and
+                          Leaf((*lf.path, 0), lf.offset, lf.type) not in have), None)
             chains = {lf.chain for lf in v.leaves} ^ {lf.chain for lf in mine}
             if wrong is not None:
-                there = sorted({lf.offset for lf in v.leaves if lf.chain == wrong.chain})
+                there = [lf for lf in v.leaves if lf.path in (wrong.path, (*wrong.path, 0))]
                 out.append(problem(f"params.{name}.layouts.{target.target}",
-                                   f"field {'.'.join(wrong.chain)!r} ({wrong.type}) at byte {wrong.offset}",
-                                   f"it at byte(s) {there[:8]}" if there else "no such field"))
+                                   f"field {_path(wrong)!r} ({wrong.type}) at byte {wrong.offset}",
+                                   f"it at byte {there[0].offset} ({there[0].type})" if there else "no such field"))
             elif chains:
                 out.append(problem(f"params.{name}.layouts.{target.target}",
                                    f"fields {sorted('.'.join(c) for c in {lf.chain for lf in mine})}",
