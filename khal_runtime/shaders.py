@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
 from khal_runtime.binaries import BinaryFormatError
@@ -44,8 +43,7 @@ class Leaf(NamedTuple):
         return tuple(x for x in self.path if isinstance(x, str))
 
 
-@dataclass(frozen=True)
-class ShaderVar:
+class ShaderVar(NamedTuple):
     """One module-scope resource variable of an entry's shader."""
 
     #: the parameter it holds; None: the entry's block of loose scalars
@@ -66,8 +64,10 @@ class ShaderVar:
     size: int | None = None
 
 
-@dataclass(frozen=True)
-class ShaderFacts:
+class ShaderFacts(NamedTuple):
+    """(NamedTuples, not dataclasses: a frozen dataclass costs milliseconds to define, and this
+    module is imported on a WebGPU process's first launch)"""
+
     vars: tuple[ShaderVar, ...]
 
     def by_param(self) -> dict[str | None, ShaderVar]:

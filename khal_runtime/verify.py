@@ -21,14 +21,16 @@ import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from khal_runtime import abi
 from khal_runtime.binaries import BinaryFormatError, khal_symbols, read_binary, webgpu_entry_points
 from khal_runtime.errors import ArtifactError, HashMismatchError, KhalError, ManifestError, StaleBuildError
 from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Crate, Entry, Manifest, Param, StructLayout,
                                    WebGpuTarget, load_manifest, package_path, prebuilt_env_var, read_regular_file)
-from khal_runtime.shaders import Leaf, read_shader
+
+if TYPE_CHECKING:
+    from khal_runtime.shaders import Leaf
 
 __all__ = [
     "MAX_ARTIFACT_BYTES",
@@ -186,6 +188,14 @@ def check_symbols(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem
                                 f"artifact {artifact.path!r} is {what}_{info.arch}, the manifest says "
                                 f"{artifact.arch}: a binary of another arch is in its place; "
                                 f"{rebuild_hint(crate)}", ArtifactError, artifact.path))
+    elif info.kind == "ptx" and artifact.ptx_isa is not None and info.ptx_isa is not None and \
+            info.ptx_isa != artifact.ptx_isa:
+        # the loader picks PTX by this version (can the driver JIT it?): it must be the file's own
+        problems.append(Problem("layout", crate.name,
+                                f"crate {crate.name!r}: the manifest says {artifact.path} is PTX ISA "
+                                f"{artifact.ptx_isa} (artifacts.ptx_isa), the file says .version "
+                                f"{info.ptx_isa}: the manifest was edited after the build; {rebuild_hint(crate)}",
+                                ManifestError, artifact.path))
     found = khal_symbols(info)
     functions = set(info.functions)
     probes = dict(info.globals_u64)
@@ -292,6 +302,8 @@ _SCALAR_SIZES = {name: t.size for name, t in abi.SCALARS.items()}
 
 def _struct_leaves(layout: StructLayout) -> list[Leaf]:
     """Every scalar of a manifest struct layout as a :class:`~khal_runtime.shaders.Leaf`."""
+    from khal_runtime.shaders import Leaf  # lazy: see webgpu_layout_problems
+
     out: list[Leaf] = []
 
     def walk(fields: Iterable[Any], base: int, chain: tuple[str | int, ...]) -> None:
@@ -329,6 +341,10 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
     WGSL / SPIR-V ``data`` itself declares (:mod:`khal_runtime.shaders`): the entry hash cannot
     cover these (they are known only after the entry point is named with it), so an edit of any
     of them is caught here, before the shader is bound. Empty: they agree."""
+    # lazy: the readers (their regular expressions, ~1 ms to import) are for WebGPU artifacts
+    # only; a CUDA process importing this module never needs them
+    from khal_runtime.shaders import Leaf, read_shader
+
     path = target.path
     kind = {"wgsl": "WGSL", "spirv": "SPIR-V"}.get(target.target, target.target)
     try:

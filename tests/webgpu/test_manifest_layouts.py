@@ -255,6 +255,19 @@ def test_a_cuda_layout_edit_fails_verify_and_the_cuda_load_check(built: Path, tm
         assert _named(got, field), (art.path, [p.message for p in got])
 
 
+def test_an_edited_ptx_isa_fails_verify(built: Path, tmp_path: Path) -> None:
+    """The CUDA loader picks PTX by its recorded ISA version (whether the driver can JIT it)."""
+    d = tmp_path / PKG
+    shutil.copytree(built, d)
+    path = d / "_khal" / "manifest.json"
+    m = json.loads(path.read_text())
+    (ptx,) = [a for a in m["crates"][0]["artifacts"] if a["kind"] == "ptx"]
+    ptx["ptx_isa"] = "7.0"
+    path.write_text(json.dumps(m))
+    problems = [p for p in verify_package(d, sources=False) if p.error is ManifestError]
+    assert problems and "artifacts.ptx_isa" in problems[0].message and "rebuild" in problems[0].message
+
+
 def test_the_verify_command_names_the_field(built: Path, tmp_path: Path) -> None:
     d = edited(built, tmp_path, swap_scalar_offsets("wgsl"))
     r = subprocess.run([sys.executable, "-m", "hatch_khal", "verify", str(d)], capture_output=True, text=True,
