@@ -395,14 +395,25 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
             mine = _struct_leaves(layout)
             # a std140 array of scalars pads each element to a vec4 in WGSL: the element is its
             # first component (path + (0,)); anything else must sit where the artifact has it
-            wrong = next((lf for lf in mine if lf not in have and
-                          Leaf((*lf.path, 0), lf.offset, lf.type) not in have), None)
+            wrong = next((lf for lf in mine if lf not in have and not (
+                isinstance(lf.path[-1], int) and Leaf((*lf.path, 0), lf.offset, lf.type) in have)), None)
             chains = {lf.chain for lf in v.leaves} ^ {lf.chain for lf in mine}
+            cuda = (p.layouts or {}).get("cuda")
+            # the same fields, shapes and types as the CUDA layout, which the entry hash covers
+            # (what repacking a C struct for this target relies on)
+            other = None if cuda is None or target.target == "cuda" else \
+                {(lf.path, lf.type) for lf in _struct_leaves(cuda)} ^ {(lf.path, lf.type) for lf in mine}
             if wrong is not None:
                 there = [lf for lf in v.leaves if lf.path in (wrong.path, (*wrong.path, 0))]
                 out.append(problem(f"params.{name}.layouts.{target.target}",
                                    f"field {_path(wrong)!r} ({wrong.type}) at byte {wrong.offset}",
                                    f"it at byte {there[0].offset} ({there[0].type})" if there else "no such field"))
+            elif other:
+                first = min(other, key=lambda x: str(x))
+                out.append(problem(f"params.{name}.layouts.{target.target}",
+                                   f"a layout whose fields differ from its CUDA layout's (at "
+                                   f"{_path(Leaf(first[0], 0, first[1]))!r}, {first[1]})",
+                                   "the fields the entry hash covers in the CUDA layout"))
             elif chains:
                 out.append(problem(f"params.{name}.layouts.{target.target}",
                                    f"fields {sorted('.'.join(c) for c in {lf.chain for lf in mine})}",
