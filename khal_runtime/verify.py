@@ -401,7 +401,7 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
             cuda = (p.layouts or {}).get("cuda")
             # the same fields, shapes and types as the CUDA layout, which the entry hash covers
             # (what repacking a C struct for this target relies on)
-            other = None if cuda is None or target.target == "cuda" else \
+            other = None if cuda is None else \
                 {(lf.path, lf.type) for lf in _struct_leaves(cuda)} ^ {(lf.path, lf.type) for lf in mine}
             if wrong is not None:
                 there = [lf for lf in v.leaves if lf.path in (wrong.path, (*wrong.path, 0))]
