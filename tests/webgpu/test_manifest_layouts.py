@@ -348,3 +348,60 @@ def test_a_webgpu_layout_edit_is_refused_at_load(built: Path, tmp_path: Path, we
     msg = str(info.value)
     assert "entry 'mix'" in msg and field in msg and "rebuild the package" in msg, msg
     assert not o.to_numpy().any()  # nothing ran
+
+
+# ------------------------------------------------------------------------------ the readers alone
+def test_the_wgsl_reader_follows_the_layout_rules() -> None:
+    from khal_runtime.shaders import read_wgsl
+
+    text = """
+    // a comment with var<uniform> nothing : u32;
+    struct In_0 { @align(8) q_0 : vec2<f32>, k_0 : array<u32, i32(3)>, };
+    struct Big_std140_0 { a_0 : f32, @size(12) b_0 : f32, m_0 : mat2x3<f32>, i_0 : In_0, };
+    @group(1) @binding(2) var<uniform> entryPointParams_big_0 : Big_std140_0;
+    @binding(0) @group(0) var<storage, read_write> entryPointParams_hits_0 : array<atomic<u32>>;
+    @binding(1) @group(0) var<storage, read> entryPointParams_els_0 : array<In_0>;
+    """
+    facts = read_wgsl(text).by_param()
+    big = facts["big"]
+    assert (big.group, big.binding, big.access) == (1, 2, "uniform")
+    at = {(lf.path, lf.offset) for lf in big.leaves}
+    # a 0, b 4 (@size 12), m 16 (mat2x3: two vec3 columns, stride 16), i 48 (align 8): q 48, k 56
+    assert {(("a",), 0), (("b",), 4), (("m", 0, 0), 16), (("m", 1, 2), 40), (("i", "q", 1), 52),
+            (("i", "k", 2), 64)} <= at
+    assert big.size == 80 and big.end == 68
+    assert facts["hits"].stride == 4 and facts["hits"].access == "read_write"
+    assert facts["els"].stride == 24 and facts["els"].access == "read"
+
+
+def test_unreadable_shaders_are_artifact_errors() -> None:
+    from khal_runtime.binaries import BinaryFormatError
+    from khal_runtime.shaders import read_shader
+
+    for data, kind in ((b"\x03\x02\x23\x07" * 3, "spirv"), (b"\xff\xfe", "wgsl"),
+                       (b"@group(0) @binding(0) var<uniform> entryPointParams_p_0 : Missing_0;", "wgsl"),
+                       (b"@group(0) @binding(0) var<storage, read> stranger : array<f32>;", "wgsl")):
+        with pytest.raises(BinaryFormatError):
+            read_shader(data, kind)
+
+
+def test_a_tampered_wgsl_with_its_sha256_updated_is_refused(built: Path, tmp_path: Path) -> None:
+    """Bindings swapped in the WGSL itself (the manifest's sha256 and size updated to match): the
+    manifest no longer describes the shader, so verify says so."""
+    import hashlib
+
+    d = tmp_path / PKG
+    shutil.copytree(built, d)
+    path = d / "_khal" / "manifest.json"
+    m = json.loads(path.read_text())
+    (art,) = [a for a in m["crates"][0]["artifacts"] if a["kind"] == "wgsl"]
+    f = d / art["path"]
+    text = f.read_text()
+    text = text.replace("@binding(2) @group(0) var<storage, read> entryPointParams_x_0",
+                        "@binding(9) @group(0) var<storage, read> entryPointParams_x_0")
+    assert "@binding(9)" in text
+    f.write_text(text)
+    art["sha256"], art["size"] = hashlib.sha256(text.encode()).hexdigest(), len(text.encode())
+    path.write_text(json.dumps(m))
+    problems = verify_package(d, sources=False)
+    assert _named(problems, "webgpu.wgsl.bindings (parameter 'x')"), [p.message for p in problems]
