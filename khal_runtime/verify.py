@@ -9,7 +9,12 @@ build side (``python -m hatch_khal verify``). Checks:
 * every artifact path is relative, normalised and stays inside the package
   (also after resolving symlinks), is a regular file, and has the manifest's size and sha256;
 * every entry symbol in every PTX/cubin carries the manifest's entry hash, and each binary is
-  for the arch the manifest says; every WGSL / SPIR-V entry point carries its entry's hash;
+  for the arch (and a PTX for the ISA version) the manifest says; every WGSL / SPIR-V entry
+  point carries its entry's hash;
+* what the entry hash cannot cover is re-derived from the artifacts: every parameter's element
+  size and alignment from the binary's ``khal_sizeof`` / ``khal_alignof`` probes; a WebGPU
+  target's bindings, loose-scalar block and slots, storage strides and uniform layouts from its
+  WGSL / SPIR-V (:func:`webgpu_layout_problems`). An edit is a ManifestError naming the field;
 * for editable installs, the crate sources still have the hashes they were built from (read
   only inside the recorded project root, which must hold the package).
 """
