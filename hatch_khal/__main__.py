@@ -167,7 +167,7 @@ def _verify(target: str) -> int:
         print(f"verify: {bad} problem(s) found", file=sys.stderr)
         return 1
     print(f"verify: OK ({checked} artifact(s) in {len(dirs)} package(s): sha256 and entry hashes (symbols, "
-          "WGSL / SPIR-V entry points) match)")
+          "WGSL / SPIR-V entry points), WebGPU bindings and layouts, element sizes match)")
     return 0
 
 

@@ -40,7 +40,7 @@ from hatch_khal.slang.entries import SlangEntry
 __all__ = ["CODEGEN_VERSION", "DEFAULT_NVRTC_OPTIONS", "CudaUnit", "build_cuda_unit", "nvrtc_options"]
 
 #: Bumped whenever the generated code changes: part of every Slang crate's content hash.
-CODEGEN_VERSION = 1
+CODEGEN_VERSION = 2  # 2: entry hashes cover the uniforms' CUDA layouts
 #: NVRTC options every Slang unit gets: C++17, the warnings Slang's prelude causes (#1444, #222; #177
 #: for its unused half-precision surface templates) silenced, and
 #: no FMA contraction (Vulkan / WebGPU need not fuse ``a*x+y``: CUDA then agrees bit for bit).
