@@ -50,8 +50,9 @@ HATCH_RESERVED_KEYS = frozenset(
 #: Source suffix -> language; any other suffix (``.cu``, a wildcard) is CUDA C++.
 LANGUAGE_SUFFIXES = {".slang": "slang"}
 
-_CRATE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
-_DEFINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: matched whole (re.fullmatch): a "$" would accept a trailing newline
+_CRATE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_DEFINE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 #: khal-builder's rule (upper-case, '-' to '_'); one definition, in the shared ABI module.
 env_var_for_crate = prebuilt_env_var
@@ -148,7 +149,7 @@ class _CommonOptions(_Strict):
     @classmethod
     def _defines(cls, v: dict[str, str | int]) -> dict[str, str]:
         for k in v:
-            if not _DEFINE.match(k):
+            if not _DEFINE.fullmatch(k):
                 raise ValueError(f"define name {k!r} is not a C identifier")
         return {k: str(val) for k, val in v.items()}
 
@@ -170,7 +171,7 @@ class CrateConfig(_CommonOptions):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _CRATE_NAME.match(v):
+        if not _CRATE_NAME.fullmatch(v):
             raise ValueError(f"crate name {v!r} must start with a letter and use only letters, digits, '-' and '_'")
         return v
 

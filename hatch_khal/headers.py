@@ -189,9 +189,9 @@ _PROVIDERS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^(cuda_|cooperative_groups|vector_|device_|sm_\d+|builtin_types|host_defines|"
                 r"channel_descriptor|driver_|surface_|texture_|math_|mma\.h|cuComplex)"), "nvidia-cuda-runtime"),
 ]
-_STD = re.compile(r"^(c?std\w*|stdint\.h|stddef\.h|stdio\.h|stdlib\.h|math\.h|string\.h|assert\.h|limits|type_traits|"
+_STD = re.compile(r"(c?std\w*|stdint\.h|stddef\.h|stdio\.h|stdlib\.h|math\.h|string\.h|assert\.h|limits|type_traits|"
                   r"utility|algorithm|array|vector|string|iostream|cmath|cassert|climits|cstring|cstdio|iterator|memory|"
-                  r"tuple|functional|numeric|new|initializer_list)(\.h)?$")
+                  r"tuple|functional|numeric|new|initializer_list)(\.h)?")  # fullmatch
 
 #: headers of the full CUDA toolkit that no PyPI wheel ships (so no 'cuda-headers' = "wheels" build
 #: has them), with what they provide and what to write instead under NVRTC
@@ -227,7 +227,7 @@ def header_hint(header: str, mode: str, nvrtc_major: int | None = None) -> str:
                 return (f"<{header}> comes from the {pkg} wheel, but option 'cuda-headers' is \"none\"; "
                         "set it to \"wheels\" (the default) or \"system\"")
             return f"<{header}> should be in the toolkit under CUDA_HOME/CUDA_PATH (option 'cuda-headers' = \"system\")"
-    if _STD.match(header):
+    if _STD.fullmatch(header):
         return (f"<{header}> is a host C/C++ standard header, which NVRTC does not have; khal.h defines "
                 "intN_t/uintN_t, libdevice provides the math functions, and <cuda/std/...> (nvidia-cuda-cccl) "
                 "has device versions of much of the standard library")
