@@ -208,3 +208,94 @@ def test_setuptools_refuses_a_package_alias_before_compiling(tmp_path: Path) -> 
                                          r"'mini_pkg' through a symlink"):
         cmd.run()
     assert not (tmp_path / "build_lib").exists()
+
+
+# -- (2) a configuration the build would not read is an error, not a wheel without kernels ----------
+
+_SETUPTOOLS_PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=70", "hatch-khal"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "mini-pkg"
+version = "0.1.0"
+
+[{table}]
+archs = ["sm_90"]
+
+[[{table}.crates]]
+name = "alpha"
+sources = ["kernels/alpha/*.cu"]
+"""
+
+_SETUPTOOLS_BUILD = """\
+import os, sys
+from setuptools import build_meta
+os.makedirs("dist", exist_ok=True)
+try:
+    getattr(build_meta, sys.argv[1])("dist")
+except BaseException as exc:
+    print("FAILED:", type(exc).__name__, exc)
+else:
+    print("BUILT")
+"""
+
+
+@pytest.mark.parametrize("table", ["tool.hatch.build.targets.wheel.hooks.khal", "tool.hatch.build.hooks.khal",
+                                   "tool.hatch.build.targets.sdist.hooks.khal"])
+@pytest.mark.parametrize("hook", ["build_wheel", "build_sdist", "build_editable"])
+def test_setuptools_build_with_only_a_hatch_table_is_refused(tmp_path: Path, table: str, hook: str) -> None:
+    proj = tmp_path / "proj"
+    (proj / "mini_pkg").mkdir(parents=True)
+    (proj / "mini_pkg" / "__init__.py").write_text("")
+    (proj / "pyproject.toml").write_text(_SETUPTOOLS_PYPROJECT.format(table=table))
+    out = run([sys.executable, "-c", _SETUPTOOLS_BUILD, hook], cwd=proj, env=_env(tmp_path)).stdout
+    assert "FAILED:" in out, out
+    assert f"has [{table}] but no [tool.khal], and this is a setuptools build" in out
+    assert "name the table [tool.khal]" in out
+    assert not list((proj / "dist").iterdir())
+
+
+def test_pip_wheel_setuptools_with_only_the_hatch_table_fails(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    (proj / "mini_pkg").mkdir(parents=True)
+    (proj / "mini_pkg" / "__init__.py").write_text("")
+    (proj / "pyproject.toml").write_text(_SETUPTOOLS_PYPROJECT.format(table="tool.hatch.build.targets.wheel.hooks.khal"))
+    proc = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w",
+                str(tmp_path / "dist"), str(proj)], env=_env(tmp_path), check=False)
+    assert proc.returncode != 0
+    assert "but no [tool.khal], and this is a setuptools build" in proc.stdout + proc.stderr
+    assert not list(tmp_path.glob("dist/*.whl"))
+
+
+def test_hatchling_hook_table_for_every_target_is_refused_in_the_wheel_too(tmp_path: Path) -> None:
+    """[tool.hatch.build.hooks.khal] built the wheel and failed only the sdist (python -m build failed
+    where pip wheel passed): refused in both, before anything is compiled, naming the wheel's table."""
+    proj = make_project(tmp_path / "proj")
+    text = (proj / "pyproject.toml").read_text().replace("tool.hatch.build.targets.wheel.hooks.khal",
+                                                          "tool.hatch.build.hooks.khal")
+    (proj / "pyproject.toml").write_text(text)
+    for cmd in (["wheel", "--no-build-isolation", "--no-deps", "-w", str(tmp_path / "dist")],):
+        proc = run([sys.executable, "-m", "pip", *cmd, str(proj)], env=_env(tmp_path), check=False)
+        assert proc.returncode != 0, proc.stdout
+        out = proc.stdout + proc.stderr
+        assert "is configured in [tool.hatch.build.hooks.khal], which applies to every target" in out, out[-3000:]
+        assert "name the table [tool.hatch.build.targets.wheel.hooks.khal]" in out
+    out = run([sys.executable, "-c", "import hatchling.build as b, os; os.makedirs('d'); b.build_sdist('d')"],
+              cwd=proj, env=_env(tmp_path), check=False)
+    assert out.returncode != 0 and "is configured in [tool.hatch.build.hooks.khal]" in out.stderr
+    assert not (proj / "mini_pkg" / "_khal").exists()
+
+
+def test_no_manifest_at_import_names_the_tables(tmp_path: Path) -> None:
+    """A hatchling project with [tool.khal] only: hatchling never imports hatch-khal (its plugins load
+    only for a hook table), so the first word comes at import: it names the tables."""
+    from khal_runtime.errors import ManifestError
+    from khal_runtime.manifest import load_manifest
+
+    with pytest.raises(ManifestError) as info:
+        load_manifest(tmp_path / "_khal" / "manifest.json")
+    msg = str(info.value)
+    assert "no khal manifest" in msg and "[tool.hatch.build.targets.wheel.hooks.khal]" in msg
+    assert "(not [tool.khal]" in msg and "setuptools' [tool.khal]" in msg
