@@ -17,6 +17,7 @@ from khal_runtime.abi import parse_arch, split_symbol
 from khal_runtime.manifest import parse_manifest
 
 from ._projects import make_project
+from ._slang import needs_slang
 from .conftest import ROOT, build_env, run
 
 
@@ -299,3 +300,80 @@ def test_no_manifest_at_import_names_the_tables(tmp_path: Path) -> None:
     msg = str(info.value)
     assert "no khal manifest" in msg and "[tool.hatch.build.targets.wheel.hooks.khal]" in msg
     assert "(not [tool.khal]" in msg and "setuptools' [tool.khal]" in msg
+
+
+# -- (3) and (15) Slang: a compute entry without [numthreads]; vertex / fragment entries beside compute ones --
+
+_SLANG_ENTRY = """\
+[shader("compute")]
+{numthreads}
+void f(uint3 t : SV_DispatchThreadID, uniform RWStructuredBuffer<float> o) {{ o[t.x] = 1.0; }}
+"""
+
+_GRAPHICS = """\
+struct VOut { float4 pos : SV_Position; };
+
+[shader("vertex")]
+VOut vmain(uint vid : SV_VertexID) { VOut o; o.pos = float4(0, 0, 0, 1); return o; }
+
+[shader("fragment")]
+float4 fmain() : SV_Target { return float4(1, 0, 0, 1); }
+"""
+
+
+@needs_slang
+@pytest.mark.parametrize("numthreads", ["", "// [numthreads(64, 1, 1)]", "/* [numthreads(8, 1, 1)] */"],
+                         ids=["none", "in-a-line-comment", "in-a-block-comment"])
+def test_slang_compute_entry_without_numthreads_names_file_and_line(tmp_path: Path, numthreads: str) -> None:
+    from hatch_khal.errors import SourceError
+
+    from ._slang import compile_files
+
+    with pytest.raises(SourceError) as info:
+        compile_files(tmp_path, {"k/e.slang": _SLANG_ENTRY.format(numthreads=numthreads)}, targets=("cuda",))
+    assert str(info.value).startswith("k/e.slang:3: crate 'demo': entry 'f': has no [numthreads(X, Y, Z)] attribute")
+    assert "add [numthreads(64, 1, 1)]" in str(info.value)
+
+
+@needs_slang
+def test_slang_numthreads_of_one_written_out_builds(tmp_path: Path) -> None:
+    from ._slang import compile_files
+
+    out = compile_files(tmp_path, {"k/e.slang": _SLANG_ENTRY.format(numthreads="[numthreads(1, 1, 1)]")},
+                        targets=("cuda",))
+    assert [(e.name, e.block_size) for e in out.entries] == [("f", (1, 1, 1))]
+
+
+@needs_slang
+@pytest.mark.parametrize("crash", [False, True], ids=["fails", "crashes"])
+def test_slang_vertex_and_fragment_entries_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     crash: bool) -> None:
+    """Slang's CUDA compile fails (an internal error) on them, or could crash: either way the build
+    names the entries that are not compute ones, where they are, and what to do."""
+    from hatch_khal.errors import SourceError
+    from hatch_khal.slang.worker import CRASH_ENV
+
+    from ._slang import compile_files
+
+    if crash:
+        monkeypatch.setenv(CRASH_ENV, "cuda")
+    source = _SLANG_ENTRY.format(numthreads="[numthreads(64, 1, 1)]") + _GRAPHICS
+    with pytest.raises(SourceError) as info:
+        compile_files(tmp_path, {"k/e.slang": source}, targets=("cuda",))
+    msg = str(info.value)
+    assert msg.startswith("k/e.slang:7: crate 'demo': entries 'vmain' ([shader(\"vertex\")] at k/e.slang:7), "
+                          "'fmain' ([shader(\"fragment\")] at k/e.slang:10) are not compute entries"), msg
+    assert "(its compute entries: 'f')" in msg and "move them to a .slang file that is not one of the crate's" in msg
+
+
+@needs_slang
+def test_slang_crash_without_graphics_entries_stays_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hatch_khal.slang.client import SlangCrashed
+    from hatch_khal.slang.worker import CRASH_ENV
+
+    from ._slang import compile_files
+
+    monkeypatch.setenv(CRASH_ENV, "cuda")
+    with pytest.raises(SlangCrashed):
+        compile_files(tmp_path, {"k/e.slang": _SLANG_ENTRY.format(numthreads="[numthreads(64, 1, 1)]")},
+                      targets=("cuda",))
