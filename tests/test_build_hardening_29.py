@@ -377,3 +377,59 @@ def test_slang_crash_without_graphics_entries_stays_a_crash(tmp_path: Path, monk
     with pytest.raises(SlangCrashed):
         compile_files(tmp_path, {"k/e.slang": _SLANG_ENTRY.format(numthreads="[numthreads(64, 1, 1)]")},
                       targets=("cuda",))
+
+
+# -- (11) PTX is read without its comments ----------------------------------------------------------
+
+_PTX_HEAD = b".version 8.0\n.target sm_90\n.address_size 64\n"
+
+
+@pytest.mark.parametrize("ptx, functions", [
+    (_PTX_HEAD + b"/*\n.visible .entry k_khal_0123456789abcdef(\n)\n{ ret; }\n*/\n", ()),
+    (_PTX_HEAD + b"// .visible .entry k_khal_0123456789abcdef(\n", ()),
+    (_PTX_HEAD + b"/* a */ .visible .entry k_khal_0123456789abcdef(\n)\n{ ret; }\n", ("k_khal_0123456789abcdef",)),
+    (_PTX_HEAD + b'.file 1 "/src//k/*.cu"\n.visible .entry k_khal_0123456789abcdef(\n)\n{ ret; }\n',
+     ("k_khal_0123456789abcdef",)),
+], ids=["entry-in-block-comment", "entry-in-line-comment", "entry-after-comment", "comment-marks-in-a-string"])
+def test_ptx_entries_in_comments_are_not_entries(ptx: bytes, functions: tuple[str, ...]) -> None:
+    from khal_runtime.binaries import scan_ptx
+
+    assert scan_ptx(ptx).functions == functions
+
+
+@pytest.mark.parametrize("ptx", [
+    b".version 8.0\n// .target sm_90\n.address_size 64\n",
+    b"/* .version 8.0 */\n.target sm_90\n",
+    b".version 8.0\n/*\n.target sm_90\n*/\n.target sm_80 // the real one is sm_80\n",
+], ids=["target-in-comment", "version-in-comment", "real-target-after-a-commented-one"])
+def test_ptx_directives_in_comments_are_not_read(ptx: bytes) -> None:
+    from khal_runtime.binaries import BinaryFormatError, scan_ptx
+
+    if b"sm_80" in ptx:
+        assert scan_ptx(ptx).arch == 80
+        return
+    with pytest.raises(BinaryFormatError, match="outside comments"):
+        scan_ptx(ptx)
+
+
+def test_prebuilt_ptx_whose_entry_is_only_in_a_comment_is_refused(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled PTX of crate alpha with its kernel's .entry moved into a comment (and the kernel
+    turned into a .func): the build took it, and the launch failed with CUDA_ERROR_NOT_FOUND."""
+    from hatch_khal.errors import PrebuiltError
+
+    from ._build import build
+
+    root = make_project(tmp_path / "p", hook='archs = ["sm_90"]\nptx-arch = "compute_90"\n')
+    result, _ = build(root, tmp_path / "cache")
+    (pkg,) = result.packages
+    ptx = pkg.files["_khal/alpha/alpha.compute_90.ptx"]
+    m = re.search(rb"\.visible \.entry (scale_khal_[0-9a-f]{16})\(", ptx)
+    assert m is not None
+    hidden = ptx.replace(m.group(0), b"/*\n" + m.group(0) + b"\n*/\n.visible .func " + m.group(1) + b"(", 1)
+    pre = tmp_path / "alpha.ptx"
+    pre.write_bytes(hidden)
+    monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_ALPHA", str(pre))
+    with pytest.raises(PrebuiltError, match=rf"crate 'alpha': prebuilt ptx alpha.ptx has no kernel for entry 'scale' "
+                                            rf"\(expected symbol {m.group(1).decode()}\)"):
+        build(root, tmp_path / "cache")
