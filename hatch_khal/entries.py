@@ -675,8 +675,16 @@ def _parse_type(raw: str, where: str, what: str) -> tuple[str, bool, bool]:
         pos = m.end()
         if w == "const":
             const = True
-        elif w in ("__restrict__", "__restrict"):
+        elif w == "__restrict__":
             restrict = True
+        elif w in ("__restrict", "restrict"):
+            # the marker's type is also the element type in the source, where C++ refuses a restrict
+            # qualifier; the generated code defines __restrict__ away and moves it to the pointer
+            raise EntryParseError(
+                f"{where}: {what}: type {raw!r}: write '__restrict__', not {w!r}: hatch-khal puts "
+                "__restrict__ on the pointer the kernel receives, and the element type cannot carry a "
+                "restrict qualifier (the compiler refuses it)"
+            )
         elif w == "volatile":
             pass  # kept in the kernel's pointer type by the compiler, not in the spelling
         elif w in ("struct", "class", "typename", "enum"):

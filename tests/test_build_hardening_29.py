@@ -433,3 +433,56 @@ def test_prebuilt_ptx_whose_entry_is_only_in_a_comment_is_refused(tmp_path: Path
     with pytest.raises(PrebuiltError, match=rf"crate 'alpha': prebuilt ptx alpha.ptx has no kernel for entry 'scale' "
                                             rf"\(expected symbol {m.group(1).decode()}\)"):
         build(root, tmp_path / "cache")
+
+
+# -- (15) __restrict in a marker's type; a header the runtime wheel does not ship ---------------------
+
+
+@pytest.mark.parametrize("marker", ["KHAL_STORAGE(float __restrict, x)", "KHAL_STORAGE(const float __restrict, x)",
+                                    "KHAL_UNIFORM(Params __restrict, x)", "KHAL_STORAGE(restrict float, x)"])
+def test_restrict_spelt_other_than_restrict_underscores_is_refused_by_name(marker: str) -> None:
+    from hatch_khal.entries import scan_source
+    from hatch_khal.errors import EntryParseError
+
+    word = "restrict" if "restrict float" in marker else "__restrict"
+    with pytest.raises(EntryParseError, match=rf"k.cu:1: entry 'k' parameter 'x': type .*: write '__restrict__', "
+                                              rf"not '{word}': hatch-khal puts __restrict__ on the pointer"):
+        scan_source(f"KHAL_ENTRY(k, 32, ({marker}))\n{{ }}\n", "k.cu")
+
+
+def test_restrict_underscores_still_builds(tmp_path: Path) -> None:
+    from ._build import build, manifest_of
+
+    src = "KHAL_ENTRY(fill, 64, (KHAL_STORAGE(uint32_t __restrict__, out), KHAL_SCALAR(uint32_t, value)))\n{ }\n"
+    root = make_project(tmp_path / "p", hook='archs = ["sm_90"]\nptx-arch = "none"\n',
+                        files={"kernels/beta/fill.cu": src})
+    m, _ = manifest_of(build(root, tmp_path / "cache")[0])
+    assert [p.name for p in m.crate("beta").entries[0].params] == ["out", "value"]
+
+
+def test_profiler_api_header_hint_says_what_it_is(tmp_path: Path) -> None:
+    """<cuda_profiler_api.h>: the hint said to install nvidia-cuda-runtime, which is installed and does
+    not ship it (and NVRTC refuses the header's __host__ functions where it is found)."""
+    from hatch_khal.errors import CompileError
+
+    from ._build import build
+
+    src = "#include <cuda_profiler_api.h>\nKHAL_ENTRY(fill, 64, (KHAL_STORAGE(float, o))) { }\n"
+    root = make_project(tmp_path / "p", hook='archs = ["sm_90"]\nptx-arch = "none"\n',
+                        files={"kernels/beta/fill.cu": src})
+    with pytest.raises(CompileError) as err:
+        build(root, None)
+    (hint,) = [line for line in str(err.value).splitlines() if line.startswith("hint: ")]
+    assert "pip install" not in hint and "comes from the" not in hint
+    assert "<cuda_profiler_api.h> (cudaProfilerStart / cudaProfilerStop) is the CUDA profiler's host API" in hint
+    assert "drop the #include" in hint
+
+
+def test_a_runtime_looking_header_the_installed_wheel_lacks_is_not_sent_to_pip_install() -> None:
+    from hatch_khal.headers import header_hint, resolve_headers
+
+    if not resolve_headers("wheels", 13).include_dirs:
+        pytest.skip("no CUDA 13 header wheels here")
+    hint = header_hint("cuda_not_a_real_header.h", "wheels", 13)
+    assert "the nvidia-cuda-runtime wheel installed here does not ship it" in hint and "pip install" not in hint
+    assert "comes from the nvidia-cuda-runtime wheel" in header_hint("cuda_fp16.h", "wheels", 13)
