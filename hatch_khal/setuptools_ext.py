@@ -92,6 +92,12 @@ def _read(root: Path) -> dict[str, Any] | None:
                 f"would be built; name the table {_TABLE} (same keys; its crates [[tool.khal.crates]]), or "
                 'build with hatchling (build-backend = "hatchling.build")'
             )
+        misspelt = _misspelt_khal_table(data)
+        if misspelt is not None:
+            raise ConfigError(
+                f"{path} has {misspelt} but no {_TABLE}, and this is a setuptools build: hatch-khal reads "
+                f"{_TABLE} only, so no kernels would be built; name the table {_TABLE}"
+            )
         return None
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: {_TABLE} must be a table")
@@ -114,6 +120,17 @@ def _hatch_khal_table(data: dict[str, Any]) -> str | None:
         if isinstance(config, dict) and isinstance(config.get("hooks"), dict) and "khal" in config["hooks"]:
             return f"[tool.hatch.build.targets.{target}.hooks.khal]"
     return None
+
+
+def _misspelt_khal_table(data: dict[str, Any]) -> str | None:
+    """A ``[tool.<name>]`` table whose name says khal but is not ``khal`` (``hatch-khal``, ``khal-hook``,
+    ``Khal``), if any; None also when the project's backend is hatchling."""
+    backend = data.get("build-system", {}).get("build-backend", "")
+    if isinstance(backend, str) and backend.startswith("hatchling"):
+        return None
+    tool = data.get("tool", {})
+    names = sorted(k for k in (tool if isinstance(tool, dict) else {}) if "khal" in k.lower() and k != "khal")
+    return f"[tool.{names[0]}]" if names else None
 
 
 def _has_khal(cmd: Command) -> bool:

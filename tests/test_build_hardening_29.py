@@ -244,9 +244,11 @@ else:
 
 
 @pytest.mark.parametrize("table", ["tool.hatch.build.targets.wheel.hooks.khal", "tool.hatch.build.hooks.khal",
-                                   "tool.hatch.build.targets.sdist.hooks.khal"])
+                                   "tool.hatch.build.targets.sdist.hooks.khal", "tool.hatch-khal", "tool.Khal"])
 @pytest.mark.parametrize("hook", ["build_wheel", "build_sdist", "build_editable"])
 def test_setuptools_build_with_only_a_hatch_table_is_refused(tmp_path: Path, table: str, hook: str) -> None:
+    """A hatch hook table (or a misspelt [tool.khal]) in a setuptools build: was a warning that pip shows
+    only with -v, and a wheel without kernels."""
     proj = tmp_path / "proj"
     (proj / "mini_pkg").mkdir(parents=True)
     (proj / "mini_pkg" / "__init__.py").write_text("")
@@ -256,6 +258,18 @@ def test_setuptools_build_with_only_a_hatch_table_is_refused(tmp_path: Path, tab
     assert f"has [{table}] but no [tool.khal], and this is a setuptools build" in out
     assert "name the table [tool.khal]" in out
     assert not list((proj / "dist").iterdir())
+
+
+def test_a_hatchling_project_is_not_refused_by_the_setuptools_plugin(tmp_path: Path) -> None:
+    """setuptools running where the project's backend is hatchling is not that project's build."""
+    from setuptools.dist import Distribution
+
+    from hatch_khal.setuptools_ext import finalize_distribution_options, read_khal_table
+
+    proj = make_project(tmp_path / "proj")
+    dist = Distribution({"name": "mini-pkg", "src_root": str(proj)})
+    finalize_distribution_options(dist)
+    assert read_khal_table(dist) is None
 
 
 def test_pip_wheel_setuptools_with_only_the_hatch_table_fails(tmp_path: Path) -> None:
