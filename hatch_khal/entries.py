@@ -753,6 +753,11 @@ def _parse_param(raw: str, where: str, entry: str) -> ParamDecl:
     # restrict applies only to a pointer the kernel receives; a pointer it cannot write through
     # (a uniform's) is const
     r = kind.strategy
+    if restrict and not r.by_pointer:
+        raise EntryParseError(
+            f"{where}: {what}: type {args[0]!r}: {macro} is passed by value, so '__restrict__' (which qualifies "
+            "the pointer the kernel receives for a storage binding or a uniform) has nothing to apply to; drop it"
+        )
     return ParamDecl(name, kind.name, ctype, const or (r.by_pointer and not r.writable), marker.shape, length,
                      restrict and r.by_pointer)
 

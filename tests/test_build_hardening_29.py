@@ -464,6 +464,15 @@ def test_restrict_spelt_other_than_restrict_underscores_is_refused_by_name(marke
         scan_source(f"KHAL_ENTRY(k, 32, ({marker}))\n{{ }}\n", "k.cu")
 
 
+def test_restrict_on_a_by_value_parameter_is_refused_not_dropped() -> None:
+    from hatch_khal.entries import scan_source
+    from hatch_khal.errors import EntryParseError
+
+    with pytest.raises(EntryParseError, match=r"k.cu:1: entry 'k' parameter 's': type 'float __restrict__': KHAL_SCALAR "
+                                              r"is passed by value, so '__restrict__' .* has nothing to apply to; drop it"):
+        scan_source("KHAL_ENTRY(k, 32, (KHAL_STORAGE(float, x), KHAL_SCALAR(float __restrict__, s)))\n{ }\n", "k.cu")
+
+
 def test_restrict_underscores_still_builds(tmp_path: Path) -> None:
     from ._build import build, manifest_of
 
