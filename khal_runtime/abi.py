@@ -495,12 +495,13 @@ class Arch(NamedTuple):
         return f"{self.kind}_{self.number}{self.suffix}"
 
 
-_ARCH_RE = re.compile(r"^(sm|compute)_(\d{2,3})([af]?)$")
+#: matched whole (fullmatch: a "$" accepts a trailing newline); no leading zero ("sm_090" is no arch)
+_ARCH_RE = re.compile(r"(sm|compute)_([1-9]\d{1,2})([af]?)")
 
 
 def parse_arch(arch: str, kinds: Iterable[str] = ("sm", "compute")) -> Arch:
     """Parse an arch string; ValueError saying what an arch looks like otherwise."""
-    m = _ARCH_RE.match(arch) if isinstance(arch, str) else None
+    m = _ARCH_RE.fullmatch(arch) if isinstance(arch, str) else None
     if m is None or m.group(1) not in kinds:
         like = " or ".join({"sm": "'sm_90'", "compute": "'compute_75'"}[k] for k in kinds)
         raise ValueError(f"{arch!r} is not an arch like {like}")
@@ -511,7 +512,7 @@ def parse_arch(arch: str, kinds: Iterable[str] = ("sm", "compute")) -> Arch:
 # ---------------------------------------------------------------------------------------------
 # symbols and hashes
 # ---------------------------------------------------------------------------------------------
-_SYMBOL_RE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*?)_khal_(?P<hash>[0-9a-f]{16})$")
+_SYMBOL_RE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*?)_khal_(?P<hash>[0-9a-f]{16})")  # fullmatch
 
 
 def symbol_for(entry: str, entry_hash: str) -> str:
@@ -537,7 +538,7 @@ def probe_names(entry: str, index: int) -> tuple[str, str, str]:
 
 def split_symbol(symbol: str) -> tuple[str, str] | None:
     """``saxpy_khal_0123...`` -> ``("saxpy", "0123...")``; None if not a khal symbol."""
-    m = _SYMBOL_RE.match(symbol)
+    m = _SYMBOL_RE.fullmatch(symbol)
     return (m.group("name"), m.group("hash")) if m else None
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "read_cubin",
     "scan_cubin",
     "scan_ptx",
+    "strip_ptx_comments",
     "webgpu_entry_points",
 ]
 
@@ -66,24 +67,45 @@ _GLOBAL_U64_RE = re.compile(
 )
 
 
+#: a PTX string (kept: a ``.file`` name may hold ``//``), or a comment (blanked)
+_PTX_LEXEME = re.compile(rb'"(?:\\.|[^"\\\n])*"|//[^\n]*|/\*.*?(?:\*/|\Z)', re.S)
+
+
+def _drop_comment(m: re.Match[bytes]) -> bytes:
+    s = m.group(0)
+    if s[:1] == b'"':
+        return s
+    return b" " if s[:2] == b"//" else b" " + b"\n" * s.count(b"\n")
+
+
+def strip_ptx_comments(data: bytes) -> bytes:
+    """PTX text without its ``//`` and ``/* */`` comments (each one a space; a block comment keeps its
+    newlines, so lines stay lines); strings kept whole. A directive inside a comment is no directive:
+    ptxas ignores it."""
+    if b"/" not in data:
+        return data
+    return _PTX_LEXEME.sub(_drop_comment, data)
+
+
 def scan_ptx(data: bytes | str, source: str = "PTX") -> BinaryInfo:
-    """Entry names, ``.target`` and ``.version`` of PTX text."""
+    """Entry names, ``.target`` and ``.version`` of PTX text (comments are not read)."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogateescape")
     if is_elf(data):
         raise BinaryFormatError(f"{source}: is an ELF file, not PTX text")
     if b"\x00" in data.rstrip(b"\x00"):
         raise BinaryFormatError(f"{source}: contains NUL bytes; not PTX text")
-    version = _VERSION_RE.search(data)
-    target = _TARGET_RE.search(data)
+    code = strip_ptx_comments(data)
+    version = _VERSION_RE.search(code)
+    target = _TARGET_RE.search(code)
     if version is None or target is None:
         raise BinaryFormatError(
-            f"{source}: not PTX (no '.version' and '.target' directives); "
+            f"{source}: not PTX (no '.version' and '.target' directives outside comments); "
             "expected PTX text or a CUDA cubin (ELF)"
         )
-    functions = tuple(m.group(1).decode("ascii") for m in _ENTRY_RE.finditer(data))
+    functions = tuple(m.group(1).decode("ascii") for m in _ENTRY_RE.finditer(code))
     globals_u64 = tuple(
-        (m.group(1).decode("ascii"), int(m.group(2))) for m in _GLOBAL_U64_RE.finditer(data)
+        (m.group(1).decode("ascii"), int(m.group(2))) for m in _GLOBAL_U64_RE.finditer(code)
     )
     return BinaryInfo(
         kind="ptx",

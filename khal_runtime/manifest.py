@@ -650,6 +650,10 @@ def load_manifest(path: Path) -> Manifest:
         text = read_regular_file(Path(path), MAX_MANIFEST_BYTES, "the manifest", ManifestError)
     except FileNotFoundError:
         raise ManifestError(
-            f"{path}: no khal manifest; was the package built with the hatch-khal hook?"
+            f"{path}: no khal manifest; was the package built with the hatch-khal hook? Its kernels are "
+            "built only from the table that the project's build backend reads: hatchling's "
+            "[tool.hatch.build.targets.wheel.hooks.khal] (not [tool.khal], not the table of another "
+            "target), setuptools' [tool.khal] with hatch-khal in [build-system] requires; fix the table "
+            "and reinstall the package"
         ) from None
     return parse_manifest(text, str(path))

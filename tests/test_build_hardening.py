@@ -322,12 +322,23 @@ def test_prebuilt_special_files_are_refused_quickly(tmp_path: Path, kind: str) -
 
 
 @pytest.mark.parametrize("var", ["CUDA_OXIDE_SHADERS_PTX_ALHPA", "CUDA_OXIDE_SHADERS_PTX_GAMMA"])
-def test_prebuilt_variable_for_no_crate_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, var: str) -> None:
+def test_prebuilt_variable_for_no_crate_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, var: str) -> None:
+    """Was a warning, which pip does not show (issue #29): an error naming the variable and the crates'."""
     root = make_project(tmp_path / "p")
     monkeypatch.setenv(var, str(tmp_path / "x.ptx"))
-    _, rep = build(root, None)
-    (w,) = [w for w in rep.warnings if var in w]
-    assert "CUDA_OXIDE_SHADERS_PTX_ALPHA" in w and "CUDA_OXIDE_SHADERS_PTX_BETA" in w and "'alpha'" in w
+    with pytest.raises(ConfigError) as info:
+        build(root, None)
+    msg = str(info.value)
+    assert msg.startswith(f"{var} is set, but no crate of this build is called that")
+    assert "CUDA_OXIDE_SHADERS_PTX_ALPHA" in msg and "CUDA_OXIDE_SHADERS_PTX_BETA" in msg and "'alpha'" in msg
+    assert "did you mean CUDA_OXIDE_SHADERS_PTX_ALPHA (crate 'alpha')?" in msg or not var.endswith("ALHPA")
+
+
+def test_empty_prebuilt_variable_for_no_crate_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_project(tmp_path / "p", hook='archs = ["sm_90"]\nptx-arch = "none"\n')
+    monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_GAMMA", "")
+    _, rep = build(root, tmp_path / "cache")
+    assert any("CUDA_OXIDE_SHADERS_PTX_GAMMA is set but empty" in w for w in rep.warnings)
 
 
 # -- (13) files outside the project and sources through symlinks -----------------------------------

@@ -45,7 +45,7 @@ CODEGEN_VERSION = 2  # 2: entry hashes cover the uniforms' CUDA layouts
 #: for its unused half-precision surface templates) silenced, and
 #: no FMA contraction (Vulkan / WebGPU need not fuse ``a*x+y``: CUDA then agrees bit for bit).
 DEFAULT_NVRTC_OPTIONS = ["-std=c++17", "-diag-suppress=1444,222,177", "--fmad=false"]
-_FMAD_RE = re.compile(r"^-{1,2}fmad(=|$)")
+_FMAD_RE = re.compile(r"-{1,2}fmad(=|\Z)")
 _DEMOTED = "static __device__ __forceinline__ void"
 #: Types in Slang's CUDA output that need a feature of its prelude: (type, define, header).
 #: Slang passes these defines to NVRTC itself when it compiles; here the hook does.
