@@ -434,13 +434,10 @@ def stream(handle: int = 7, native: Any = "STREAM", device_id: int = 0) -> devic
     return device.Stream(handle, device_id, native=native, backend=cuda_backend.BACKEND)
 
 
-def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: str = "c",
-                 package: str = "fakepkg", language: str = "cuda") -> Any:
-    """Write a package whose one artifact is PTX text naming ``entries``' kernels (and their
-    indirect variants), register their parameter layouts with the fake driver, and load it
-    through ``khal_runtime.load``."""
-    import khal_runtime
-
+def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package: str = "fakepkg",
+                  language: str = "cuda") -> Path:
+    """Write ``root/<package>/``: a manifest and one PTX artifact naming ``entries``' kernels
+    (and their indirect variants). Returns the package directory."""
     pkg = root / package
     art_dir = pkg / "_khal" / crate
     art_dir.mkdir(parents=True, exist_ok=True)
@@ -450,11 +447,6 @@ def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: st
             if sym:
                 lines.append(f".visible .entry {sym}(")
                 lines.append(")\n{\n    ret;\n}")
-        layout = expected_param_layout(e)
-        drv.layouts[f"FUNC:{e.symbol}"] = layout
-        if e.indirect_symbol:
-            drv.layouts[f"FUNC:{e.indirect_symbol}"] = layout + [
-                ("khal_group_count", (layout[-1][1] + layout[-1][2] + 7) // 8 * 8 if layout else 0, 8)]
     ptx = ("\n".join(lines) + "\n").encode()
     rel = f"_khal/{crate}/{crate}.compute_90.ptx"
     (pkg / rel).write_bytes(ptx)
@@ -470,8 +462,24 @@ def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: st
         }],
     }
     (pkg / "_khal" / "manifest.json").write_text(json.dumps(manifest))
+    return pkg
+
+
+def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: str = "c",
+                 package: str = "fakepkg", language: str = "cuda") -> Any:
+    """Write a package of PTX for ``entries`` (:func:`write_package`), register their parameter
+    layouts with the fake driver, and load it through ``khal_runtime.load``."""
+    import khal_runtime
+
+    pkg = write_package(root, entries, crate=crate, package=package, language=language)
+    for e in entries:
+        layout = expected_param_layout(e)
+        drv.layouts[f"FUNC:{e.symbol}"] = layout
+        if e.indirect_symbol:
+            drv.layouts[f"FUNC:{e.indirect_symbol}"] = layout + [
+                ("khal_group_count", (layout[-1][1] + layout[-1][2] + 7) // 8 * 8 if layout else 0, 8)]
     return khal_runtime.load(pkg)
 
 
 __all__ = ["CONTENT", "CUresult", "CUstreamCaptureMode", "FakeDriver", "fake", "fake_kernels", "make_entry",
-           "scalar", "storage", "stream", "uniform", "SimpleNamespace"]
+           "scalar", "storage", "stream", "uniform", "write_package", "SimpleNamespace"]
