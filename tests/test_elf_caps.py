@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import struct
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
 from khal_runtime import binaries
 from khal_runtime.binaries import EM_CUDA, BinaryFormatError, read_binary, read_cubin, scan_cubin
+from tests.fakecuda import FakeDriver, fake, make_entry, storage, write_package  # noqa: F401  (fixture)
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
@@ -134,3 +136,30 @@ def test_a_section_past_the_end_of_the_file_is_refused() -> None:
     with pytest.raises(BinaryFormatError, match=r"^x\.cubin: section '\.text' \(1099511627776 bytes at offset \d+\) "
                                                 r"runs past the end of the file"):
         read_binary(data, "x.cubin")
+
+
+def test_verify_and_the_loader_refuse_the_bomb_before_the_driver(tmp_path: Path, fake: FakeDriver) -> None:
+    """The bomb as a package's sm_90 cubin (its size and sha256 right in the manifest): ``verify``
+    reports it, and the first launch raises before anything reaches the driver."""
+    import hashlib
+    import json
+
+    import khal_runtime
+    from khal_runtime.buffers import DeviceBuffer
+    from khal_runtime.errors import ArtifactError
+    from khal_runtime.verify import verify_package
+
+    e = make_entry("k", (storage("x"),))
+    pkg = write_package(tmp_path, [e], package="bomb_pkg")
+    bomb = cubin([e.symbol.encode()], shared=b"n" * (1 << 20), copies=100)
+    (pkg / "_khal" / "c" / "c.sm_90.cubin").write_bytes(bomb)
+    doc = json.loads((pkg / "_khal" / "manifest.json").read_text())
+    doc["crates"][0]["artifacts"] = [{"kind": "cubin", "arch": "sm_90", "path": "_khal/c/c.sm_90.cubin",
+                                      "sha256": hashlib.sha256(bomb).hexdigest(), "size": len(bomb)}]
+    (pkg / "_khal" / "manifest.json").write_text(json.dumps(doc))
+    (problem,) = verify_package(pkg)
+    assert problem.kind == "binary" and "symbol name of 1048576 characters" in problem.message
+    ks = khal_runtime.load(pkg)
+    with pytest.raises(ArtifactError, match=r"symbol name of 1048576 characters, more than the 65536 allowed"):
+        ks.k(4, DeviceBuffer(0x1000, 4, "float32", 0))
+    assert fake.launches == [] and "cuLibraryLoadData" not in fake.names()
