@@ -46,7 +46,7 @@ class _Counting:
         real_open = zipfile.ZipFile.open
         counter = self
 
-        def counted_open(zf: zipfile.ZipFile, name: Any, mode: str = "r", *a: Any, **kw: Any) -> Any:
+        def counted_open(zf: zipfile.ZipFile, name: Any, mode: Any = "r", *a: Any, **kw: Any) -> Any:
             f = real_open(zf, name, mode, *a, **kw)
             member = name.filename if isinstance(name, zipfile.ZipInfo) else name
             real_read = f.read
@@ -184,3 +184,23 @@ def test_verify_by_name_from_the_project_root_uses_the_installed_package(tmp_pat
     assert proc.returncode == 2
     assert f"my_pkg: no _khal/manifest.json in or below this directory ({project / 'my_pkg'}); no installed " \
            "package 'my_pkg' outside it either" in proc.stderr, proc.stderr
+
+
+def test_a_wheel_missing_a_listed_member_or_carrying_an_editable_record_fails_verify(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Read in place, a wheel still gets every check a folder gets: a listed artifact absent
+    from the archive, and an editable-install record (which no wheel has), are problems."""
+    pkg = _package(tmp_path / "src")
+    (art,) = [n for n in _listed(pkg) if n.endswith(".ptx")]
+    good = _wheel(pkg, tmp_path / "good.whl")
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(tmp_path / "gone.whl", "w") as dst:
+        for info in src.infolist():
+            if info.filename != art:
+                dst.writestr(info, src.read(info))
+    assert main(["verify", str(tmp_path / "gone.whl")]) == 1
+    assert f"artifact {art.split('/', 1)[1]!r} is missing from the wheel" in capsys.readouterr().err
+    doc = json.loads((pkg / "_khal" / "manifest.json").read_text())
+    doc["editable"] = {"project_root": str(tmp_path)}
+    edited = _wheel(pkg, tmp_path / "edited.whl", replace={"bombpkg/_khal/manifest.json": json.dumps(doc).encode()})
+    assert main(["verify", str(edited)]) == 1
+    assert "the manifest of a wheel has an editable-install record" in capsys.readouterr().err
