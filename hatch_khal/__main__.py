@@ -2,7 +2,8 @@
 
 PATH is a wheel (``.whl``), a directory (a package directory holding
 ``_khal/manifest.json``, or a tree with such packages below it), or the name of
-an installed package.
+an installed package. A wheel is read in place: its manifests (capped) and, for ``verify``, the
+artifacts they list, streamed with the manifest's sizes as caps; nothing else in it is read.
 
 Everything printed is escaped: a control character (or any other unprintable one) from a
 manifest, a path or an error appears as ``\x1b``, ``\u202e``..., so a hand-made manifest cannot
@@ -23,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
-from khal_runtime.errors import ArtifactError, KhalError, ManifestError
 from khal_runtime import manifest as _manifest
+from khal_runtime.errors import ArtifactError, KhalError, ManifestError
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Artifact, Manifest, load_manifest, parse_manifest
 
 from hatch_khal.__about__ import __version__
