@@ -156,7 +156,10 @@ def read_artifact_stream(stream: IO[bytes], artifact: Artifact, declared_size: i
                             "rebuild the package") from None
     if declared_size is not None and declared_size != artifact.size:
         raise _wrong_size(artifact, declared_size)
-    cap = min(artifact.size, MAX_ARTIFACT_BYTES)
+    if artifact.size > MAX_ARTIFACT_BYTES:
+        raise ArtifactError(f"artifact {artifact.path!r} is {artifact.size} bytes, more than the "
+                            f"{MAX_ARTIFACT_BYTES} allowed")
+    cap = artifact.size
     chunks, total = [], 0
     while total <= cap:
         b = stream.read(min(1 << 20, cap + 1 - total))

@@ -204,3 +204,18 @@ def test_a_wheel_missing_a_listed_member_or_carrying_an_editable_record_fails_ve
     edited = _wheel(pkg, tmp_path / "edited.whl", replace={"bombpkg/_khal/manifest.json": json.dumps(doc).encode()})
     assert main(["verify", str(edited)]) == 1
     assert "the manifest of a wheel has an editable-install record" in capsys.readouterr().err
+
+
+def test_a_listed_member_over_the_artifact_cap_is_refused_unread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A manifest may list a huge artifact honestly (its size matches the archive's): past the
+    artifact cap it is refused before anything is decompressed, as a file on disk is."""
+    from khal_runtime import verify
+
+    pkg = _package(tmp_path / "src")
+    (art,) = [n for n in _listed(pkg) if n.endswith(".ptx")]
+    monkeypatch.setattr(verify, "MAX_ARTIFACT_BYTES", 64)
+    counting = _Counting(monkeypatch)
+    assert main(["verify", str(_wheel(pkg, tmp_path / "w.whl"))]) == 1
+    assert f"is {_listed(pkg)[art]} bytes, more than the 64 allowed" in capsys.readouterr().err
+    assert counting.read.get(art, 0) == 0
