@@ -560,11 +560,12 @@ def test_entry_scanning_is_linear(monkeypatch: pytest.MonkeyPatch) -> None:
             return tracer
 
         _WORK[0] = 0
+        previous = sys.gettrace()  # a coverage tracer, say: put back after
         sys.settrace(tracer)
         try:
             found = find_entries(_CountedText(text), "big.cu")
         finally:
-            sys.settrace(None)
+            sys.settrace(previous)
         assert len(found) == n
         return lines[0] + _WORK[0]
 
