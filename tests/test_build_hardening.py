@@ -11,6 +11,8 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -497,7 +499,7 @@ class _CountedText(str):
         self._span(start, end)
         return super().rindex(sub, start, end)
 
-    def __getitem__(self, key: object) -> str:  # type: ignore[override]
+    def __getitem__(self, key: object) -> str:
         _WORK[0] += len(range(*key.indices(len(self)))) if isinstance(key, slice) else 1
         return super().__getitem__(key)  # type: ignore[index]
 
@@ -554,8 +556,8 @@ def test_entry_scanning_is_linear(monkeypatch: pytest.MonkeyPatch) -> None:
         lines = [0]
         here = entries.__file__
 
-        def tracer(frame: object, event: str, arg: object) -> object:
-            if event == "line" and frame.f_code.co_filename == here:  # type: ignore[attr-defined]
+        def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_code.co_filename == here:
                 lines[0] += 1
             return tracer
 
