@@ -26,7 +26,7 @@ import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable
 
 from khal_runtime import abi
 from khal_runtime.binaries import BinaryFormatError, khal_symbols, read_binary, webgpu_entry_points
@@ -47,7 +47,9 @@ __all__ = [
     "check_sources",
     "check_symbols",
     "crate_env_var",
+    "check_artifact_bytes",
     "read_artifact",
+    "read_artifact_stream",
     "rebuild_hint",
     "verify_package",
     "webgpu_layout_problems",
@@ -130,11 +132,20 @@ def read_artifact(package_dir: Path, artifact: Artifact) -> bytes:
         raise ArtifactError(
             f"artifact {artifact.path!r} is missing from the package; rebuild the package"
         ) from None
+    return check_artifact_bytes(artifact, data)
+
+
+def _wrong_size(artifact: Artifact, size: int | str) -> ArtifactError:
+    return ArtifactError(
+        f"artifact {artifact.path!r} is {size} bytes, the manifest says {artifact.size}: "
+        "the file was changed or truncated after the build; rebuild the package"
+    )
+
+
+def check_artifact_bytes(artifact: Artifact, data: bytes) -> bytes:
+    """``data`` if it has the artifact's size and sha256; ArtifactError otherwise."""
     if len(data) != artifact.size:
-        raise ArtifactError(
-            f"artifact {artifact.path!r} is {len(data)} bytes, the manifest says {artifact.size}: "
-            "the file was changed or truncated after the build; rebuild the package"
-        )
+        raise _wrong_size(artifact, len(data))
     digest = hashlib.sha256(data).hexdigest()
     if digest != artifact.sha256:
         raise ArtifactError(
@@ -142,6 +153,33 @@ def read_artifact(package_dir: Path, artifact: Artifact) -> bytes:
             f"{artifact.sha256[:16]}…: the file was changed after the build; rebuild the package"
         )
     return data
+
+
+def read_artifact_stream(stream: IO[bytes], artifact: Artifact, declared_size: int | None = None) -> bytes:
+    """The artifact's bytes read from ``stream`` (a wheel's member), with the manifest's size as
+    the cap: a ``declared_size`` (the archive's own) other than the manifest's is refused
+    unread, and at most ``size + 1`` bytes are ever read; then the sha256 check."""
+    try:
+        package_path(artifact.path)
+    except ValueError as exc:
+        raise ArtifactError(f"artifact path {artifact.path!r} is not confined to the package ({exc}); "
+                            "rebuild the package") from None
+    if declared_size is not None and declared_size != artifact.size:
+        raise _wrong_size(artifact, declared_size)
+    if artifact.size > MAX_ARTIFACT_BYTES:
+        raise ArtifactError(f"artifact {artifact.path!r} is {artifact.size} bytes, more than the "
+                            f"{MAX_ARTIFACT_BYTES} allowed")
+    cap = artifact.size
+    chunks, total = [], 0
+    while total <= cap:
+        b = stream.read(min(1 << 20, cap + 1 - total))
+        if not b:
+            break
+        chunks.append(b)
+        total += len(b)
+    if total > cap:
+        raise _wrong_size(artifact, f"more than {cap}")
+    return check_artifact_bytes(artifact, b"".join(chunks))
 
 
 def check_manifest(manifest: Manifest) -> list[Problem]:
@@ -506,10 +544,13 @@ def _crates(manifest: Manifest, crates: Iterable[str] | None) -> list[Crate]:
 
 def verify_package(package_dir: str | os.PathLike[str], manifest: Manifest | None = None, *,
                    sources: bool = True, symbols: bool = True,
-                   crates: Iterable[str] | None = None) -> list[Problem]:
+                   crates: Iterable[str] | None = None,
+                   read: Callable[[Artifact], bytes] | None = None) -> list[Problem]:
     """Every problem found (empty list: the package is sound). No GPU needed.
 
-    ``manifest`` defaults to ``<package_dir>/_khal/manifest.json``."""
+    ``manifest`` defaults to ``<package_dir>/_khal/manifest.json``. ``read`` gives an artifact's
+    checked bytes (default :func:`read_artifact` from ``package_dir``; a wheel's reader streams
+    its members, :func:`read_artifact_stream`), raising ArtifactError."""
     pkg = Path(package_dir)
     if manifest is None:
         manifest = load_manifest(pkg / MANIFEST_DIR / MANIFEST_NAME)
@@ -519,10 +560,11 @@ def verify_package(package_dir: str | os.PathLike[str], manifest: Manifest | Non
             problems.extend(check_sources(manifest, pkg))
         except ManifestError as exc:
             problems.append(Problem("manifest", "", str(exc), ManifestError))
+    reader = read or (lambda art: read_artifact(pkg, art))
     for crate in _crates(manifest, crates):
         for art in crate.artifacts:
             try:
-                data = read_artifact(pkg, art)
+                data = reader(art)
             except ArtifactError as exc:
                 msg = str(exc)
                 kind = ("path" if "confined" in msg or "outside" in msg else

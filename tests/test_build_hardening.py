@@ -11,6 +11,8 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -481,8 +483,78 @@ def test_workers_end_when_the_build_is_killed(tmp_path: Path) -> None:
 # -- (17) scanning is linear -----------------------------------------------------------------------
 
 
-def test_entry_scanning_is_linear() -> None:
+class _CountedText(str):
+    """A scanned text whose scans (``count``, ``find``, indexing, slicing) add the characters
+    they cover to :data:`_WORK`."""
+
+    def _span(self, start: int | None, end: int | None) -> None:
+        _WORK[0] += len(range(*slice(start, end).indices(len(self))))
+
+    def count(self, sub: str, start: int | None = None, end: int | None = None) -> int:  # type: ignore[override]
+        self._span(start, end)
+        return super().count(sub, start, end)
+
+    def find(self, sub: str, start: int | None = None, end: int | None = None) -> int:  # type: ignore[override]
+        self._span(start, end)
+        return super().find(sub, start, end)
+
+    def rfind(self, sub: str, start: int | None = None, end: int | None = None) -> int:  # type: ignore[override]
+        self._span(start, end)
+        return super().rfind(sub, start, end)
+
+    def index(self, sub: str, start: int | None = None, end: int | None = None) -> int:  # type: ignore[override]
+        self._span(start, end)
+        return super().index(sub, start, end)
+
+    def rindex(self, sub: str, start: int | None = None, end: int | None = None) -> int:  # type: ignore[override]
+        self._span(start, end)
+        return super().rindex(sub, start, end)
+
+    def __getitem__(self, key: object) -> str:
+        _WORK[0] += len(range(*key.indices(len(self)))) if isinstance(key, slice) else 1
+        return super().__getitem__(key)  # type: ignore[index]
+
+
+_WORK = [0]
+
+
+class _CountedPattern:
+    """A compiled pattern whose scans add the characters they may cover (from ``pos`` to the
+    end of the string) to :data:`_WORK`."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self._p = pattern
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._p, name)
+        if name not in ("search", "match", "fullmatch", "finditer", "findall", "sub", "subn", "split"):
+            return attr
+
+        def scan(*args: object, **kw: object) -> object:
+            text = args[1] if name in ("sub", "subn") else args[0]
+            pos = args[1] if name in ("search", "match", "fullmatch", "finditer", "findall") and len(args) > 1 else 0
+            if isinstance(text, str):
+                _WORK[0] += max(0, len(text) - int(pos))  # type: ignore[call-overload]
+            return attr(*args, **kw)
+
+        return scan
+
+
+def test_entry_scanning_is_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scanner's work, counted (never timed): Python lines run in hatch_khal.entries, the
+    characters its regular expressions may scan, and the characters its string scans and slices
+    of the whole text cover. Four times the entries must cost about four times the work; a
+    rescan from the start per entry (line numbers counted from 0, a regex from the top) makes
+    that ratio grow with the size."""
+    from hatch_khal import entries
     from hatch_khal.entries import find_entries
+
+    for name, value in vars(entries).items():
+        if isinstance(value, re.Pattern):
+            monkeypatch.setattr(entries, name, _CountedPattern(value))
+    for name in ("strip_comments", "_blank_preprocessor"):  # the whole-text results the scan walks
+        fn = getattr(entries, name)
+        monkeypatch.setattr(entries, name, lambda *a, _fn=fn, **k: _CountedText(_fn(*a, **k)))
 
     def source(n: int) -> str:
         return "".join(
@@ -490,18 +562,29 @@ def test_entry_scanning_is_linear() -> None:
             for i in range(n)
         )
 
-    def best(text: str) -> float:
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            find_entries(text, "big.cu")
-            times.append(time.perf_counter() - t0)
-        return min(times)
+    def work(n: int) -> int:
+        text = source(n)
+        lines = [0]
+        here = entries.__file__
 
-    small, large = source(2500), source(10000)
-    assert len(find_entries(large, "big.cu")) == 10000
-    ratio = best(large) / best(small)
-    assert ratio < 7, f"4x the entries took {ratio:.1f}x the time"
+        def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_code.co_filename == here:
+                lines[0] += 1
+            return tracer
+
+        _WORK[0] = 0
+        previous = sys.gettrace()  # a coverage tracer, say: put back after
+        sys.settrace(tracer)
+        try:
+            found = find_entries(_CountedText(text), "big.cu")
+        finally:
+            sys.settrace(previous)
+        assert len(found) == n
+        return lines[0] + _WORK[0]
+
+    small, large = work(500), work(2000)
+    ratio = large / small
+    assert ratio < 4.4, f"4x the entries took {ratio:.2f}x the work ({small} -> {large} steps and characters)"
 
 
 # -- (18) KHAL_JOBS --------------------------------------------------------------------------------

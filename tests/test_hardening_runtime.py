@@ -481,3 +481,30 @@ def test_the_loader_refuses_a_cubin_of_another_arch_before_the_driver_sees_it(
         kernels.fill(16, out, 7)
     assert fake.launches == []
     assert not [c for c in fake.calls if c[0].startswith("cuModuleLoad") or c[0].startswith("cuLibraryLoad")]
+
+
+# -- (#29 item 17) the CUDA load path checks the artifact's own bytes ------------------------------
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_ptx_body_is_refused_at_first_launch_before_the_driver(
+        fake: FakeDriver, tmp_path: Path, damage: str) -> None:
+    """A byte of a PTX body flipped (the symbols untouched, so the symbol check passes), or the
+    PTX cut short: the first launch through the package raises ArtifactError (sha256, size) and
+    nothing reaches the driver. ``verify`` is not asked: this is the loader's own check."""
+    e = make_entry("axpby", (storage("x"), storage("y", writable=True), uniform("p"), scalar("bias")))
+    ks = fake_kernels(fake, tmp_path, [e])
+    ptx = next((tmp_path / "fakepkg" / "_khal" / "c").glob("*.ptx"))
+    data = ptx.read_bytes()
+    if damage == "flip":
+        at = data.index(b"ret;")  # an instruction of a kernel body, no symbol
+        ptx.write_bytes(data[:at] + bytes([data[at] ^ 0x20]) + data[at + 1:])
+        match = r"has sha256 .*the manifest says .*changed after the build"
+    else:
+        ptx.write_bytes(data[:-2])  # the last body's closing brace and newline
+        match = rf"is {len(data) - 2} bytes, the manifest says {len(data)}"
+    from khal_runtime.binaries import khal_symbols, read_binary
+
+    assert khal_symbols(read_binary(ptx.read_bytes()))["axpby"] == e.hash  # only the bytes tell
+    with pytest.raises(ArtifactError, match=match):
+        ks.axpby(4, *_bufs(), Params(1, 2), 0.5)
+    assert fake.launches == []
+    assert not [c for c in fake.calls if c[0].startswith(("cuModuleLoad", "cuLibraryLoad"))], fake.names()
