@@ -33,6 +33,7 @@ from khal_runtime.backends.cuda.uniform_cache import UniformCache
 from khal_runtime.buffers import FREED, DeviceBuffer
 from khal_runtime.device import Stream, _tls, as_stream, ensure_current, ready_stream
 from khal_runtime.errors import CudaError
+from khal_runtime.generated import define
 from khal_runtime.hooks import hooks
 from khal_runtime.manifest import Entry
 from khal_runtime.memo import EPOCH, register_memo
@@ -267,16 +268,16 @@ class LaunchPlan:
         for cb in list(self.on_regenerate):
             cb(self)
 
-    def _compile(self, src: str, what: str, extra: dict[str, Any] | None = None) -> Any:
+    def _compile(self, src: str, what: str, function: str, extra: dict[str, Any] | None = None) -> Any:
+        """``function`` from ``src``, a name tracebacks and pdb show the lines of (:mod:`khal_runtime.generated`)."""
         ns = self._namespace()
         ns.update(extra or {})
-        exec(compile(src, f"<khal {what} {self.entry.name}>", "exec"), ns)
-        return ns
+        return define(src, f"{what} {self.entry.name}", ns, function)
 
     def _generate(self) -> Callable[..., None]:
         """``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: the explicit launch."""
         self.source = run_source(self, hooks.active)
-        return self._compile(self.source, "launch")["run"]  # type: ignore[no-any-return]
+        return self._compile(self.source, "launch", "run")  # type: ignore[no-any-return]
 
     def make_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
         """The kernel's call, specialised for this entry on this device: ``(n, *args,
@@ -285,7 +286,7 @@ class LaunchPlan:
         self.call_source = call_source(self, hooks.active)
         extra = {"slow_call": slow, "kernel": kernel, "MISSING": MISSING, "snapshots": self._shared,
                  "promote": self._promote, "unshare": self._unshare}
-        return self._compile(self.call_source, "call", extra)["__call__"]  # type: ignore[no-any-return]
+        return self._compile(self.call_source, "call", "__call__", extra)  # type: ignore[no-any-return]
 
     def _shared_empty(self) -> Any:
         """A snapshot no call can match."""

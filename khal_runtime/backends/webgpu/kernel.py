@@ -40,6 +40,7 @@ from khal_runtime.packing import ScalarPacker, UniformPacker
 from khal_runtime.backends.webgpu.pipeline import get_pipeline, select_target
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
+from khal_runtime.generated import define
 from khal_runtime.manifest import Entry, Param, WebGpuTarget
 
 __all__ = ["BoundDispatch", "KernelPlan", "StorageInfo", "register_storage_type"]
@@ -320,9 +321,9 @@ class KernelPlan:
             lines.append(f"    bg = with_offsets(bg, ({', '.join(dyn)},))")
         lines.append("    return (bg,), push_data, memo")
         src = "\n".join(lines) + "\n"
-        exec(compile(src, f"<khal webgpu resolve {self.name}>", "exec"), ns)
+        fn = define(src, f"webgpu resolve {self.name}", ns, "resolve")
         self.resolve_source = src
-        return ns["resolve"]  # type: ignore[no-any-return]
+        return fn  # type: ignore[no-any-return]
 
     def check_args(self, args: Sequence[Any]) -> None:
         """Check ``args`` (and bind them: a bind group and uniform regions may be created)."""
@@ -367,9 +368,9 @@ class KernelPlan:
         )
         ns: dict[str, Any] = {"last_call": self._memo, "uniform_pool": self._pool, "FREES": memory.FREES,
                               "record": self.stream.record, "pipeline": self.pipeline, "call_slow": self._call_slow}
-        exec(compile(src, f"<khal webgpu call {self.name}>", "exec"), ns)
+        fn = define(src, f"webgpu call {self.name}", ns, "call")
         self.call_source = src
-        return ns["call"]  # type: ignore[no-any-return]
+        return fn  # type: ignore[no-any-return]
 
     def call(self, n: Any, args: Sequence[Any]) -> None:
         """``k(n, *args)``: ``ceil(n / block.x)`` workgroups; ``n == 0`` checks only.
