@@ -119,7 +119,8 @@ def _first_call(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch, args: tuple[o
             f = frame.f_code.co_filename
             if "khal_runtime" in f or f.startswith("<khal "):
                 frames += 1
-            d, fr = 0, frame
+            d = 0
+            fr: FrameType | None = frame
             while fr is not None:
                 d, fr = d + 1, fr.f_back
             deepest = max(deepest, d)
