@@ -83,11 +83,12 @@ def test_the_scalar_packer_shows_its_lines() -> None:
 # -- what a first call costs -------------------------------------------------------------------------
 #: (generated sources, Python frames in khal_runtime and its generated code, deepest stack below the
 #: call) of a first call, measured with the fake driver; a change that raises one says so here
-#: (before ``run`` was generated lazily: 4 / 495 / 20, 6 / 638 / 15, 2 / 175 / 12)
+#: (before ``run`` was generated lazily: 4 / 495 / 20, 6 / 638 / 15, 2 / 175 / 12; the grid rule's one
+#: definition, arguments.blocks_source, adds a frame where code is generated and one in grid_for)
 FIRST_CALL_BOUNDS = {
-    "buffers + bytes uniform": (3, 482, 20),
-    "tensor + ctypes uniform": (4, 607, 15),
-    "after plan(0), bytes uniform": (1, 159, 12),
+    "buffers + bytes uniform": (3, 487, 20),
+    "tensor + ctypes uniform": (4, 614, 15),
+    "after plan(0), bytes uniform": (1, 161, 12),
 }
 
 
@@ -149,3 +150,14 @@ def test_a_first_call_generates_little(fake: FakeDriver, monkeypatch: pytest.Mon
     got = _first_call(fake, monkeypatch, args, planned=case.startswith("after"))
     bound = FIRST_CALL_BOUNDS[case]
     assert all(g <= b for g, b in zip(got, bound)), (case, got, bound)
+
+
+def test_the_threads_to_grid_rule_is_defined_once(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """grid_for, the 2-D / 3-D rule and the generated call all use arguments.blocks_source."""
+    from khal_runtime.arguments import blocks, blocks_source, grid_for, grid_for_threads
+
+    assert [blocks(n, 128) for n in (1, 127, 128, 129, 256, 257)] == [1, 1, 1, 2, 2, 3]
+    assert grid_for("k", 257, 128) == 3 and grid_for_threads("k", (257, 3), (128, 2, 1), 2) == (3, 2, 1)
+    k, _ = _kernel(fake)
+    src = k.plan(0).call_source
+    assert src.count(f"gx = {blocks_source('n', 128)}") == 2  # the memo slot's new count, the full read

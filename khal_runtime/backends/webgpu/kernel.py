@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 from khal_runtime import abi
 from khal_runtime.abi import SCALARS
+from khal_runtime.arguments import blocks, blocks_source
 from khal_runtime.backends.webgpu import memory
 from khal_runtime.backends.webgpu.indirect import dispatch_indirect
 from khal_runtime.backends.webgpu.arrays import WgpuArray
@@ -360,7 +361,7 @@ class KernelPlan:
         src += (
             "        last = last_call[0]\n"
             f"        if {' and '.join(same)}:\n"
-            f"            gx = (n + {self._bx - 1}) // {self._bx}\n"
+            f"            gx = {blocks_source('n', self._bx)}\n"
             f"            if gx <= {self.max_groups}:\n"
             f"                record(pipeline, last[{n + 2}], gx, 1, 1, last[{n + 3}])\n"
             "                return\n"
@@ -385,7 +386,7 @@ class KernelPlan:
                 raise ValueError(f"{self.name}(): thread count must be >= 0, got {n}")
             self.resolve(args)
             return
-        gx = (n + self._bx - 1) // self._bx
+        gx = blocks(n, self._bx)
         if gx > self.max_groups:
             raise group_limit_error(self.name, (gx, 1, 1), self.max_groups, self.device)
         gen, frees = self._pool.generation, memory.FREES[0]
