@@ -20,9 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CallbackReporter", "all_prebuilt", "check_packages", "default_package", "summary"]
 
-_PREBUILT_PREFIX = "CUDA_OXIDE_SHADERS_PTX_"  # khal_runtime.abi.prebuilt_env_var's, without importing it
-
-
 class CallbackReporter:
     """A :class:`~hatch_khal.model.Reporter` over three callables (hatchling's
     ``app.display_*``, a setuptools command's ``announce``/``warn``)."""
@@ -93,9 +90,10 @@ def check_packages(root: Path, crates: list[ResolvedCrate], where: str) -> None:
 
 def all_prebuilt(crates: list[ResolvedCrate]) -> bool:
     """Every crate comes from a ``CUDA_OXIDE_SHADERS_PTX_<CRATE>`` file: no compiler needed."""
-    return bool(crates) and all(
-        os.environ.get(_PREBUILT_PREFIX + c.name.upper().replace("-", "_"), "").strip() for c in crates
-    )
+    # lazy: importing this module stays cheap (the crates' config module has imported abi already)
+    from khal_runtime.abi import prebuilt_env_var
+
+    return bool(crates) and all(os.environ.get(prebuilt_env_var(c.name), "").strip() for c in crates)
 
 
 def summary(result: BuildResult) -> str:

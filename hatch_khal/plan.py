@@ -14,7 +14,7 @@ import difflib
 import os
 from pathlib import Path
 
-from khal_runtime.abi import parse_arch
+from khal_runtime.abi import PREBUILT_ENV_PREFIX, parse_arch
 
 from hatch_khal.compilers import get_compiler
 from hatch_khal.config import ResolvedCrate, env_var_for_crate
@@ -24,7 +24,7 @@ from hatch_khal.model import CratePlan, Reporter
 
 __all__ = ["PREBUILT_PREFIX", "check_prebuilt_variables", "plan_crates", "targets"]
 
-PREBUILT_PREFIX = "CUDA_OXIDE_SHADERS_PTX_"
+PREBUILT_PREFIX = PREBUILT_ENV_PREFIX  # (the one definition is khal_runtime.abi's)
 
 
 def check_prebuilt_variables(crates: list[ResolvedCrate], reporter: Reporter) -> None:

@@ -542,10 +542,14 @@ def split_symbol(symbol: str) -> tuple[str, str] | None:
     return (m.group("name"), m.group("hash")) if m else None
 
 
+#: the prefix of khal-builder's variables naming a crate's prebuilt binary
+PREBUILT_ENV_PREFIX = "CUDA_OXIDE_SHADERS_PTX_"
+
+
 def prebuilt_env_var(crate: str) -> str:
     """``CUDA_OXIDE_SHADERS_PTX_<CRATE>``: khal-builder's name for a crate's prebuilt binary
     (upper-cased, ``-`` to ``_``)."""
-    return "CUDA_OXIDE_SHADERS_PTX_" + crate.upper().replace("-", "_")
+    return PREBUILT_ENV_PREFIX + crate.upper().replace("-", "_")
 
 
 def _field(p: Any, key: str) -> Any:

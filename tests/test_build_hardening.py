@@ -55,6 +55,7 @@ HIDDEN_INCLUDES = {
 }
 
 
+@pytest.mark.needs_nvrtc
 @pytest.mark.parametrize("how, where", [(h, w) for h in sorted(HIDDEN_INCLUDES) for w in ("include-dir", "source-dir")
                                         if not (h == "macro-angle" and w == "source-dir")])  # <...>: include path only
 def test_header_the_scanner_cannot_see_is_still_hashed(tmp_path: Path, how: str, where: str) -> None:
@@ -198,6 +199,7 @@ def test_setuptools_package_that_is_not_a_distribution_package_is_refused(tmp_pa
     assert _tree(proj) == before and not (tmp_path / "build_lib").exists()
 
 
+@pytest.mark.needs_nvrtc
 def test_existing_foreign_khal_folder_is_not_deleted(tmp_path: Path) -> None:
     from hatch_khal.builder import write_package_output
 
@@ -221,6 +223,7 @@ def test_existing_foreign_khal_folder_is_not_deleted(tmp_path: Path) -> None:
 # -- (8) an artifact for another arch is never shipped ---------------------------------------------
 
 
+@pytest.mark.needs_nvrtc
 def test_swapped_cache_entries_are_rebuilt_not_shipped(tmp_path: Path) -> None:
     root = make_project(tmp_path / "p", hook='archs = ["sm_80", "sm_90"]\nptx-arch = "compute_75"\n')
     cache = tmp_path / "cache"
@@ -246,6 +249,7 @@ def test_swapped_cache_entries_are_rebuilt_not_shipped(tmp_path: Path) -> None:
 # -- (10) a cache whose fan-out folders are unusable degrades to no cache --------------------------
 
 
+@pytest.mark.needs_nvrtc
 def test_files_where_cache_fanout_folders_should_be(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     (cache / "v1").mkdir(parents=True)
@@ -259,6 +263,7 @@ def test_files_where_cache_fanout_folders_should_be(tmp_path: Path) -> None:
     assert manifest_of(again)[1] == manifest_of(result)[1]
 
 
+@pytest.mark.needs_nvrtc
 def test_unwritable_cache_fanout_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tempfile
 
@@ -323,6 +328,7 @@ def test_prebuilt_special_files_are_refused_quickly(tmp_path: Path, kind: str) -
 # -- (12) a prebuilt variable for no crate is reported ----------------------------------------------
 
 
+@pytest.mark.needs_nvrtc
 @pytest.mark.parametrize("var", ["CUDA_OXIDE_SHADERS_PTX_ALHPA", "CUDA_OXIDE_SHADERS_PTX_GAMMA"])
 def test_prebuilt_variable_for_no_crate_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, var: str) -> None:
     """Was a warning, which pip does not show (issue #29): an error naming the variable and the crates'."""
@@ -346,6 +352,7 @@ def test_empty_prebuilt_variable_for_no_crate_warns(tmp_path: Path, monkeypatch:
 # -- (13) files outside the project and sources through symlinks -----------------------------------
 
 
+@pytest.mark.needs_nvrtc
 def test_editable_build_with_an_include_dir_outside_the_project(tmp_path: Path) -> None:
     from hatch_khal.builder import write_package_output
 
@@ -372,6 +379,7 @@ def test_editable_build_with_an_include_dir_outside_the_project(tmp_path: Path) 
     assert not any(str(tmp_path) in p for p in paths) and any("shared_inc/common.cuh" in p for p in paths)
 
 
+@pytest.mark.needs_nvrtc
 def test_sources_through_symlinks_to_same_named_files_are_distinct(tmp_path: Path) -> None:
     for d, entry in (("extA", "one"), ("extB", "two")):
         (tmp_path / d).mkdir()
@@ -410,6 +418,7 @@ MK(hidden) { out[0] = 1; }
 """ + OTHER_CU
 
 
+@pytest.mark.needs_nvrtc
 @pytest.mark.parametrize("src", [MACRO_ENTRY, MACRO_ENTRY.replace("#define MK(n) KHAL_ENTRY", "#define E KHAL_ENTRY\n#define MK(n) E")],
                          ids=["macro", "aliased-marker"])
 def test_entry_produced_by_a_macro_is_reported(tmp_path: Path, src: str) -> None:
@@ -421,6 +430,7 @@ def test_entry_produced_by_a_macro_is_reported(tmp_path: Path, src: str) -> None
     assert f"kernels/beta/fill.cu:{line}:" in msg and "'hidden'" in msg and "macro" in msg
 
 
+@pytest.mark.needs_nvrtc
 def test_entry_compiled_out_is_reported(tmp_path: Path) -> None:
     # a condition the scanner cannot decide (the compiler's version): the entry is kept, and
     # reported by name, file, line and condition when the compiler leaves it out
@@ -619,6 +629,7 @@ def test_cli_version_and_plain_help() -> None:
     assert "inspect" in helptext and "`" not in helptext
 
 
+@pytest.mark.needs_nvrtc
 def test_inspect_escapes_control_characters_from_a_hand_made_manifest(tmp_path: Path) -> None:
     """Issue #16 item 20: a crate name or a version carrying ESC sequences (colours, a terminal
     title, a hidden line) is printed escaped, never raw; also in verify's and the error's lines."""

@@ -289,6 +289,7 @@ def _set_editable(pkg: Any, root: str, sources: list[tuple[str, str]]) -> None:
     pkg.manifest_path.write_text(json.dumps(data))
 
 
+@pytest.mark.needs_nvrtc
 def test_an_editable_record_pointing_elsewhere_reads_nothing(tmp_path: Path) -> None:
     pkg = build_package(tmp_path, "synth_hard_editable")
     _set_editable(pkg, "/dev", [("zero", "0" * 64)])
@@ -301,6 +302,7 @@ def test_an_editable_record_pointing_elsewhere_reads_nothing(tmp_path: Path) -> 
     assert any(p.kind == "manifest" and "outside that project" in p.message for p in problems)
 
 
+@pytest.mark.needs_nvrtc
 def test_editable_sources_are_regular_files_named_inside_the_root(tmp_path: Path) -> None:
     pkg = build_package(tmp_path, "synth_hard_editable2", editable=True)
     outside = tmp_path.parent / "khal-outside-secret.txt"
@@ -351,6 +353,7 @@ def _entry(data: dict[str, Any], name: str = "axpby") -> dict[str, Any]:
     (lambda d: d["crates"].append(dict(d["crates"][0])), "a crate is listed twice"),
     (lambda d: _entry(d)["params"].append(dict(_entry(d)["params"][0])), "two parameters share a name"),
 ])
+@pytest.mark.needs_nvrtc
 def test_an_edited_manifest_is_a_manifest_error(tmp_path: Path, edit: Any, match: str) -> None:
     pkg = build_package(tmp_path, "synth_hard_manifest")
     _edit(pkg, edit)
@@ -365,6 +368,7 @@ def test_an_edited_manifest_is_a_manifest_error(tmp_path: Path, edit: Any, match
         p.error is ManifestError for p in problems_or_error)
 
 
+@pytest.mark.needs_nvrtc
 def test_deep_nesting_duplicate_keys_and_fifos_are_manifest_errors(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="nested deeper"):
         parse_manifest("[" * 100_000 + "]" * 100_000)
@@ -383,6 +387,7 @@ def test_deep_nesting_duplicate_keys_and_fifos_are_manifest_errors(tmp_path: Pat
         khal_runtime.load(pkg.package_dir)
 
 
+@pytest.mark.needs_nvrtc
 def test_an_artifact_that_is_a_device_or_fifo_is_refused(tmp_path: Path) -> None:
     pkg = build_package(tmp_path, "synth_hard_fifo_art")
     ptx = pkg.artifact_file("ptx")
@@ -400,6 +405,7 @@ def _sparse(path: Path, size: int) -> None:
         f.truncate(size)
 
 
+@pytest.mark.needs_nvrtc
 def test_a_manifest_over_the_size_cap_is_a_manifest_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from khal_runtime.manifest import MAX_MANIFEST_BYTES
 
@@ -415,6 +421,7 @@ def test_a_manifest_over_the_size_cap_is_a_manifest_error(tmp_path: Path, monkey
         parse_manifest(text)
 
 
+@pytest.mark.needs_nvrtc
 def test_an_artifact_over_the_size_cap_is_refused_unread(tmp_path: Path) -> None:
     from khal_runtime.verify import MAX_ARTIFACT_BYTES
 
@@ -428,6 +435,7 @@ def test_an_artifact_over_the_size_cap_is_refused_unread(tmp_path: Path) -> None
         khal_runtime.check_package(pkg.package_dir)
 
 
+@pytest.mark.needs_nvrtc
 def test_an_editable_source_over_the_size_cap_is_stale_unread(tmp_path: Path) -> None:
     from khal_runtime.verify import MAX_SOURCE_BYTES, check_sources
 
@@ -442,6 +450,7 @@ def test_an_editable_source_over_the_size_cap_is_stale_unread(tmp_path: Path) ->
 
 
 # -- (8) a binary of another arch in an arch's slot ------------------------------------------------------
+@pytest.mark.needs_nvrtc
 def test_a_cubin_of_another_arch_in_a_slot_is_refused(tmp_path: Path) -> None:
     pkg = build_package(tmp_path, "synth_hard_arch", cubin_archs=("sm_80", "sm_90"))
     import hashlib
@@ -464,6 +473,7 @@ def test_a_cubin_of_another_arch_in_a_slot_is_refused(tmp_path: Path) -> None:
         khal_runtime.check_package(pkg.package_dir)
 
 
+@pytest.mark.needs_nvrtc
 def test_the_loader_refuses_a_cubin_of_another_arch_before_the_driver_sees_it(
         tmp_path: Path, fake: FakeDriver) -> None:
     """The same swap met by a plain load and first launch on an sm_90 device (the fake driver):

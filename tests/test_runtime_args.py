@@ -23,6 +23,8 @@ from khal_runtime.errors import ArgumentError, ArgumentValueError
 from tests._synthetic import CRATE, build_package
 from tests.fakecuda import FakeDriver, fake, ptx_param_layouts  # noqa: F401  (fixture)
 
+pytestmark = pytest.mark.needs_nvrtc
+
 
 class FakeDeviceArray:
     """A device array seen only through __cuda_array_interface__ (v3)."""

@@ -81,6 +81,7 @@ def twin_wheel(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) ->
     return pip_wheel(make_twin(tmp / "proj"), tmp / "dist", build_env(session_cache))
 
 
+@pytest.mark.needs_nvrtc
 def test_twin_wheel_is_sound(twin_wheel: Path) -> None:
     assert twin_wheel.name == "example_shader_pkg-0.1.0-py3-none-any.whl"  # pure, like the hatch one
     verify_ok(twin_wheel)
@@ -152,6 +153,7 @@ MINI_KHAL = {
 }
 
 
+@pytest.mark.needs_nvrtc
 def test_src_layout_and_default_package(tmp_path: Path, session_cache: Path) -> None:
     """No ``package`` key: the project's package, found under src/ and mapped through package_dir."""
     proj = mini_project(tmp_path / "proj")
@@ -181,6 +183,7 @@ def _nvrtc_pin() -> str:
     return f"nvidia-cuda-nvrtc=={version('nvidia-cuda-nvrtc')}"
 
 
+@pytest.mark.needs_nvrtc
 def test_editable_install_builds_in_place_and_reports_stale(tmp_path: Path, session_cache: Path) -> None:
     proj = make_twin(tmp_path / "proj")
     py = _venv_seeing_this_env(tmp_path / "venv")
