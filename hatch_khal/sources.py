@@ -55,6 +55,10 @@ class SourceFile:
     path: Path  # the file as the compiler opens it
     rel: str  # its key: what hashes and manifests see
     data: bytes
+    #: its size and mtime (ns) from a stat taken just before it was read: a compile that read it
+    #: is checked against these (an edit, even one reverted, during the compile changes them)
+    size: int = -1
+    mtime_ns: int = -1
 
     @cached_property
     def text(self) -> str:
@@ -111,9 +115,16 @@ class _Keys:
         return EXTERNAL + p.as_posix()
 
 
+def read_stat(path: Path) -> tuple[bytes, int, int]:
+    """(bytes, size, mtime_ns) of ``path``, the stat taken before the read (so that an edit
+    during the read shows as a changed stat later)."""
+    st = os.stat(path)
+    return path.read_bytes(), st.st_size, st.st_mtime_ns
+
+
 def _read(path: Path, key: str, crate: str, what: str, *, text: bool) -> SourceFile:
     try:
-        data = path.read_bytes()
+        data, size, mtime_ns = read_stat(path)
     except FileNotFoundError:
         raise SourceError(f"crate {crate!r}: {what} {key} does not exist") from None
     except IsADirectoryError:
@@ -125,7 +136,7 @@ def _read(path: Path, key: str, crate: str, what: str, *, text: bool) -> SourceF
             f"{key}:1: crate {crate!r}: {what} starts with a UTF-8 byte-order mark, which NVRTC cannot "
             "parse; save it as UTF-8 without BOM"
         )
-    f = SourceFile(path, key, data)
+    f = SourceFile(path, key, data, size, mtime_ns)
     if text:
         try:
             f.text  # noqa: B018 - decoded once here, for the error
