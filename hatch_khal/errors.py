@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["CompileError", "ConfigError", "EntryParseError", "KhalBuildError", "OutputError", "PrebuiltError",
-           "SourceChangedError", "SourceError", "UncoveredReadError", "from_name"]
+           "SourceChangedError", "SourceError", "UncoveredReadError"]
 
 
 class KhalBuildError(Exception):

@@ -63,7 +63,8 @@ class CompilerIdentity:
     """What names a compiler in cache keys and in the manifest's toolchain."""
 
     name: str  # "nvrtc"
-    version: str  # "13.5"
+    #: exact: the release ("13.5.37", the NVRTC wheel's version), not only the minor
+    version: str
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity
 from hatch_khal.nvidia_wheels import FAMILIES, admitted_majors, library_major
 
 __all__ = ["NVRTC", "REQUIREMENT_ENV", "CompileResult", "NvrtcCompiler", "compile_listing_reads", "compile_unit",
-           "nvrtc_version", "requirement", "supported_archs"]
+           "nvrtc_release", "nvrtc_version", "requirement", "supported_archs"]
 
 #: The project's ``nvrtc-requirement`` while a front-end builds (:func:`requirement`); in the
 #: environment so that the compile worker processes, which inherit it, pick the same NVRTC.
@@ -168,6 +168,55 @@ def nvrtc_version() -> tuple[int, int]:
             f"builds run: pip install '{req[0]}' (one process loads one NVRTC: build in a fresh one)"
         )
     return version
+
+
+def _loaded_library() -> Path | None:
+    """The libnvrtc file this process loaded: the wheel's it preloaded, else the one the dynamic
+    loader mapped (Linux: /proc/self/maps), else None."""
+    lib = _preload_nvrtc()
+    if lib is not None:
+        return lib
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split(None, 5)[-1] if line.count(" ") >= 5 else ""
+        name = os.path.basename(path)
+        if name.startswith("libnvrtc.so") and os.path.isfile(path):
+            return Path(path)
+    return None
+
+
+def _wheel_version(lib: Path) -> str | None:
+    """The version of the installed NVRTC distribution whose files include ``lib``, or None."""
+    from importlib import metadata  # lazy: only when the compiler's identity is asked for
+
+    real = os.path.realpath(lib)
+    for fam in FAMILIES:
+        for dist in metadata.distributions(name=fam.nvrtc):
+            for f in dist.files or ():
+                if f.name == lib.name and os.path.realpath(str(dist.locate_file(f))) == real:
+                    return str(dist.version)
+    return None
+
+
+@lru_cache(maxsize=1)
+def nvrtc_release() -> str:
+    """The exact NVRTC in use, for cache keys and the manifest: the version of the wheel that
+    ships the loaded library (``13.5.37``: two patch releases of one minor compile differently),
+    else ``<major>.<minor>+lib.<sha256 of the library, 16 digits>``; ``<major>.<minor>`` only when the
+    library file cannot be found at all."""
+    major, minor = nvrtc_version()
+    lib = _loaded_library()
+    if lib is None:
+        return f"{major}.{minor}"
+    version = _wheel_version(lib)
+    if version is not None and version.split(".")[:2] == [str(major), str(minor)]:
+        return version
+    import hashlib  # lazy: only for an NVRTC no wheel ships
+
+    return f"{major}.{minor}+lib.{hashlib.sha256(lib.read_bytes()).hexdigest()[:16]}"
 
 
 @lru_cache(maxsize=1)
@@ -330,8 +379,8 @@ class NvrtcCompiler:
     name = "nvrtc"
 
     def identity(self) -> CompilerIdentity:
-        major, minor = nvrtc_version()
-        return CompilerIdentity(self.name, f"{major}.{minor}")
+        nvrtc_version()  # the requirement's check, on every call
+        return CompilerIdentity(self.name, nvrtc_release())
 
     def supported_archs(self) -> tuple[int, ...]:
         return supported_archs()

@@ -202,3 +202,24 @@ def test_nvrtc_without_the_trace_option_compiles_plainly(monkeypatch: pytest.Mon
                      text='extern "C" __global__ void k() {}\n')
     out = nvrtc.compile_listing_reads(job)
     assert out.reads is None and b".entry k" in out.data
+
+
+# -- (4) the compiler's full identity: the NVRTC wheel's release, not its minor --------------------
+
+def test_nvrtc_identity_is_the_wheels_release() -> None:
+    from importlib import metadata
+
+    assert nvrtc.NVRTC.identity().version == metadata.version("nvidia-cuda-nvrtc")
+
+
+def test_another_nvrtc_patch_release_recompiles_and_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-cuda-nvrtc 13.4.59 and 13.4.92 are both NVRTC "13.4": their outputs must not share a key."""
+    root = _project(tmp_path / "p", {})
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(nvrtc, "nvrtc_release", lambda: "13.4.59", raising=False)
+    first, _ = build(root, cache, jobs=1)
+    assert build(root, cache, jobs=1)[0].compiled == 0
+    monkeypatch.setattr(nvrtc, "nvrtc_release", lambda: "13.4.92", raising=False)
+    second, _ = build(root, cache, jobs=1)
+    assert second.compiled == 1
+    assert manifest_of(second)[0].toolchain.nvrtc_version == "13.4.92"
