@@ -2,8 +2,9 @@
 job (:func:`compile_jobs`), each from the cache when it can.
 
 Every output, fresh or cached, is checked by its compiler (:meth:`Compiler.check_output`:
-kind and arch): a cache entry that does not fit its job (a swapped or damaged entry) is
-dropped and rebuilt with a warning; a fresh output that does not fit is an error.
+kind and arch), a cached one also for its entry symbols' hashes: a cache entry that does not fit
+its job (a swapped or damaged entry, another build's binary of the crate) is dropped and rebuilt
+with a warning; a fresh output that does not fit is an error.
 Jobs run in this process (one job), in threads (light crates: NVRTC releases the GIL) or
 in worker processes (``python -m hatch_khal._worker``: crates that include the CUDA
 headers or CCCL spend seconds per arch in NVRTC's front end, which only scales across
@@ -27,6 +28,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import closing
 from typing import Callable, Generator
+
+from khal_runtime.binaries import BinaryFormatError, khal_symbols, read_binary
 
 from hatch_khal import errors
 from hatch_khal import _worker
@@ -251,6 +254,23 @@ def _usable(job: CompileJob, data: bytes) -> str | None:
     return get_compiler(job.compiler).check_output(job, data)
 
 
+def _carries_entries(job: CompileJob, data: bytes) -> str | None:
+    """Why a cached ``data`` is not the output of ``job``'s sources (an entry symbol with another
+    hash or missing: another build's binary of the same crate and arch), or None."""
+    if not job.entries:
+        return None
+    try:
+        found = khal_symbols(read_binary(data, f"crate {job.crate} {job.target}"))
+    except BinaryFormatError as exc:
+        return str(exc)
+    for name, want in job.entries:
+        got = found.get(name)
+        if got != want:
+            return (f"entry {name!r} carries hash {got}, the current sources give {want}" if got
+                    else f"it has no kernel for entry {name!r}")
+    return None
+
+
 def _checked_reads(job: CompileJob, out: CompileOutput, reporter: Reporter, unlisted: set[str]) -> bool:
     """Whether a fresh output may be cached: every file its compile read is covered and unchanged
     (:func:`hatch_khal.reads.check_reads`, which raises otherwise). A compiler that cannot list
@@ -294,7 +314,7 @@ def compile_jobs(
         hit = cache.lookup(job.key)
         if hit is None:
             return False
-        why = _usable(job, hit.data)
+        why = _usable(job, hit.data) or _carries_entries(job, hit.data)
         if why is not None:
             cache.drop(job.key, f"not a {job.target} output of crate {job.crate!r} ({why}); rebuilding it")
             return False

@@ -223,3 +223,28 @@ def test_another_nvrtc_patch_release_recompiles_and_is_recorded(tmp_path: Path, 
     second, _ = build(root, cache, jobs=1)
     assert second.compiled == 1
     assert manifest_of(second)[0].toolchain.nvrtc_version == "13.4.92"
+
+
+# -- (#29 item 10) a cache entry holding another build's binary of the crate is rebuilt -------------
+
+def test_cache_entry_with_another_builds_binary_is_dropped_and_rebuilt(tmp_path: Path) -> None:
+    from khal_runtime.binaries import khal_symbols, read_binary
+
+    root = _project(tmp_path / "p", {})
+    cache = tmp_path / "cache"
+
+    def entry_dirs() -> set[Path]:
+        return {a.parent for a in (cache / "v1").glob("*/*/artifact.bin")
+                if "scale" in khal_symbols(read_binary(a.read_bytes()))}
+
+    build(root, cache, jobs=1)
+    (old,) = entry_dirs()
+    src = root / "kernels/alpha/scale.cu"
+    src.write_text(src.read_text().replace("+ bias", "- bias"))
+    second, _ = build(root, cache, jobs=1)
+    (new,) = entry_dirs() - {old}
+    for name in ("artifact.bin", "meta.json"):  # the old build's binary under the new key: meta consistent
+        (new / name).write_bytes((old / name).read_bytes())
+    third, rep = build(root, cache, jobs=1)
+    assert third.compiled == 1 and _hashes(third) == _hashes(second)
+    assert any("carries hash" in w and "rebuilding it" in w for w in rep.warnings), rep.warnings
