@@ -248,3 +248,18 @@ def test_cache_entry_with_another_builds_binary_is_dropped_and_rebuilt(tmp_path:
     third, rep = build(root, cache, jobs=1)
     assert third.compiled == 1 and _hashes(third) == _hashes(second)
     assert any("carries hash" in w and "rebuilding it" in w for w in rep.warnings), rep.warnings
+
+
+# -- (#29 item 19) a CUDA C++ crate's options are in its hash and its cache key --------------------
+
+def test_changing_options_of_a_cuda_crate_recompiles_and_changes_the_entry_hash(tmp_path: Path) -> None:
+    root = _project(tmp_path / "p", {})
+    cache = tmp_path / "cache"
+    first, _ = build(root, cache, jobs=1)
+    pyproject = root / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('include-dirs = ["kernels/include"]',
+                                                       'include-dirs = ["kernels/include"]\noptions = ["--use_fast_math"]'))
+    second, _ = build(root, cache, jobs=1)
+    assert second.compiled == 1
+    assert _hashes(second) != _hashes(first)
+    assert _artifact(second) != _artifact(first)
