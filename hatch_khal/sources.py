@@ -7,11 +7,14 @@ the compiler reads changes. A header can be reached in ways no scanner sees (``#
 * the sources (the ``sources`` globs);
 * **every file** under the sources' folders and the crate's ``include-dirs``, recursively,
   of any type (hidden entries, ``__pycache__``, ``_khal`` output folders, virtual
-  environments and the project's ``build``/``dist`` are skipped);
+  environments and the project's ``build``/``dist`` are skipped, and so is what cannot be
+  stat'ed: a path too long, a folder that cannot be traversed);
 * every file a literal ``#include "..."`` / ``<...>`` reaches (followed transitively, also
   outside those folders).
 
 Compiler options that add include paths are refused by the config (:mod:`hatch_khal.config`).
+The set is a guess made before compiling: what the compiler actually read is checked against it
+before anything is cached (:mod:`hatch_khal.reads`), and a file outside it fails the build.
 
 Each file has a *key*: its POSIX path relative to the project root, as reached (a source
 through a symlink keeps the link's name, so two links to two ``k.cu`` stay two files). A
@@ -184,12 +187,37 @@ def _include_dirs(root: Path, crate: str, configured: list[str]) -> tuple[list[P
     return dirs, absolute
 
 
+def _exists(p: Path) -> bool:
+    try:
+        return os.path.exists(p)
+    except (OSError, ValueError):
+        return False
+
+
+def _is_file(p: Path) -> bool:
+    """A regular file (through links); False for what cannot be stat'ed (a name too long, a
+    folder that cannot be traversed): the compiler cannot open it either."""
+    try:
+        return os.path.isfile(p)
+    except (OSError, ValueError):
+        return False
+
+
 def _walk(folder: Path, root: Path, visited: set[Path]) -> list[Path]:
-    """Every file under ``folder`` the compiler could reach, skipping tool and output folders."""
+    """Every file under ``folder`` the compiler could reach, skipping tool and output folders.
+
+    What cannot be listed or stat'ed (ENAMETOOLONG, EACCES: a folder that cannot be traversed,
+    such as parts of /proc reached through a link) is skipped: the compiler cannot open it
+    either, and a file it does read that the hash does not cover fails the build
+    (:mod:`hatch_khal.reads`)."""
     out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
         here = Path(dirpath)
-        real = here.resolve()
+        try:
+            real = here.resolve()
+        except (OSError, RuntimeError):  # a name too long, a link loop
+            dirnames[:] = []
+            continue
         if real in visited:
             dirnames[:] = []
             continue
@@ -198,11 +226,11 @@ def _walk(folder: Path, root: Path, visited: set[Path]) -> list[Path]:
             d for d in dirnames
             if not d.startswith(".") and d not in _SKIP_DIRS and not d.endswith(".egg-info")
             and not (here == root and d in ("build", "dist"))
-            and not (here / d / "pyvenv.cfg").exists()
+            and not _exists(here / d / "pyvenv.cfg")
         )
         # regular files only: a FIFO or a dangling link is nothing the compiler can include
         out.extend(here / f for f in sorted(filenames)
-                   if not f.startswith(".") and not f.endswith(".pyc") and (here / f).is_file())
+                   if not f.startswith(".") and not f.endswith(".pyc") and _is_file(here / f))
     return out
 
 

@@ -263,3 +263,21 @@ def test_changing_options_of_a_cuda_crate_recompiles_and_changes_the_entry_hash(
     assert second.compiled == 1
     assert _hashes(second) != _hashes(first)
     assert _artifact(second) != _artifact(first)
+
+
+# -- (#29 item 13) what the hash walk cannot stat is skipped, not a raw OSError --------------------
+
+def test_a_path_too_long_to_stat_under_a_crate_folder_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _project(tmp_path / "p", {})
+    monkeypatch.chdir(root / "kernels/alpha")
+    depth = 0
+    while depth * 201 < 4200:  # past PATH_MAX (4096): made one relative step at a time
+        os.mkdir("d" * 200)
+        os.chdir("d" * 200)
+        depth += 1
+    os.mkdir("deepest")
+    with open("k.cuh", "w") as fh:
+        fh.write("#pragma once\n")
+    monkeypatch.chdir(tmp_path)
+    result, _ = build(root, tmp_path / "cache", jobs=1)
+    assert result.compiled == 1
