@@ -22,6 +22,8 @@ from typing import Callable, Iterable, Iterator
 
 from filelock import FileLock, Timeout
 
+from khal_runtime.abi import env_flag
+
 from hatch_khal.hashing import sha256_bytes
 
 __all__ = ["Cache", "CachedArtifact", "default_cache_dir"]
@@ -32,9 +34,10 @@ _LAYOUT = "v1"
 def default_cache_dir() -> Path | None:
     """``KHAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/hatch-khal``, else ``~/.cache/hatch-khal``.
 
-    ``KHAL_NO_CACHE`` (any non-empty value) turns the cache off.
+    ``KHAL_NO_CACHE`` turns the cache off: a boolean (:func:`khal_runtime.abi.env_flag`: ``1``
+    and any other value is on; unset, empty, ``0``, ``false``, ``no``, ``off`` are off).
     """
-    if os.environ.get("KHAL_NO_CACHE"):
+    if env_flag(os.environ.get("KHAL_NO_CACHE")):
         return None
     explicit = os.environ.get("KHAL_CACHE_DIR")
     if explicit:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from khal_runtime.abi import env_flag
 from khal_runtime.manifest import SpirvStatus
 
 from hatch_khal.__about__ import __version__
@@ -43,9 +44,10 @@ SKIP_ENV = "KHAL_SKIP_SPIRV"
 
 
 def spirv_status(cfg: ResolvedCrate) -> SpirvStatus:
-    """Whether a Slang crate builds WGSL / SPIR-V: yes, unless ``KHAL_SKIP_SPIRV`` is set (any
-    non-empty value) or the crate says ``spirv = false``."""
-    if os.environ.get(SKIP_ENV):
+    """Whether a Slang crate builds WGSL / SPIR-V: yes, unless ``KHAL_SKIP_SPIRV`` is on (a boolean:
+    :func:`khal_runtime.abi.env_flag`, so ``0`` / ``false`` / ``no`` / ``off`` skip nothing) or the
+    crate says ``spirv = false``."""
+    if env_flag(os.environ.get(SKIP_ENV)):
         return SpirvStatus(status="skipped", reason=f"{SKIP_ENV} is set")
     if cfg.spirv is False:
         return SpirvStatus(status="skipped", reason="option 'spirv = false' of the crate")
