@@ -40,7 +40,7 @@ from hatch_khal.config import jobs_from_env
 from hatch_khal.errors import KhalBuildError
 from hatch_khal.languages import get_language
 from hatch_khal.model import CompileJob, CompileOutput, CratePlan, Reporter
-from hatch_khal.reads import changed, check_reads
+from hatch_khal.reads import changed, check_reads, spelled_locations
 
 __all__ = ["compile_jobs", "prepare_crates"]
 
@@ -318,6 +318,11 @@ def compile_jobs(
         if why is not None:
             cache.drop(job.key, f"not a {job.target} output of crate {job.crate!r} ({why}); rebuilding it")
             return False
+        elsewhere = [loc for loc in hit.locations if loc not in job.locations]
+        if elsewhere:
+            reporter.debug(f"khal: {job.crate} {job.target}: the cached binary names {elsewhere[0]} (__FILE__), "
+                           "not this build's location; compiling")
+            return False
         outputs[(job.crate, job.target)] = CompileOutput(hit.data, hit.log, cached=True)
         reporter.debug(f"khal: {job.crate} {job.target}: cached")
         return True
@@ -358,7 +363,7 @@ def compile_jobs(
                     outcomes.close()
                     raise
                 if store:
-                    cache.store(job.key, out.data, out.log)
+                    cache.store(job.key, out.data, out.log, spelled_locations(job, out.data))
                 outputs[(job.crate, job.target)] = out
                 compiled += 1
                 if out.log:

@@ -10,6 +10,7 @@ CUDA C++ builds CUDA only: its SPIR-V status is ``not_applicable``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,6 +29,7 @@ from hatch_khal.headers import HeaderSet, header_hints, nvrtc_cuda_major, resolv
 from hatch_khal.model import CompileJob, CrateParts, CratePlan, PlannedEntry, Reporter
 from hatch_khal.probes import manifest_entries
 from hatch_khal.reads import cover, real_dirs
+from hatch_khal.reads import locations as path_forms
 from hatch_khal.sources import CrateSources, collect_sources
 
 if TYPE_CHECKING:
@@ -41,6 +43,8 @@ __all__ = ["CUDA", "CudaLanguage", "CudaPlan", "khal_include_dir"]
 NOT_APPLICABLE = SpirvStatus(status="not_applicable", reason="CUDA C++ source")
 
 _BASE_OPTIONS = ("-std=c++17",)
+#: what makes a compiled kernel spell the path of a file it was compiled from
+_PATH_MACROS = re.compile(rb"__FILE__|__builtin_FILE|source_location|\bassert\s*\(")
 
 
 def khal_include_dir() -> Path:
@@ -114,8 +118,9 @@ class CudaLanguage:
         options = (*_BASE_OPTIONS, *include, *defines, *cfg.options)
         covered = cover(plan.sources.all_files)
         covered_dirs = real_dirs([khal_include_dir(), *plan.headers.include_dirs])
-        locations = real_dirs([root, khal_include_dir(), *plan.sources.include_dirs, *plan.headers.include_dirs,
-                               *(s.path.parent for s in plan.sources.sources)])
+        locations = path_forms([root, *plan.sources.include_dirs, *(s.path.parent for s in plan.sources.sources),
+                                khal_include_dir(), *plan.headers.include_dirs])
+        names_paths = any(_PATH_MACROS.search(f.data) for f in plan.sources.all_files)
         entries = tuple((e.name, e.hash) for e in plan.entries)
         jobs = []
         for target in targets:
@@ -138,7 +143,7 @@ class CudaLanguage:
                                    name=f"{cfg.name}.khal.cu", options=options, key=key,
                                    header_mode=cfg.cuda_headers, heavy=bool(plan.sources.system_includes),
                                    covered=covered, covered_dirs=covered_dirs, entries=entries,
-                                   locations=locations))
+                                   locations=locations, names_paths=names_paths))
         return jobs
 
     def explain(self, plan: CratePlan, error: KhalBuildError) -> KhalBuildError:

@@ -107,6 +107,10 @@ class CompileJob:
     #: absolute paths given to the compiler (project root first): an output that spells one of them
     #: (``__FILE__``, line info) is cached for that location only
     locations: tuple[str, ...] = ()
+    #: the crate's files use ``__FILE__`` / ``__builtin_FILE`` / ``source_location`` / ``assert(``: an
+    #: output may spell the paths of its project side even where the optimiser folded the string
+    #: into code (then no scan of the binary finds it): cached for this location only
+    names_paths: bool = False
 
 
 @dataclass(frozen=True)

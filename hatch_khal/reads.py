@@ -27,7 +27,7 @@ from hatch_khal.errors import SourceChangedError, UncoveredReadError
 from hatch_khal.model import CompileJob, CoveredFile
 from hatch_khal.sources import SourceFile
 
-__all__ = ["changed", "check_reads", "cover", "real_dirs"]
+__all__ = ["changed", "check_reads", "cover", "locations", "real_dirs", "spelled_locations"]
 
 
 def cover(files: Iterable[SourceFile]) -> tuple[CoveredFile, ...]:
@@ -95,3 +95,31 @@ def check_reads(job: CompileJob, reads: Iterable[str]) -> None:
             "folders, add its folder to the crate's 'include-dirs', or rename it (a hidden file: no "
             "leading '.')"
         )
+
+
+def locations(dirs: Iterable[Path | str]) -> tuple[str, ...]:
+    """The absolute folders given to the compiler, each as given (normalised) and as its real path."""
+    out: list[str] = []
+    for d in dirs:
+        for form in (os.path.normpath(os.path.abspath(d)), os.path.realpath(d)):
+            if form not in out:
+                out.append(form)
+    return tuple(out)
+
+
+def _ptx_string(text: str) -> bytes:
+    """How PTX spells a string constant: ``.b8 name[N] = {47, 116, ...}`` (its bytes in decimal)."""
+    return ", ".join(str(b) for b in text.encode()).encode()
+
+
+def spelled_locations(job: CompileJob, data: bytes) -> tuple[str, ...]:
+    """The locations of ``job`` (:attr:`~hatch_khal.model.CompileJob.locations`) that its output
+    spells (``__FILE__``, line info: raw in a cubin, raw or as decimal bytes in PTX), plus, when the
+    crate's files use ``__FILE__`` and kin (:attr:`~hatch_khal.model.CompileJob.names_paths`), all
+    of its project side (the optimiser may fold a path into code no scan finds). A cached output is
+    a hit only where the compile is given those same locations: a checkout elsewhere recompiles."""
+    out = [loc for loc in job.locations if loc.encode() in data or _ptx_string(loc) in data]
+    if job.names_paths:
+        tools = set(job.covered_dirs)
+        out += [loc for loc in job.locations if loc not in out and loc not in tools]
+    return tuple(out)

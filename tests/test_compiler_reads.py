@@ -281,3 +281,49 @@ def test_a_path_too_long_to_stat_under_a_crate_folder_is_skipped(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     result, _ = build(root, tmp_path / "cache", jobs=1)
     assert result.compiled == 1
+
+
+# -- (5) __FILE__ spells the project's location: a checkout elsewhere does not get that binary -------
+
+FILE_GLOBAL = 'extern "C" __device__ const char khal_where[] = __FILE__;\n'
+#: the optimiser folds the string into stores: no scan of the binary finds the path
+FILE_FOLDED = ("__device__ const char* khal_where() { return __FILE__; }\n"
+               "KHAL_ENTRY(where, 64, (KHAL_STORAGE(uint8_t, out)))\n"
+               "{\n    for (int i = 0; i < 48; ++i) out[i] = khal_where()[i];\n}\n")
+
+
+@pytest.mark.parametrize("how", ["global", "folded"])
+def test_a_binary_naming_its_checkout_is_not_reused_by_another(tmp_path: Path, how: str) -> None:
+    import shutil
+
+    hook = 'archs = ["sm_90"]\nptx-arch = "compute_90"\n'
+    extra = {"kernels/alpha/where.cu": FILE_GLOBAL} if how == "global" else {"kernels/alpha/where.cu": FILE_FOLDED}
+    first = make_project(tmp_path / "a" / "p", hook=hook, files=extra)
+    cache = tmp_path / "cache"
+    build(first, cache, jobs=1)
+    second = tmp_path / "b" / "p"
+    shutil.copytree(first, second)
+    result, _ = build(second, cache, jobs=1)
+    m, files = manifest_of(result)
+    assert result.compiled == 2 and result.cached == 2  # alpha's two binaries again; beta's from the cache
+    if how == "global":
+        for art in m.crate("alpha").artifacts:
+            data = files[art.path]
+            spelled = str(second).encode() if art.kind == "cubin" else \
+                ", ".join(str(b) for b in str(second).encode()).encode()
+            assert spelled in data, art.path
+    again, _ = build(second, cache, jobs=1)
+    assert again.compiled == 0  # the entry now names the second checkout
+
+
+def test_the_scan_finds_paths_raw_and_as_ptx_bytes() -> None:
+    from hatch_khal.reads import spelled_locations
+
+    job = CompileJob(crate="c", target="compute_90", compiler="nvrtc", text="", name="k.cu", options=(), key="0",
+                     locations=("/x/proj", "/x/proj/inc", "/site/khal/include"), covered_dirs=("/site/khal/include",))
+    ptx = b".global .align 1 .b8 khal_where[20] = {" + ", ".join(str(b) for b in b"/x/proj/k.cu").encode() + b"};"
+    assert spelled_locations(job, ptx) == ("/x/proj",)
+    assert spelled_locations(job, b"\x00/x/proj/inc/a.cuh\x00") == ("/x/proj", "/x/proj/inc")
+    assert spelled_locations(job, b"nothing") == ()
+    assert spelled_locations(job.__class__(**{**job.__dict__, "names_paths": True}), b"nothing") == \
+        ("/x/proj", "/x/proj/inc")

@@ -30,6 +30,7 @@ from hatch_khal.hashing import canonical, sha256_bytes
 from hatch_khal.headers import HeaderSet, header_hints, nvrtc_cuda_major, resolve_headers
 from hatch_khal.model import CompileJob, CrateParts, CratePlan, PlannedEntry, Reporter
 from hatch_khal.reads import changed, cover, real_dirs
+from hatch_khal.reads import locations as path_forms
 from hatch_khal.slang.output import ALL_TARGETS, SlangOutput, SlangPlan, normalize_targets
 from hatch_khal.slang.stage import compile_slang_crate, plan_slang_crate
 
@@ -164,7 +165,7 @@ class SlangLanguage:
         include = tuple(f"-I{d}" for d in p.headers.include_dirs)
         # the unit is self-contained text (Slang's prelude inlined): NVRTC reads only the CUDA headers
         covered_dirs = real_dirs(p.headers.include_dirs)
-        locations = real_dirs([root, *p.headers.include_dirs])
+        locations = path_forms([root, *p.headers.include_dirs])
         entries = tuple((e.name, e.hash) for e in p.entries)
         jobs = []
         for target in targets:
