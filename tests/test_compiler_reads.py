@@ -327,3 +327,11 @@ def test_the_scan_finds_paths_raw_and_as_ptx_bytes() -> None:
     assert spelled_locations(job, b"nothing") == ()
     assert spelled_locations(job.__class__(**{**job.__dict__, "names_paths": True}), b"nothing") == \
         ("/x/proj", "/x/proj/inc")
+
+
+def test_a_build_from_the_project_folder_passes_the_read_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVRTC lists the generated #line names (``kernels/alpha/scale.cu``) among the files it read:
+    from the project folder they name the crate's own files."""
+    root = _project(tmp_path / "p", {})
+    monkeypatch.chdir(root)
+    assert build(root, tmp_path / "cache", jobs=1)[0].compiled == 1

@@ -435,3 +435,12 @@ def test_a_module_edited_while_slang_compiles_is_not_cached(tmp_path: Path, monk
     monkeypatch.undo()
     result, _ = build(root, cache=cache)
     assert result.compiled == 2  # the Slang stage and the cubin: nothing was cached
+
+
+def test_a_build_from_the_project_folder_passes_the_read_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVRTC lists the unit's #line names (``mods/util.slang``) among the files it read: from the
+    project folder they name real files, which the crate's hash covers (issue #24)."""
+    root = write(tmp_path / "p", MAIN)
+    monkeypatch.chdir(root)
+    result, _ = build(root)
+    assert result.compiled == 2

@@ -163,7 +163,10 @@ class SlangLanguage:
         compiler = get_compiler(self.compiler)
         ident = compiler.identity()
         include = tuple(f"-I{d}" for d in p.headers.include_dirs)
-        # the unit is self-contained text (Slang's prelude inlined): NVRTC reads only the CUDA headers
+        # the unit is self-contained text (Slang's prelude inlined): NVRTC reads only the CUDA headers;
+        # its #line names are the crate's .slang files (NVRTC lists them too), which the key covers
+        # through the Slang stage's output
+        covered = cover(p.files)
         covered_dirs = real_dirs(p.headers.include_dirs)
         locations = path_forms([root, *p.headers.include_dirs])
         entries = tuple((e.name, e.hash) for e in p.entries)
@@ -181,7 +184,8 @@ class SlangLanguage:
             }))
             jobs.append(CompileJob(crate=p.cfg.name, target=target, compiler=compiler.name, text=out.cuda_unit,
                                    name=out.unit_name, options=(*out.nvrtc_options, *include), key=key,
-                                   header_mode=p.cfg.cuda_headers, covered_dirs=covered_dirs, entries=entries,
+                                   header_mode=p.cfg.cuda_headers, covered=covered, covered_dirs=covered_dirs,
+                                   entries=entries,
                                    locations=locations))
         return jobs
 
