@@ -5,16 +5,16 @@ Every output, fresh or cached, is checked by its compiler (:meth:`Compiler.check
 kind and arch), a cached one also for its entry symbols' hashes: a cache entry that does not fit
 its job (a swapped or damaged entry, another build's binary of the crate) is dropped and rebuilt
 with a warning; a fresh output that does not fit is an error.
-Jobs run in this process (one job), in threads (light crates: NVRTC releases the GIL) or
-in worker processes (``python -m hatch_khal._worker``: crates that include the CUDA
-headers or CCCL spend seconds per arch in NVRTC's front end, which only scales across
-processes). Before an output is cached, every file its compile read is checked against what
-the content hash covers (:mod:`hatch_khal.reads`). A line up front says what will compile and
-how (:func:`plan_line`); each
-output is checked, cached and reported as it finishes; the first failure cancels the
-compiles still running or waiting (workers killed, nothing of theirs cached) and is raised
-at once. Every crate's first target compiles before any crate's second, so a broken crate
-fails the build early.
+Jobs are driven from this process (one job), from threads (light crates) or from worker
+processes (``python -m hatch_khal._worker``: crates that include the CUDA headers or CCCL spend
+seconds per arch in NVRTC's front end); NVRTC itself compiles each job in a process of its own
+(:mod:`hatch_khal.nvrtc`: its traced compiles cannot share one). Before an output is cached,
+every file its compile read is checked against what the content hash covers
+(:mod:`hatch_khal.reads`). A line up front says what will compile and how (:func:`plan_line`);
+each output is checked, cached and reported as it finishes; the first failure cancels the
+compiles still running or waiting (workers killed, nothing of theirs cached) and is raised at
+once. Every crate's first target compiles before any crate's second, so a broken crate fails the
+build early.
 """
 
 from __future__ import annotations
