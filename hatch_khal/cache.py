@@ -1,6 +1,7 @@
 """A content-addressed compile cache, safe under concurrent builds.
 
-Layout: ``<dir>/v1/<key[:2]>/<key>/{artifact.bin,meta.json}``. An entry is
+Layout: ``<dir>/v1/<key[:2]>/<key>/{artifact.bin,meta.json}``; ``meta.json`` holds the sha256, size,
+compiler log and, for an artifact that spells an absolute path (``__FILE__``), those locations. An entry is
 written into a temporary directory and renamed into place, so a build killed
 mid-write leaves no partial entry; a per-key file lock keeps two builds from
 compiling the same thing twice; every hit is re-hashed, and a damaged entry is
@@ -22,6 +23,8 @@ from typing import Callable, Iterable, Iterator
 
 from filelock import FileLock, Timeout
 
+from khal_runtime.abi import env_flag
+
 from hatch_khal.hashing import sha256_bytes
 
 __all__ = ["Cache", "CachedArtifact", "default_cache_dir"]
@@ -32,9 +35,10 @@ _LAYOUT = "v1"
 def default_cache_dir() -> Path | None:
     """``KHAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/hatch-khal``, else ``~/.cache/hatch-khal``.
 
-    ``KHAL_NO_CACHE`` (any non-empty value) turns the cache off.
+    ``KHAL_NO_CACHE`` turns the cache off: a boolean (:func:`khal_runtime.abi.env_flag`: ``1``
+    and any other value is on; unset, empty, ``0``, ``false``, ``no``, ``off`` are off).
     """
-    if os.environ.get("KHAL_NO_CACHE"):
+    if env_flag(os.environ.get("KHAL_NO_CACHE")):
         return None
     explicit = os.environ.get("KHAL_CACHE_DIR")
     if explicit:
@@ -48,6 +52,8 @@ class CachedArtifact:
     data: bytes
     log: str
     hit: bool
+    #: the absolute paths the artifact spells (``__FILE__``): it is an output for those locations only
+    locations: tuple[str, ...] = ()
 
 
 class Cache:
@@ -100,7 +106,11 @@ class Cache:
         if not isinstance(meta, dict) or meta.get("sha256") != sha256_bytes(data) or meta.get("size") != len(data):
             self.drop(key, "corrupted (sha256 mismatch); rebuilding it")
             return None
-        return CachedArtifact(data=data, log=str(meta.get("log", "")), hit=True)
+        locations = meta.get("locations", [])
+        if not isinstance(locations, list) or not all(isinstance(x, str) for x in locations):
+            self.drop(key, "unreadable (its locations); rebuilding it")
+            return None
+        return CachedArtifact(data=data, log=str(meta.get("log", "")), hit=True, locations=tuple(locations))
 
     def drop(self, key: str, why: str) -> None:
         """Remove a damaged entry, saying why (``why`` ends the warning)."""
@@ -109,7 +119,7 @@ class Cache:
         self.warn(f"khal cache entry {key[:12]} is {why}")
         shutil.rmtree(self._dir(key), ignore_errors=True)
 
-    def _write(self, key: str, data: bytes, log: str) -> None:
+    def _write(self, key: str, data: bytes, log: str, locations: tuple[str, ...]) -> None:
         final = self._dir(key)
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
@@ -119,7 +129,9 @@ class Cache:
             return
         try:
             (tmp / "artifact.bin").write_bytes(data)
-            meta = {"sha256": sha256_bytes(data), "size": len(data), "log": log}
+            meta: dict[str, object] = {"sha256": sha256_bytes(data), "size": len(data), "log": log}
+            if locations:
+                meta["locations"] = list(locations)
             (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True), "utf-8")
             if final.exists():
                 shutil.rmtree(final, ignore_errors=True)
@@ -149,9 +161,11 @@ class Cache:
         """The verified cached artifact for ``key``, or None (a damaged entry is dropped)."""
         return None if self.root is None else self._read(key)
 
-    def store(self, key: str, data: bytes, log: str) -> None:
+    def store(self, key: str, data: bytes, log: str, locations: tuple[str, ...] = ()) -> None:
+        """Keep ``data`` under ``key``; ``locations``: the absolute paths it spells (a hit elsewhere
+        is no hit: :attr:`CachedArtifact.locations`)."""
         if self.root is not None:
-            self._write(key, data, log)
+            self._write(key, data, log, tuple(locations))
 
     @contextmanager
     def locked(self, keys: Iterable[str]) -> Iterator[None]:

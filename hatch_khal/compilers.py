@@ -31,7 +31,9 @@ class Compiler(Protocol):
         ...
 
     def compile(self, job: CompileJob) -> CompileOutput:
-        """Compile one job; CompileError / ConfigError naming the crate on failure."""
+        """Compile one job; CompileError / ConfigError naming the crate on failure. The output's
+        ``reads`` lists every file the compiler opened (checked against the content hash before
+        caching, :mod:`hatch_khal.reads`); None when it cannot say, and then it is not cached."""
         ...
 
     def check_output(self, job: CompileJob, data: bytes) -> str | None:

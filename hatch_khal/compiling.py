@@ -2,16 +2,19 @@
 job (:func:`compile_jobs`), each from the cache when it can.
 
 Every output, fresh or cached, is checked by its compiler (:meth:`Compiler.check_output`:
-kind and arch): a cache entry that does not fit its job (a swapped or damaged entry) is
-dropped and rebuilt with a warning; a fresh output that does not fit is an error.
-Jobs run in this process (one job), in threads (light crates: NVRTC releases the GIL) or
-in worker processes (``python -m hatch_khal._worker``: crates that include the CUDA
-headers or CCCL spend seconds per arch in NVRTC's front end, which only scales across
-processes). A line up front says what will compile and how (:func:`plan_line`); each
-output is checked, cached and reported as it finishes; the first failure cancels the
-compiles still running or waiting (workers killed, nothing of theirs cached) and is raised
-at once. Every crate's first target compiles before any crate's second, so a broken crate
-fails the build early.
+kind and arch), a cached one also for its entry symbols' hashes: a cache entry that does not fit
+its job (a swapped or damaged entry, another build's binary of the crate) is dropped and rebuilt
+with a warning; a fresh output that does not fit is an error.
+Jobs are driven from this process (one job), from threads (light crates) or from worker
+processes (``python -m hatch_khal._worker``: crates that include the CUDA headers or CCCL spend
+seconds per arch in NVRTC's front end); NVRTC itself compiles each job in a process of its own
+(:mod:`hatch_khal.nvrtc`: its traced compiles cannot share one). Before an output is cached,
+every file its compile read is checked against what the content hash covers
+(:mod:`hatch_khal.reads`). A line up front says what will compile and how (:func:`plan_line`);
+each output is checked, cached and reported as it finishes; the first failure cancels the
+compiles still running or waiting (workers killed, nothing of theirs cached) and is raised at
+once. Every crate's first target compiles before any crate's second, so a broken crate fails the
+build early.
 """
 
 from __future__ import annotations
@@ -20,14 +23,16 @@ import os
 import pickle
 import queue
 import subprocess
-import sys
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import closing
 from typing import Callable, Generator
 
+from khal_runtime.binaries import BinaryFormatError, khal_symbols, read_binary
+
 from hatch_khal import errors
+from hatch_khal import _worker
 from hatch_khal._worker import _HEADER
 from hatch_khal.cache import Cache
 from hatch_khal.compilers import get_compiler
@@ -35,6 +40,7 @@ from hatch_khal.config import jobs_from_env
 from hatch_khal.errors import KhalBuildError
 from hatch_khal.languages import get_language
 from hatch_khal.model import CompileJob, CompileOutput, CratePlan, Reporter
+from hatch_khal.reads import changed, check_reads, spelled_locations
 
 __all__ = ["compile_jobs", "prepare_crates"]
 
@@ -48,13 +54,6 @@ def _attempt(job: CompileJob) -> Outcome:
         return get_compiler(job.compiler).compile(job)
     except KhalBuildError as exc:
         return exc
-
-
-def _error_from(name: str, message: str) -> KhalBuildError:
-    cls = getattr(errors, name, KhalBuildError)
-    if isinstance(cls, type) and issubclass(cls, KhalBuildError):
-        return cls(message)
-    return KhalBuildError(message)
 
 
 def _order(todo: list[CompileJob]) -> list[CompileJob]:
@@ -96,9 +95,8 @@ def _in_processes(todo: list[CompileJob], workers: int) -> Outcomes:
     """Compile ``todo`` in ``workers`` child processes, each given its next job when it answers
     the last; yields each outcome as it arrives. Closing the generator (the caller stopped at
     a failure, or was interrupted) kills the workers: none outlives it."""
-    env = dict(os.environ)
     # the child sees what this process sees (an isolated build env is only on sys.path)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env = _worker.environment()
     results: queue.SimpleQueue[tuple[int, bytes | None]] = queue.SimpleQueue()
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
@@ -110,7 +108,7 @@ def _in_processes(todo: list[CompileJob], workers: int) -> Outcomes:
             log = tempfile.TemporaryFile()
             logs.append(log)
             # stdin stays open: its end of file tells the worker this process is gone
-            proc = subprocess.Popen([sys.executable, "-m", "hatch_khal._worker"], stdin=subprocess.PIPE,
+            proc = subprocess.Popen(_worker.command(), stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=log, env=env)
             procs.append(proc)
             reader = threading.Thread(target=_read_frames, args=(index, proc, results), daemon=True,
@@ -142,7 +140,8 @@ def _in_processes(todo: list[CompileJob], workers: int) -> Outcomes:
             if following is not None:
                 busy[index] = following
             _send(procs[index], following)
-            yield job, (CompileOutput(out[1], out[2], out[3]) if out[0] == "ok" else _error_from(out[1], out[2]))
+            yield job, (CompileOutput(out[1], out[2], out[3], reads=out[4]) if out[0] == "ok"
+                        else errors.from_name(out[1], out[2]))
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -255,6 +254,45 @@ def _usable(job: CompileJob, data: bytes) -> str | None:
     return get_compiler(job.compiler).check_output(job, data)
 
 
+def _carries_entries(job: CompileJob, data: bytes) -> str | None:
+    """Why a cached ``data`` is not the output of ``job``'s sources (an entry symbol with another
+    hash or missing: another build's binary of the same crate and arch), or None."""
+    if not job.entries:
+        return None
+    try:
+        found = khal_symbols(read_binary(data, f"crate {job.crate} {job.target}"))
+    except BinaryFormatError as exc:
+        return str(exc)
+    for name, want in job.entries:
+        got = found.get(name)
+        if got != want:
+            return (f"entry {name!r} carries hash {got}, the current sources give {want}" if got
+                    else f"it has no kernel for entry {name!r}")
+    return None
+
+
+def _checked_reads(job: CompileJob, out: CompileOutput, reporter: Reporter, unlisted: set[str]) -> bool:
+    """Whether a fresh output may be cached: every file its compile read is covered and unchanged
+    (:func:`hatch_khal.reads.check_reads`, which raises otherwise). A compiler that cannot list
+    what it read gets its outputs used, not cached (one warning per compiler), once the files the
+    hash covers are checked unchanged."""
+    if out.reads is not None:
+        check_reads(job, out.reads)
+        return True
+    for f in job.covered:
+        why = changed(f)
+        if why is not None:
+            raise errors.SourceChangedError(
+                f"crate {job.crate!r}: {f.key} changed while the crate compiled for {job.target} ({why}); "
+                "build again")
+    if job.compiler not in unlisted:
+        unlisted.add(job.compiler)
+        reporter.warn(f"khal: this {job.compiler.upper()} cannot list the files a compile reads (NVRTC "
+                      "--fdevice-time-trace), so what it compiles is not cached: an edit to a header the "
+                      "hook did not hash could not be told from a cache hit")
+    return False
+
+
 def compile_jobs(
     all_jobs: list[CompileJob],
     cache: Cache,
@@ -276,9 +314,14 @@ def compile_jobs(
         hit = cache.lookup(job.key)
         if hit is None:
             return False
-        why = _usable(job, hit.data)
+        why = _usable(job, hit.data) or _carries_entries(job, hit.data)
         if why is not None:
             cache.drop(job.key, f"not a {job.target} output of crate {job.crate!r} ({why}); rebuilding it")
+            return False
+        elsewhere = [loc for loc in hit.locations if loc not in job.locations]
+        if elsewhere:
+            reporter.debug(f"khal: {job.crate} {job.target}: the cached binary names {elsewhere[0]} (__FILE__), "
+                           "not this build's location; compiling")
             return False
         outputs[(job.crate, job.target)] = CompileOutput(hit.data, hit.log, cached=True)
         reporter.debug(f"khal: {job.crate} {job.target}: cached")
@@ -298,6 +341,7 @@ def compile_jobs(
             per_crate[job.crate] = per_crate.get(job.crate, 0) + 1
         reporter.info(plan_line(per_crate, len(all_jobs) - len(todo), workers, how))
         width = len(str(len(todo)))
+        unlisted: set[str] = set()
         # each outcome is checked, stored and shown as it comes; the first failure stops the rest
         with closing(_run(todo, workers, how)) as outcomes:
             for job, out in outcomes:
@@ -313,7 +357,13 @@ def compile_jobs(
                     outcomes.close()
                     raise KhalBuildError(f"crate {job.crate!r}: the compiler's output for {job.target} is "
                                          f"unusable: {why}")
-                cache.store(job.key, out.data, out.log)
+                try:
+                    store = _checked_reads(job, out, reporter, unlisted)
+                except KhalBuildError:
+                    outcomes.close()
+                    raise
+                if store:
+                    cache.store(job.key, out.data, out.log, spelled_locations(job, out.data))
                 outputs[(job.crate, job.target)] = out
                 compiled += 1
                 if out.log:

@@ -10,6 +10,7 @@ CUDA C++ builds CUDA only: its SPIR-V status is ``not_applicable``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -27,6 +28,8 @@ from hatch_khal.hashing import canonical, crate_content_hash, entry_hash, khal_h
 from hatch_khal.headers import HeaderSet, header_hints, nvrtc_cuda_major, resolve_headers
 from hatch_khal.model import CompileJob, CrateParts, CratePlan, PlannedEntry, Reporter
 from hatch_khal.probes import manifest_entries
+from hatch_khal.reads import cover, real_dirs
+from hatch_khal.reads import locations as path_forms
 from hatch_khal.sources import CrateSources, collect_sources
 
 if TYPE_CHECKING:
@@ -40,6 +43,8 @@ __all__ = ["CUDA", "CudaLanguage", "CudaPlan", "khal_include_dir"]
 NOT_APPLICABLE = SpirvStatus(status="not_applicable", reason="CUDA C++ source")
 
 _BASE_OPTIONS = ("-std=c++17",)
+#: what makes a compiled kernel spell the path of a file it was compiled from
+_PATH_MACROS = re.compile(rb"__FILE__|__builtin_FILE|source_location|\bassert\s*\(")
 
 
 def khal_include_dir() -> Path:
@@ -86,11 +91,12 @@ class CudaLanguage:
                 "mark kernels with KHAL_ENTRY(name, block_size, (params...)) from khal.h"
             )
         headers = HeaderSet(cfg.cuda_headers)
-        extra: dict[str, object] = {}
+        # the include path's order decides which of two same-named headers the compiler reads
+        extra: dict[str, object] = {"include_dirs": list(cfg.include_dirs)}
         if sources.system_includes:
             # CUDA/CCCL headers are not hashed file by file: their package versions are.
             headers = resolve_headers(cfg.cuda_headers, nvrtc_cuda_major())
-            extra = {"cuda_headers": [cfg.cuda_headers, [list(f) for f in headers.fingerprint]]}
+            extra["cuda_headers"] = [cfg.cuda_headers, [list(f) for f in headers.fingerprint]]
         content = crate_content_hash(sources.all_files, cfg.defines, cfg.options, extra)
         entries = [(d, entry_hash(content, d)) for d in decls]
         return CudaPlan(cfg=cfg, language=self.name, content_hash=content, spirv=NOT_APPLICABLE,
@@ -110,6 +116,12 @@ class CudaLanguage:
         include += [f"-I{d}" for d in plan.headers.include_dirs]
         defines = [f"-D{k}={v}" if v != "" else f"-D{k}" for k, v in sorted(cfg.defines.items())]
         options = (*_BASE_OPTIONS, *include, *defines, *cfg.options)
+        covered = cover(plan.sources.all_files)
+        covered_dirs = real_dirs([khal_include_dir(), *plan.headers.include_dirs])
+        locations = path_forms([root, *plan.sources.include_dirs, *(s.path.parent for s in plan.sources.sources),
+                                khal_include_dir(), *plan.headers.include_dirs])
+        names_paths = any(_PATH_MACROS.search(f.data) for f in plan.sources.all_files)
+        entries = tuple((e.name, e.hash) for e in plan.entries)
         jobs = []
         for target in targets:
             key = sha256_bytes(
@@ -129,7 +141,9 @@ class CudaLanguage:
             )
             jobs.append(CompileJob(crate=cfg.name, target=target, compiler=compiler.name, text=unit.text,
                                    name=f"{cfg.name}.khal.cu", options=options, key=key,
-                                   header_mode=cfg.cuda_headers, heavy=bool(plan.sources.system_includes)))
+                                   header_mode=cfg.cuda_headers, heavy=bool(plan.sources.system_includes),
+                                   covered=covered, covered_dirs=covered_dirs, entries=entries,
+                                   locations=locations, names_paths=names_paths))
         return jobs
 
     def explain(self, plan: CratePlan, error: KhalBuildError) -> KhalBuildError:

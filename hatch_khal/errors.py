@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["CompileError", "ConfigError", "EntryParseError", "KhalBuildError", "OutputError", "PrebuiltError",
-           "SourceError"]
+           "SourceChangedError", "SourceError", "UncoveredReadError"]
 
 
 class KhalBuildError(Exception):
@@ -22,6 +22,16 @@ class EntryParseError(SourceError):
     """A KHAL_ENTRY marker does not follow the grammar (names file:line)."""
 
 
+class UncoveredReadError(SourceError):
+    """The compiler read a file that the crate's content hash does not cover (a header reached
+    through a macro ``#include`` from outside the crate's folders, a hidden file, ...): an edit
+    to it would not rebuild the crate. Names the crate and the file."""
+
+
+class SourceChangedError(SourceError):
+    """A file the compiler read changed while the crate compiled: nothing was cached; build again."""
+
+
 class CompileError(KhalBuildError):
     """NVRTC rejected a crate; the message carries NVRTC's log with file:line."""
 
@@ -32,3 +42,12 @@ class PrebuiltError(KhalBuildError):
 
 class OutputError(KhalBuildError):
     """The build would write outside the project, or replace files it did not write."""
+
+
+def from_name(name: str, message: str) -> KhalBuildError:
+    """The error of class ``name`` (one of this module's) with ``message``: how an error crosses
+    from a worker process; an unknown name is a plain KhalBuildError."""
+    cls = globals().get(name, KhalBuildError)
+    if isinstance(cls, type) and issubclass(cls, KhalBuildError):
+        return cls(message)
+    return KhalBuildError(message)

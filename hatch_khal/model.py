@@ -23,6 +23,7 @@ __all__ = [
     "CompileJob",
     "CompileOutput",
     "CompilerIdentity",
+    "CoveredFile",
     "CrateParts",
     "CratePlan",
     "PackageOutput",
@@ -62,7 +63,20 @@ class CompilerIdentity:
     """What names a compiler in cache keys and in the manifest's toolchain."""
 
     name: str  # "nvrtc"
-    version: str  # "13.5"
+    #: exact: the release ("13.5.37", the NVRTC wheel's version), not only the minor
+    version: str
+
+
+@dataclass(frozen=True)
+class CoveredFile:
+    """A file the content hash covers, as it was when hashed: what a compile that read it is
+    checked against before its output is cached (:mod:`hatch_khal.reads`)."""
+
+    path: str  # its real path (symlinks resolved)
+    key: str  # its key in the content hash (for messages)
+    sha256: str
+    size: int
+    mtime_ns: int
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,20 @@ class CompileJob:
     header_mode: str = "wheels"
     #: includes CUDA / CCCL headers: seconds per arch, compiled in worker processes
     heavy: bool = False
+    #: the files the content hash covers, each with the bytes and stat it was hashed with
+    covered: tuple[CoveredFile, ...] = ()
+    #: folders whose identity (not their files) is in the key: hatch-khal's include folder, the
+    #: CUDA header folders (package versions); real paths
+    covered_dirs: tuple[str, ...] = ()
+    #: (name, entry hash) of every entry the output must carry (a cache entry that does not is dropped)
+    entries: tuple[tuple[str, str], ...] = ()
+    #: absolute paths given to the compiler (project root first): an output that spells one of them
+    #: (``__FILE__``, line info) is cached for that location only
+    locations: tuple[str, ...] = ()
+    #: the crate's files use ``__FILE__`` / ``__builtin_FILE`` / ``source_location`` / ``assert(``: an
+    #: output may spell the paths of its project side even where the optimiser folded the string
+    #: into code (then no scan of the binary finds it): cached for this location only
+    names_paths: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +119,9 @@ class CompileOutput:
     log: str  # warnings (empty when clean)
     seconds: float = 0.0
     cached: bool = False
+    #: every file the compiler opened, as it named them; None when it cannot say (then the output
+    #: is not cached)
+    reads: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

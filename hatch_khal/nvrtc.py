@@ -6,12 +6,21 @@ cuda-pathfinder). A process loads one NVRTC: where several are installed, the ne
 that the project's ``nvrtc-requirement`` admits (:func:`requirement`); one it does not admit is
 a ConfigError. PTX is produced here rather than by ``cuda.core.Program``, whose PTX path asks
 for a driver.
+
+Every compile of the build runs in a process of its own (``python -m hatch_khal._worker --once``)
+with ``--fdevice-time-trace``, whose trace lists every header NVRTC opened: the compile stage checks
+them against the content hash before caching (:mod:`hatch_khal.reads`). A process of its own,
+because NVRTC 13.5 crashes in a compile that follows a traced one in the same process.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
+import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,12 +31,13 @@ from typing import Any, Iterator
 from khal_runtime.abi import parse_arch
 from khal_runtime.binaries import BinaryFormatError, read_binary
 
-from hatch_khal.errors import CompileError, ConfigError, KhalBuildError
+from hatch_khal import _worker
+from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, from_name
 from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity
 from hatch_khal.nvidia_wheels import FAMILIES, admitted_majors, library_major
 
-__all__ = ["NVRTC", "REQUIREMENT_ENV", "CompileResult", "NvrtcCompiler", "compile_unit", "nvrtc_version",
-           "requirement", "supported_archs"]
+__all__ = ["NVRTC", "REQUIREMENT_ENV", "CompileResult", "NvrtcCompiler", "compile_listing_reads", "compile_unit",
+           "nvrtc_release", "nvrtc_version", "requirement", "supported_archs"]
 
 #: The project's ``nvrtc-requirement`` while a front-end builds (:func:`requirement`); in the
 #: environment so that the compile worker processes, which inherit it, pick the same NVRTC.
@@ -160,6 +170,55 @@ def nvrtc_version() -> tuple[int, int]:
     return version
 
 
+def _loaded_library() -> Path | None:
+    """The libnvrtc file this process loaded: the wheel's it preloaded, else the one the dynamic
+    loader mapped (Linux: /proc/self/maps), else None."""
+    lib = _preload_nvrtc()
+    if lib is not None:
+        return lib
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split(None, 5)[-1] if line.count(" ") >= 5 else ""
+        name = os.path.basename(path)
+        if name.startswith("libnvrtc.so") and os.path.isfile(path):
+            return Path(path)
+    return None
+
+
+def _wheel_version(lib: Path) -> str | None:
+    """The version of the installed NVRTC distribution whose files include ``lib``, or None."""
+    from importlib import metadata  # lazy: only when the compiler's identity is asked for
+
+    real = os.path.realpath(lib)
+    for fam in FAMILIES:
+        for dist in metadata.distributions(name=fam.nvrtc):
+            for f in dist.files or ():
+                if f.name == lib.name and os.path.realpath(str(dist.locate_file(f))) == real:
+                    return str(dist.version)
+    return None
+
+
+@lru_cache(maxsize=1)
+def nvrtc_release() -> str:
+    """The exact NVRTC in use, for cache keys and the manifest: the version of the wheel that
+    ships the loaded library (``13.5.37``: two patch releases of one minor compile differently),
+    else ``<major>.<minor>+lib.<sha256 of the library, 16 digits>``; ``<major>.<minor>`` only when the
+    library file cannot be found at all."""
+    major, minor = nvrtc_version()
+    lib = _loaded_library()
+    if lib is None:
+        return f"{major}.{minor}"
+    version = _wheel_version(lib)
+    if version is not None and version.split(".")[:2] == [str(major), str(minor)]:
+        return version
+    import hashlib  # lazy: only for an NVRTC no wheel ships
+
+    return f"{major}.{minor}+lib.{hashlib.sha256(lib.read_bytes()).hexdigest()[:16]}"
+
+
 @lru_cache(maxsize=1)
 def supported_archs() -> tuple[int, ...]:
     nvrtc = _nvrtc()
@@ -181,14 +240,17 @@ def compile_unit(
     arch: str,
     options: list[str],
     crate: str,
+    *,
+    hidden: tuple[str, ...] = (),
 ) -> CompileResult:
-    """Compile one translation unit for ``arch`` ('sm_90' → cubin, 'compute_75' → PTX)."""
+    """Compile one translation unit for ``arch`` ('sm_90' → cubin, 'compute_75' → PTX).
+    ``hidden``: options of the hook's own, left out of messages (the trace file)."""
     nvrtc = _nvrtc()
     nvrtc_version()
     err, prog = nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], [])
     _check(err, "program creation")
     try:
-        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in options]
+        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in (*options, *hidden)]
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
         _check(err, "log query")
@@ -224,22 +286,112 @@ def compile_unit(
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+#: NVRTC's Chrome trace (``--fdevice-time-trace=<base>`` writes ``<base>.json``): one event of this
+#: name per header it opened, ``args.detail`` its path as NVRTC opened it (measured with 13.5)
+_HEADER_EVENT = "Processing Header File"
+
+
+def _trace_reads(path: str) -> tuple[str, ...] | None:
+    """The headers NVRTC opened, from its trace file; None when there is no readable trace."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        return None
+    out: list[str] = []
+    for e in events:
+        if isinstance(e, dict) and e.get("name") == _HEADER_EVENT:
+            detail = (e.get("args") or {}).get("detail")
+            if isinstance(detail, str) and detail not in out:
+                out.append(detail)
+    return tuple(out)
+
+
+def _traced(text: str, name: str, arch: str, options: list[str], crate: str) -> tuple[CompileResult, tuple[str, ...] | None]:
+    """Compile with ``--fdevice-time-trace`` into a private folder: the result and the files read."""
+    with tempfile.TemporaryDirectory(prefix="khal-trace-") as tmp:
+        base = os.path.join(tmp, "trace")
+        r = compile_unit(text, name, arch, options, crate, hidden=(f"--fdevice-time-trace={base}",))
+        return r, _trace_reads(base + ".json")
+
+
+def compile_listing_reads(job: CompileJob) -> CompileOutput:
+    """Compile ``job`` here with NVRTC's trace on: the output and the files NVRTC read (``reads``
+    None where this NVRTC rejects ``--fdevice-time-trace``: CUDA 12 releases before it had it).
+
+    Run it in a process of its own that compiles nothing else (:meth:`NvrtcCompiler.compile`
+    does): after a traced compile, NVRTC 13.5 crashes in a later compile of the same process
+    (measured: ``LLVM ERROR: out of memory``, ``std::length_error``, segfaults, with or without
+    the trace on the later one)."""
+    t0 = time.perf_counter()
+    reads: tuple[str, ...] | None
+    try:
+        r, reads = _traced(job.text, job.name, job.target, list(job.options), job.crate)
+    except ConfigError:  # NVRTC_ERROR_INVALID_OPTION: the trace option, or the crate's own options
+        r = compile_unit(job.text, job.name, job.target, list(job.options), job.crate)
+        reads = None
+    return CompileOutput(r.data, r.log, time.perf_counter() - t0, reads=reads)
+
+
+def _in_child(job: CompileJob) -> CompileOutput:
+    """:func:`compile_listing_reads` in a fresh ``python -m hatch_khal._worker --once``."""
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(_worker.command(once=True), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=log, env=_worker.environment())
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            payload = pickle.dumps(job)
+            proc.stdin.write(_worker.HEADER.pack(len(payload)) + payload)
+            proc.stdin.flush()
+            head = proc.stdout.read(_worker.HEADER.size)
+            body = proc.stdout.read(_worker.HEADER.unpack(head)[0]) if len(head) == _worker.HEADER.size else b""
+            out = pickle.loads(body) if body else None
+        except (OSError, pickle.UnpicklingError, EOFError):
+            out = None
+        finally:
+            for pipe in (proc.stdin, proc.stdout):
+                try:
+                    if pipe is not None:
+                        pipe.close()
+                except OSError:
+                    pass
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if out is None:
+            log.seek(0)
+            tail = log.read().decode("utf-8", "replace")[-2000:]
+            raise KhalBuildError(f"the NVRTC process compiling crate {job.crate!r} for {job.target} failed "
+                                 f"(exit {proc.returncode}):\n{tail}")
+    if out[0] != "ok":
+        raise from_name(out[1], out[2])
+    return CompileOutput(out[1], out[2], out[3], reads=out[4])
+
+
 class NvrtcCompiler:
     """NVRTC behind the :class:`hatch_khal.compilers.Compiler` seam (CUDA C++ -> PTX / cubin)."""
 
     name = "nvrtc"
 
     def identity(self) -> CompilerIdentity:
-        major, minor = nvrtc_version()
-        return CompilerIdentity(self.name, f"{major}.{minor}")
+        nvrtc_version()  # the requirement's check, on every call
+        return CompilerIdentity(self.name, nvrtc_release())
 
     def supported_archs(self) -> tuple[int, ...]:
         return supported_archs()
 
     def compile(self, job: CompileJob) -> CompileOutput:
-        t0 = time.perf_counter()
-        r = compile_unit(job.text, job.name, job.target, list(job.options), job.crate)
-        return CompileOutput(r.data, r.log, time.perf_counter() - t0)
+        """Compile in a process of its own, listing the files NVRTC read (:func:`compile_listing_reads`)."""
+        return _in_child(job)
+
+    def compile_here(self, job: CompileJob) -> CompileOutput:
+        """:func:`compile_listing_reads` in this process (the ``--once`` worker calls this)."""
+        return compile_listing_reads(job)
 
     def check_output(self, job: CompileJob, data: bytes) -> str | None:
         want = parse_arch(job.target)

@@ -7,11 +7,14 @@ the compiler reads changes. A header can be reached in ways no scanner sees (``#
 * the sources (the ``sources`` globs);
 * **every file** under the sources' folders and the crate's ``include-dirs``, recursively,
   of any type (hidden entries, ``__pycache__``, ``_khal`` output folders, virtual
-  environments and the project's ``build``/``dist`` are skipped);
+  environments and the project's ``build``/``dist`` are skipped, and so is what cannot be
+  stat'ed: a path too long, a folder that cannot be traversed);
 * every file a literal ``#include "..."`` / ``<...>`` reaches (followed transitively, also
   outside those folders).
 
 Compiler options that add include paths are refused by the config (:mod:`hatch_khal.config`).
+The set is a guess made before compiling: what the compiler actually read is checked against it
+before anything is cached (:mod:`hatch_khal.reads`), and a file outside it fails the build.
 
 Each file has a *key*: its POSIX path relative to the project root, as reached (a source
 through a symlink keeps the link's name, so two links to two ``k.cu`` stay two files). A
@@ -55,6 +58,10 @@ class SourceFile:
     path: Path  # the file as the compiler opens it
     rel: str  # its key: what hashes and manifests see
     data: bytes
+    #: its size and mtime (ns) from a stat taken just before it was read: a compile that read it
+    #: is checked against these (an edit, even one reverted, during the compile changes them)
+    size: int = -1
+    mtime_ns: int = -1
 
     @cached_property
     def text(self) -> str:
@@ -111,9 +118,16 @@ class _Keys:
         return EXTERNAL + p.as_posix()
 
 
+def read_stat(path: Path) -> tuple[bytes, int, int]:
+    """(bytes, size, mtime_ns) of ``path``, the stat taken before the read (so that an edit
+    during the read shows as a changed stat later)."""
+    st = os.stat(path)
+    return path.read_bytes(), st.st_size, st.st_mtime_ns
+
+
 def _read(path: Path, key: str, crate: str, what: str, *, text: bool) -> SourceFile:
     try:
-        data = path.read_bytes()
+        data, size, mtime_ns = read_stat(path)
     except FileNotFoundError:
         raise SourceError(f"crate {crate!r}: {what} {key} does not exist") from None
     except IsADirectoryError:
@@ -125,7 +139,7 @@ def _read(path: Path, key: str, crate: str, what: str, *, text: bool) -> SourceF
             f"{key}:1: crate {crate!r}: {what} starts with a UTF-8 byte-order mark, which NVRTC cannot "
             "parse; save it as UTF-8 without BOM"
         )
-    f = SourceFile(path, key, data)
+    f = SourceFile(path, key, data, size, mtime_ns)
     if text:
         try:
             f.text  # noqa: B018 - decoded once here, for the error
@@ -173,12 +187,37 @@ def _include_dirs(root: Path, crate: str, configured: list[str]) -> tuple[list[P
     return dirs, absolute
 
 
+def _exists(p: Path) -> bool:
+    try:
+        return os.path.exists(p)
+    except (OSError, ValueError):
+        return False
+
+
+def _is_file(p: Path) -> bool:
+    """A regular file (through links); False for what cannot be stat'ed (a name too long, a
+    folder that cannot be traversed): the compiler cannot open it either."""
+    try:
+        return os.path.isfile(p)
+    except (OSError, ValueError):
+        return False
+
+
 def _walk(folder: Path, root: Path, visited: set[Path]) -> list[Path]:
-    """Every file under ``folder`` the compiler could reach, skipping tool and output folders."""
+    """Every file under ``folder`` the compiler could reach, skipping tool and output folders.
+
+    What cannot be listed or stat'ed (ENAMETOOLONG, EACCES: a folder that cannot be traversed,
+    such as parts of /proc reached through a link) is skipped: the compiler cannot open it
+    either, and a file it does read that the hash does not cover fails the build
+    (:mod:`hatch_khal.reads`)."""
     out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
         here = Path(dirpath)
-        real = here.resolve()
+        try:
+            real = here.resolve()
+        except (OSError, RuntimeError):  # a name too long, a link loop
+            dirnames[:] = []
+            continue
         if real in visited:
             dirnames[:] = []
             continue
@@ -187,11 +226,11 @@ def _walk(folder: Path, root: Path, visited: set[Path]) -> list[Path]:
             d for d in dirnames
             if not d.startswith(".") and d not in _SKIP_DIRS and not d.endswith(".egg-info")
             and not (here == root and d in ("build", "dist"))
-            and not (here / d / "pyvenv.cfg").exists()
+            and not _exists(here / d / "pyvenv.cfg")
         )
         # regular files only: a FIFO or a dangling link is nothing the compiler can include
         out.extend(here / f for f in sorted(filenames)
-                   if not f.startswith(".") and not f.endswith(".pyc") and (here / f).is_file())
+                   if not f.startswith(".") and not f.endswith(".pyc") and _is_file(here / f))
     return out
 
 

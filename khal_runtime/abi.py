@@ -30,6 +30,8 @@ from typing import Any, Iterable, Literal, Mapping, NamedTuple
 
 __all__ = [
     "ABI_VERSION",
+    "FALSE_VALUES",
+    "env_flag",
     "HASH_LEN",
     "KINDS",
     "READERS",
@@ -61,6 +63,19 @@ __all__ = [
     "type_id_scalar",
     "unknown_reader",
 ]
+
+#: The values of a boolean ``KHAL_*`` environment variable that mean "off", compared stripped and
+#: case-insensitively (unset is off too); any other value means "on". One rule for the build
+#: (``KHAL_NO_CACHE``, ``KHAL_SKIP_SPIRV``) and the runtime (``KHAL_CUDA_ALLOC_TRACE``, the trace
+#: switches).
+FALSE_VALUES = ("", "0", "false", "no", "off")
+
+
+def env_flag(value: str | None) -> bool:
+    """Whether a boolean ``KHAL_*`` variable's value (``os.environ.get(name)``) means on:
+    ``None``, ``""``, ``0``, ``false``, ``no``, ``off`` (any case, blanks around) are off, the rest on."""
+    return (value or "").strip().lower() not in FALSE_VALUES
+
 
 #: Version of the kernel ABI (how parameters are pushed).
 ABI_VERSION = 1

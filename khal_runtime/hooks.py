@@ -10,7 +10,8 @@ stderr), and the allocation lines ``KHAL_CUDA_ALLOC_TRACE`` asks for (:func:`tra
 written by :class:`khal_runtime.DeviceBuffer`): the lower layers report here, tracing reads and
 writes through it, so no module imports one above it.
 
-A leaf module: it imports nothing of the project (``khal_runtime.tracing`` installs into it).
+Nearly a leaf module: it imports only ``khal_runtime.abi`` (its reader of boolean variables);
+``khal_runtime.tracing`` installs into it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import sys
 import threading
 import weakref
 from typing import IO, Any, Callable, Protocol
+
+from khal_runtime.abi import FALSE_VALUES, env_flag
 
 __all__ = ["FALSE_VALUES", "Hooks", "Regenerable", "alloc_trace_on", "hooks", "trace_alloc", "write_line"]
 
@@ -89,13 +92,9 @@ def write_line(line: str, path: str | None = None) -> None:
         f.flush()
 
 
-#: the values of a KHAL_CUDA_* switch that mean "off" (anything else is on)
-FALSE_VALUES = ("", "0", "false", "no", "off")
-
-
 def alloc_trace_on() -> bool:
     """Whether ``KHAL_CUDA_ALLOC_TRACE`` asks for a line per allocation (read at each one)."""
-    return os.environ.get("KHAL_CUDA_ALLOC_TRACE", "").strip().lower() not in FALSE_VALUES
+    return env_flag(os.environ.get("KHAL_CUDA_ALLOC_TRACE"))
 
 
 def trace_alloc(nbytes: int, device_id: int, inside_capture: bool = False) -> None:

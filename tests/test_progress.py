@@ -47,7 +47,8 @@ class _Stub:
         time.sleep(float(job.text))
         with self.lock:
             self.finished.append((job.crate, job.target))
-        return CompileOutput(f"{job.crate}/{job.target}".encode(), "", float(job.text))
+        # it reads no file (an output whose reads are unknown is not cached)
+        return CompileOutput(f"{job.crate}/{job.target}".encode(), "", float(job.text), reads=())
 
     def check_output(self, job: CompileJob, data: bytes) -> str | None:
         return None if data == f"{job.crate}/{job.target}".encode() else "not this job's output"

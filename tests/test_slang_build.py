@@ -418,3 +418,39 @@ def test_the_setuptools_command_names_the_missing_slangpy(monkeypatch: pytest.Mo
         cmd._check_slang(hook, crates)
     _, cuda_only = parse_config({"crates": [{"name": "a", "sources": ["k/*.cu"]}]}, default_package="p")
     cmd._check_slang(hook, cuda_only)  # no Slang crate: no Slang needed
+
+
+def test_a_module_edited_while_slang_compiles_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slang reads the files after the hook hashed them: an edit in between (even one reverted)
+    fails the build and leaves nothing in the cache (issue #24)."""
+    from hatch_khal.errors import SourceChangedError
+    from hatch_khal.slang import language
+
+    root = write(tmp_path / "p", MAIN)
+    util = root / "mods/util.slang"
+    real = language.compile_slang_crate
+
+    def edited(*args: Any, **kw: Any) -> Any:
+        out = real(*args, **kw)
+        util.write_text(UTIL_SLANG + "\n// edited\n")
+        util.write_text(UTIL_SLANG)
+        st = os.stat(util)
+        os.utime(util, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # coarse mtime clocks
+        return out
+
+    monkeypatch.setattr(language, "compile_slang_crate", edited)
+    cache = tmp_path / "cache"
+    with pytest.raises(SourceChangedError, match=r"crate 'demo': mods/util.slang changed while Slang compiled"):
+        build(root, cache=cache, **{"ptx-arch": "none"})
+    monkeypatch.undo()
+    result, _ = build(root, cache=cache)
+    assert result.compiled == 2  # the Slang stage and the cubin: nothing was cached
+
+
+def test_a_build_from_the_project_folder_passes_the_read_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVRTC lists the unit's #line names (``mods/util.slang``) among the files it read: from the
+    project folder they name real files, which the crate's hash covers (issue #24)."""
+    root = write(tmp_path / "p", MAIN)
+    monkeypatch.chdir(root)
+    result, _ = build(root)
+    assert result.compiled == 2

@@ -19,15 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from khal_runtime.abi import env_flag
 from khal_runtime.manifest import SpirvStatus
 
 from hatch_khal.__about__ import __version__
 from hatch_khal.compilers import get_compiler
 from hatch_khal.config import ResolvedCrate
-from hatch_khal.errors import KhalBuildError
+from hatch_khal.errors import KhalBuildError, SourceChangedError
 from hatch_khal.hashing import canonical, sha256_bytes
 from hatch_khal.headers import HeaderSet, header_hints, nvrtc_cuda_major, resolve_headers
 from hatch_khal.model import CompileJob, CrateParts, CratePlan, PlannedEntry, Reporter
+from hatch_khal.reads import changed, cover, real_dirs
+from hatch_khal.reads import locations as path_forms
 from hatch_khal.slang.output import ALL_TARGETS, SlangOutput, SlangPlan, normalize_targets
 from hatch_khal.slang.stage import compile_slang_crate, plan_slang_crate
 
@@ -42,9 +45,10 @@ SKIP_ENV = "KHAL_SKIP_SPIRV"
 
 
 def spirv_status(cfg: ResolvedCrate) -> SpirvStatus:
-    """Whether a Slang crate builds WGSL / SPIR-V: yes, unless ``KHAL_SKIP_SPIRV`` is set (any
-    non-empty value) or the crate says ``spirv = false``."""
-    if os.environ.get(SKIP_ENV):
+    """Whether a Slang crate builds WGSL / SPIR-V: yes, unless ``KHAL_SKIP_SPIRV`` is on (a boolean:
+    :func:`khal_runtime.abi.env_flag`, so ``0`` / ``false`` / ``no`` / ``off`` skip nothing) or the
+    crate says ``spirv = false``."""
+    if env_flag(os.environ.get(SKIP_ENV)):
         return SpirvStatus(status="skipped", reason=f"{SKIP_ENV} is set")
     if cfg.spirv is False:
         return SpirvStatus(status="skipped", reason="option 'spirv = false' of the crate")
@@ -88,6 +92,16 @@ def _mismatch(plan: SlangCratePlan, out: SlangOutput) -> str | None:
     return None
 
 
+def _unchanged(plan: SlangCratePlan) -> None:
+    """Every file of the crate still has the bytes and stat it was hashed with (Slang read them
+    after the hash): else nothing of the Slang stage is cached."""
+    for f in cover(plan.files):
+        why = changed(f)
+        if why is not None:
+            raise SourceChangedError(f"crate {plan.cfg.name!r}: {f.key} changed while Slang compiled the crate "
+                                     f"({why}); nothing of this compile was cached: build again")
+
+
 class SlangLanguage:
     name = "slang"
     compiler = "nvrtc"
@@ -128,6 +142,7 @@ class SlangLanguage:
                 if out is None:
                     reporter.info(f"khal: compiling Slang crate {name!r} to {', '.join(sorted(p.targets))}")
                     out = compile_slang_crate(p.slang, p.targets)
+                    _unchanged(p)
                     cache.store(key, out.to_bytes(), "")
                     compiled = 1
                     for warning in out.warnings:
@@ -148,6 +163,13 @@ class SlangLanguage:
         compiler = get_compiler(self.compiler)
         ident = compiler.identity()
         include = tuple(f"-I{d}" for d in p.headers.include_dirs)
+        # the unit is self-contained text (Slang's prelude inlined): NVRTC reads only the CUDA headers;
+        # its #line names are the crate's .slang files (NVRTC lists them too), which the key covers
+        # through the Slang stage's output
+        covered = cover(p.files)
+        covered_dirs = real_dirs(p.headers.include_dirs)
+        locations = path_forms([root, *p.headers.include_dirs])
+        entries = tuple((e.name, e.hash) for e in p.entries)
         jobs = []
         for target in targets:
             key = sha256_bytes(canonical({
@@ -162,7 +184,9 @@ class SlangLanguage:
             }))
             jobs.append(CompileJob(crate=p.cfg.name, target=target, compiler=compiler.name, text=out.cuda_unit,
                                    name=out.unit_name, options=(*out.nvrtc_options, *include), key=key,
-                                   header_mode=p.cfg.cuda_headers))
+                                   header_mode=p.cfg.cuda_headers, covered=covered, covered_dirs=covered_dirs,
+                                   entries=entries,
+                                   locations=locations))
         return jobs
 
     def explain(self, plan: CratePlan, error: KhalBuildError) -> KhalBuildError:

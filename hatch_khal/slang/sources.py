@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hatch_khal.errors import SourceError
-from hatch_khal.sources import EXTERNAL, SourceFile
+from hatch_khal.sources import EXTERNAL, SourceFile, read_stat
 
 __all__ = ["SlangSources", "collect_slang_sources", "strip_comments_keep_strings"]
 
@@ -62,7 +62,7 @@ def _rel(path: Path, root: Path) -> str:
 def _read(path: Path, root: Path, crate: str, what: str) -> SourceFile:
     rel = _rel(path, root)
     try:
-        data = path.read_bytes()
+        data, size, mtime_ns = read_stat(path)
     except OSError as exc:
         raise SourceError(f"crate {crate!r}: cannot read {what} {rel}: {exc.strerror}") from None
     try:
@@ -70,7 +70,7 @@ def _read(path: Path, root: Path, crate: str, what: str) -> SourceFile:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise SourceError(f"{rel}:{line}: crate {crate!r}: {what} is not valid UTF-8; save it as UTF-8") from None
-    return SourceFile(path, rel, data)
+    return SourceFile(path, rel, data, size, mtime_ns)
 
 
 def _resolve_globs(root: Path, patterns: list[str], crate: str) -> list[Path]:
