@@ -94,7 +94,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         self._crate = crate
         self._plans = {}
         self._bx, self._by, self._bz = (int(x) for x in entry.block_size)
-        self._flat = self._by == self._bz == 1 and entry.fixed_block  # ``block=bx`` names the compiled block
+        self._flat = self._by == self._bz == 1 and entry.launch_block_fixed  # ``block=bx`` names the compiled block
         self._dims = entry.grid_dims
         self._lock = threading.Lock()
         return self
@@ -167,11 +167,11 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
             gx, gy, gz = grid, 1, 1
         else:
             gx, gy, gz = dim3(grid, f"{self.name}.launch(): grid")
-            check_grid(self.name, (gx, gy, gz), self.entry.grid_dims)
+            check_grid(self.name, (gx, gy, gz), self.entry.launch_dims)
         bx, by, bz = self._bx, self._by, self._bz
         if block is not None and not (type(block) is int and block == bx and self._flat):
             b = dim3(block, f"{self.name}.launch(): block")
-            if self.entry.fixed_block:
+            if self.entry.launch_block_fixed:
                 check_block(self.name, b, (bx, by, bz))
             else:
                 check_block_within(self.name, b, self.entry.max_block_threads)
