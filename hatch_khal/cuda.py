@@ -137,7 +137,7 @@ class CudaLanguage:
                 p.without_indirect[d.name] = why
         # counted once: when no variant is wrong, the compile stage takes this very PTX from the cache
         # (and counts it there as cached)
-        reused = not p.without_indirect and cache.enabled
+        reused = not p.without_indirect and cache.lookup(job.key) is not None
         return (compiled, -compiled) if reused else (compiled, 1 - compiled)
 
     def jobs(self, plan: CratePlan, root: Path, targets: list[str]) -> list[CompileJob]:
