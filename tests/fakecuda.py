@@ -435,10 +435,12 @@ def stream(handle: int = 7, native: Any = "STREAM", device_id: int = 0) -> devic
 
 
 def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: str = "c",
-                 package: str = "fakepkg", language: str = "cuda") -> Any:
+                 package: str = "fakepkg", language: str = "cuda", content: str = CONTENT,
+                 ptx: bytes | None = None) -> Any:
     """Write a package whose one artifact is PTX text naming ``entries``' kernels (and their
     indirect variants), register their parameter layouts with the fake driver, and load it
-    through ``khal_runtime.load``."""
+    through ``khal_runtime.load``. ``ptx`` / ``content``: a real build's PTX and content hash
+    (its entries' launch facts are checked against that PTX at load)."""
     import khal_runtime
 
     pkg = root / package
@@ -455,7 +457,8 @@ def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: st
         if e.indirect_symbol:
             drv.layouts[f"FUNC:{e.indirect_symbol}"] = layout + [
                 ("khal_group_count", (layout[-1][1] + layout[-1][2] + 7) // 8 * 8 if layout else 0, 8)]
-    ptx = ("\n".join(lines) + "\n").encode()
+    if ptx is None:
+        ptx = ("\n".join(lines) + "\n").encode()
     rel = f"_khal/{crate}/{crate}.compute_90.ptx"
     (pkg / rel).write_bytes(ptx)
     manifest = {
@@ -463,7 +466,7 @@ def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: st
         "toolchain": {"hatch_khal_version": "test", "abi_version": abi.ABI_VERSION},
         "crates": [{
             "name": crate, "language": language, "package_dir": f"_khal/{crate}", "sources": [],
-            "content_hash": CONTENT,
+            "content_hash": content,
             "artifacts": [{"kind": "ptx", "arch": "compute_90", "path": rel, "ptx_isa": "9.0",
                            "sha256": hashlib.sha256(ptx).hexdigest(), "size": len(ptx)}],
             "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries],
