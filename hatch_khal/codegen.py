@@ -10,6 +10,12 @@ For every entry ``e`` the hook emits
   group it runs; whether anything else the kernel calls still reads the real ones is
   checked in the binary (:mod:`hatch_khal.probes`), and the variant is left out of the
   manifest if so;
+  (the loop's own reads of the grid are inline asm tagged ``khal:loop``; the variant is generated
+  only for the entries the build has not judged wrong, :meth:`hatch_khal.cuda.CudaLanguage.prepare`);
+* the ids of a fixed block fold it in through tiny non-volatile asm tagged ``khal:fold.<axis>``,
+  which the compiler deletes where the id is unused: the PTX then says whether the code that runs
+  uses such an id (:func:`khal_runtime.binaries.ptx_kernel_reads`); ``khal_fold_tagged`` marks a
+  unit whose ids carry the tags;
 * ``khal_sizeof_<e>_<i>`` / ``khal_alignof_<e>_<i>`` / ``khal_typeid_<e>_<i>`` globals: the
   compiler's own size, alignment and kind (``khal::type_id``) of each parameter's element
   type, read back from the binary so the host never guesses what a type is.
