@@ -354,3 +354,21 @@ def test_tampered_launch_facts_are_refused_at_verify_and_at_load(fake: FakeDrive
     ks = khal_runtime.load(pkg)  # no GPU work yet: the first use loads (and checks) the binary
     with pytest.raises(error, match=match):
         ks.signal.folded.launch(8, None, _f32(1000), 1.0)
+
+
+def test_a_debug_build_keeps_the_scanned_facts(tmp_path: Path, session_cache: Path) -> None:
+    """``-G`` keeps dead code, so its PTX reads every id the generated kernel computes: the facts
+    are the scanned ones there (a 2-D grid stays refused for an x-only kernel)."""
+    from ._build import build, manifest_of
+    from ._projects import make_project
+
+    src = "KHAL_ENTRY(k, 64, (KHAL_STORAGE(float, x))) { uint64_t i = KHAL_GLOBAL_ID; if (i < x.len) x[i] = 1.0f; }\n"
+    crates = ('[[tool.hatch.build.targets.wheel.hooks.khal.crates]]\nname = "dbg"\nsources = ["kernels/dbg/*.cu"]\n'
+              'options = ["-G"]\n')
+    root = make_project(tmp_path / "p", hook='archs = ["sm_90"]\nptx-arch = "compute_90"\n', crates=crates,
+                        files={"kernels/dbg/k.cu": src})
+    m, files = manifest_of(build(root, session_cache)[0])
+    e = m.crate("dbg").entry("k")
+    assert e.launch is not None and (e.launch.source, e.launch_dims, e.launch_block_fixed) == ("scan", 1, True)
+    (art,) = [a for a in m.crate("dbg").artifacts if a.kind == "ptx"]
+    assert ptx_kernel_reads(files[art.path])[e.symbol].grid_axes == 3  # what the PTX alone would say
