@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ def geo_build(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> 
     from hatch_khal.cache import Cache
     from hatch_khal.config import parse_config
 
-    from ._build import Recorder, tomllib
+    from ._build import Recorder, tomllib  # type: ignore[attr-defined]
 
     root = tmp_path_factory.mktemp("geo") / "proj"
     shutil.copytree(GEO_PKG, root)
@@ -147,7 +148,8 @@ def test_build_records_launch_facts_from_the_ptx(geo_build: Any) -> None:
         assert (e.launch.grid_axes, e.launch.block_fixed, e.indirect_symbol is not None) == (axes, fixed, indirect), name
         assert e.grid_dims == 1 and e.fixed_block  # the markers' (hashed) facts are as written
         assert (e.launch_dims, e.launch_block_fixed) == (axes, fixed)
-    assert "ntid.x" in signal.entry("sosfilt").launch.reads  # type: ignore[union-attr]
+    sos_facts = signal.entry("sosfilt").launch
+    assert sos_facts is not None and "ntid.x" in sos_facts.reads
     # the inline-PTX block id is a grid read like blockIdx.x: the variant is left out, saying why
     assert "reads blockIdx.x" in (signal.entry("block_ids").indirect_reason or "")
     assert "_block_of_helper" in (signal.entry("block_ids_helper").indirect_reason or "")
@@ -178,7 +180,7 @@ def test_a_build_without_ptx_keeps_the_scanned_facts(tmp_path: Path, session_cac
     from hatch_khal.cache import Cache
     from hatch_khal.config import parse_config
 
-    from ._build import Recorder, manifest_of, tomllib
+    from ._build import Recorder, manifest_of, tomllib  # type: ignore[attr-defined]
 
     root = tmp_path / "p"
     shutil.copytree(GEO_PKG, root)
@@ -188,7 +190,7 @@ def test_a_build_without_ptx_keeps_the_scanned_facts(tmp_path: Path, session_cac
     rep = Recorder()
     result = build_packages(root, parse_config(raw["hooks"]["khal"], default_package="khal_geometry_kernels")[1],
                             rep, cache=Cache(session_cache, rep.warn))
-    m, files = manifest_of(result)
+    m, files = manifest_of(result)  # type: ignore[no-untyped-call]
     signal = m.crate("signal")
     e = signal.entry("row_bias")
     assert e.launch is not None and (e.launch.source, e.launch_dims, e.launch_block_fixed) == ("scan", 1, True)
@@ -350,8 +352,8 @@ def test_tampered_launch_facts_are_refused_at_verify_and_at_load(fake: FakeDrive
     pkg = _tampered(geo_build, tmp_path, edit)
     problems = [p for p in verify_package(pkg) if p.crate == "signal"]
     assert problems and all(p.error is error for p in problems), problems
-    assert any(__import__("re").search(match, p.message) for p in problems), [p.message for p in problems]
-    ks = khal_runtime.load(pkg)  # no GPU work yet: the first use loads (and checks) the binary
+    assert any(re.search(match, p.message) for p in problems), [p.message for p in problems]
+    ks: Any = khal_runtime.load(pkg)  # no GPU work yet: the first use loads (and checks) the binary
     with pytest.raises(error, match=match):
         ks.signal.folded.launch(8, None, _f32(1000), 1.0)
 
@@ -367,7 +369,7 @@ def test_a_debug_build_keeps_the_scanned_facts(tmp_path: Path, session_cache: Pa
               'options = ["-G"]\n')
     root = make_project(tmp_path / "p", hook='archs = ["sm_90"]\nptx-arch = "compute_90"\n', crates=crates,
                         files={"kernels/dbg/k.cu": src})
-    m, files = manifest_of(build(root, session_cache)[0])
+    m, files = manifest_of(build(root, session_cache)[0])  # type: ignore[no-untyped-call]
     e = m.crate("dbg").entry("k")
     assert e.launch is not None and (e.launch.source, e.launch_dims, e.launch_block_fixed) == ("scan", 1, True)
     (art,) = [a for a in m.crate("dbg").artifacts if a.kind == "ptx"]

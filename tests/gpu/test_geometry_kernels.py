@@ -18,7 +18,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -132,7 +132,7 @@ def _sosfilt_reference(sos: np.ndarray, x: np.ndarray) -> np.ndarray:
             z1 = b2 * xi - a2 * yi
             out[:, i] = yi
         y = out
-    return y
+    return np.asarray(y)
 
 
 @pytest.mark.parametrize("n_sections", [1, 8, 37])
@@ -185,10 +185,13 @@ def test_folded_ids_keep_their_block_and_their_indirect_variant(rt: Any, K: Any)
 
     n = 1000
     want = np.float32(0.5) + np.arange(n, dtype=np.float32)
-    for run in (lambda b: K.folded(n, b, 0.5), lambda b: K.folded.launch(_blocks(n, 128), None, b, 0.5),
-                lambda b: K.folded.launch(_blocks(n, 128), 128, b, 0.5),
-                lambda b: K.folded.dispatch_indirect(_dev(rt, np.array([_blocks(n, 128)], np.uint32)), b, 0.5),
-                lambda b: K.folded.dispatch_indirect(_dev(rt, np.array([n], np.uint32)), b, 0.5, threads=True)):
+    runs: tuple[Callable[[Any], None], ...] = (
+        lambda b: K.folded(n, b, 0.5),
+        lambda b: K.folded.launch(_blocks(n, 128), None, b, 0.5),
+        lambda b: K.folded.launch(_blocks(n, 128), 128, b, 0.5),
+        lambda b: K.folded.dispatch_indirect(_dev(rt, np.array([_blocks(n, 128)], np.uint32)), b, 0.5),
+        lambda b: K.folded.dispatch_indirect(_dev(rt, np.array([n], np.uint32)), b, 0.5, threads=True))
+    for run in runs:
         buf = _poisoned(rt, n, np.float32)
         run(buf)
         np.testing.assert_array_equal(buf.to_numpy(), want)
@@ -207,9 +210,12 @@ def test_slang_numthreads_10x10_launched_2d(rt: Any, K: Any, nx: int, ny: int) -
     a = np.random.default_rng(nx + ny).standard_normal((ny, nx)).astype(np.float32)
     want = np.float32(3) * a + np.arange(ny, dtype=np.float32)[:, None]
     da = _dev(rt, a)
-    for run in (lambda o: K.saxpy2d((nx, ny), da, o, nx, ny, 3.0),
-                lambda o: K.saxpy2d.launch((_blocks(nx, 10), _blocks(ny, 10)), None, da, o, nx, ny, 3.0),
-                lambda o: K.saxpy2d.launch((_blocks(nx, 10), _blocks(ny, 10)), (10, 10, 1), da, o, nx, ny, 3.0)):
+    grid = (_blocks(nx, 10), _blocks(ny, 10))
+    runs: tuple[Callable[[Any], None], ...] = (
+        lambda o: K.saxpy2d((nx, ny), da, o, nx, ny, 3.0),
+        lambda o: K.saxpy2d.launch(grid, None, da, o, nx, ny, 3.0),
+        lambda o: K.saxpy2d.launch(grid, (10, 10, 1), da, o, nx, ny, 3.0))
+    for run in runs:
         out = _poisoned(rt, nx * ny, np.float32)
         run(out)
         np.testing.assert_allclose(out.to_numpy().reshape(ny, nx), want, rtol=1e-6, atol=1e-6)
