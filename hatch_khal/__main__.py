@@ -207,11 +207,15 @@ def _describe(manifest: Manifest) -> list[str]:
             bx, by, bz = e.block_size
             block = f"{bx}" if by == bz == 1 else f"{bx}x{by}" if bz == 1 else f"{bx}x{by}x{bz}"
             shape = (f" {e.grid_dims}-D" if e.grid_dims > 1 else "") + \
-                ("" if e.fixed_block else f" (any block up to {e.launch_bounds or 1024})")
+                ("" if e.launch_block_fixed else f" (any block up to {e.max_block_threads})")
+            if e.launch is not None and e.launch_dims > e.grid_dims:
+                shape += f" (launch() up to {e.launch_dims}-D grids)"
             tmpl = f" = {e.template}<{', '.join(e.template_args or ())}>" if e.template else ""
             lines.append(f"    entry {e.name}{tmpl} hash {e.hash} block {block}{shape}  ({params})")
             if e.indirect_reason:
                 lines.append(f"      no indirect variant: {e.indirect_reason}")
+            if e.launch is not None and e.launch.reads:
+                lines.append(f"      launch facts ({e.launch.source}): reads {', '.join(e.launch.reads)}")
             for t in e.webgpu or ():
                 scalars = f", scalars in {t.scalars.replace('_', ' ')}" if t.scalars else ""
                 lines.append(f"      {t.target:5} entry point {t.entry_point}  {len(t.bindings)} binding(s)"

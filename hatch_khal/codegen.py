@@ -10,6 +10,12 @@ For every entry ``e`` the hook emits
   group it runs; whether anything else the kernel calls still reads the real ones is
   checked in the binary (:mod:`hatch_khal.probes`), and the variant is left out of the
   manifest if so;
+  (the loop's own reads of the grid are inline asm tagged ``khal:loop``; the variant is generated
+  only for the entries the build has not judged wrong, :meth:`hatch_khal.cuda.CudaLanguage.prepare`);
+* the ids of a fixed block fold it in through tiny non-volatile asm tagged ``khal:fold.<axis>``,
+  which the compiler deletes where the id is unused: the PTX then says whether the code that runs
+  uses such an id (:func:`khal_runtime.binaries.ptx_kernel_reads`); ``khal_fold_tagged`` marks a
+  unit whose ids carry the tags;
 * ``khal_sizeof_<e>_<i>`` / ``khal_alignof_<e>_<i>`` / ``khal_typeid_<e>_<i>`` globals: the
   compiler's own size, alignment and kind (``khal::type_id``) of each parameter's element
   type, read back from the binary so the host never guesses what a type is.
@@ -35,6 +41,7 @@ from typing import Callable
 
 from khal_runtime import abi
 from khal_runtime.abi import indirect_symbol_for, symbol_for
+from khal_runtime.binaries import FOLD_TAGGED_GLOBAL
 
 from hatch_khal.entries import EntryDecl
 from hatch_khal.errors import EntryParseError
@@ -100,13 +107,21 @@ def _launch_bounds(entry: EntryDecl) -> str:
     return f" __launch_bounds__({entry.launch_bounds})" if entry.launch_bounds else ""
 
 
-def _entry_code(entry: EntryDecl, entry_hash: str) -> str:
+def _fold(axis: str, block: int, target: str, group: str, wide: bool = True) -> list[str]:
+    """``target = group * block`` through a tiny non-volatile asm tagged ``khal:fold.<axis>``: the
+    compiler deletes it where the id is unused, so its presence in the PTX that a kernel reaches
+    says the ids it uses fold the compiled block in (:func:`khal_runtime.binaries.ptx_kernel_reads`)."""
+    if wide:  # a 32-bit block id, widened to the 64-bit id
+        return [f'asm("mul.wide.u32 %0, %1, %2; // khal:fold.{axis}" : "=l"({target}) : "r"({group}), "n"({block}));']
+    return [f'asm("mul.lo.u64 %0, %1, %2; // khal:fold.{axis}" : "=l"({target}) : "l"({group}), "n"({block}));']
+
+
+def _entry_code(entry: EntryDecl, entry_hash: str, indirect: bool = True) -> str:
     sig = f"khal_sig_{entry.name}"
     params = _kernel_params(entry, sig)
     args = ", ".join(_call_args(entry, sig))
     callee = _callee(entry)
     bx, by, bz = entry.block
-    dims = [f"{bx}u", f"{by}u", f"{bz}u"] if entry.fixed_block else ["blockDim.x", "blockDim.y", "blockDim.z"]
     lb = _launch_bounds(entry)
     lines = [f"// entry {entry.name} ({entry.file}:{entry.line})",
              f"typedef ::khal::entry_sig<decltype(&{callee})> {sig};"]
@@ -117,6 +132,20 @@ def _entry_code(entry: EntryDecl, entry_hash: str) -> str:
         lines.append(f'extern "C" __device__ const unsigned long long {align_name} = alignof({t});')
         lines.append(f'extern "C" __device__ const unsigned long long {type_probe_name(entry.name, i)} = '
                      f"{TYPE_PROBE_BIAS}ull | ::khal::type_id<{t}>::value;")
+    if entry.fixed_block:
+        # the ids fold the compiled block in, through tagged asm (_fold): the build tells from the
+        # PTX whether the code that runs uses them (if not, any block within the bounds is right)
+        ids = ["    unsigned long long khal_fx, khal_fy, khal_fz;",
+               *("    " + ln for ln in _fold("x", bx, "khal_fx", "blockIdx.x")),
+               *("    " + ln for ln in _fold("y", by, "khal_fy", "blockIdx.y")),
+               *("    " + ln for ln in _fold("z", bz, "khal_fz", "blockIdx.z")),
+               "    khal_inv.global_id = khal_fx + threadIdx.x;",
+               "    khal_inv.global_id_y = khal_fy + threadIdx.y;",
+               "    khal_inv.global_id_z = khal_fz + threadIdx.z;"]
+    else:
+        ids = ["    khal_inv.global_id = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;",
+               "    khal_inv.global_id_y = (unsigned long long)blockIdx.y * blockDim.y + threadIdx.y;",
+               "    khal_inv.global_id_z = (unsigned long long)blockIdx.z * blockDim.z + threadIdx.z;"]
     lines += [
         f'extern "C" __global__ void{lb} {symbol_for(entry.name, entry_hash)}(',
         "    " + ",\n    ".join(params) + ")",
@@ -125,22 +154,26 @@ def _entry_code(entry: EntryDecl, entry_hash: str) -> str:
         "    khal_inv.local_id = threadIdx.x; khal_inv.local_id_y = threadIdx.y; khal_inv.local_id_z = threadIdx.z;",
         "    khal_inv.group_id = blockIdx.x; khal_inv.group_id_y = blockIdx.y; khal_inv.group_id_z = blockIdx.z;",
         "    khal_inv.num_groups = gridDim.x; khal_inv.num_groups_y = gridDim.y; khal_inv.num_groups_z = gridDim.z;",
-        f"    khal_inv.global_id = (unsigned long long)blockIdx.x * {dims[0]} + threadIdx.x;",
-        f"    khal_inv.global_id_y = (unsigned long long)blockIdx.y * {dims[1]} + threadIdx.y;",
-        f"    khal_inv.global_id_z = (unsigned long long)blockIdx.z * {dims[2]} + threadIdx.z;",
+        *ids,
         f"    {callee}(khal_inv, blockIdx, gridDim{', ' if args else ''}{args});",
         "}",
     ]
-    if has_indirect(entry):
+    if indirect and has_indirect(entry):
+        if entry.fixed_block:
+            gid = ["        unsigned long long khal_fx;",
+                   *("        " + ln for ln in _fold("x", bx, "khal_fx", "g", wide=False)),
+                   "        khal_inv.global_id = khal_fx + threadIdx.x;"]
+        else:
+            gid = ["        khal_inv.global_id = g * blockDim.x + threadIdx.x;"]
         lines += [
             f'extern "C" __global__ void{lb} {indirect_symbol_for(entry.name, entry_hash)}(',
             "    " + ",\n    ".join(params + ["const unsigned int* khal_group_count"]) + ")",
             "{",
-            "    // the loop's own reads of the grid are inline asm: the build tells them apart from",
-            "    // reads the body makes of the real blockIdx / gridDim (hatch_khal/probes.py)",
+            "    // the loop's own reads of the grid are inline asm tagged khal:loop: the build tells them",
+            "    // apart from reads the body makes of the real blockIdx / gridDim (hatch_khal/probes.py)",
             "    unsigned khal_block, khal_grid;",
-            '    asm("mov.u32 %0, %%ctaid.x;" : "=r"(khal_block));',
-            '    asm("mov.u32 %0, %%nctaid.x;" : "=r"(khal_grid));',
+            '    asm("mov.u32 %0, %%ctaid.x; // khal:loop" : "=r"(khal_block));',
+            '    asm("mov.u32 %0, %%nctaid.x; // khal:loop" : "=r"(khal_grid));',
             "    const unsigned long long khal_groups = *khal_group_count;",
             "    for (unsigned long long g = khal_block; g < khal_groups; g += khal_grid) {",
             "        ::khal::Invocation khal_inv;",
@@ -148,7 +181,7 @@ def _entry_code(entry: EntryDecl, entry_hash: str) -> str:
             "khal_inv.local_id_z = threadIdx.z;",
             "        khal_inv.group_id = g; khal_inv.group_id_y = 0; khal_inv.group_id_z = 0;",
             "        khal_inv.num_groups = khal_groups; khal_inv.num_groups_y = 1; khal_inv.num_groups_z = 1;",
-            f"        khal_inv.global_id = g * {dims[0]} + threadIdx.x;",
+            *gid,
             "        khal_inv.global_id_y = threadIdx.y; khal_inv.global_id_z = threadIdx.z;",
             "        uint3 khal_bid; khal_bid.x = (unsigned)g; khal_bid.y = 0u; khal_bid.z = 0u;",
             "        dim3 khal_gdim((unsigned)khal_groups, 1u, 1u);",
@@ -207,9 +240,13 @@ def explain_entry_error(log: str, decls: list[EntryDecl], display: Callable[[str
     return None
 
 
-def generate_unit(crate: str, sources: list[Path], entries: list[tuple[EntryDecl, str]]) -> GeneratedUnit:
-    """The crate's translation unit: khal.h, each source, then the generated kernels."""
-    kernels = '#line 1 "<hatch-khal generated>"\n' + _HALF_TYPE_IDS + "".join(_entry_code(e, h) for e, h in entries)
+def generate_unit(crate: str, sources: list[Path], entries: list[tuple[EntryDecl, str]],
+                  without_indirect: frozenset[str] = frozenset()) -> GeneratedUnit:
+    """The crate's translation unit: khal.h, each source, then the generated kernels (no indirect
+    variant for the entries named in ``without_indirect``: those the build judged wrong)."""
+    kernels = ('#line 1 "<hatch-khal generated>"\n' + _HALF_TYPE_IDS +
+               f'extern "C" __device__ const unsigned long long {FOLD_TAGGED_GLOBAL} = 1;\n' +
+               "".join(_entry_code(e, h, e.name not in without_indirect) for e, h in entries))
     head = [f"// Generated by hatch-khal for crate {crate!r}. Do not edit.", "#define KHAL_SCANNED 1"]
     scanned = sorted({e.name for e, _ in entries} | {e.template for e, _ in entries if e.template is not None})
     head += [f"constexpr bool khal_scanned_entry_{n} = true;" for n in scanned]

@@ -11,15 +11,17 @@ CUDA C++ builds CUDA only: its SPIR-V status is ``not_applicable``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from khal_runtime.binaries import ptx_grid_reads
 from khal_runtime.manifest import SpirvStatus
 
 from hatch_khal.__about__ import __version__
-from hatch_khal.codegen import explain_entry_error, generate_unit
+from hatch_khal.codegen import explain_entry_error, generate_unit, has_indirect
+from hatch_khal.compiling import compile_jobs
 from hatch_khal.compilers import get_compiler
 from hatch_khal.config import ResolvedCrate
 from hatch_khal.entries import EntryDecl, scan_crate
@@ -27,7 +29,7 @@ from hatch_khal.errors import ConfigError, KhalBuildError, SourceError
 from hatch_khal.hashing import canonical, crate_content_hash, entry_hash, khal_header_sha256, sha256_bytes
 from hatch_khal.headers import HeaderSet, header_hints, nvrtc_cuda_major, resolve_headers
 from hatch_khal.model import CompileJob, CrateParts, CratePlan, PlannedEntry, Reporter
-from hatch_khal.probes import manifest_entries
+from hatch_khal.probes import indirect_verdict, manifest_entries
 from hatch_khal.reads import cover, real_dirs
 from hatch_khal.reads import locations as path_forms
 from hatch_khal.sources import CrateSources, collect_sources
@@ -60,6 +62,9 @@ class CudaPlan(CratePlan):
     #: the scanned entries, each with its entry hash
     decls: list[tuple[EntryDecl, str]]
     headers: HeaderSet
+    #: entries whose indirect variant the build judged wrong (set by prepare), with why: their
+    #: variant is generated in none of the binaries
+    without_indirect: dict[str, str] = field(default_factory=dict)
 
 
 def _cuda_plan(plan: CratePlan) -> CudaPlan:
@@ -67,6 +72,15 @@ def _cuda_plan(plan: CratePlan) -> CudaPlan:
     return plan
 
 
+
+
+_DEBUG_OPTIONS = ("-G", "--device-debug", "-dopt=off", "--dopt=off")
+
+
+def _debug_build(options: tuple[str, ...] | list[str]) -> bool:
+    """A debug build keeps dead code, so its PTX reads registers the kernel never uses: its launch
+    facts are the scanned ones."""
+    return any(o in _DEBUG_OPTIONS for o in options)
 
 
 class CudaLanguage:
@@ -104,14 +118,41 @@ class CudaLanguage:
                         sources=sources, decls=entries, headers=headers)
 
     def prepare(self, plan: CratePlan, cache: Cache, reporter: Reporter) -> tuple[int, int]:
-        return 0, 0  # everything is known from the sources
+        """Which entries' indirect variants are wrong, before any binary that ships is compiled: from
+        the PTX of the unit with every variant (the crate's PTX target, through the cache: when no
+        variant is wrong it is the very PTX the build ships), or without PTX from the sources' text.
+        The jobs then generate no kernel for those variants (issue #24: a variant judged wrong is in
+        no binary)."""
+        p = _cuda_plan(plan)
+        p.without_indirect = {}
+        candidates = [(d, h) for d, h in p.decls if has_indirect(d)]
+        if p.prebuilt_var or not candidates:
+            return 0, 0  # a prebuilt binary is the user's: the manifest leaves the wrong variants out
+        if p.cfg.ptx_arch is None:
+            for d, h in candidates:
+                sym, why = indirect_verdict(p.cfg.name, d, h, None)
+                if sym is None and why is not None:
+                    p.without_indirect[d.name] = why
+            return 0, 0
+        (job,) = self.jobs(p, Path("."), [p.cfg.ptx_arch])
+        outputs, compiled = compile_jobs([job], cache, reporter, explain=lambda j, e: self.explain(p, e))
+        reads = ptx_grid_reads(outputs[(p.cfg.name, job.target)].data)
+        for d, h in candidates:
+            sym, why = indirect_verdict(p.cfg.name, d, h, reads)
+            if sym is None and why is not None:
+                p.without_indirect[d.name] = why
+        # counted once: when no variant is wrong, the compile stage takes this very PTX from the cache
+        # (and counts it there as cached)
+        reused = not p.without_indirect and cache.lookup(job.key) is not None
+        return (compiled, -compiled) if reused else (compiled, 1 - compiled)
 
     def jobs(self, plan: CratePlan, root: Path, targets: list[str]) -> list[CompileJob]:
         plan = _cuda_plan(plan)
         cfg = plan.cfg
         compiler = get_compiler(self.compiler)
         ident = compiler.identity()
-        unit = generate_unit(cfg.name, [s.path for s in plan.sources.sources], plan.decls)
+        unit = generate_unit(cfg.name, [s.path for s in plan.sources.sources], plan.decls,
+                             frozenset(plan.without_indirect))
         include = [f"-I{khal_include_dir()}"] + [f"-I{d}" for d in plan.sources.include_dirs]
         include += [f"-I{d}" for d in plan.headers.include_dirs]
         defines = [f"-D{k}={v}" if v != "" else f"-D{k}" for k, v in sorted(cfg.defines.items())]
@@ -157,7 +198,8 @@ class CudaLanguage:
 
     def finish(self, plan: CratePlan, binary: BinaryInfo) -> CrateParts:
         plan = _cuda_plan(plan)
-        entries, warnings = manifest_entries(plan.cfg.name, plan.decls, binary)
+        entries, warnings = manifest_entries(plan.cfg.name, plan.decls, binary, plan.without_indirect,
+                                             trust_ptx=not _debug_build(plan.cfg.options))
         return CrateParts(entries=entries, warnings=tuple(warnings))
 
 

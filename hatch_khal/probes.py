@@ -12,9 +12,14 @@ element of its exact size, and ``cuda::std::complex<float>`` (or ``thrust::compl
 The entry's indirect (persistent-grid) variant is kept only when nothing it runs reads the
 real ``blockIdx`` / ``gridDim``: the body's own reads are remapped (khal.h passes them as
 parameters), but a helper function or a CUDA header reading them would see the persistent
-grid, silently. The PTX tells (:func:`khal_runtime.binaries.ptx_grid_reads`); a build with no
-PTX falls back on the sources' text (:attr:`hatch_khal.entries.EntryDecl.grid_reads_elsewhere`).
-An entry without the variant has ``indirect_symbol`` None and ``indirect_reason`` saying why.
+grid, silently. The PTX tells (:func:`khal_runtime.binaries.ptx_grid_reads`, inline asm included);
+a build with no PTX falls back on the sources' text (:attr:`hatch_khal.entries.EntryDecl.grid_reads_elsewhere`).
+The build decides this before the binaries it ships (:meth:`hatch_khal.cuda.CudaLanguage.prepare`),
+so a variant judged wrong is in none of them. An entry without the variant has ``indirect_symbol``
+None and ``indirect_reason`` saying why.
+
+The launch facts (:func:`launch_facts`, manifest ``launch``) come from the same PTX: the grid axes
+the direct kernel's code reads, and whether the ids it uses fold the compiled block in.
 """
 
 from __future__ import annotations
@@ -23,14 +28,15 @@ import re
 
 from khal_runtime import abi
 from khal_runtime.abi import indirect_symbol_for, symbol_for
-from khal_runtime.binaries import BinaryInfo, ptx_grid_reads
-from khal_runtime.manifest import Entry, Param
+from khal_runtime.binaries import FOLD_TAGGED_GLOBAL, BinaryInfo, KernelReads, ptx_grid_reads, ptx_kernel_reads
+from khal_runtime.manifest import Entry, LaunchFacts, Param
+from khal_runtime.verify import facts_from_reads
 
 from hatch_khal.codegen import TYPE_PROBE_BIAS, has_indirect, probe_names, type_probe_name
 from hatch_khal.entries import EntryDecl, ParamDecl
 from hatch_khal.errors import KhalBuildError
 
-__all__ = ["SCALAR_LOOKING", "demangle", "manifest_entries"]
+__all__ = ["SCALAR_LOOKING", "demangle", "indirect_verdict", "launch_facts", "manifest_entries"]
 
 #: Spellings that read like a scalar: a struct called so is reported (the build says so,
 #: since a ``struct half`` of one's own is not CUDA's ``__half``)
@@ -104,9 +110,10 @@ def _element(crate: str, decl: EntryDecl, i: int, p: ParamDecl, probes: dict[str
     return spelled, size, align
 
 
-def _indirect(crate: str, decl: EntryDecl, h: str, reads: dict[str, tuple[tuple[str, str], ...]] | None
-              ) -> tuple[str | None, str | None]:
-    """(indirect symbol, None) or (None, why the entry has no indirect variant)."""
+def indirect_verdict(crate: str, decl: EntryDecl, h: str, reads: dict[str, tuple[tuple[str, str], ...]] | None
+                     ) -> tuple[str | None, str | None]:
+    """(indirect symbol, None) or (None, why the entry has no indirect variant), from the grid
+    reads of a PTX of the crate compiled with the variant (None: no PTX, the sources' text)."""
     if not has_indirect(decl):
         return None, f"it is a {decl.grid_dims}-D entry, and indirect dispatch counts groups along x only"
     sym = indirect_symbol_for(decl.name, h)
@@ -136,13 +143,30 @@ def _indirect(crate: str, decl: EntryDecl, h: str, reads: dict[str, tuple[tuple[
     return sym, None
 
 
-def manifest_entries(crate: str, decls: list[tuple[EntryDecl, str]], binary: BinaryInfo
+def launch_facts(decl: EntryDecl, symbol: str, kernels: dict[str, KernelReads] | None, tagged: bool) -> LaunchFacts:
+    """What the compiled kernel ``symbol`` does with the launch geometry, from the PTX's reads
+    (``kernels``; None: no PTX, the scanned facts). ``tagged``: the PTX carries the hook's
+    ``khal:fold`` tags (:data:`khal_runtime.binaries.FOLD_TAGGED_GLOBAL`); untagged ids count as
+    folding the block."""
+    if kernels is None:
+        return LaunchFacts(source="scan", grid_axes=decl.grid_dims, block_fixed=decl.fixed_block)
+    return facts_from_reads(kernels[symbol], decl.fixed_block, tagged)
+
+
+def manifest_entries(crate: str, decls: list[tuple[EntryDecl, str]], binary: BinaryInfo,
+                     without_indirect: dict[str, str] | None = None, trust_ptx: bool = True,
                      ) -> tuple[tuple[Entry, ...], list[str]]:
     """The manifest entries of a CUDA C++ crate (each decl with its entry hash), their types
-    from ``binary``'s probes (its PTX, when it is one, also for the indirect check), and the
-    warnings the build should show."""
+    from ``binary``'s probes (its PTX, when it is one, also for the indirect check and the launch
+    facts), and the warnings the build should show. ``without_indirect``: entries whose variant
+    the build left out of the binaries, with why; ``trust_ptx`` False (a debug build, whose PTX
+    keeps dead reads): the launch facts are the scanned ones."""
     probes = dict(binary.globals_u64)
-    reads = ptx_grid_reads(binary.text) if binary.kind == "ptx" and binary.text is not None else None
+    ptx = binary.text if binary.kind == "ptx" and binary.text is not None else None
+    reads = ptx_grid_reads(ptx) if ptx is not None else None
+    kernels = ptx_kernel_reads(ptx) if ptx is not None and trust_ptx else None
+    tagged = FOLD_TAGGED_GLOBAL in probes
+    dropped = without_indirect or {}
     warnings: list[str] = []
     entries = []
     for decl, h in decls:
@@ -152,7 +176,12 @@ def manifest_entries(crate: str, decls: list[tuple[EntryDecl, str]], binary: Bin
             params.append(Param(name=p.name, kind=p.kind, element_type=element_type, element_size=size,
                                 element_align=align, shape=p.shape,  # type: ignore[arg-type]
                                 length=p.length, writable=p.writable, ctype=p.ctype))
-        indirect, reason = _indirect(crate, decl, h, reads)
+        indirect: str | None
+        reason: str | None
+        if decl.name in dropped:
+            indirect, reason = None, dropped[decl.name]
+        else:
+            indirect, reason = indirect_verdict(crate, decl, h, reads)
         entries.append(Entry(
             name=decl.name,
             symbol=symbol_for(decl.name, h),
@@ -166,5 +195,6 @@ def manifest_entries(crate: str, decls: list[tuple[EntryDecl, str]], binary: Bin
             launch_bounds=decl.launch_bounds,
             template=decl.template,
             template_args=decl.template_args if decl.template is not None else None,
+            launch=launch_facts(decl, symbol_for(decl.name, h), kernels, tagged),
         ))
     return tuple(entries), warnings

@@ -24,7 +24,10 @@ __all__ = [
     "MAX_SYMBOL_NAME",
     "is_elf",
     "khal_symbols",
+    "FOLD_TAGGED_GLOBAL",
+    "KernelReads",
     "ptx_grid_reads",
+    "ptx_kernel_reads",
     "read_binary",
     "read_cubin",
     "scan_cubin",
@@ -133,7 +136,6 @@ _FUNC_HEAD_RE = re.compile(
     rb"^[ \t]*(?:\.visible[ \t]+|\.weak[ \t]+|\.extern[ \t]+)?\.(entry|func)[ \t]+(?:\([^)]*\)[ \t]*)?"
     rb"([A-Za-z_$][A-Za-z0-9_$]*)", re.M)
 _INLINE_ASM_RE = re.compile(rb"//[ \t]*begin inline asm.*?//[ \t]*end inline asm", re.S)
-_SREG_RE = re.compile(rb"%(n?ctaid)\.([xyz])")
 _CALL_RE = re.compile(rb"\bcall(?:\.uni)?\s+(?:\([^)]*\)\s*,\s*)?(%?[A-Za-z_$][A-Za-z0-9_$]*)")
 
 
@@ -169,19 +171,62 @@ def _ptx_functions(text: bytes) -> dict[str, bytes]:
     return out
 
 
-def ptx_grid_reads(text: bytes) -> dict[str, tuple[tuple[str, str], ...]]:
-    """Per kernel (``.entry``) of PTX text: the grid special registers (``ctaid.y``,
-    ``nctaid.x``; ``blockIdx`` / ``gridDim`` in CUDA C++) its code reads outside inline
-    assembly, each with the function that reads it (the kernel itself, or a ``.func`` it calls,
-    directly or not). A call through a register, which cannot be followed, reads as
-    ``("call", "<indirect call>")``. The hook's indirect variants read the grid only through
-    inline assembly: anything listed for one of them is a read the variant cannot remap."""
+#: tags the hook puts in the comments of its own inline asm (:mod:`hatch_khal.codegen`):
+#: ``khal:loop`` reads the persistent grid of an indirect variant (the variant's own reads, not
+#: the body's); ``khal:fold.<axis>`` multiplies a block id by the compiled block size (the ids
+#: ``KHAL_GLOBAL_ID`` and kin fold it in: non-volatile asm with an output, deleted by the
+#: compiler where the id is unused, so its presence means the code that runs uses such an id)
+_TAG_RE = re.compile(rb"//[ \t]*khal:(loop|fold\.[xyz])\b")
+#: every special register of the launch geometry (``%tid``, ``%ntid``, ``%ctaid``, ``%nctaid``)
+_GEOMETRY_RE = re.compile(rb"%(n?ctaid|n?tid)\.([xyz])")
+#: the global the hook compiles into every unit whose ids carry ``khal:fold`` tags: PTX without
+#: it (an older build, a prebuilt file) has untagged ids, so its block counts as folded
+FOLD_TAGGED_GLOBAL = "khal_fold_tagged"
+
+
+@dataclass(frozen=True)
+class KernelReads:
+    """What one kernel (``.entry``) of PTX text reads of the launch geometry, through every
+    function it calls (directly or not), inline asm included."""
+
+    #: (register, function reading it): ``("ctaid.y", "_Z6helperv")``; the hook's own persistent-grid
+    #: reads (``khal:loop``) excepted; ``("call", "<indirect call>")`` for a call through a register
+    reads: tuple[tuple[str, str], ...]
+    #: the axes whose ids fold the compiled block size (``khal:fold.<axis>`` reached)
+    folds: tuple[str, ...]
+
+    @property
+    def registers(self) -> tuple[str, ...]:
+        return tuple(sorted({r for r, _ in self.reads if r != "call"}))
+
+    @property
+    def grid_axes(self) -> int:
+        """How many grid axes the kernel tells apart: the highest axis whose block id (``%ctaid``)
+        it reads (1 when it reads none)."""
+        regs = self.registers
+        return 3 if "ctaid.z" in regs else 2 if "ctaid.y" in regs else 1
+
+
+def ptx_kernel_reads(text: bytes) -> dict[str, KernelReads]:
+    """Per kernel (``.entry``) of PTX text: the geometry special registers its code reads (in
+    plain instructions and in inline asm, the hook's ``khal:loop`` asm excepted), each with the
+    function that reads it (the kernel itself or a ``.func`` it reaches), and the ``khal:fold``
+    tags it reaches. A call through a register, which cannot be followed, reads as
+    ``("call", "<indirect call>")``."""
     funcs = _ptx_functions(text)
     own: dict[str, set[tuple[str, str]]] = {}
+    folds: dict[str, set[str]] = {}
     calls: dict[str, set[str]] = {}
     for name, body in funcs.items():
-        body = _INLINE_ASM_RE.sub(b"", body)
-        own[name] = {(f"{m.group(1).decode()}.{m.group(2).decode()}", name) for m in _SREG_RE.finditer(body)}
+        own[name], folds[name] = set(), set()
+
+        def asm_block(m: re.Match[bytes], into: set[str] = folds[name]) -> bytes:
+            tags = {t.group(1).decode() for t in _TAG_RE.finditer(m.group(0))}
+            into.update(t.split(".")[1] for t in tags if t.startswith("fold."))
+            return b"" if "loop" in tags else m.group(0)
+
+        body = _INLINE_ASM_RE.sub(asm_block, body)
+        own[name] = {(f"{m.group(1).decode()}.{m.group(2).decode()}", name) for m in _GEOMETRY_RE.finditer(body)}
         calls[name] = set()
         for m in _CALL_RE.finditer(body):
             target = m.group(1).decode("ascii", "replace")
@@ -190,20 +235,33 @@ def ptx_grid_reads(text: bytes) -> dict[str, tuple[tuple[str, str], ...]]:
             else:
                 calls[name].add(target)
     entries = {m.group(2).decode("ascii", "replace") for m in _FUNC_HEAD_RE.finditer(text) if m.group(1) == b"entry"}
-    out: dict[str, tuple[tuple[str, str], ...]] = {}
+    out: dict[str, KernelReads] = {}
     for e in entries:
         seen: set[str] = set()
         todo = [e]
         found: set[tuple[str, str]] = set()
+        axes: set[str] = set()
         while todo:
             f = todo.pop()
             if f in seen:
                 continue
             seen.add(f)
             found |= own.get(f, set())
+            axes |= folds.get(f, set())
             todo.extend(calls.get(f, ()))
-        out[e] = tuple(sorted(found))
+        out[e] = KernelReads(tuple(sorted(found)), tuple(sorted(axes)))
     return out
+
+
+def ptx_grid_reads(text: bytes) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Per kernel (``.entry``) of PTX text: the grid special registers (``ctaid.y``,
+    ``nctaid.x``; ``blockIdx`` / ``gridDim`` in CUDA C++) its code reads, inline asm included
+    (:func:`ptx_kernel_reads`), each with the function that reads it. A call through a register
+    reads as ``("call", "<indirect call>")``. The hook's indirect variants read the grid only
+    through their ``khal:loop`` asm: anything listed for one of them is a read the variant
+    cannot remap."""
+    return {k: tuple(r for r in v.reads if r[0] == "call" or "ctaid" in r[0])
+            for k, v in ptx_kernel_reads(text).items()}
 
 
 def _cubin_arch(e_flags: int, abi_version: int) -> int:

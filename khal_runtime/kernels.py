@@ -60,8 +60,10 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     """One entry point. ``k(n, *args, stream=None)`` runs ``n`` threads (grid = ceil(n / block.x));
     a 2-D / 3-D entry (``entry.grid_dims``) takes ``k((nx, ny), ...)`` / ``k((nx, ny, nz), ...)``,
     each axis rounded up to whole blocks. ``k.launch(grid, block, *args, stream=None,
-    shared_mem=0)`` takes explicit dimensions (``block`` must be the compiled one, or None; an
-    entry whose block is not fixed takes any block within its launch bounds).
+    shared_mem=0)`` takes explicit dimensions: as many grid axes as the compiled kernel reads
+    block ids along (``entry.launch_dims``), and ``block`` the compiled one or None, unless the
+    kernel's ids do not fold it in (``entry.launch_block_fixed``): then any block within its
+    launch bounds.
 
     Why a ``functools.partial``: calling it is the product's hot path, and CPython calls a
     partial through C-level vectorcall straight into its function, where an object with a
@@ -71,7 +73,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     partial has no arguments to prepend and forwards the call as it is. The partial's own
     attributes (``func``, ``args``) are that machinery, not part of the API."""
 
-    __slots__ = ("entry", "name", "crate", "_crate", "_plans", "_bx", "_by", "_bz", "_flat", "_dims", "_lock")
+    __slots__ = ("entry", "name", "crate", "_crate", "_plans", "_bx", "_by", "_bz", "_flat", "_dims", "_ldims",
+                 "_lfixed", "_lock")
 
     entry: Entry
     name: str
@@ -83,6 +86,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     _bz: int
     _flat: bool
     _dims: int
+    _ldims: int
+    _lfixed: bool
     _lock: threading.Lock
 
     def __new__(cls, crate: CrateKernels, entry: Entry) -> Kernel:
@@ -94,8 +99,11 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         self._crate = crate
         self._plans = {}
         self._bx, self._by, self._bz = (int(x) for x in entry.block_size)
-        self._flat = self._by == self._bz == 1 and entry.fixed_block  # ``block=bx`` names the compiled block
+        self._flat = self._by == self._bz == 1 and entry.launch_block_fixed  # ``block=bx`` names the compiled block
         self._dims = entry.grid_dims
+        # the compiled kernel's launch facts (re-derived from the shipped PTX when the crate loads,
+        # before any launch): grid axes an explicit launch may use, whether it must use the block
+        self._ldims, self._lfixed = entry.launch_dims, entry.launch_block_fixed
         self._lock = threading.Lock()
         return self
 
@@ -167,11 +175,11 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
             gx, gy, gz = grid, 1, 1
         else:
             gx, gy, gz = dim3(grid, f"{self.name}.launch(): grid")
-            check_grid(self.name, (gx, gy, gz), self.entry.grid_dims)
+            check_grid(self.name, (gx, gy, gz), self._ldims)
         bx, by, bz = self._bx, self._by, self._bz
         if block is not None and not (type(block) is int and block == bx and self._flat):
             b = dim3(block, f"{self.name}.launch(): block")
-            if self.entry.fixed_block:
+            if self._lfixed:
                 check_block(self.name, b, (bx, by, bz))
             else:
                 check_block_within(self.name, b, self.entry.max_block_threads)

@@ -15,7 +15,9 @@ per-target struct layouts, and entry hashes computable from the manifest alone
 their authors wrote them need: each parameter's type as spelled (``ctype``; the element type is
 what the compiler made of it), template instantiations, 2-D / 3-D launch shapes
 (``grid_dims``), blocks that are not fixed (``fixed_block``, ``launch_bounds``) and why an
-entry has no indirect variant (``indirect_reason``).
+entry has no indirect variant (``indirect_reason``). Version 4 added the launch facts of the
+compiled kernel (``launch``: the grid axes it reads, whether its ids fold the compiled block, where
+those facts come from), re-derived from the shipped PTX at load.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ __all__ = [
     "Crate",
     "Editable",
     "Entry",
+    "LaunchFacts",
     "Manifest",
     "Param",
     "Prebuilt",
@@ -63,7 +66,7 @@ __all__ = [
     "symbol_for",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Directory inside the package that holds the manifest and the artifacts.
 MANIFEST_DIR = "_khal"
 MANIFEST_NAME = "manifest.json"
@@ -268,6 +271,36 @@ class WebGpuTarget(_Model):
         return self
 
 
+class LaunchFacts(_Model):
+    """What the compiled kernel does with the launch geometry (docs/reference/manifest.md).
+
+    Not in the entry hash (known only after the compile that the hash names): re-derived from the
+    shipped PTX at load and at verify (:func:`khal_runtime.verify.check_launch_facts`); without PTX
+    they are the hashed facts of the marker (``scan``) or of Slang's ``numthreads`` (``reflection``)."""
+
+    #: "ptx": the special registers the shipped PTX reads, through every function the kernel calls,
+    #: inline asm included; "scan": the CUDA C++ source text (no PTX shipped); "reflection": Slang's
+    #: reflection (no PTX shipped)
+    source: Literal["ptx", "scan", "reflection"]
+    #: grid axes the kernel tells apart (the highest axis whose block id it reads): an explicit
+    #: launch may use that many (or the marker's ``grid_dims``, if more)
+    grid_axes: int = Field(ge=1, le=3)
+    #: the kernel's ids fold the compiled block size in (``KHAL_GLOBAL_ID`` and kin where it runs;
+    #: a Slang entry's ``numthreads``): an explicit launch must use the compiled block. False: any
+    #: block within its launch bounds
+    block_fixed: bool
+    #: the geometry special registers the kernel reads ("ctaid.y", "ntid.x", ...; PTX only)
+    reads: tuple[str, ...] = ()
+
+    @field_validator("reads")
+    @classmethod
+    def _reads(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for r in v:
+            if not re.fullmatch(r"n?(?:ctaid|tid)\.[xyz]", r):
+                raise ValueError(f"launch facts: {r!r} is not a geometry special register")
+        return v
+
+
 class Entry(_Model):
     name: str
     symbol: str
@@ -293,6 +326,9 @@ class Entry(_Model):
     template_args: Optional[tuple[str, ...]] = None
     #: Slang entries: the WGSL / SPIR-V targets (absent with KHAL_SKIP_SPIRV, and for CUDA C++)
     webgpu: Optional[tuple[WebGpuTarget, ...]] = None
+    #: what the compiled kernel does with the launch geometry (None: a manifest older than
+    #: schema 4, whose launches follow ``grid_dims`` / ``fixed_block``)
+    launch: Optional[LaunchFacts] = None
 
     @field_validator("hash")
     @classmethod
@@ -349,7 +385,27 @@ class Entry(_Model):
             raise ValueError(f"entry {self.name!r}: a template instantiation names its template and arguments")
         if self.template is not None:
             _ident(self.template, "template name")
+        f = self.launch
+        if f is not None:
+            if f.block_fixed and not self.fixed_block:
+                raise ValueError(f"entry {self.name!r}: its launch facts fix a block its marker does not")
+            if f.source != "ptx" and (f.grid_axes != self.grid_dims or f.block_fixed != self.fixed_block or f.reads):
+                raise ValueError(f"entry {self.name!r}: launch facts from {f.source} must be the hashed ones "
+                                 f"(grid_dims {self.grid_dims}, fixed_block {self.fixed_block}, no reads)")
         return self
+
+    @property
+    def launch_dims(self) -> int:
+        """Grid dimensions an explicit launch may use: the marker's, or more where the compiled
+        kernel reads a y / z block id."""
+        f = self.launch
+        return self.grid_dims if f is None else max(self.grid_dims, f.grid_axes)
+
+    @property
+    def launch_block_fixed(self) -> bool:
+        """Whether an explicit launch must use the compiled block (its ids fold it in)."""
+        f = self.launch
+        return self.fixed_block and (f is None or f.block_fixed)
 
     def signature(self, layouts: bool = True) -> dict[str, Any]:
         """What the entry hash covers besides the crate content (:func:`abi.entry_signature`;

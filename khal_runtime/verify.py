@@ -14,7 +14,9 @@ build side (``python -m hatch_khal verify``). Checks:
 * what the entry hash cannot cover is re-derived from the artifacts: every parameter's element
   size and alignment from the binary's ``khal_sizeof`` / ``khal_alignof`` probes; a WebGPU
   target's bindings, loose-scalar block and slots, storage strides and uniform layouts from its
-  WGSL / SPIR-V (:func:`webgpu_layout_problems`). An edit is a ManifestError naming the field;
+  WGSL / SPIR-V (:func:`webgpu_layout_problems`); every entry's launch facts (the grid axes its
+  kernel reads, whether its ids fold the compiled block) from the shipped PTX
+  (:func:`check_launch_facts`). An edit is a ManifestError naming the field;
 * for editable installs, the crate sources still have the hashes they were built from (read
   only inside the recorded project root, which must hold the package).
 """
@@ -26,13 +28,15 @@ import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, Any, Callable, Iterable
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from khal_runtime import abi
-from khal_runtime.binaries import BinaryFormatError, khal_symbols, read_binary, webgpu_entry_points
+from khal_runtime.binaries import (FOLD_TAGGED_GLOBAL, BinaryFormatError, KernelReads, khal_symbols, ptx_kernel_reads,
+                                   read_binary, webgpu_entry_points)
 from khal_runtime.errors import ArtifactError, HashMismatchError, KhalError, ManifestError, StaleBuildError
-from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Crate, Entry, Manifest, Param, StructLayout,
-                                   WebGpuTarget, load_manifest, package_path, prebuilt_env_var, read_regular_file)
+from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Crate, Entry, LaunchFacts, Manifest, Param,
+                                   StructLayout, WebGpuTarget, load_manifest, package_path, prebuilt_env_var,
+                                   read_regular_file)
 
 if TYPE_CHECKING:
     from khal_runtime.shaders import Leaf
@@ -42,12 +46,14 @@ __all__ = [
     "MAX_SOURCE_BYTES",
     "Problem",
     "artifact_path",
+    "check_launch_facts",
     "check_manifest",
     "check_package",
     "check_sources",
     "check_symbols",
     "crate_env_var",
     "check_artifact_bytes",
+    "facts_from_reads",
     "read_artifact",
     "read_artifact_stream",
     "rebuild_hint",
@@ -260,6 +266,56 @@ def check_symbols(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem
                 f"{entry.indirect_symbol!r} is missing from {artifact.path}; {rebuild_hint(crate)}",
                 HashMismatchError, artifact.path, entry.name, entry.indirect_symbol, None,
             ))
+    return problems
+
+
+def facts_from_reads(k: KernelReads, fixed_block: bool, tagged: bool) -> LaunchFacts:
+    """A kernel's launch facts from what its PTX reads (:func:`khal_runtime.binaries.ptx_kernel_reads`):
+    the grid axes it tells apart, and whether its ids fold the compiled block in (a block fixed
+    by its marker, and ``khal:fold`` tags reached; untagged PTX, ``tagged`` False, counts as folding)."""
+    return LaunchFacts(source="ptx", grid_axes=k.grid_axes,
+                       block_fixed=fixed_block and (bool(k.folds) or not tagged), reads=k.registers)
+
+
+def check_launch_facts(crate: Crate, blobs: Mapping[str, bytes]) -> list[Problem]:
+    """Every entry's ``launch`` facts are what the crate's shipped PTX says (``blobs``: artifact path
+    -> bytes); facts from ``ptx`` in a crate that ships none are refused. Used at verify and by the
+    CUDA backend at load (whatever binary it loads), so the runtime never accepts a launch on
+    facts the artifact does not back."""
+    ptx = [a for a in crate.artifacts if a.kind == "ptx" and a.path in blobs]
+    problems: list[Problem] = []
+    kernels: dict[str, KernelReads] | None = None
+    tagged = False
+    if ptx:
+        try:
+            info = read_binary(blobs[ptx[0].path], ptx[0].path)
+        except BinaryFormatError:
+            return []  # check_symbols names it
+        if info.text is not None:
+            kernels = ptx_kernel_reads(info.text)
+            tagged = FOLD_TAGGED_GLOBAL in dict(info.globals_u64)
+    for e in crate.entries:
+        f = e.launch
+        if f is None or f.source != "ptx":
+            continue
+        where = f"entry {e.name!r} (crate {crate.name!r})"
+        if kernels is None:
+            problems.append(Problem(
+                "manifest", crate.name, f"{where}: the manifest records launch facts from PTX, but the crate ships "
+                f"no PTX to back them: the manifest was edited after the build; {rebuild_hint(crate)}",
+                ManifestError, None, e.name))
+            continue
+        k = kernels.get(e.symbol)
+        if k is None:
+            continue  # check_symbols names the missing kernel
+        want = facts_from_reads(k, e.fixed_block, tagged)
+        if want != f:
+            diff = ", ".join(f"{n} {getattr(f, n)!r} (the PTX says {getattr(want, n)!r})"
+                             for n in ("grid_axes", "block_fixed", "reads") if getattr(f, n) != getattr(want, n))
+            problems.append(Problem(
+                "manifest", crate.name, f"{where}: the manifest's launch facts are not the shipped PTX's: {diff}; "
+                f"the manifest was edited after the build; {rebuild_hint(crate)}",
+                ManifestError, ptx[0].path, e.name))
     return problems
 
 
@@ -562,9 +618,10 @@ def verify_package(package_dir: str | os.PathLike[str], manifest: Manifest | Non
             problems.append(Problem("manifest", "", str(exc), ManifestError))
     reader = read or (lambda art: read_artifact(pkg, art))
     for crate in _crates(manifest, crates):
+        blobs: dict[str, bytes] = {}
         for art in crate.artifacts:
             try:
-                data = reader(art)
+                data = blobs[art.path] = reader(art)
             except ArtifactError as exc:
                 msg = str(exc)
                 kind = ("path" if "confined" in msg or "outside" in msg else
@@ -574,6 +631,8 @@ def verify_package(package_dir: str | os.PathLike[str], manifest: Manifest | Non
                 continue
             if symbols:
                 problems.extend(check_symbols(crate, art, data))
+        if symbols:
+            problems.extend(check_launch_facts(crate, blobs))
     return problems
 
 

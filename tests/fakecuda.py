@@ -615,10 +615,12 @@ def stream(handle: int = 7, native: Any = "STREAM", device_id: int = 0) -> devic
 
 
 def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package: str = "fakepkg",
-                  language: str = "cuda") -> Path:
+                  language: str = "cuda", content: str = CONTENT, ptx: bytes | None = None) -> Path:
     """Write ``root/<package>/``: a manifest and one PTX artifact naming ``entries``' kernels
     (and their indirect variants), each with the ``.param`` declarations NVRTC gives its
-    parameters (:func:`entry_params`). Returns the package directory."""
+    parameters (:func:`entry_params`). ``ptx`` / ``content``: a real build's PTX and content hash
+    instead (its entries' launch facts are checked against that PTX at load). Returns the package
+    directory."""
     pkg = root / package
     art_dir = pkg / "_khal" / crate
     art_dir.mkdir(parents=True, exist_ok=True)
@@ -629,7 +631,8 @@ def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package
                 lines.append(f".visible .entry {sym}(")
                 lines.append(",\n".join(f"\t{d}" for d in entry_params(e, indirect=sym != e.symbol)))
                 lines.append(")\n{\n    ret;\n}")
-    ptx = ("\n".join(lines) + "\n").encode()
+    if ptx is None:
+        ptx = ("\n".join(lines) + "\n").encode()
     rel = f"_khal/{crate}/{crate}.compute_90.ptx"
     (pkg / rel).write_bytes(ptx)
     manifest = {
@@ -637,7 +640,7 @@ def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package
         "toolchain": {"hatch_khal_version": "test", "abi_version": abi.ABI_VERSION},
         "crates": [{
             "name": crate, "language": language, "package_dir": f"_khal/{crate}", "sources": [],
-            "content_hash": CONTENT,
+            "content_hash": content,
             "artifacts": [{"kind": "ptx", "arch": "compute_90", "path": rel, "ptx_isa": "9.0",
                            "sha256": hashlib.sha256(ptx).hexdigest(), "size": len(ptx)}],
             "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries],
@@ -648,13 +651,14 @@ def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package
 
 
 def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: str = "c",
-                 package: str = "fakepkg", language: str = "cuda") -> Any:
+                 package: str = "fakepkg", language: str = "cuda", content: str = CONTENT,
+                 ptx: bytes | None = None) -> Any:
     """Write a package of PTX for ``entries`` (:func:`write_package`), register the parameter
     layouts its PTX declares with the fake driver (a test may change them before the first
     launch: the binary then disagrees with the manifest), and load it through ``khal_runtime.load``."""
     import khal_runtime
 
-    pkg = write_package(root, entries, crate=crate, package=package, language=language)
+    pkg = write_package(root, entries, crate=crate, package=package, language=language, content=content, ptx=ptx)
     for ptx in (pkg / "_khal" / crate).glob("*.ptx"):
         drv.layouts.update({f"FUNC:{name}": layout for name, layout in ptx_param_layouts(ptx.read_bytes()).items()})
     return khal_runtime.load(pkg)

@@ -257,7 +257,7 @@ def test_files_where_cache_fanout_folders_should_be(tmp_path: Path) -> None:
         (cache / "v1" / f"{i:02x}").write_text("not a folder")
     root = make_project(tmp_path / "p")
     result, rep = build(root, cache)
-    assert result.compiled == 4
+    assert result.compiled == 6  # each crate's first PTX (hatch_khal.cuda prepare) again: the cache stores nothing
     assert rep.warnings and all("cache" in w for w in rep.warnings)
     again, _ = build(root, cache)
     assert manifest_of(again)[1] == manifest_of(result)[1]
@@ -278,7 +278,8 @@ def test_unwritable_cache_fanout_folders(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     root = make_project(tmp_path / "p")
     result, rep = build(root, cache)
-    assert result.compiled == 4 and any("Permission denied" in w for w in rep.warnings)
+    # each crate's first PTX (hatch_khal.cuda prepare) compiles again: the cache stores nothing
+    assert result.compiled == 6 and any("Permission denied" in w for w in rep.warnings)
 
 
 # -- (11) prebuilt files: regular files of bounded size only ---------------------------------------

@@ -630,8 +630,11 @@ def test_older_manifests_still_load(tmp_path: Path) -> None:
     m = parse_manifest(json.dumps(doc))
     assert m.crates[0].entries[0].grid_dims == 1 and m.crates[0].entries[0].fixed_block
     assert check_manifest(m) == []
-    doc["schema_version"] = 4
-    with pytest.raises(ManifestError, match="schema version 4 is newer than this runtime understands \\(3\\)"):
+    doc["schema_version"] = 3  # before the launch facts: launches follow the marker's facts
+    e3 = parse_manifest(json.dumps(doc)).crates[0].entries[0]
+    assert (e3.launch, e3.launch_dims, e3.launch_block_fixed) == (None, 1, True)
+    doc["schema_version"] = 5
+    with pytest.raises(ManifestError, match="schema version 5 is newer than this runtime understands \\(4\\)"):
         parse_manifest(json.dumps(doc))
 
 

@@ -176,7 +176,8 @@ def test_cuda_struct_layouts_match_nvrtc(example_slang_output, example_slang) ->
     from khal_runtime.binaries import read_binary
 
     crate = example_slang_output
-    assert crate.entries == example_slang.entries  # the unit of the wheel's build
+    # the unit of the wheel's build (the wheel's entries add the launch facts NVRTC's PTX gives)
+    assert crate.entries == tuple(e.model_copy(update={"launch": None}) for e in example_slang.entries)
     e = next(x for x in crate.entries if x.name == "affine")
     p = next(x for x in e.params if x.kind == "uniform")
     layout = p.layouts["cuda"]

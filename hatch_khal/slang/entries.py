@@ -30,7 +30,7 @@ from hatch_khal.errors import SourceError
 from hatch_khal.slang.locate import Locator
 
 __all__ = ["CUDA_ONLY_SCALARS", "SLANG_SCALARS", "SlangEntry", "WEBGPU_WORKGROUP_LIMIT", "entries_from_reflection",
-           "non_compute_error", "refuse_cuda_only_types", "webgpu_target"]
+           "non_compute_error", "numthreads_dims", "refuse_cuda_only_types", "webgpu_target"]
 
 #: SlangScalarType (slang.h) -> ABI scalar name
 SLANG_SCALARS: dict[int, str] = {
@@ -62,6 +62,8 @@ class SlangEntry:
     where: str  # file:line, for messages
     #: per parameter name: the element type as reflection saw it for CUDA (storage / uniform)
     cuda_elements: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False, repr=False)
+    #: the typed call's dimensionality: numthreads's (``numthreads(10, 10, 1)`` is 2-D)
+    grid_dims: int = 1
 
     @property
     def symbol(self) -> str:
@@ -75,6 +77,12 @@ class SlangEntry:
     def threads(self) -> int:
         x, y, z = self.block_size
         return x * y * z
+
+
+def numthreads_dims(block: tuple[int, int, int]) -> int:
+    """A Slang entry's dimensionality from its ``[numthreads(x, y, z)]``: the last axis above 1
+    (``(10, 10, 1)`` is 2-D; ``(64, 1, 1)`` and ``(1, 1, 1)`` are 1-D)."""
+    return 3 if block[2] > 1 else 2 if block[1] > 1 else 1
 
 
 #: ABI scalar -> its Slang spelling (for messages)
@@ -282,9 +290,10 @@ def entries_from_reflection(crate: str, reflected: list[dict[str, Any]], global_
                 elements[param.name] = element
         if not params:
             raise w.error("has no parameters; the ABI needs at least one (a buffer, uniform or scalar)")
-        signature = abi.entry_signature(name, block, params)
+        dims = numthreads_dims(block)
+        signature = abi.entry_signature(name, block, params, grid_dims=dims)
         out.append(SlangEntry(name, block, tuple(params), abi.entry_hash(content_hash, signature),
-                              locator.entry(name), elements))
+                              locator.entry(name), elements, grid_dims=dims))
     names = [x.name for x in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:

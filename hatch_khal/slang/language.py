@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from khal_runtime.abi import env_flag
-from khal_runtime.manifest import SpirvStatus
+from khal_runtime.binaries import ptx_kernel_reads
+from khal_runtime.manifest import Entry, LaunchFacts, SpirvStatus
+from khal_runtime.verify import facts_from_reads
 
 from hatch_khal.__about__ import __version__
 from hatch_khal.compilers import get_compiler
@@ -197,7 +199,22 @@ class SlangLanguage:
     def finish(self, plan: CratePlan, binary: BinaryInfo) -> CrateParts:
         p, out = _output(plan)
         out.check_probes(binary.globals_u64)
-        return CrateParts(entries=out.entries, artifacts=out.webgpu_artifacts(), files=dict(out.webgpu_files))
+        return CrateParts(entries=with_launch_facts(out.entries, binary), artifacts=out.webgpu_artifacts(),
+                          files=dict(out.webgpu_files))
+
+
+def with_launch_facts(entries: tuple[Entry, ...], binary: BinaryInfo) -> tuple[Entry, ...]:
+    """Slang entries with their launch facts: numthreads (reflection: the block stays fixed, and the
+    typed call's shape) and the grid axes its CUDA kernel reads, from ``binary`` when it is PTX."""
+    kernels = ptx_kernel_reads(binary.text) if binary.kind == "ptx" and binary.text is not None else None
+    out = []
+    for e in entries:
+        if kernels is not None and e.symbol in kernels:
+            facts = facts_from_reads(kernels[e.symbol], e.fixed_block, tagged=False)
+        else:
+            facts = LaunchFacts(source="reflection", grid_axes=e.grid_dims, block_fixed=e.fixed_block)
+        out.append(e.model_copy(update={"launch": facts}))
+    return tuple(out)
 
 
 SLANG = SlangLanguage()

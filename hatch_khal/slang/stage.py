@@ -239,7 +239,8 @@ def _finish_entries(plan: SlangPlan, entries: list[SlangEntry], results: list[di
             for p in e.params
         )
         out.append(Entry(name=e.name, symbol=e.symbol, hash=e.hash, block_size=e.block_size, params=params,
-                         indirect_symbol=e.indirect_symbol, webgpu=tuple(targets) if targets else None))
+                         indirect_symbol=e.indirect_symbol, grid_dims=e.grid_dims,
+                         webgpu=tuple(targets) if targets else None))
     return tuple(out), files
 
 

@@ -18,7 +18,7 @@ from khal_runtime import abi
 from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.errors import CudaError, NoCompatibleBinaryError, ParamLayoutError, PtxTooNewError
 from khal_runtime.manifest import Artifact, Crate, Entry
-from khal_runtime.verify import check_symbols
+from khal_runtime.verify import check_launch_facts, check_symbols
 
 __all__ = [
     "PTX_ISA_BY_DRIVER",
@@ -155,6 +155,10 @@ def load_module(crate: Crate, package: str, blobs: dict[str, bytes], device: Any
     cc = device.compute_capability()
     label = f"{device.name} #{device.device_id}"
     candidates = select_candidates(crate, cc, driver_version, package=package, device=label)
+    # the launch facts the checks of every launch use: backed by the shipped PTX, whichever binary loads
+    facts = check_launch_facts(crate, blobs)
+    if facts:
+        raise facts[0].exception()
     failures: list[tuple[Artifact, CudaError]] = []
     for art in candidates:
         problems = check_symbols(crate, art, blobs[art.path])

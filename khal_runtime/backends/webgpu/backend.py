@@ -33,6 +33,7 @@ from khal_runtime.errors import ArgumentError, BackendUnavailableError, CaptureE
 from khal_runtime.graphs import Graph
 from khal_runtime.hooks import hooks
 from khal_runtime.manifest import Crate
+from khal_runtime.verify import check_launch_facts, read_artifact
 
 __all__ = ["BACKEND", "WebGpuBackend", "WebGpuPlan"]
 
@@ -336,6 +337,13 @@ class WebGpuBackend:
                 f"crate {c.name!r} of package {crate.package!r} has no WebGPU (WGSL / SPIR-V) "
                 f"artifacts: {why}. The backend is WebGPU because "
                 f"{_why_webgpu()}; on a machine with a usable CUDA device set KHAL_BACKEND=cuda")
+        if any(e.launch is not None and e.launch.source == "ptx" for e in c.entries):
+            # the launch facts the explicit launch checks use are backed by the shipped PTX (read
+            # here: the CUDA binaries are not otherwise read on WebGPU)
+            ptx = {a.path: read_artifact(crate.package_dir, a) for a in c.artifacts if a.kind == "ptx"}
+            facts = check_launch_facts(c, ptx)
+            if facts:
+                raise facts[0].exception()
         return _Module(crate, _dev.get_device(device_id))
 
     def plan(self, kernel: Any, module: _Module, device_id: int) -> WebGpuPlan:
