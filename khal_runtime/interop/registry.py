@@ -84,7 +84,7 @@ class ArrayType:
     #: the memory object a launch holds so that the pointer it packed stays valid
     storage: Callable[[Any], Any] | None = None
     #: internal: lines of the CUDA launch path's inlined read (``{a}`` the argument, ``{i}``
-    #: its index, ``{d}`` the plan's device; set ``p{i}``, ``c{i}``, ``k{i}``; ``raise _Short()``
+    #: its index, ``{d}`` the plan's device; set ``p{i}``, ``c{i}``, ``k{i}``; ``raise Short()``
     #: for anything off the fast path)
     inline: tuple[str, ...] = ()
     #: the library's stream objects as ``stream=`` arguments: ``(handle, device or None)``
