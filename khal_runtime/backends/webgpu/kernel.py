@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 from khal_runtime import abi
 from khal_runtime.abi import SCALARS
+from khal_runtime.arguments import dim3
 from khal_runtime.backends.webgpu import memory
 from khal_runtime.backends.webgpu.indirect import dispatch_indirect
 from khal_runtime.backends.webgpu.arrays import WgpuArray
@@ -432,23 +433,6 @@ class KernelPlan:
         memory.check_storage(cv, f"{self.name}.dispatch_indirect(): count")
         bgs, imm = self.resolve(args)
         dispatch_indirect(self.launcher, cv, bool(threads), self._bx, bgs, imm)
-
-
-def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
-    """An int or up to 3 ints (NumPy integers too; never floats) as (x, y, z), each >= 1
-    (the rule of the CUDA path's ``khal_runtime.arguments.dim3``)."""
-    try:
-        if isinstance(v, (str, bytes)):
-            raise TypeError
-        t = (operator.index(v), 1, 1) if not hasattr(v, "__len__") else \
-            tuple(operator.index(x) for x in v) + (1,) * (3 - len(v))
-    except TypeError:
-        raise ArgumentError(f"{what}: expected an integer or up to 3 integers, got {v!r}") from None
-    if len(t) != 3:
-        raise ArgumentValueError(f"{what}: expected up to 3 dimensions, got {v!r}")
-    if any(x < 1 for x in t):
-        raise ArgumentValueError(f"{what}: every dimension must be >= 1, got {t}")
-    return t
 
 
 def _scalar_types() -> dict[str, Any]:
