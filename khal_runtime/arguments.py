@@ -16,9 +16,10 @@ import struct
 from typing import Any, Sequence
 
 from khal_runtime import abi, interop
-from khal_runtime.dtypes import dtype_info
+from khal_runtime.dtypes import ReadOnly, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.interop import BadArgument
+from khal_runtime.interop.cai import ADDRESS_SPACE
 from khal_runtime.manifest import Entry, Param
 from khal_runtime.packing import pack_cuda
 from khal_runtime.uniforms import uniform_converter
@@ -34,6 +35,8 @@ __all__ = [
     "dtype_ok",
     "grid_for",
     "grid_for_threads",
+    "misaligned",
+    "read_array",
     "shared_mem",
     "struct_bytes",
     "thread_count",
@@ -176,7 +179,11 @@ def shared_mem(kernel: str, v: Any) -> int:
 
 
 def dtype_ok(p: Param, key: Any) -> tuple[bool, str]:
-    """Whether an array of dtype ``key`` fits storage parameter ``p``, and how to name that dtype."""
+    """Whether an array of dtype ``key`` fits storage parameter ``p``, and how to name that dtype.
+    A :class:`~khal_runtime.dtypes.ReadOnly` key fits a read-only binding only."""
+    if type(key) is ReadOnly:
+        ok, name = dtype_ok(p, key.dtype)
+        return ok and not p.writable, f"read-only {name}"
     name, itemsize = dtype_info(key)
     if p.element_type in abi.SCALARS:
         return name == p.element_type, name
@@ -188,11 +195,52 @@ def dtype_ok(p: Param, key: Any) -> tuple[bool, str]:
     return name == "struct" and itemsize == p.element_size, f"{name} ({itemsize} bytes)"
 
 
-def _check_storage(arg: str, p: Param, obj: Any, device: int | None) -> None:
+def read_array(arg: str, obj: Any) -> tuple[int, int, Any]:
+    """``interop.extract(obj)`` with every failure a named error for argument ``arg``: the
+    extractor's refusals, and whatever a broken or lying array interface raises or returns
+    (a KeyError from a dict without ``shape``, a capsule already consumed, a pointer or element
+    count outside the 64-bit address space)."""
     try:
-        _ptr, count, key = interop.extract(obj)
+        ptr, count, key = interop.extract(obj)
     except BadArgument as bad:
         raise bad.cls(f"{arg} {bad}") from None
+    except Exception as exc:  # noqa: BLE001  (a producer's own bug, named for the user)
+        tp = type(obj)
+        raise ArgumentError(
+            f"{arg}: reading it as a device array ({interop.array_type(obj).name}) failed: "
+            f"{type(exc).__name__}: {exc}; the array interface of {tp.__module__}.{tp.__qualname__} "
+            "is broken: pass another array (e.g. a copy)") from exc
+    if type(ptr) is not int or type(count) is not int:
+        raise ArgumentError(f"{arg}: its array interface gave pointer {ptr!r} and element count {count!r}, "
+                            "not integers; pass another array")
+    if not 0 <= ptr < ADDRESS_SPACE or not 0 <= count < ADDRESS_SPACE:
+        raise ArgumentValueError(f"{arg}: its array interface gave pointer {ptr} and {count} elements, outside "
+                                 "the 64-bit range the kernel takes; pass a real device array")
+    return ptr, count, key
+
+
+def misaligned(arg: str, ptr: int, align: int, element: str) -> str:
+    """The message for an array at ``ptr``, not a multiple of its elements' alignment."""
+    return (f"{arg}: the array starts at 0x{ptr:x}, not a multiple of {align} bytes (the alignment of "
+            f"{element}); a kernel reading it there stops with CUDA_ERROR_MISALIGNED_ADDRESS, which ruins the "
+            "context for the whole process. Pass an array starting at an aligned address (a DLPack "
+            "byte_offset or a __cuda_array_interface__ pointer that is a whole number of elements in)")
+
+
+def _check_storage(arg: str, p: Param, obj: Any, device: int | None) -> None:
+    _ptr, count, key = read_array(arg, obj)
+    if _ptr & (p.element_align - 1):
+        raise ArgumentValueError(misaligned(arg, _ptr, p.element_align, p.element_type))
+    if type(key) is ReadOnly:
+        if p.writable:
+            raise ArgumentError(
+                f"{arg}: the array is read-only (its producer says so: a read-only "
+                "__cuda_array_interface__ or DLPack tensor) and the entry writes this parameter; pass a "
+                "writable array (e.g. a copy)")
+        key = key.dtype
+    if count * p.element_size > ADDRESS_SPACE - _ptr:
+        raise ArgumentValueError(f"{arg}: {count} elements of {p.element_size} bytes from 0x{_ptr:x} run past "
+                                 "the 64-bit address space; the array's shape is wrong")
     on = interop.device_of(obj) if device is not None else None
     if on is not None and on != device:
         raise ArgumentValueError(

@@ -23,6 +23,7 @@ import importlib
 import os
 from importlib.machinery import all_suffixes
 
+from khal_runtime.dtypes import ReadOnly
 from khal_runtime.interop.registry import (
     MEMO_ARRAY_TYPES,
     STABLE_ARRAY_TYPES,
@@ -49,6 +50,7 @@ __all__ = [
     "ArrayType",
     "BadArgument",
     "Extractor",
+    "ReadOnly",
     "array_type",
     "device_of",
     "extract",

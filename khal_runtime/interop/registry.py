@@ -151,8 +151,9 @@ def register_array_type(tp: type, extract: Extractor, *, device: Callable[[Any],
 
     ``extract(obj)`` returns ``(device pointer, element count, dtype)`` where dtype is a NumPy
     dtype (or anything ``numpy.dtype`` takes), a torch dtype, or an ABI element type name
-    (``"float32"``); it raises ``khal_runtime.interop.BadArgument(ArgumentError, "why")`` for an
-    object it cannot pass. ``device(obj)`` gives the device ordinal when known (the launch then
+    (``"float32"``), wrapped in ``khal_runtime.interop.ReadOnly(dtype)`` for memory the kernel must
+    not write (then only read-only bindings take it); it raises
+    ``khal_runtime.interop.BadArgument(ArgumentError, "why")`` for an object it cannot pass. ``device(obj)`` gives the device ordinal when known (the launch then
     refuses an array of another device). ``memo="stable"`` promises that an object's pointer,
     count and dtype never change for its life, so a repeated launch reuses what it read.
     ``stream(obj)`` gives ``(CUstream handle, device or None)`` for the library's stream

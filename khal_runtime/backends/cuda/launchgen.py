@@ -175,9 +175,28 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
             pack_args.append(scalar_pack_arg(p.element_type, i))
         else:
             raise abi.unknown_reader(p.kind, reader, f"CUDA launch of {plan.entry.name}()")
+    lines += align_lines(plan, I)
     if pack_args:
         lines.append(f"{I}pack_args(m.buf, 0, {', '.join(pack_args)})")
     return lines
+
+
+def align_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
+    """One check that every storage pointer just read is a multiple of its elements' alignment
+    (``Param.element_align``): a misaligned one is a sticky CUDA_ERROR_MISALIGNED_ADDRESS on the
+    GPU. Pointers of one alignment are or-ed together, so it is one test for the whole launch.
+    Only after a read: a memo hit launches pointers checked when they were read (a tensor's is
+    compared with the one remembered)."""
+    by_mask: dict[int, list[str]] = {}
+    for i, p in enumerate(plan.entry.params):
+        mask = int(p.element_align) - 1
+        if plan.readers[i] == "array" and mask > 0:
+            by_mask.setdefault(mask, []).append(f"p{i}")
+    if not by_mask:
+        return []
+    tests = [f"({' | '.join(ps)}) & {mask}" if len(ps) > 1 else f"{ps[0]} & {mask}"
+             for mask, ps in sorted(by_mask.items())]
+    return [f"{I}if {' or '.join(tests)}: raise Short()"]
 
 
 def scalar_pack_arg(element_type: str, i: int) -> str:
