@@ -22,7 +22,7 @@ from khal_runtime.interop import BadArgument
 from khal_runtime.interop.cai import ADDRESS_SPACE
 from khal_runtime.manifest import Entry, Param
 from khal_runtime.packing import pack_cuda
-from khal_runtime.uniforms import uniform_converter
+from khal_runtime.uniforms import is_converter, uniform_converter
 
 __all__ = [
     "MAX_GRID",
@@ -273,9 +273,17 @@ def struct_bytes(arg: str, p: Param, obj: Any) -> bytes | tuple[int, int]:
                                 "the struct's bytes")
         return pack_cuda(layout, obj, arg)
     try:
-        return uniform_converter(obj)(obj)
+        conv = uniform_converter(obj)
+        if not is_converter(conv, "device"):
+            return conv(obj)
     except BadArgument as bad:
         raise bad.cls(f"{arg}: {bad}") from None
+    except Exception as exc:  # noqa: BLE001  (a struct type whose conversion is broken)
+        raise ArgumentError(f"{arg}: converting {type(obj).__name__} to the struct's bytes failed: "
+                            f"{type(exc).__name__}: {exc}") from exc
+    # a device array holding the struct: read like a storage argument (every failure named)
+    ptr, count, key = read_array(arg, obj)
+    return ptr, count * dtype_info(key)[1]
 
 
 def _check_struct(arg: str, p: Param, obj: Any) -> None:
@@ -287,6 +295,8 @@ def _check_struct(arg: str, p: Param, obj: Any) -> None:
     elif u[1] < p.element_size:
         raise ArgumentValueError(
             f"{arg}: the device buffer holds {u[1]} bytes, the struct needs {p.element_size}")
+    elif u[0] & (p.element_align - 1):
+        raise ArgumentValueError(misaligned(arg, u[0], p.element_align, f"struct {p.element_type}"))
 
 
 def check_scalar(arg: str, p: Param, obj: Any) -> Any:

@@ -305,7 +305,8 @@ def test_struct_elements_are_checked_against_their_own_alignment(fake: FakeDrive
 def test_the_generated_code_checks_every_storage_in_one_test(ks: Any) -> None:
     plan = ks.axpby.plan(0)
     lines = [ln.strip() for ln in plan.source.splitlines() if "& 3" in ln]
-    assert lines == ["if (p0 | p1) & 3: raise Short()"], lines
+    # the storages, and the uniform where it is a device pointer (not on the host-bytes branch)
+    assert lines == ["if u[1] < 8 or u[0] & 3: raise Short()", "if (p0 | p1) & 3: raise Short()"], lines
 
 
 def test_a_misaligned_or_read_only_indirect_count_is_refused(fake: FakeDriver) -> None:
@@ -326,3 +327,27 @@ def test_a_misaligned_or_read_only_indirect_count_is_refused(fake: FakeDriver) -
     with pytest.raises(ArgumentError, match=r"dispatch_indirect: count: reading it as a device array"):
         indirect._count_ptr(_Raising())
     assert fake.launches == []
+
+
+# -- the same for a uniform given as a device array holding the struct --------------------------------
+@pytest.mark.parametrize("bad,cls,match", [
+    (Cai([("shape", (8,))]), ArgumentError, r"not a dict"),
+    (_Raising(), ArgumentError, r"RuntimeError: the producer fell over"),
+    (DL(ret=42), ArgumentError, r"__dlpack__\(\) returned int"),
+    (cai(ptr=0x200002, typestr="|u1", shape=(8,)), ArgumentValueError,
+     r"starts at 0x200002, not a multiple of 4 bytes \(the alignment of struct Params\)"),
+], ids=["list", "raising", "dlpack42", "misaligned"])
+def test_a_uniform_in_device_memory_is_read_with_the_same_checks(ks: Any, fake: FakeDriver, bad: Any,
+                                                                  cls: type[Exception], match: str) -> None:
+    x, y = _buf(0x400000), _buf(0x500000)
+    full = rf"axpby\(\): argument 'p' \(uniform Params.*{match}"
+    with pytest.raises(cls, match=full):
+        ks.axpby.check_args(x, y, bad, 0.5)
+    for _ in range(2):
+        with pytest.raises(cls, match=full):
+            ks.axpby(4, x, y, bad, 0.5)
+    with pytest.raises(cls, match=full):
+        ks.axpby.bind(x, y, bad, 0.5)
+    assert fake.launches == []
+    ks.axpby(4, x, y, cai(ptr=0x200004, typestr="|u1", shape=(8,)), 0.5)
+    assert len(fake.launches) == 1

@@ -118,6 +118,8 @@ def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa:
     """Lines reading uniform ``a{i}`` into ``u{i}``, a device pointer to its bytes, and
     ``h{i}``, what its converter gave (bytes, or (pointer, size) of a device buffer)."""
     a, size = f"a{i}", int(plan.entry.params[i].element_size)
+    mask = int(plan.entry.params[i].element_align) - 1
+    align = f" or u[0] & {mask}" if mask > 0 else ""  # a struct in device memory, misaligned
     lines: list[str] = []
     if plan._uinline[i]:
         lines.append(f"{I}t = type({a})")
@@ -134,7 +136,7 @@ def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa:
         *fetch,
         f"{I}    u{i} = {ptr}",
         f"{I}else:",
-        f"{I}    if u[1] < {size}: raise Short()",
+        f"{I}    if u[1] < {size}{align}: raise Short()",
         f"{I}    u{i} = u[0]",
     ]
 
