@@ -243,7 +243,7 @@ class KernelPlan:
             key = (g.lid, *res)
             bg = self._bgcache.get(key)
             if bg is None:
-                bg = self.launcher.groups_cache.create(g.layout, key, g.bindings, res)
+                bg = self.launcher.create_group(g, key, res)
             if dyn:
                 return (self.launcher.groups_cache.with_offsets(bg, tuple(dyn)),), imm, memo
             return (bg,), imm, memo
@@ -259,7 +259,7 @@ class KernelPlan:
         n = len(params)
         ns: dict[str, Any] = {"WgpuArray": WgpuArray, "DeviceBuffer": DeviceBuffer, "device": self.device,
                               "check_storage": self._storage, "uniform_region": self._pool.region,
-                              "bind_groups": self._bgcache, "create_bind_group": self.launcher.groups_cache.create,
+                              "bind_groups": self._bgcache, "create_group": self.launcher.create_group,
                               "with_offsets": self.launcher.groups_cache.with_offsets,
                               "resolve_general": type(self)._resolve.__get__(self), "group": self._g0}
         lines = ["def resolve(args):", f"    if len(args) != {n}:", "        return resolve_general(args)"]
@@ -316,7 +316,7 @@ class KernelPlan:
                   else "    key = (layout_id,)",
                   "    bg = bind_groups.get(key)",
                   "    if bg is None:",
-                  "        bg = create_bind_group(group.layout, key, group.bindings, key[1:])"]
+                  "        bg = create_group(group, key, key[1:])"]
         if dyn:
             lines.append(f"    bg = with_offsets(bg, ({', '.join(dyn)},))")
         lines.append("    return (bg,), push_data, memo")
