@@ -96,7 +96,7 @@ class Cai:
         return self._cai
 
 
-def cai(ptr: Any = 0x200000, shape: Any = (1024,), readonly: Any = False, typestr: str = "<f4", **kw: Any) -> Cai:
+def cai(ptr: Any = 0x200000, shape: Any = (1024,), readonly: Any = False, typestr: Any = "<f4", **kw: Any) -> Cai:
     d = {"version": 3, "shape": shape, "typestr": typestr, "data": (ptr, readonly), "strides": None}
     d.update(kw)
     return Cai(d)

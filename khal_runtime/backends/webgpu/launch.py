@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 from khal_runtime import abi
 from khal_runtime.backends.webgpu.bindings import (
     Bound,
+    BoundGroup,
     Immediates,
     bind_group_cache,
     immediates_cache,
@@ -113,7 +114,7 @@ class Launcher:
                 f"that binds one buffer both read-only and read-write. Pass {ro!r} a copy (or its own "
                 "allocation); nothing was launched")
 
-    def create_group(self, g: Any, key: tuple[Any, ...], res: Sequence[Resource]) -> Bound:
+    def create_group(self, g: Any, key: tuple[Any, ...], res: Sequence[Resource]) -> BoundGroup:
         """The bind group of group plan ``g`` binding ``res`` (``key``: its cache key), created
         after :meth:`check_usage`: the one place a bind group of this launcher is made."""
         self.check_usage(((g, res),))
