@@ -18,8 +18,7 @@ from typing import Any, Sequence
 from khal_runtime import abi, interop
 from khal_runtime.dtypes import ReadOnly, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError
-from khal_runtime.interop import BadArgument
-from khal_runtime.interop.cai import ADDRESS_SPACE
+from khal_runtime.interop import ADDRESS_SPACE, BadArgument
 from khal_runtime.manifest import Entry, Param
 from khal_runtime.packing import pack_cuda
 from khal_runtime.uniforms import is_converter, uniform_converter

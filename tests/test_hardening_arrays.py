@@ -351,3 +351,20 @@ def test_a_uniform_in_device_memory_is_read_with_the_same_checks(ks: Any, fake: 
     assert fake.launches == []
     ks.axpby(4, x, y, cai(ptr=0x200004, typestr="|u1", shape=(8,)), 0.5)
     assert len(fake.launches) == 1
+
+
+@pytest.mark.parametrize("got,match", [((-4096, 4, "float32"), r"pointer -4096 and 4 elements, outside"),
+                                       ((0x200000, 2**70, "float32"), r"1180591620717411303424 elements, outside"),
+                                       ((0x200000, 2**62, "float32"), r"run past the 64-bit address space"),
+                                       ((0x200000, 4.0, "float32"), r"element count 4.0, not integers")],
+                         ids=["negative", "huge", "past-the-end", "float-count"])
+def test_a_registered_extractor_that_lies_is_a_named_error(ks: Any, fake: FakeDriver, got: Any, match: str) -> None:
+    """The class, not only the built-in records: whatever an extractor returns is range-checked
+    before it reaches struct packing (which raised a bare struct.error)."""
+    from khal_runtime.interop import register_array_type
+
+    class Liar:
+        pass
+
+    register_array_type(Liar, lambda obj: got)
+    _every_path(ks, fake, Liar(), ArgumentError if "not integers" in match else ArgumentValueError, match)

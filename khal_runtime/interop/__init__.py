@@ -25,6 +25,7 @@ from importlib.machinery import all_suffixes
 
 from khal_runtime.dtypes import ReadOnly
 from khal_runtime.interop.registry import (
+    ADDRESS_SPACE,
     MEMO_ARRAY_TYPES,
     STABLE_ARRAY_TYPES,
     STREAM_READERS,
@@ -43,6 +44,7 @@ from khal_runtime.interop.registry import (
 )
 
 __all__ = [
+    "ADDRESS_SPACE",
     "MEMO_ARRAY_TYPES",
     "STABLE_ARRAY_TYPES",
     "STREAM_READERS",

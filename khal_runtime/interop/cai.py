@@ -15,9 +15,9 @@ from typing import Any, Hashable
 
 from khal_runtime.dtypes import ReadOnly, byte_order_problem
 from khal_runtime.errors import ArgumentError, ArgumentValueError
-from khal_runtime.interop.registry import ArrayType, BadArgument, add_probe
+from khal_runtime.interop.registry import ADDRESS_SPACE, ArrayType, BadArgument, add_probe
 
-__all__ = ["ADDRESS_SPACE", "c_contiguous", "check_range", "native_typestr", "probe"]
+__all__ = ["c_contiguous", "check_range", "native_typestr", "probe"]
 
 _TYPESTR_SIZE: dict[str, int] = {}
 #: the byte-order character of a typestr of the other byte order than this machine's
@@ -77,10 +77,6 @@ def _shape(raw: Any) -> tuple[int, ...]:
     if any(d < 0 for d in shape):
         raise BadArgument(ArgumentValueError, f"has shape {shape}: a negative extent")
     return shape
-
-
-#: the address space a device pointer and the bytes after it must fit in (the kernel ABI's u64)
-ADDRESS_SPACE = 2**64
 
 
 def check_range(ptr: int, count: int, itemsize: int, what: str) -> None:

@@ -27,6 +27,7 @@ from khal_runtime import dtypes
 from khal_runtime.errors import ArgumentError
 
 __all__ = [
+    "ADDRESS_SPACE",
     "MEMO_ARRAY_TYPES",
     "add_probe",
     "STABLE_ARRAY_TYPES",
@@ -56,6 +57,10 @@ StreamReader = Callable[[Any], "tuple[int, int | None] | None"]
 #: dtype key -> (ABI element type name, itemsize) of one library's dtype object; None for a key
 #: that is not one of its dtypes (:data:`khal_runtime.dtypes.DtypeNamer`)
 DtypeNamer = dtypes.DtypeNamer
+
+
+#: the address space a device pointer and the bytes after it must fit in (the kernel ABI's u64)
+ADDRESS_SPACE = 2**64
 
 
 class BadArgument(Exception):
