@@ -368,3 +368,23 @@ def test_a_registered_extractor_that_lies_is_a_named_error(ks: Any, fake: FakeDr
 
     register_array_type(Liar, lambda obj: got)
     _every_path(ks, fake, Liar(), ArgumentError if "not integers" in match else ArgumentValueError, match)
+
+
+def test_a_graph_rebound_to_a_misaligned_array_is_refused(ks: Any, fake: FakeDriver) -> None:
+    from khal_runtime import graphs
+    from khal_runtime.device import Device
+
+    st = Device(0).default_stream
+    pdev = DeviceBuffer(0x700000, 8, "uint8", 0)  # the uniform in device memory: nothing to upload
+
+    def step(x: Any, y: Any) -> None:
+        ks.axpby(256, x, y, pdev, 0.5, stream=st)
+
+    g = graphs.capture_graph(step, _buf(0x200000), _buf(0x300000), stream=st)
+    n = len(fake.launches)
+    with pytest.raises(ArgumentValueError, match=r"axpby\(\): argument 'x'.*starts at 0x200001"):
+        g.rebind(cai(ptr=0x200001), _buf(0x300000))
+    with pytest.raises(ArgumentError, match=r"axpby\(\): argument 'y'.*read-only"):
+        g.rebind(_buf(0x200000), cai(ptr=0x300000, readonly=True))
+    assert len(fake.launches) == n
+    assert g.rebind(_buf(0x400000), _buf(0x500000)) is True
