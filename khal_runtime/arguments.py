@@ -55,10 +55,12 @@ def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
     try:
         if isinstance(v, (str, bytes, bool)):
             raise TypeError
-        t = (operator.index(v), 1, 1) if not hasattr(v, "__len__") else \
-            tuple(operator.index(x) for x in v) + (1,) * (3 - len(v))
-        if hasattr(v, "__len__") and any(isinstance(x, bool) for x in v):
-            raise TypeError  # (2, True): a bool is not a count on any axis either
+        if not hasattr(v, "__len__"):
+            t = (operator.index(v), 1, 1)
+        else:
+            t = tuple(operator.index(x) for x in v) + (1,) * (3 - len(v))
+            if any(x.__class__ is bool for x in v):
+                raise TypeError  # (2, True): a bool is not a count on any axis either
     except TypeError:
         raise ArgumentError(f"{what}: expected an integer or up to 3 integers, got {v!r}") from None
     if len(t) != 3:
