@@ -55,6 +55,7 @@ def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
     try:
         if isinstance(v, (str, bytes, bool)):
             raise TypeError
+        t: tuple[int, ...]
         if not hasattr(v, "__len__"):
             t = (operator.index(v), 1, 1)
         else:
