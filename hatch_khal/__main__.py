@@ -2,7 +2,8 @@
 
 PATH is a wheel (``.whl``), a directory (a package directory holding
 ``_khal/manifest.json``, or a tree with such packages below it), or the name of
-an installed package.
+an installed package. A wheel is read in place: its manifests (capped) and, for ``verify``, the
+artifacts they list, streamed with the manifest's sizes as caps; nothing else in it is read.
 
 Everything printed is escaped: a control character (or any other unprintable one) from a
 manifest, a path or an error appears as ``\x1b``, ``\u202e``..., so a hand-made manifest cannot
@@ -14,15 +15,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
-import tempfile
 import zipfile
+import zlib
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterator
+from typing import Callable, Iterator
 
-from khal_runtime.errors import KhalError
-from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Manifest, load_manifest
+from khal_runtime import manifest as _manifest
+from khal_runtime.errors import ArtifactError, KhalError, ManifestError
+from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Artifact, Manifest, load_manifest, parse_manifest
 
 from hatch_khal.__about__ import __version__
 
@@ -35,36 +39,114 @@ class UsageError(Exception):
     pass
 
 
+@dataclass
+class _Package:
+    """One package found: its manifest, and where its artifacts are read from (a directory, or
+    the members of a wheel, streamed with the manifest's sizes as caps)."""
+
+    where: str
+    manifest: Manifest
+    directory: Path | None = None
+    read: Callable[[Artifact], bytes] | None = None
+
+
+def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, what: str) -> bytes:
+    """A wheel member's bytes, at most ``limit`` (the archive's declared size is checked first,
+    then at most ``limit + 1`` bytes are decompressed)."""
+    if info.file_size > limit:
+        raise UsageError(f"{what} is {info.file_size} bytes, more than the {limit} allowed")
+    with zf.open(info) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UsageError(f"{what} is more than the {limit} bytes allowed")
+    return data
+
+
+def _wheel(path: Path, zf: zipfile.ZipFile) -> list[_Package]:
+    """The packages of a wheel. Only each ``_khal/manifest.json`` (capped) and, on demand, the
+    artifacts its manifest lists (capped by their sizes) are read: nothing is extracted."""
+    infos = {i.filename: i for i in zf.infolist()}
+    names = sorted(n for n in infos if n.endswith(_MANIFEST_SUFFIX))
+    if not names:
+        raise UsageError(f"{path}: the wheel holds no {_MANIFEST_SUFFIX}; was it built with the khal hook?")
+    out = []
+    for name in names:
+        parts = PurePosixPath(name).parts
+        if ".." in parts or name.startswith("/"):
+            raise UsageError(f"{path}: member {name!r} leaves the archive")
+        prefix = name[: -len(_MANIFEST_SUFFIX)]
+        text = _member(zf, infos[name], _manifest.MAX_MANIFEST_BYTES, f"{path}: {name}")
+        manifest = parse_manifest(text, f"{path}: {name}")
+
+        def read(art: Artifact, prefix: str = prefix) -> bytes:
+            from khal_runtime.verify import read_artifact_stream  # lazy: only the verify command needs it
+
+            info = infos.get(prefix + art.path)
+            if info is None:
+                raise ArtifactError(f"artifact {art.path!r} is missing from the wheel; rebuild the package")
+            try:
+                with zf.open(info) as f:
+                    return read_artifact_stream(f, art, info.file_size)
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, OSError) as exc:
+                raise ArtifactError(f"artifact {art.path!r}: damaged wheel member ({exc})") from None
+
+        out.append(_Package(f"{path}!{prefix or '/'}", manifest, read=read))
+    return out
+
+
+def _shadowed(target: str, local: Path) -> Path | None:
+    """The installed package ``target`` (a dotted name) holding a manifest, looked up on
+    ``sys.path`` without the entries that are the current directory, where ``local``, a folder
+    of that name without a manifest (a project's source folder), shadows it; None if none."""
+    if not all(p.isidentifier() for p in target.split(".")):
+        return None
+    here = Path.cwd().resolve()
+    search = []
+    for entry in sys.path:
+        try:
+            if Path(entry or ".").resolve() != here:
+                search.append(entry)
+        except (OSError, RuntimeError):
+            continue
+    parts = target.split(".")
+    for entry in search:
+        candidate = Path(entry, *parts)
+        try:
+            if candidate.resolve() != local.resolve() and (candidate / _MANIFEST_SUFFIX).is_file():
+                return candidate
+        except (OSError, RuntimeError):
+            continue
+    return None
+
+
 @contextmanager
-def _package_dirs(target: str) -> Iterator[list[Path]]:
-    """Yield the package directories (holding _khal/manifest.json) that ``target`` names."""
+def _packages(target: str) -> Iterator[list[_Package]]:
+    """The packages (each with its manifest) that ``target`` names."""
     path = Path(target)
     if path.is_file() and path.suffix == ".whl":
-        with tempfile.TemporaryDirectory(prefix="khal-inspect-") as tmp:
-            try:
-                with zipfile.ZipFile(path) as zf:
-                    names = [n for n in zf.namelist() if n.endswith(_MANIFEST_SUFFIX)]
-                    for member in zf.namelist():
-                        if "/" + MANIFEST_DIR + "/" in "/" + member:
-                            # Extract only our own files, confined to the temp dir.
-                            parts = PurePosixPath(member).parts
-                            if ".." in parts or member.startswith("/"):
-                                raise UsageError(f"{path}: member {member!r} leaves the archive")
-                            zf.extract(member, tmp)
-            except zipfile.BadZipFile as exc:
-                raise UsageError(f"{path}: not a valid wheel ({exc})") from None
-            if not names:
-                raise UsageError(f"{path}: the wheel holds no {_MANIFEST_SUFFIX}; was it built with the khal hook?")
-            yield [Path(tmp, n).parent.parent for n in sorted(names)]
+        try:
+            with zipfile.ZipFile(path) as zf:
+                yield _wheel(path, zf)
+        except zipfile.BadZipFile as exc:
+            raise UsageError(f"{path}: not a valid wheel ({exc})") from None
         return
     if path.is_dir():
         if (path / _MANIFEST_SUFFIX).is_file():
-            yield [path]
-            return
-        found = sorted(p.parent.parent for p in path.rglob(_MANIFEST_SUFFIX))
+            found = [path]
+        else:
+            found = sorted(p.parent.parent for p in path.rglob(_MANIFEST_SUFFIX))
         if not found:
-            raise UsageError(f"{path}: no {_MANIFEST_SUFFIX} in or below this directory")
-        yield found
+            installed = _shadowed(target, path)
+            if installed is None:
+                raise UsageError(
+                    f"{path}: no {_MANIFEST_SUFFIX} in or below this directory ({path.resolve()})"
+                    + (f"; no installed package {target!r} outside it either"
+                       if all(p.isidentifier() for p in target.split(".")) else ""))
+            _print([f"note: {path.resolve()} (a folder without {_MANIFEST_SUFFIX}, the local source "
+                    f"folder) shadows the installed package {target!r} here; using the installed one "
+                    f"at {installed}"], err=True)
+            found = [installed]
+        yield [_Package(str(d), load_manifest(d / _MANIFEST_SUFFIX), directory=d) for d in found]
         return
     if path.exists():
         raise UsageError(f"{path}: expected a .whl file, a directory or an installed package name")
@@ -76,8 +158,9 @@ def _package_dirs(target: str) -> Iterator[list[Path]]:
         raise UsageError(f"{target!r} is neither a file, a directory nor an installed package")
     dirs = [Path(p) for p in spec.submodule_search_locations if (Path(p) / _MANIFEST_SUFFIX).is_file()]
     if not dirs:
-        raise UsageError(f"package {target!r} has no {_MANIFEST_SUFFIX}; was it built with the khal hook?")
-    yield dirs
+        raise UsageError(f"package {target!r} ({', '.join(spec.submodule_search_locations)}) has no "
+                         f"{_MANIFEST_SUFFIX}; was it built with the khal hook?")
+    yield [_Package(str(d), load_manifest(d / _MANIFEST_SUFFIX), directory=d) for d in dirs]
 
 
 def printable(text: str) -> str:
@@ -140,8 +223,8 @@ def _describe(manifest: Manifest) -> list[str]:
 
 
 def _inspect(target: str, as_json: bool) -> int:
-    with _package_dirs(target) as dirs:
-        manifests = [load_manifest(d / _MANIFEST_SUFFIX) for d in dirs]
+    with _packages(target) as packages:
+        manifests = [p.manifest for p in packages]
     if as_json:
         data = [m.model_dump(mode="json", exclude_none=True) for m in manifests]
         print(json.dumps(data[0] if len(data) == 1 else data, indent=2, sort_keys=True))  # ASCII, escaped
@@ -151,14 +234,21 @@ def _inspect(target: str, as_json: bool) -> int:
 
 
 def _verify(target: str) -> int:
-    from khal_runtime.verify import verify_package  # lazy: only the verify command needs it
+    from khal_runtime.verify import Problem, verify_package  # lazy: only the verify command needs it
 
     bad = 0
     checked = 0
-    with _package_dirs(target) as dirs:
-        for d in dirs:
-            manifest = load_manifest(d / _MANIFEST_SUFFIX)
-            problems = verify_package(d, manifest)
+    with _packages(target) as packages:
+        for pkg in packages:
+            manifest = pkg.manifest
+            if pkg.directory is not None:
+                problems = verify_package(pkg.directory, manifest)
+            else:
+                problems = verify_package(pkg.where, manifest, sources=False, read=pkg.read)
+                if manifest.editable is not None:
+                    problems.insert(0, Problem("manifest", "", "the manifest of a wheel has an editable-install "
+                                               "record (a wheel never has one): it was edited; rebuild the package",
+                                               ManifestError))
             checked += sum(len(c.artifacts) for c in manifest.crates)
             for p in problems:
                 _print(f"FAIL {manifest.package}: {p}".split("\n"), err=True)
@@ -166,8 +256,8 @@ def _verify(target: str) -> int:
     if bad:
         print(f"verify: {bad} problem(s) found", file=sys.stderr)
         return 1
-    print(f"verify: OK ({checked} artifact(s) in {len(dirs)} package(s): sha256 and entry hashes (symbols, "
-          "WGSL / SPIR-V entry points) match)")
+    print(f"verify: OK ({checked} artifact(s) in {len(packages)} package(s): sha256 and entry hashes (symbols, "
+          "WGSL / SPIR-V entry points), WebGPU bindings and layouts, element sizes match)")
     return 0
 
 
@@ -189,12 +279,24 @@ def main(argv: list[str] | None = None) -> int:
     p_verify.add_argument("path", help="a wheel, a directory or an installed package name")
     args = parser.parse_args(argv)
     try:
-        if args.command == "inspect":
-            return _inspect(args.path, args.json)
-        return _verify(args.path)
-    except (UsageError, KhalError) as exc:
-        _print(f"error: {exc}".split("\n"), err=True)
-        return 2
+        try:
+            rc = _inspect(args.path, args.json) if args.command == "inspect" else _verify(args.path)
+        except (UsageError, KhalError) as exc:
+            _print(f"error: {exc}".split("\n"), err=True)
+            rc = 2
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (``... | head``): stop quietly, as the CPython documentation
+        # recommends (signal module, "Note on SIGPIPE"): the rest of the output goes nowhere,
+        # so that the interpreter's own flush at exit does not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass
+        return 1
+    return rc
 
 
 if __name__ == "__main__":

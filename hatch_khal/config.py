@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from pathlib import PurePosixPath
 from typing import Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -31,6 +32,7 @@ __all__ = [
     "HookConfig",
     "LANGUAGE_SUFFIXES",
     "ResolvedCrate",
+    "canonical_package",
     "env_var_for_crate",
     "jobs_from_env",
     "parse_config",
@@ -50,8 +52,9 @@ HATCH_RESERVED_KEYS = frozenset(
 #: Source suffix -> language; any other suffix (``.cu``, a wildcard) is CUDA C++.
 LANGUAGE_SUFFIXES = {".slang": "slang"}
 
-_CRATE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
-_DEFINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: matched whole (re.fullmatch): a "$" would accept a trailing newline
+_CRATE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_DEFINE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 #: khal-builder's rule (upper-case, '-' to '_'); one definition, in the shared ABI module.
 env_var_for_crate = prebuilt_env_var
@@ -148,7 +151,7 @@ class _CommonOptions(_Strict):
     @classmethod
     def _defines(cls, v: dict[str, str | int]) -> dict[str, str]:
         for k in v:
-            if not _DEFINE.match(k):
+            if not _DEFINE.fullmatch(k):
                 raise ValueError(f"define name {k!r} is not a C identifier")
         return {k: str(val) for k, val in v.items()}
 
@@ -170,7 +173,7 @@ class CrateConfig(_CommonOptions):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _CRATE_NAME.match(v):
+        if not _CRATE_NAME.fullmatch(v):
             raise ValueError(f"crate name {v!r} must start with a letter and use only letters, digits, '-' and '_'")
         return v
 
@@ -322,6 +325,13 @@ def _language(where: str, index: int, crate: CrateConfig) -> str:
     return language
 
 
+def canonical_package(package: str) -> str:
+    """One spelling per folder: ``./pkg``, ``pkg/``, ``pkg/.`` and ``pkg//`` are all ``pkg`` (the
+    crates of a package are grouped by this name). A leading ``/`` and ``..`` stay, for
+    :func:`hatch_khal.frontend.check_packages` to refuse; a symlink is refused there too."""
+    return str(PurePosixPath(package))
+
+
 def parse_config(
     raw: Mapping[str, Any], *, default_package: str | None, where: str = "khal hook"
 ) -> tuple[HookConfig, list[ResolvedCrate]]:
@@ -363,7 +373,7 @@ def parse_config(
                 language=language,
                 sources=list(c.sources),
                 include_dirs=list(cfg.include_dirs) + list(c.include_dirs),
-                package=package.rstrip("/"),  # a leading "/" stays: check_packages refuses an absolute path
+                package=canonical_package(package),
                 archs=sorted(set(archs), key=lambda a: (_cubin_arch(a).number, a)),
                 archs_explicit=env_archs is not None or c.archs is not None or cfg.archs is not None,
                 ptx_arch=ptx,

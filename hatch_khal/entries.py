@@ -58,9 +58,9 @@ SCALAR_TYPES: dict[str, tuple[str, int]] = {
 }
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-_IDENT_RE = re.compile(rf"^{_IDENT}$")
+_IDENT_RE = re.compile(_IDENT)  # matched whole (fullmatch): "$" accepts a trailing newline
 _IDENT_ANY = re.compile(_IDENT)
-_INT_RE = re.compile(r"^(0|[1-9][0-9]*)$")
+_INT_RE = re.compile(r"0|[1-9][0-9]*")  # fullmatch
 _MARKER_RE = re.compile(r"\b(KHAL_ENTRY|KHAL_INSTANTIATE)\b")
 _GRID_READ_RE = re.compile(r"\b(blockIdx|gridDim)\b")
 
@@ -621,7 +621,7 @@ def _line_states(stripped: str, display: str, env: MacroEnv) -> list[tuple[bool 
                 broken = True
         elif name in ("define", "undef") and not broken:
             parts = rest.split(None, 1)
-            if parts and _IDENT_RE.match(re.split(r"[(\s]", parts[0])[0]):
+            if parts and _IDENT_RE.fullmatch(re.split(r"[(\s]", parts[0])[0]):
                 macro = re.split(r"[(\s]", parts[0])[0]
                 outer = state()[0]
                 if name == "undef":
@@ -675,8 +675,16 @@ def _parse_type(raw: str, where: str, what: str) -> tuple[str, bool, bool]:
         pos = m.end()
         if w == "const":
             const = True
-        elif w in ("__restrict__", "__restrict"):
+        elif w == "__restrict__":
             restrict = True
+        elif w in ("__restrict", "restrict"):
+            # the marker's type is also the element type in the source, where C++ refuses a restrict
+            # qualifier; the generated code defines __restrict__ away and moves it to the pointer
+            raise EntryParseError(
+                f"{where}: {what}: type {raw!r}: write '__restrict__', not {w!r}: hatch-khal puts "
+                "__restrict__ on the pointer the kernel receives, and the element type cannot carry a "
+                "restrict qualifier (the compiler refuses it)"
+            )
         elif w == "volatile":
             pass  # kept in the kernel's pointer type by the compiler, not in the spelling
         elif w in ("struct", "class", "typename", "enum"):
@@ -731,13 +739,13 @@ def _parse_param(raw: str, where: str, entry: str) -> ParamDecl:
             + (" (a type whose template arguments hold a comma needs a typedef)" if "<" in raw else "")
         )
     name = args[-1]
-    if not _IDENT_RE.match(name):
+    if not _IDENT_RE.fullmatch(name):
         raise EntryParseError(f"{where}: entry {entry!r}: parameter name {name!r} is not an identifier")
     what = f"entry {entry!r} parameter {name!r}"
     ctype, const, restrict = _parse_type(args[0], where, what)
     length = marker.length
     if marker.sized:
-        if not _INT_RE.match(args[1]) or int(args[1]) == 0:
+        if not _INT_RE.fullmatch(args[1]) or int(args[1]) == 0:
             raise EntryParseError(
                 f"{where}: {what}: array length {args[1]!r} must be a positive integer literal"
             )
@@ -745,6 +753,11 @@ def _parse_param(raw: str, where: str, entry: str) -> ParamDecl:
     # restrict applies only to a pointer the kernel receives; a pointer it cannot write through
     # (a uniform's) is const
     r = kind.strategy
+    if restrict and not r.by_pointer:
+        raise EntryParseError(
+            f"{where}: {what}: type {args[0]!r}: {macro} is passed by value, so '__restrict__' (which qualifies "
+            "the pointer the kernel receives for a storage binding or a uniform) has nothing to apply to; drop it"
+        )
     return ParamDecl(name, kind.name, ctype, const or (r.by_pointer and not r.writable), marker.shape, length,
                      restrict and r.by_pointer)
 
@@ -754,14 +767,14 @@ def _parse_block(raw: str, where: str, name: str) -> int | tuple[int, int, int]:
         f"{where}: entry {name!r}: block_size {raw!r} must be an integer literal in 1..{_MAX_BLOCK}, or "
         f"(x, y) / (x, y, z) of integer literals with at most {_MAX_BLOCK} threads in all"
     )
-    if _INT_RE.match(raw):
+    if _INT_RE.fullmatch(raw):
         if not 1 <= int(raw) <= _MAX_BLOCK:
             raise bad
         return int(raw)
     if not (raw.startswith("(") and raw.endswith(")") and _balanced(raw, 0) == len(raw)):
         raise bad
     dims = _split_top(raw[1:-1])
-    if not 2 <= len(dims) <= 3 or not all(_INT_RE.match(d) for d in dims):
+    if not 2 <= len(dims) <= 3 or not all(_INT_RE.fullmatch(d) for d in dims):
         raise bad
     xs = [int(d) for d in dims] + [1] * (3 - len(dims))
     if any(d < 1 for d in xs) or any(d > lim for d, lim in zip(xs, _MAX_BLOCK_DIMS)) or xs[0] * xs[1] * xs[2] > _MAX_BLOCK:
@@ -770,8 +783,8 @@ def _parse_block(raw: str, where: str, name: str) -> int | tuple[int, int, int]:
 
 
 def _parse_bounds(raw: str, where: str, name: str, threads: int) -> int | None:
-    m = re.match(r"^KHAL_LAUNCH_BOUNDS\s*\(\s*(\w+)\s*\)$", raw)
-    if not m or not (m.group(1) == "none" or _INT_RE.match(m.group(1))):
+    m = re.fullmatch(r"KHAL_LAUNCH_BOUNDS\s*\(\s*(\w+)\s*\)", raw)
+    if not m or not (m.group(1) == "none" or _INT_RE.fullmatch(m.group(1))):
         raise EntryParseError(
             f"{where}: entry {name!r}: the 4th argument {raw!r} must be KHAL_LAUNCH_BOUNDS(n) (n in 1..{_MAX_BLOCK}) "
             "or KHAL_LAUNCH_BOUNDS(none)"
@@ -853,7 +866,7 @@ def _template_params(inner: str, where: str, name: str) -> tuple[tuple[str, ...]
 
 
 def _check_name(name: str, where: str, what: str = "entry name") -> None:
-    if not _IDENT_RE.match(name):
+    if not _IDENT_RE.fullmatch(name):
         raise EntryParseError(f"{where}: {what} {name!r} is not an identifier")
     if "_khal_" in name or name.endswith("_khal"):
         raise EntryParseError(f"{where}: {what} {name!r} must not contain '_khal_' (reserved for symbols)")

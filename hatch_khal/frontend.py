@@ -20,9 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CallbackReporter", "all_prebuilt", "check_packages", "default_package", "summary"]
 
-_PREBUILT_PREFIX = "CUDA_OXIDE_SHADERS_PTX_"  # khal_runtime.abi.prebuilt_env_var's, without importing it
-
-
 class CallbackReporter:
     """A :class:`~hatch_khal.model.Reporter` over three callables (hatchling's
     ``app.display_*``, a setuptools command's ``announce``/``warn``)."""
@@ -54,8 +51,12 @@ def default_package(root: Path, project_name: str) -> str | None:
 
 def check_packages(root: Path, crates: list[ResolvedCrate], where: str) -> None:
     """Each crate's ``package`` is a directory inside the project (also after symlinks): the
-    build writes ``<package>/_khal`` and the wheel ships it, so it may point nowhere else."""
+    build writes ``<package>/_khal`` and the wheel ships it, so it may point nowhere else. And it
+    is named one way (:func:`hatch_khal.config.canonical_package` makes ``./pkg`` ``pkg``): a
+    symlink to it, or another spelling of one folder (a case-insensitive file system), is refused,
+    or the crates of one package would land in two manifests that overwrite each other."""
     top = root.resolve()
+    seen: dict[tuple[int, int], tuple[str, str]] = {}  # (device, inode) -> (package, crate)
     for c in crates:
         path = Path(c.package)
         inside = not path.is_absolute() and ".." not in path.parts and path.parts != ()
@@ -70,13 +71,29 @@ def check_packages(root: Path, crates: list[ResolvedCrate], where: str) -> None:
             raise ConfigError(
                 f"{where}: crate {c.name!r}: option 'package' = {c.package!r} is not a directory under {root}"
             )
+        real = resolved.relative_to(top).as_posix()
+        if real != path.as_posix():
+            raise ConfigError(
+                f"{where}: crate {c.name!r}: option 'package' = {c.package!r} reaches the package directory "
+                f"{real!r} through a symlink; name it {real!r}: a package has one name (the build groups the "
+                "crates of a package by it, and the wheel ships <package>/_khal under it)"
+            )
+        st = resolved.stat()
+        other = seen.setdefault((st.st_dev, st.st_ino), (c.package, c.name))
+        if other[0] != c.package:
+            raise ConfigError(
+                f"{where}: crate {c.name!r}: option 'package' = {c.package!r} is the directory {other[0]!r} "
+                f"(option 'package' of crate {other[1]!r}) spelt another way; spell it {other[0]!r} in both "
+                "(the crates of one package share one manifest)"
+            )
 
 
 def all_prebuilt(crates: list[ResolvedCrate]) -> bool:
     """Every crate comes from a ``CUDA_OXIDE_SHADERS_PTX_<CRATE>`` file: no compiler needed."""
-    return bool(crates) and all(
-        os.environ.get(_PREBUILT_PREFIX + c.name.upper().replace("-", "_"), "").strip() for c in crates
-    )
+    # lazy: importing this module stays cheap (the crates' config module has imported abi already)
+    from khal_runtime.abi import prebuilt_env_var
+
+    return bool(crates) and all(os.environ.get(prebuilt_env_var(c.name), "").strip() for c in crates)
 
 
 def summary(result: BuildResult) -> str:

@@ -189,9 +189,9 @@ _PROVIDERS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^(cuda_|cooperative_groups|vector_|device_|sm_\d+|builtin_types|host_defines|"
                 r"channel_descriptor|driver_|surface_|texture_|math_|mma\.h|cuComplex)"), "nvidia-cuda-runtime"),
 ]
-_STD = re.compile(r"^(c?std\w*|stdint\.h|stddef\.h|stdio\.h|stdlib\.h|math\.h|string\.h|assert\.h|limits|type_traits|"
+_STD = re.compile(r"(c?std\w*|stdint\.h|stddef\.h|stdio\.h|stdlib\.h|math\.h|string\.h|assert\.h|limits|type_traits|"
                   r"utility|algorithm|array|vector|string|iostream|cmath|cassert|climits|cstring|cstdio|iterator|memory|"
-                  r"tuple|functional|numeric|new|initializer_list)(\.h)?$")
+                  r"tuple|functional|numeric|new|initializer_list)(\.h)?")  # fullmatch
 
 #: headers of the full CUDA toolkit that no PyPI wheel ships (so no 'cuda-headers' = "wheels" build
 #: has them), with what they provide and what to write instead under NVRTC
@@ -201,9 +201,36 @@ _TOOLKIT_ONLY = {
 }
 
 
+#: headers of the CUDA profiler API -> what they declare. In no header wheel the hook adds
+#: (nvidia-cuda-runtime has cudaProfilerTypedefs.h only; the nvidia-cuda-profiler-api wheel has them), and
+#: NVRTC cannot compile them where they are found: their functions are __host__ ones ("A function
+#: explicitly marked as a __host__ function is not allowed in JIT mode", measured with 13.5.25's)
+_PROFILER_API = {"cuda_profiler_api.h": "cudaProfilerStart / cudaProfilerStop",
+                 "cudaProfiler.h": "cuProfilerStart / cuProfilerStop"}
+
+
+def _profiler_hint(header: str, fam_runtime: str) -> str:
+    return (f"<{header}> ({_PROFILER_API[header]}) is the CUDA profiler's host API: it is not in {fam_runtime} "
+            "nor in any header wheel the hook adds, and where it is found (a toolkit, the nvidia-cuda-profiler-api "
+            "wheel) NVRTC refuses its __host__ functions; kernel code cannot call them: drop the #include from "
+            "the crate's sources and start / stop the profiler from the host (cuda.bindings.runtime."
+            "cudaProfilerStart(), torch.cuda.profiler.start())")
+
+
+def _missing_from_wheels(header: str, nvrtc_major: int | None) -> bool:
+    """The header wheels' folders were found here and none holds ``header``: it is not theirs."""
+    try:
+        dirs = _wheels(nvrtc_major).include_dirs
+    except KhalBuildError:
+        return False
+    return bool(dirs) and not any((d / header).is_file() for d in dirs)
+
+
 def header_hint(header: str, mode: str, nvrtc_major: int | None = None) -> str:
     """What to do about a header NVRTC could not open (naming the wheels of NVRTC's CUDA major)."""
     fam = (family_for_major(nvrtc_major) if nvrtc_major is not None else None) or FAMILIES[0]
+    if header in _PROFILER_API:
+        return _profiler_hint(header, fam.runtime)
     if header in _TOOLKIT_ONLY:
         what, instead = _TOOLKIT_ONLY[header]
         base = (f"<{header}> ({what}) is a header of the full CUDA toolkit that no PyPI wheel ships (not "
@@ -219,6 +246,11 @@ def header_hint(header: str, mode: str, nvrtc_major: int | None = None) -> str:
                 return (f"<{header}> is internal to the CUDA headers, and CUDA {nvrtc_major} has no wheel of "
                         "crt/ headers; include the public header (cuda_runtime.h, cuda_fp16.h, ...) instead")
             pkg = {"nvidia-cuda-cccl": fam.cccl, "nvidia-cuda-runtime": fam.runtime}.get(pkg, pkg)
+            if mode == "wheels" and _missing_from_wheels(header, nvrtc_major):
+                return (f"<{header}> looks like a header of {pkg}, but the {pkg} wheel installed here does not "
+                        "ship it (nor does any header wheel the hook adds): it is a header of the full CUDA "
+                        "toolkit only; drop the #include, or, where a CUDA toolkit is installed, set option "
+                        "'cuda-headers' = \"system\" (CUDA_HOME) to compile against its headers")
             if mode == "wheels":
                 return (f"<{header}> comes from the {pkg} wheel: the hatchling hook adds it to isolated "
                         f"builds (setuptools projects list it in [build-system] requires); for "
@@ -227,7 +259,7 @@ def header_hint(header: str, mode: str, nvrtc_major: int | None = None) -> str:
                 return (f"<{header}> comes from the {pkg} wheel, but option 'cuda-headers' is \"none\"; "
                         "set it to \"wheels\" (the default) or \"system\"")
             return f"<{header}> should be in the toolkit under CUDA_HOME/CUDA_PATH (option 'cuda-headers' = \"system\")"
-    if _STD.match(header):
+    if _STD.fullmatch(header):
         return (f"<{header}> is a host C/C++ standard header, which NVRTC does not have; khal.h defines "
                 "intN_t/uintN_t, libdevice provides the math functions, and <cuda/std/...> (nvidia-cuda-cccl) "
                 "has device versions of much of the standard library")

@@ -1,7 +1,7 @@
 """Stage 1: plan every crate (sources, entries, hashes) before anything is compiled.
 
 Each crate is planned by its language (:mod:`hatch_khal.languages`); then the prebuilt-binary
-variables (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``, and a warning for one that names no crate) and
+variables (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``; one that names no crate is an error) and
 the targets each crate compiles for. Entry names are unique per crate (each language checks its
 own); two crates of a package may share one (the runtime's ``kernels.<name>`` is then
 ambiguous, ``kernels.<crate>.<name>`` is not), so one source can be built as several crates
@@ -14,7 +14,7 @@ import difflib
 import os
 from pathlib import Path
 
-from khal_runtime.abi import parse_arch
+from khal_runtime.abi import PREBUILT_ENV_PREFIX, parse_arch
 
 from hatch_khal.compilers import get_compiler
 from hatch_khal.config import ResolvedCrate, env_var_for_crate
@@ -24,12 +24,13 @@ from hatch_khal.model import CratePlan, Reporter
 
 __all__ = ["PREBUILT_PREFIX", "check_prebuilt_variables", "plan_crates", "targets"]
 
-PREBUILT_PREFIX = "CUDA_OXIDE_SHADERS_PTX_"
+PREBUILT_PREFIX = PREBUILT_ENV_PREFIX  # (the one definition is khal_runtime.abi's)
 
 
 def check_prebuilt_variables(crates: list[ResolvedCrate], reporter: Reporter) -> None:
-    """Warn about a ``CUDA_OXIDE_SHADERS_PTX_*`` variable that names no crate (a typo would
-    otherwise be ignored in silence), or one that is set but empty."""
+    """A ``CUDA_OXIDE_SHADERS_PTX_*`` variable that names no crate is a ConfigError (a typo would
+    otherwise build the crate from its sources, or leave it out, with a warning nobody sees under
+    pip); one that is set but empty is a warning (it gives nothing to drop)."""
     known = {env_var_for_crate(c.name): c.name for c in crates}
     listing = ", ".join(f"{name!r} ({var})" for var, name in sorted(known.items(), key=lambda kv: kv[1]))
     for var in sorted(os.environ):
@@ -39,15 +40,18 @@ def check_prebuilt_variables(crates: list[ResolvedCrate], reporter: Reporter) ->
             if not os.environ[var].strip():
                 reporter.warn(f"{var} is set but empty: crate {known[var]!r} is compiled from its sources")
             continue
+        if not os.environ[var].strip():
+            reporter.warn(f"{var} is set but empty, and no crate of this build is called that: it is ignored")
+            continue
         close = difflib.get_close_matches(var, list(known), n=1, cutoff=0.8)
-        guess = f"; did you mean {close[0]} (crate {known[close[0]]!r})?" if close else ""
-        reporter.warn(f"{var} is set but no crate of this build is called that, so it is ignored{guess} "
-                      f"The crates and their variables: {listing}")
+        guess = f"did you mean {close[0]} (crate {known[close[0]]!r})? " if close else ""
+        raise ConfigError(f"{var} is set, but no crate of this build is called that: {guess}The crates and "
+                          f"their variables: {listing}; rename the variable after its crate, or unset it")
 
 
 def plan_crates(root: Path, crates: list[ResolvedCrate], reporter: Reporter) -> list[CratePlan]:
+    check_prebuilt_variables(crates, reporter)  # first: a misnamed variable is refused before any work
     plans = [get_language(c.language, c.name).plan(root, c) for c in crates]
-    check_prebuilt_variables(crates, reporter)
     for plan in plans:
         var = env_var_for_crate(plan.cfg.name)
         if os.environ.get(var, "").strip():

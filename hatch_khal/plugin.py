@@ -51,6 +51,7 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
 
     @cached_property
     def _parsed(self) -> tuple[HookConfig, list[ResolvedCrate]]:
+        self._check_table()
         name = self.metadata.core.raw_name
         return parse_config(self.config, default_package=default_package(Path(self.root), name), where=self.where)
 
@@ -89,6 +90,7 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             remove_output(Path(self.root) / c.package)  # ours only: anything else is refused
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        self._check_table()
         if self.target_name != "wheel":
             raise ConfigError(
                 f"build hook `{self.PLUGIN_NAME}` runs for wheels only; configure it under "
@@ -111,6 +113,20 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         self._cleanup()
 
     # -- helpers -------------------------------------------------------------
+
+    def _check_table(self) -> None:
+        """The hook runs for wheels only, so it is configured for the wheel target: a table for
+        every target ([tool.hatch.build.hooks.khal]) builds the wheel but fails the sdist (so
+        `python -m build` fails where `pip wheel` passes). Refused in every build, naming the table."""
+        build = getattr(self.build_config, "build_config", None)  # None: a hook made outside hatchling
+        hooks = build.get("hooks") if isinstance(build, dict) else None
+        if isinstance(hooks, dict) and self.PLUGIN_NAME in hooks:
+            raise ConfigError(
+                f"build hook `{self.PLUGIN_NAME}` is configured in [tool.hatch.build.hooks.khal], which applies "
+                "to every target (the sdist too), and it runs for wheels only: name the table "
+                "[tool.hatch.build.targets.wheel.hooks.khal] (same keys; its crates "
+                "[[tool.hatch.build.targets.wheel.hooks.khal.crates]])"
+            )
 
     def _stage(self, result: BuildResult, build_data: dict[str, Any]) -> None:
         self._staging = Path(tempfile.mkdtemp(prefix="hatch-khal-"))

@@ -35,9 +35,9 @@ __all__ = ["SCALAR_LOOKING", "demangle", "manifest_entries"]
 #: Spellings that read like a scalar: a struct called so is reported (the build says so,
 #: since a ``struct half`` of one's own is not CUDA's ``__half``)
 SCALAR_LOOKING = re.compile(
-    r"^(?:u?int(?:8|16|32|64)?(?:_t)?|float(?:16|32|64)?(?:_t)?|double(?:_t)?|b?float16(?:_t)?|half\d*|"
+    r"(?:u?int(?:8|16|32|64)?(?:_t)?|float(?:16|32|64)?(?:_t)?|double(?:_t)?|b?float16(?:_t)?|half\d*|"
     r"bfloat16|real(?:_t)?|scalar(?:_t)?|index(?:_t)?|s?size_t|ptrdiff_t|c?complex(?:64|128)?(?:_t)?|"
-    r"cfloat|cdouble|[iu]\d+|f\d+)$", re.I)
+    r"cfloat|cdouble|[iu]\d+|f\d+)", re.I)  # matched whole (fullmatch)
 
 
 def demangle(name: str) -> str:
@@ -92,7 +92,7 @@ def _element(crate: str, decl: EntryDecl, i: int, p: ParamDecl, probes: dict[str
             f"a scalar is one of the ABI's ({', '.join(abi.SCALARS)}): pass structs as {structs}"
         )
     base = re.sub(r"<.*", "", spelled).split("::")[-1]
-    if base in abi.C_SCALARS or base in abi.SCALARS or SCALAR_LOOKING.match(base):
+    if base in abi.C_SCALARS or base in abi.SCALARS or SCALAR_LOOKING.fullmatch(base):
         warnings.append(
             f"{what}: {spelled!r} is a struct ({size} bytes) on the device, not a scalar: recorded as a struct "
             "element, so arrays of it must have a structured (or raw void) dtype of that size"

@@ -43,7 +43,6 @@ __all__ = ["BuildKhal", "finalize_distribution_options", "read_khal_table"]
 
 COMMAND = "build_khal"
 _TABLE = "[tool.khal]"
-_HATCH_TABLE = "[tool.hatch.build.targets.wheel.hooks.khal]"
 _MANIFEST_DIR = "_khal"  # khal_runtime.manifest.MANIFEST_DIR, without importing pydantic here
 
 
@@ -83,11 +82,21 @@ def _read(root: Path) -> dict[str, Any] | None:
     tool = data.get("tool", {})
     table = tool.get("khal")
     if table is None:
-        hooks = tool.get("hatch", {}).get("build", {}).get("targets", {}).get("wheel", {}).get("hooks", {})
-        if "khal" in hooks:
-            _log_warn(
-                f"khal: {path} has {_HATCH_TABLE} but no {_TABLE}; the setuptools command reads "
-                f"{_TABLE} only (the hatch table is for the hatchling backend), so no kernels are built"
+        hatch = _hatch_khal_table(data)
+        if hatch is not None:
+            # pip shows a build backend's warnings only with -v: a wheel without its kernels would
+            # pass in silence (and fail at import), so this is an error
+            raise ConfigError(
+                f"{path} has {hatch} but no {_TABLE}, and this is a setuptools build: the setuptools "
+                f"command reads {_TABLE} only (the hatch table is for the hatchling backend), so no kernels "
+                f"would be built; name the table {_TABLE} (same keys; its crates [[tool.khal.crates]]), or "
+                'build with hatchling (build-backend = "hatchling.build")'
+            )
+        misspelt = _misspelt_khal_table(data)
+        if misspelt is not None:
+            raise ConfigError(
+                f"{path} has {misspelt} but no {_TABLE}, and this is a setuptools build: hatch-khal reads "
+                f"{_TABLE} only, so no kernels would be built; name the table {_TABLE}"
             )
         return None
     if not isinstance(table, dict):
@@ -95,8 +104,33 @@ def _read(root: Path) -> dict[str, Any] | None:
     return table
 
 
-def _log_warn(message: str) -> None:
-    logging.getLogger("hatch_khal").warning(message)
+def _hatch_khal_table(data: dict[str, Any]) -> str | None:
+    """The hatchling hook table of khal in a pyproject, if any, as written (``[tool.hatch...khal]``);
+    None also when the project's backend is hatchling (then this setuptools run is not its build)."""
+    backend = data.get("build-system", {}).get("build-backend", "")
+    if isinstance(backend, str) and backend.startswith("hatchling"):
+        return None
+    build = data.get("tool", {}).get("hatch", {}).get("build", {})
+    if not isinstance(build, dict):
+        return None
+    if isinstance(build.get("hooks"), dict) and "khal" in build["hooks"]:
+        return "[tool.hatch.build.hooks.khal]"
+    targets = build.get("targets", {})
+    for target, config in sorted(targets.items() if isinstance(targets, dict) else []):
+        if isinstance(config, dict) and isinstance(config.get("hooks"), dict) and "khal" in config["hooks"]:
+            return f"[tool.hatch.build.targets.{target}.hooks.khal]"
+    return None
+
+
+def _misspelt_khal_table(data: dict[str, Any]) -> str | None:
+    """A ``[tool.<name>]`` table whose name says khal but is not ``khal`` (``hatch-khal``, ``khal-hook``,
+    ``Khal``), if any; None also when the project's backend is hatchling."""
+    backend = data.get("build-system", {}).get("build-backend", "")
+    if isinstance(backend, str) and backend.startswith("hatchling"):
+        return None
+    tool = data.get("tool", {})
+    names = sorted(k for k in (tool if isinstance(tool, dict) else {}) if "khal" in k.lower() and k != "khal")
+    return f"[tool.{names[0]}]" if names else None
 
 
 def _has_khal(cmd: Command) -> bool:
@@ -105,7 +139,14 @@ def _has_khal(cmd: Command) -> bool:
 
 
 def finalize_distribution_options(dist: Distribution) -> None:
-    """Make ``build`` (and so ``editable_wheel``) run ``build_khal`` when configured."""
+    """Make ``build`` (and so ``editable_wheel``) run ``build_khal`` when configured.
+
+    Also where a configuration that setuptools would ignore (a hatch hook table without
+    ``[tool.khal]``) is refused: this runs in every setuptools build (sdist, wheel, editable)."""
+    try:
+        read_khal_table(dist)
+    except KhalBuildError as exc:
+        raise _setup_error(f"khal: {exc}") from exc
     build = dist.get_command_class("build")
     if COMMAND not in {name for name, _ in build.sub_commands}:
         build.sub_commands.append((COMMAND, _has_khal))

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from khal_runtime.device import Device, Stream, default_stream
     from khal_runtime.graphs import Graph, capture_graph
     from khal_runtime.interop import register_array_type
-    from khal_runtime.kernels import Kernel, KernelSet, LaunchConfig
+    from khal_runtime.kernels import Kernel, KernelSet, LaunchConfig, launch
     from khal_runtime.tracing import profile
     from khal_runtime.verify import Problem, check_package, verify_package
 
@@ -93,6 +93,7 @@ _LAZY = {
     "Kernel": "khal_runtime.kernels",
     "KernelSet": "khal_runtime.kernels",
     "LaunchConfig": "khal_runtime.kernels",
+    "launch": "khal_runtime.kernels",
     "Problem": "khal_runtime.verify",
     "verify_package": "khal_runtime.verify",
     "check_package": "khal_runtime.verify",
@@ -115,11 +116,6 @@ def load(package: Any) -> KernelSet:
     from khal_runtime.kernels import load as _load  # lazy: import khal_runtime stays cheap
 
     return _load(package)
-
-
-def launch(stream: Any, config: LaunchConfig, kernel: Kernel, *args: Any) -> None:
-    """``launch(stream, LaunchConfig(grid, block, shmem), kernels.entry, *args)``."""
-    kernel.launch(config.grid, config.block, *args, stream=stream, shared_mem=config.shmem)
 
 
 def driver_version() -> tuple[int, int]:

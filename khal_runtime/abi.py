@@ -495,12 +495,13 @@ class Arch(NamedTuple):
         return f"{self.kind}_{self.number}{self.suffix}"
 
 
-_ARCH_RE = re.compile(r"^(sm|compute)_(\d{2,3})([af]?)$")
+#: matched whole (fullmatch: a "$" accepts a trailing newline); no leading zero ("sm_090" is no arch)
+_ARCH_RE = re.compile(r"(sm|compute)_([1-9]\d{1,2})([af]?)")
 
 
 def parse_arch(arch: str, kinds: Iterable[str] = ("sm", "compute")) -> Arch:
     """Parse an arch string; ValueError saying what an arch looks like otherwise."""
-    m = _ARCH_RE.match(arch) if isinstance(arch, str) else None
+    m = _ARCH_RE.fullmatch(arch) if isinstance(arch, str) else None
     if m is None or m.group(1) not in kinds:
         like = " or ".join({"sm": "'sm_90'", "compute": "'compute_75'"}[k] for k in kinds)
         raise ValueError(f"{arch!r} is not an arch like {like}")
@@ -511,7 +512,7 @@ def parse_arch(arch: str, kinds: Iterable[str] = ("sm", "compute")) -> Arch:
 # ---------------------------------------------------------------------------------------------
 # symbols and hashes
 # ---------------------------------------------------------------------------------------------
-_SYMBOL_RE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*?)_khal_(?P<hash>[0-9a-f]{16})$")
+_SYMBOL_RE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*?)_khal_(?P<hash>[0-9a-f]{16})")  # fullmatch
 
 
 def symbol_for(entry: str, entry_hash: str) -> str:
@@ -537,19 +538,47 @@ def probe_names(entry: str, index: int) -> tuple[str, str, str]:
 
 def split_symbol(symbol: str) -> tuple[str, str] | None:
     """``saxpy_khal_0123...`` -> ``("saxpy", "0123...")``; None if not a khal symbol."""
-    m = _SYMBOL_RE.match(symbol)
+    m = _SYMBOL_RE.fullmatch(symbol)
     return (m.group("name"), m.group("hash")) if m else None
+
+
+#: the prefix of khal-builder's variables naming a crate's prebuilt binary
+PREBUILT_ENV_PREFIX = "CUDA_OXIDE_SHADERS_PTX_"
 
 
 def prebuilt_env_var(crate: str) -> str:
     """``CUDA_OXIDE_SHADERS_PTX_<CRATE>``: khal-builder's name for a crate's prebuilt binary
     (upper-cased, ``-`` to ``_``)."""
-    return "CUDA_OXIDE_SHADERS_PTX_" + crate.upper().replace("-", "_")
+    return PREBUILT_ENV_PREFIX + crate.upper().replace("-", "_")
+
+
+def _field(p: Any, key: str) -> Any:
+    return p.get(key) if isinstance(p, Mapping) else getattr(p, key, None)
+
+
+def _layout(layout: Any) -> dict[str, Any]:
+    """A struct layout (a manifest ``StructLayout`` or its JSON) as the hash sees it: every
+    field's name, type, offset, size, shape, strides and nested fields, defaults spelled out, so
+    a model and its JSON hash alike."""
+
+    def fields(fs: Any) -> list[dict[str, Any]]:
+        out = []
+        for f in fs or ():
+            d = {"name": _field(f, "name"), "type": _field(f, "type"), "offset": int(_field(f, "offset")),
+                 "size": int(_field(f, "size")), "shape": [int(n) for n in _field(f, "shape") or ()],
+                 "strides": [int(n) for n in _field(f, "strides") or ()]}
+            if _field(f, "fields") is not None:
+                d["fields"] = fields(_field(f, "fields"))
+            out.append(d)
+        return out
+
+    return {"size": int(_field(layout, "size")), "fields": fields(_field(layout, "fields"))}
 
 
 def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mapping[str, Any] | Any], *,
                     grid_dims: int = 1, fixed_block: bool = True, launch_bounds: int | None = None,
-                    template: str | None = None, template_args: Iterable[str] = ()) -> dict[str, Any]:
+                    template: str | None = None, template_args: Iterable[str] = (),
+                    layouts: bool = True) -> dict[str, Any]:
     """What of an entry its hash covers besides the crate's content: the name, the block size
     and, per parameter, what the manifest records of it (name, kind, element type, shape,
     length, writability). Computable from a manifest alone, so that a loader can check that
@@ -560,11 +589,15 @@ def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mappi
     the spelling, known only once the binary (whose symbols carry the hash) exists; the build
     and the loader check it against the binary's own type probes instead. The launch shape
     (``grid_dims``, a block that is not fixed, its launch bounds) and a template instantiation
-    are hashed when they differ from the defaults, so entries without them hash as before."""
+    are hashed when they differ from the defaults, so entries without them hash as before.
 
-    def field(p: Any, key: str) -> Any:
-        return p.get(key) if isinstance(p, Mapping) else getattr(p, key, None)
-
+    A uniform's CUDA struct layout (``layouts["cuda"]``, Slang crates: how the host packs a dict or
+    reads a C struct's bytes on every backend) is hashed too (Slang reflects it before the entry
+    is named); ``layouts=False`` gives the signature without it, which entries built before
+    hatch-khal hashed it have (:func:`khal_runtime.verify.check_manifest` accepts either). The
+    WebGPU layouts are known only after the entry point is named with the hash: the runtime
+    re-derives those from the WGSL / SPIR-V instead (:mod:`khal_runtime.shaders`)."""
+    field = _field
     out_params = []
     for p in params:
         d = {k: field(p, k) for k in ("name", "kind", "element_type", "shape", "length", "writable")}
@@ -572,6 +605,9 @@ def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mappi
         if ctype is not None:
             del d["element_type"]
             d["ctype"] = ctype
+        cuda = (field(p, "layouts") or {}).get("cuda") if layouts else None
+        if cuda is not None:
+            d["cuda_layout"] = _layout(cuda)
         out_params.append(d)
     sig: dict[str, Any] = {"name": name, "block_size": [int(b) for b in block_size], "params": out_params}
     if grid_dims != 1:

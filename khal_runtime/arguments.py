@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import operator
 import struct
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from khal_runtime import abi, interop
 from khal_runtime.dtypes import ReadOnly, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError
+from khal_runtime.generated import define
 from khal_runtime.interop import ADDRESS_SPACE, BadArgument
 from khal_runtime.manifest import Entry, Param
 from khal_runtime.packing import pack_cuda
@@ -26,6 +27,8 @@ from khal_runtime.uniforms import is_converter, uniform_converter
 __all__ = [
     "MAX_GRID",
     "Short",
+    "blocks",
+    "blocks_source",
     "check_block",
     "check_block_within",
     "check_grid",
@@ -86,9 +89,22 @@ def thread_count(kernel: str, n: Any) -> int:
     return v
 
 
+def blocks_source(n: str, bx: int | str) -> str:
+    """The threads-to-grid rule as Python source: the blocks of ``bx`` threads that cover ``n``
+    threads, ``ceil(n / bx)``. Its one definition: :func:`blocks` is this compiled, and the
+    generated launch code (CUDA, WebGPU) inlines it with ``bx`` a literal, which Python folds
+    (``(n + (128 - 1)) // 128`` runs as ``(n + 127) // 128``: no per-launch cost)."""
+    return f"({n} + ({bx} - 1)) // {bx}"
+
+
+#: ``blocks(n, bx)``: :func:`blocks_source` compiled, for a block size known only at run time
+blocks: Callable[[int, int], int] = define(f"def blocks(n, bx):\n    return {blocks_source('n', 'bx')}\n",
+                                           "arguments.blocks", {}, "blocks")
+
+
 def grid_for(kernel: str, n: int, bx: int) -> int:
     """Blocks of ``bx`` threads covering ``n`` threads; a named error past the grid limit."""
-    gx = (n + bx - 1) // bx
+    gx = blocks(n, bx)
     if gx > MAX_GRID[0]:
         raise ArgumentValueError(
             f"{kernel}(): {n} threads need {gx} blocks of {bx}, more than the {MAX_GRID[0]} a "
@@ -123,7 +139,7 @@ def grid_for_threads(kernel: str, n: Any, block: tuple[int, int, int], dims: int
                                 f"{n[axis]!r} ({type(n[axis]).__name__})") from None
         if v < 0:
             raise ArgumentValueError(f"{kernel}(): thread count {n!r}: each axis must be >= 0")
-        g = (v + block[axis] - 1) // block[axis]
+        g = blocks(v, block[axis])
         if g > MAX_GRID[axis]:
             raise ArgumentValueError(
                 f"{kernel}(): {v} threads along {'xyz'[axis]} need {g} blocks of {block[axis]}, more than the "

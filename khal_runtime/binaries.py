@@ -20,6 +20,8 @@ __all__ = [
     "BinaryInfo",
     "ELF_MAGIC",
     "EM_CUDA",
+    "MAX_SYMBOLS",
+    "MAX_SYMBOL_NAME",
     "is_elf",
     "khal_symbols",
     "ptx_grid_reads",
@@ -27,11 +29,22 @@ __all__ = [
     "read_cubin",
     "scan_cubin",
     "scan_ptx",
+    "strip_ptx_comments",
     "webgpu_entry_points",
 ]
 
 ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190
+
+#: A cubin's symbol table holding more symbols than this is refused (a large library's cubin
+#: has thousands): each symbol's name is decoded, so the count bounds the work.
+MAX_SYMBOLS = 1 << 20
+#: A symbol or section name longer than this (bytes) is refused (khal's symbols are under 300
+#: bytes; long C++ template manglings stay far below it).
+MAX_SYMBOL_NAME = 64 << 10
+#: pyelftools reads names through the file: a cubin whose names, shared by many symbols or
+#: sections, make it read more than this many times its own size (plus 1 MiB) is refused.
+_READ_FACTOR = 16
 
 
 class BinaryFormatError(ArtifactError, ValueError):
@@ -66,24 +79,45 @@ _GLOBAL_U64_RE = re.compile(
 )
 
 
+#: a PTX string (kept: a ``.file`` name may hold ``//``), or a comment (blanked)
+_PTX_LEXEME = re.compile(rb'"(?:\\.|[^"\\\n])*"|//[^\n]*|/\*.*?(?:\*/|\Z)', re.S)
+
+
+def _drop_comment(m: re.Match[bytes]) -> bytes:
+    s = m.group(0)
+    if s[:1] == b'"':
+        return s
+    return b" " if s[:2] == b"//" else b" " + b"\n" * s.count(b"\n")
+
+
+def strip_ptx_comments(data: bytes) -> bytes:
+    """PTX text without its ``//`` and ``/* */`` comments (each one a space; a block comment keeps its
+    newlines, so lines stay lines); strings kept whole. A directive inside a comment is no directive:
+    ptxas ignores it."""
+    if b"/" not in data:
+        return data
+    return _PTX_LEXEME.sub(_drop_comment, data)
+
+
 def scan_ptx(data: bytes | str, source: str = "PTX") -> BinaryInfo:
-    """Entry names, ``.target`` and ``.version`` of PTX text."""
+    """Entry names, ``.target`` and ``.version`` of PTX text (comments are not read)."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogateescape")
     if is_elf(data):
         raise BinaryFormatError(f"{source}: is an ELF file, not PTX text")
     if b"\x00" in data.rstrip(b"\x00"):
         raise BinaryFormatError(f"{source}: contains NUL bytes; not PTX text")
-    version = _VERSION_RE.search(data)
-    target = _TARGET_RE.search(data)
+    code = strip_ptx_comments(data)
+    version = _VERSION_RE.search(code)
+    target = _TARGET_RE.search(code)
     if version is None or target is None:
         raise BinaryFormatError(
-            f"{source}: not PTX (no '.version' and '.target' directives); "
+            f"{source}: not PTX (no '.version' and '.target' directives outside comments); "
             "expected PTX text or a CUDA cubin (ELF)"
         )
-    functions = tuple(m.group(1).decode("ascii") for m in _ENTRY_RE.finditer(data))
+    functions = tuple(m.group(1).decode("ascii") for m in _ENTRY_RE.finditer(code))
     globals_u64 = tuple(
-        (m.group(1).decode("ascii"), int(m.group(2))) for m in _GLOBAL_U64_RE.finditer(data)
+        (m.group(1).decode("ascii"), int(m.group(2))) for m in _GLOBAL_U64_RE.finditer(code)
     )
     return BinaryInfo(
         kind="ptx",
@@ -177,15 +211,45 @@ def _cubin_arch(e_flags: int, abi_version: int) -> int:
     return (e_flags >> 8) & 0xFF if abi_version >= 8 else e_flags & 0xFF
 
 
+class _BudgetStream(io.BytesIO):
+    """The cubin's bytes as pyelftools reads them, with a cap on everything read: names are
+    read through the stream, so a name shared by many symbols cannot decode to more than the
+    cap (a 1 MB name behind 300 symbols was 286 MiB of names)."""
+
+    def __init__(self, data: bytes, source: str) -> None:
+        super().__init__(data)
+        self.source, self.size = source, len(data)
+        self.left = self.budget = _READ_FACTOR * len(data) + (1 << 20)
+
+    def read(self, n: int | None = -1) -> bytes:
+        out = super().read(n)
+        self.left -= len(out)
+        if self.left < 0:
+            raise BinaryFormatError(
+                f"{self.source}: reading its symbol and section names took more than {self.budget} bytes "
+                f"from a file of {self.size} (names shared by many symbols or sections); not a cubin a "
+                "CUDA compiler writes")
+        return out
+
+
+def _name_check(name: str, what: str, source: str) -> str:
+    if len(name) > MAX_SYMBOL_NAME:
+        raise BinaryFormatError(f"{source}: {what} name of {len(name)} characters, more than the "
+                                f"{MAX_SYMBOL_NAME} allowed; not a cubin a CUDA compiler writes")
+    return name
+
+
 def read_cubin(data: bytes, source: str = "cubin") -> BinaryInfo:
-    """Arch and kernel symbols of a CUDA ELF cubin (via pyelftools)."""
+    """Arch and kernel symbols of a CUDA ELF cubin (via pyelftools). Capped: every section lies
+    inside the file, at most :data:`MAX_SYMBOLS` symbols, names of at most
+    :data:`MAX_SYMBOL_NAME` bytes, and a bound on all that is read (:class:`_BudgetStream`)."""
     from elftools.common.exceptions import ELFError  # lazy: cubins only
     from elftools.elf.elffile import ELFFile
 
     if not is_elf(data):
         raise BinaryFormatError(f"{source}: not an ELF file (no \\x7fELF header)")
     try:
-        elf = ELFFile(io.BytesIO(data))
+        elf = ELFFile(_BudgetStream(data, source))
         machine = elf["e_machine"]
         if machine not in ("EM_CUDA", EM_CUDA):
             raise BinaryFormatError(
@@ -193,12 +257,24 @@ def read_cubin(data: bytes, source: str = "cubin") -> BinaryInfo:
                 "point the variable at a .cubin made for a GPU"
             )
         arch = _cubin_arch(elf["e_flags"], elf["e_ident"]["EI_ABIVERSION"])
-        symtab = elf.get_section_by_name(".symtab")
+        symtab = None
+        for sec in elf.iter_sections():
+            name = _name_check(sec.name, "section", source)
+            off, size = sec["sh_offset"], sec["sh_size"]
+            if sec["sh_type"] != "SHT_NOBITS" and off + size > len(data):
+                raise BinaryFormatError(f"{source}: section {name!r} ({size} bytes at offset {off}) runs past "
+                                        f"the end of the file ({len(data)} bytes); damaged or truncated ELF")
+            if symtab is None and name == ".symtab":
+                symtab = sec
         if symtab is None:
             raise BinaryFormatError(f"{source}: cubin has no symbol table")
+        count = symtab.num_symbols()  # type: ignore[attr-defined]
+        if count > MAX_SYMBOLS:
+            raise BinaryFormatError(f"{source}: {count} symbols, more than the {MAX_SYMBOLS} allowed; "
+                                    "not a cubin a CUDA compiler writes")
         functions = tuple(
             sorted(
-                s.name
+                _name_check(s.name, "symbol", source)
                 for s in symtab.iter_symbols()  # type: ignore[attr-defined]
                 if s["st_info"]["type"] == "STT_FUNC" and s.name
             )
@@ -206,7 +282,7 @@ def read_cubin(data: bytes, source: str = "cubin") -> BinaryInfo:
         globals_u64 = _cubin_u64_globals(elf, symtab)
     except BinaryFormatError:
         raise
-    except (ELFError, ValueError, KeyError, TypeError, IndexError, AttributeError,
+    except (ELFError, ValueError, KeyError, TypeError, IndexError, AttributeError, ZeroDivisionError,
             UnicodeDecodeError, AssertionError, OverflowError, MemoryError) as exc:
         raise BinaryFormatError(f"{source}: damaged or truncated ELF ({exc})") from None
     except Exception as exc:  # pyelftools raises construct errors on truncated data
@@ -237,13 +313,15 @@ def _cubin_u64_globals(elf, symtab) -> tuple[tuple[str, int], ...]:  # type: ign
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")  # ELF64 file header
 _SHDR = struct.Struct("<IIQQQQIIQQ")  # ELF64 section header
 _SYM = struct.Struct("<IBBHQQ")  # ELF64 symbol
-_STT_OBJECT, _STT_FUNC, _SHT_SYMTAB = 1, 2, 2
+_STT_OBJECT, _STT_FUNC, _SHT_SYMTAB, _SHT_NOBITS = 1, 2, 2, 8
 
 
 def scan_cubin(data: bytes) -> BinaryInfo | None:
     """:func:`read_cubin`'s answer for a well-formed 64-bit little-endian CUDA ELF (every cubin
     NVRTC and nvcc write), read with :mod:`struct` in well under a millisecond; None for
-    anything else, which :func:`read_cubin` then reads (and explains) with pyelftools.
+    anything else, which :func:`read_cubin` then reads (and explains) with pyelftools; also
+    for one past :func:`read_cubin`'s caps (symbol count, name length, names decoded), which
+    that then refuses by name.
 
     Written by hand for the load path: importing pyelftools and walking a cubin's symbol table
     in pure Python cost a large share of the cold-start bar (benchmarks/RESULTS.md, 2026-11-30,
@@ -258,6 +336,8 @@ def scan_cubin(data: bytes) -> BinaryInfo | None:
         if shentsize != _SHDR.size or shnum == 0 or shoff + shnum * _SHDR.size > len(data):
             return None
         sections = [_SHDR.unpack_from(data, shoff + i * _SHDR.size) for i in range(shnum)]
+        if any(sh[1] != _SHT_NOBITS and sh[4] + sh[5] > len(data) for sh in sections):
+            return None  # a section past the end of the file: read_cubin names it
 
         def blob(i: int) -> bytes:
             off, size = sections[i][4], sections[i][5]
@@ -265,14 +345,21 @@ def scan_cubin(data: bytes) -> BinaryInfo | None:
                 raise ValueError("section past the end of the file")
             return data[off : off + size]
 
+        decoded = [0]  # every name decoded: at most the file's size (plus one name)
+
         def name(table: bytes, at: int) -> str:
-            end = table.index(b"\0", at)
+            end = table.index(b"\0", at, at + MAX_SYMBOL_NAME + 1)  # ValueError past the cap
+            decoded[0] += end - at
+            if decoded[0] > len(data) + MAX_SYMBOL_NAME:
+                raise ValueError("names shared by many symbols")
             return table[at:end].decode()
 
         shstr = blob(shstrndx)
         names = [name(shstr, sh[0]) for sh in sections]
         symtab = next((i for i, n in enumerate(names) if n == ".symtab"), None)
         if symtab is None or sections[symtab][1] != _SHT_SYMTAB or sections[symtab][9] != _SYM.size:
+            return None
+        if sections[symtab][5] // _SYM.size > MAX_SYMBOLS:
             return None
         strtab = blob(sections[symtab][6])
         init = next((i for i, n in enumerate(names) if n == ".nv.global.init"), None)

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from khal_runtime.capture_state import capturing, current_capture, forbid_in_capture
 from khal_runtime.device import as_stream
+from khal_runtime.errors import CaptureError
 
 __all__ = [
     "Graph",
@@ -54,6 +55,9 @@ class Graph:
     label: str
     device_id: int
     kernels: list[str]
+    #: the function :func:`capture_graph` captured, which :meth:`rebind` re-captures (None:
+    #: the graph came from a plain capture)
+    _fn: Callable[..., Any] | None = None
 
     def __init__(self) -> None:  # use a capture
         raise TypeError("Graph objects come from stream.capture() / khal_runtime.capture_graph()")
@@ -73,7 +77,10 @@ class Graph:
 
     def rebind(self, *args: Any, **kwargs: Any) -> bool:
         """:meth:`update` with the function given to :func:`capture_graph` and new arguments."""
-        raise NotImplementedError
+        if self._fn is None:
+            raise CaptureError(f"graph {self.label!r} was not made by capture_graph(fn, ...): "
+                               "use graph.update(fn, *args)")
+        return self.update(self._fn, *args, **kwargs)
 
     def close(self) -> None:
         """Free the graph now. Idempotent."""

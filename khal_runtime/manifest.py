@@ -351,11 +351,13 @@ class Entry(_Model):
             _ident(self.template, "template name")
         return self
 
-    def signature(self) -> dict[str, Any]:
-        """What the entry hash covers besides the crate content (:func:`abi.entry_signature`)."""
+    def signature(self, layouts: bool = True) -> dict[str, Any]:
+        """What the entry hash covers besides the crate content (:func:`abi.entry_signature`;
+        ``layouts=False``: without the uniforms' CUDA layouts, as builds before they were hashed)."""
         return abi.entry_signature(self.name, self.block_size, self.params, grid_dims=self.grid_dims,
                                    fixed_block=self.fixed_block, launch_bounds=self.launch_bounds,
-                                   template=self.template, template_args=self.template_args or ())
+                                   template=self.template, template_args=self.template_args or (),
+                                   layouts=layouts)
 
     @property
     def max_block_threads(self) -> int:
@@ -648,6 +650,10 @@ def load_manifest(path: Path) -> Manifest:
         text = read_regular_file(Path(path), MAX_MANIFEST_BYTES, "the manifest", ManifestError)
     except FileNotFoundError:
         raise ManifestError(
-            f"{path}: no khal manifest; was the package built with the hatch-khal hook?"
+            f"{path}: no khal manifest; was the package built with the hatch-khal hook? Its kernels are "
+            "built only from the table that the project's build backend reads: hatchling's "
+            "[tool.hatch.build.targets.wheel.hooks.khal] (not [tool.khal], not the table of another "
+            "target), setuptools' [tool.khal] with hatch-khal in [build-system] requires; fix the table "
+            "and reinstall the package"
         ) from None
     return parse_manifest(text, str(path))

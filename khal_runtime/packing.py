@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from khal_runtime import abi
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
+from khal_runtime.generated import define
 from khal_runtime.manifest import Param, StructField, StructLayout, WebGpuTarget
 
 __all__ = [
@@ -369,8 +370,7 @@ class ScalarPacker:
                f"            pass\n"
                f"    return _slow(values)\n") if n else "def pack(values):\n    return _slow(values)\n"
         ns: dict[str, Any] = {"_pack": self._struct.pack, "_err": struct.error, "_slow": self._pack_slow}
-        exec(compile(src, f"<khal scalar packer {self.entry}>", "exec"), ns)
-        return ns["pack"]  # type: ignore[no-any-return]
+        return define(src, f"scalar packer {self.entry}", ns, "pack")  # type: ignore[no-any-return]
 
     def convert(self, p: Param, v: Any) -> Any:
         where = f"{self.entry}(): argument {p.name!r} (scalar {p.element_type})"

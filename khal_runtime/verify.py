@@ -9,7 +9,12 @@ build side (``python -m hatch_khal verify``). Checks:
 * every artifact path is relative, normalised and stays inside the package
   (also after resolving symlinks), is a regular file, and has the manifest's size and sha256;
 * every entry symbol in every PTX/cubin carries the manifest's entry hash, and each binary is
-  for the arch the manifest says; every WGSL / SPIR-V entry point carries its entry's hash;
+  for the arch (and a PTX for the ISA version) the manifest says; every WGSL / SPIR-V entry
+  point carries its entry's hash;
+* what the entry hash cannot cover is re-derived from the artifacts: every parameter's element
+  size and alignment from the binary's ``khal_sizeof`` / ``khal_alignof`` probes; a WebGPU
+  target's bindings, loose-scalar block and slots, storage strides and uniform layouts from its
+  WGSL / SPIR-V (:func:`webgpu_layout_problems`). An edit is a ManifestError naming the field;
 * for editable installs, the crate sources still have the hashes they were built from (read
   only inside the recorded project root, which must hold the package).
 """
@@ -17,16 +22,20 @@ build side (``python -m hatch_khal verify``). Checks:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Iterable
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable
 
 from khal_runtime import abi
 from khal_runtime.binaries import BinaryFormatError, khal_symbols, read_binary, webgpu_entry_points
 from khal_runtime.errors import ArtifactError, HashMismatchError, KhalError, ManifestError, StaleBuildError
-from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Crate, Entry, Manifest, load_manifest,
-                                   package_path, prebuilt_env_var, read_regular_file)
+from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Crate, Entry, Manifest, Param, StructLayout,
+                                   WebGpuTarget, load_manifest, package_path, prebuilt_env_var, read_regular_file)
+
+if TYPE_CHECKING:
+    from khal_runtime.shaders import Leaf
 
 __all__ = [
     "MAX_ARTIFACT_BYTES",
@@ -38,9 +47,12 @@ __all__ = [
     "check_sources",
     "check_symbols",
     "crate_env_var",
+    "check_artifact_bytes",
     "read_artifact",
+    "read_artifact_stream",
     "rebuild_hint",
     "verify_package",
+    "webgpu_layout_problems",
 ]
 
 
@@ -120,11 +132,20 @@ def read_artifact(package_dir: Path, artifact: Artifact) -> bytes:
         raise ArtifactError(
             f"artifact {artifact.path!r} is missing from the package; rebuild the package"
         ) from None
+    return check_artifact_bytes(artifact, data)
+
+
+def _wrong_size(artifact: Artifact, size: int | str) -> ArtifactError:
+    return ArtifactError(
+        f"artifact {artifact.path!r} is {size} bytes, the manifest says {artifact.size}: "
+        "the file was changed or truncated after the build; rebuild the package"
+    )
+
+
+def check_artifact_bytes(artifact: Artifact, data: bytes) -> bytes:
+    """``data`` if it has the artifact's size and sha256; ArtifactError otherwise."""
     if len(data) != artifact.size:
-        raise ArtifactError(
-            f"artifact {artifact.path!r} is {len(data)} bytes, the manifest says {artifact.size}: "
-            "the file was changed or truncated after the build; rebuild the package"
-        )
+        raise _wrong_size(artifact, len(data))
     digest = hashlib.sha256(data).hexdigest()
     if digest != artifact.sha256:
         raise ArtifactError(
@@ -132,6 +153,33 @@ def read_artifact(package_dir: Path, artifact: Artifact) -> bytes:
             f"{artifact.sha256[:16]}…: the file was changed after the build; rebuild the package"
         )
     return data
+
+
+def read_artifact_stream(stream: IO[bytes], artifact: Artifact, declared_size: int | None = None) -> bytes:
+    """The artifact's bytes read from ``stream`` (a wheel's member), with the manifest's size as
+    the cap: a ``declared_size`` (the archive's own) other than the manifest's is refused
+    unread, and at most ``size + 1`` bytes are ever read; then the sha256 check."""
+    try:
+        package_path(artifact.path)
+    except ValueError as exc:
+        raise ArtifactError(f"artifact path {artifact.path!r} is not confined to the package ({exc}); "
+                            "rebuild the package") from None
+    if declared_size is not None and declared_size != artifact.size:
+        raise _wrong_size(artifact, declared_size)
+    if artifact.size > MAX_ARTIFACT_BYTES:
+        raise ArtifactError(f"artifact {artifact.path!r} is {artifact.size} bytes, more than the "
+                            f"{MAX_ARTIFACT_BYTES} allowed")
+    cap = artifact.size
+    chunks, total = [], 0
+    while total <= cap:
+        b = stream.read(min(1 << 20, cap + 1 - total))
+        if not b:
+            break
+        chunks.append(b)
+        total += len(b)
+    if total > cap:
+        raise _wrong_size(artifact, f"more than {cap}")
+    return check_artifact_bytes(artifact, b"".join(chunks))
 
 
 def check_manifest(manifest: Manifest) -> list[Problem]:
@@ -144,12 +192,20 @@ def check_manifest(manifest: Manifest) -> list[Problem]:
     for crate in manifest.crates:
         for e in crate.entries:
             want = abi.entry_hash(crate.content_hash, e.signature())
+            if want != e.hash and any(p.layouts for p in e.params) and \
+                    abi.entry_hash(crate.content_hash, e.signature(layouts=False)) == e.hash:
+                # built before the uniforms' CUDA layouts were hashed: it loads as it did then (its
+                # hash is not the one a build with the layouts would give, so an edit of a newer
+                # manifest never passes this way); its WebGPU layouts are still checked at use
+                continue
             if want != e.hash:
                 problems.append(Problem(
                     "manifest", crate.name,
                     f"entry {e.name!r} (crate {crate.name!r}): the manifest records hash {e.hash}, but "
                     f"the entry's own signature and its crate's content hash give {want}: the manifest "
-                    "was edited after the build; rebuild the package",
+                    "was edited after the build (the hash covers the entry's name, block size and launch "
+                    "shape, and its parameters' names, kinds, element types, shapes, lengths, writability "
+                    "and uniforms' CUDA layouts); rebuild the package",
                     ManifestError, None, e.name, e.hash, want))
     return problems
 
@@ -175,6 +231,14 @@ def check_symbols(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem
                                 f"artifact {artifact.path!r} is {what}_{info.arch}, the manifest says "
                                 f"{artifact.arch}: a binary of another arch is in its place; "
                                 f"{rebuild_hint(crate)}", ArtifactError, artifact.path))
+    elif info.kind == "ptx" and artifact.ptx_isa is not None and info.ptx_isa is not None and \
+            info.ptx_isa != artifact.ptx_isa:
+        # the loader picks PTX by this version (can the driver JIT it?): it must be the file's own
+        problems.append(Problem("layout", crate.name,
+                                f"crate {crate.name!r}: the manifest says {artifact.path} is PTX ISA "
+                                f"{artifact.ptx_isa} (artifacts.ptx_isa), the file says .version "
+                                f"{info.ptx_isa}: the manifest was edited after the build; {rebuild_hint(crate)}",
+                                ManifestError, artifact.path))
     found = khal_symbols(info)
     functions = set(info.functions)
     probes = dict(info.globals_u64)
@@ -205,10 +269,15 @@ def _check_types(crate: Crate, artifact: Artifact, entry: Entry, probes: dict[st
     manifest, so an edited element type or size is caught before anything is launched."""
     out: list[Problem] = []
     for i, p in enumerate(entry.params):
+        size_name, align_name, type_name = abi.probe_names(entry.name, i)
+        size, align, tid = probes.get(size_name), probes.get(align_name), probes.get(type_name)
         if p.ctype is None:
+            # a Slang entry (or a CUDA C++ one of an older manifest): its element size and alignment
+            # are what reflection said, checked against NVRTC's probes at build and here again,
+            # since the entry hash does not cover them; a binary without probes (an older build)
+            # has nothing to compare
+            out.extend(_check_size_probes(crate, artifact, entry, p, size, align))
             continue
-        size_name, _, type_name = abi.probe_names(entry.name, i)
-        size, tid = probes.get(size_name), probes.get(type_name)
         if size is None or tid is None:
             out.append(Problem(
                 "hash", crate.name, f"entry {entry.name!r} (crate {crate.name!r}) in {artifact.path}: the binary "
@@ -225,7 +294,24 @@ def _check_types(crate: Crate, artifact: Artifact, entry: Entry, probes: dict[st
                 f"({p.ctype}): the manifest says element type {p.element_type} ({p.element_size} bytes), "
                 f"{artifact.path} was compiled with {binary} ({size} bytes): the manifest does not match the "
                 f"binary; {rebuild_hint(crate)}", HashMismatchError, artifact.path, entry.name, entry.hash, None))
+        elif align is not None and align != p.element_align:
+            out.extend(_check_size_probes(crate, artifact, entry, p, size, align))
     return out
+
+
+def _check_size_probes(crate: Crate, artifact: Artifact, entry: Entry, p: Param, size: int | None,
+                       align: int | None) -> list[Problem]:
+    """``element_size`` / ``element_align`` against the binary's ``khal_sizeof`` / ``khal_alignof``
+    probes (the compiler's own sizeof and alignof of the element type)."""
+    for what, want, got in (("element_size", p.element_size, size), ("element_align", p.element_align, align)):
+        if got is not None and got != want:
+            return [Problem(
+                "layout", crate.name,
+                f"entry {entry.name!r} (crate {crate.name!r}): the manifest's params.{p.name}.{what} is "
+                f"{want}, but {artifact.path} was compiled with {got} ({'sizeof' if what == 'element_size' else 'alignof'} "
+                f"{p.element_type}): the manifest was edited after the build or belongs to another one; "
+                f"{rebuild_hint(crate)}", ManifestError, artifact.path, entry.name, str(want), str(got))]
+    return []
 
 
 def _check_entry_point(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem]:
@@ -240,7 +326,10 @@ def _check_entry_point(crate: Crate, artifact: Artifact, data: bytes) -> list[Pr
                         f"{artifact.entry!r}, which crate {crate.name!r} does not have; rebuild the package",
                         ArtifactError, artifact.path)]
     if entry.symbol in names:
-        return []
+        target = entry.target(artifact.kind)
+        if target is None or target.path != artifact.path:
+            return []  # not an artifact the entry runs (the manifest's own validation ties them)
+        return webgpu_layout_problems(crate, entry, target, data)
     found = [split_ for n in names if (split_ := abi.split_symbol(n)) is not None and split_[0] == entry.name]
     got = found[0][1] if found else None
     return [Problem(
@@ -249,6 +338,154 @@ def _check_entry_point(crate: Crate, artifact: Artifact, data: bytes) -> list[Pr
         f"entry point {entry.symbol}, the {artifact.kind.upper()} has "
         f"{', '.join(names) or 'no compute entry point'}; the shader does not match the host code: "
         f"{rebuild_hint(crate)}", HashMismatchError, artifact.path, entry.name, entry.hash, got)]
+
+
+_SCALAR_SIZES = {name: t.size for name, t in abi.SCALARS.items()}
+
+
+def _struct_leaves(layout: StructLayout) -> list[Leaf]:
+    """Every scalar of a manifest struct layout as a :class:`~khal_runtime.shaders.Leaf`."""
+    from khal_runtime.shaders import Leaf  # lazy: see webgpu_layout_problems
+
+    out: list[Leaf] = []
+
+    def walk(fields: Iterable[Any], base: int, chain: tuple[str | int, ...]) -> None:
+        for f in fields:
+            for idx in itertools.product(*(range(n) for n in f.shape)):
+                off = base + f.offset + sum(i * st for i, st in zip(idx, f.strides))
+                if f.type == "struct":
+                    walk(f.fields or (), off, chain + (f.name, *idx))
+                else:
+                    out.append(Leaf(chain + (f.name, *idx), off, f.type))
+
+    walk(layout.fields, 0, ())
+    return out
+
+
+def _path(leaf: Leaf) -> str:
+    """``arr[1]``, ``inner.q[0]``: a leaf's path as C spells it."""
+    out = ""
+    for x in leaf.path:
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else x)
+    return out
+
+
+def _where(v: Any) -> str:
+    if v is None:
+        return "nothing (no such variable)"
+    if v.access == "push_constants":
+        return "push constants"
+    return f"group {v.group} binding {v.binding} ({v.access})"
+
+
+def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, data: bytes) -> list[Problem]:
+    """What the manifest says of ``entry``'s ``target`` (its bindings, loose-scalar block and slots,
+    its storage elements' sizes, its uniforms' struct layouts in that target) against what the
+    WGSL / SPIR-V ``data`` itself declares (:mod:`khal_runtime.shaders`): the entry hash cannot
+    cover these (they are known only after the entry point is named with it), so an edit of any
+    of them is caught here, before the shader is bound. Empty: they agree."""
+    # lazy: the readers (their regular expressions, ~1 ms to import) are for WebGPU artifacts
+    # only; a CUDA process importing this module never needs them
+    from khal_runtime.shaders import Leaf, read_shader
+
+    path = target.path
+    kind = {"wgsl": "WGSL", "spirv": "SPIR-V"}.get(target.target, target.target)
+    try:
+        facts = read_shader(data, target.target, path).by_param()
+    except BinaryFormatError as exc:
+        return [Problem("binary", crate.name, f"crate {crate.name!r}: {exc}; {rebuild_hint(crate)}",
+                        ArtifactError, path, entry.name)]
+
+    def problem(field: str, manifest: str, artifact: str) -> Problem:
+        return Problem(
+            "layout", crate.name,
+            f"entry {entry.name!r} (crate {crate.name!r}): the manifest's {field} is {manifest}, but the "
+            f"{kind} artifact {path} has {artifact}: the manifest was edited after the build or belongs to "
+            f"another one; {rebuild_hint(crate)}", ManifestError, path, entry.name, manifest, artifact)
+
+    out: list[Problem] = []
+    field = f"webgpu.{target.target}"
+    want: dict[str | None, tuple[int | None, int | None, str]] = {
+        b.param: (b.group, b.binding, b.access) for b in target.bindings}
+    if target.scalars == "push_constants" and None in facts:
+        # (a shader that reads none of its scalars declares no push constants: the slots are unused)
+        want[None] = (None, None, "push_constants")
+    for name in sorted(set(want) | set(facts), key=lambda n: (n is not None, n or "")):
+        v = facts.get(name)
+        got = None if v is None else (v.group, v.binding, v.access)
+        if got != want.get(name):
+            what = f"{field}.bindings (parameter {name!r})" if name is not None else f"{field}.scalars (the loose scalars' block)"
+            w = want.get(name)
+            out.append(problem(what, "nothing" if w is None else
+                               ("push constants" if w[2] == "push_constants" else f"group {w[0]} binding {w[1]} ({w[2]})"),
+                               _where(v)))
+    if out:
+        return out
+    params = {p.name: p for p in entry.params}
+    for name, v in facts.items():
+        if name is None:
+            continue
+        p = params[name]
+        if v.stride is not None and v.stride != p.element_size:
+            out.append(problem(f"params.{name}.element_size", f"{p.element_size} bytes ({p.element_type})",
+                               f"elements of {v.stride} bytes"))
+        if v.access == "uniform":
+            layout = (p.layouts or {}).get(target.target)
+            if layout is None:
+                out.append(problem(f"params.{name}.layouts.{target.target}", "missing", "a uniform struct"))
+                continue
+            have = set(v.leaves)
+            mine = _struct_leaves(layout)
+            # a std140 array of scalars pads each element to a vec4 in WGSL: the element is its
+            # first component (path + (0,)); anything else must sit where the artifact has it
+            wrong = next((lf for lf in mine if lf not in have and not (
+                isinstance(lf.path[-1], int) and Leaf((*lf.path, 0), lf.offset, lf.type) in have)), None)
+            chains = {lf.chain for lf in v.leaves} ^ {lf.chain for lf in mine}
+            cuda = (p.layouts or {}).get("cuda")
+            # the same fields, shapes and types as the CUDA layout, which the entry hash covers
+            # (what repacking a C struct for this target relies on)
+            other = None if cuda is None else \
+                {(lf.path, lf.type) for lf in _struct_leaves(cuda)} ^ {(lf.path, lf.type) for lf in mine}
+            if wrong is not None:
+                there = [lf for lf in v.leaves if lf.path in (wrong.path, (*wrong.path, 0))]
+                out.append(problem(f"params.{name}.layouts.{target.target}",
+                                   f"field {_path(wrong)!r} ({wrong.type}) at byte {wrong.offset}",
+                                   f"it at byte {there[0].offset} ({there[0].type})" if there else "no such field"))
+            elif other:
+                first = min(other, key=lambda x: str(x))
+                out.append(problem(f"params.{name}.layouts.{target.target}",
+                                   f"a layout whose fields differ from its CUDA layout's (at "
+                                   f"{_path(Leaf(first[0], 0, first[1]))!r}, {first[1]})",
+                                   "the fields the entry hash covers in the CUDA layout"))
+            elif chains:
+                out.append(problem(f"params.{name}.layouts.{target.target}",
+                                   f"fields {sorted('.'.join(c) for c in {lf.chain for lf in mine})}",
+                                   f"fields {sorted('.'.join(c) for c in {lf.chain for lf in v.leaves})}"))
+            elif layout.size < v.end or v.size is not None and layout.size != v.size:
+                out.append(problem(f"params.{name}.layouts.{target.target}.size", f"{layout.size} bytes",
+                                   f"a {v.size}-byte struct" if v.size is not None else f"fields up to byte {v.end}"))
+    block = facts.get(None)
+    if block is not None:
+        slots = {s.param: (s.offset, s.size) for s in target.scalar_slots}
+        have_slots = {lf.chain[0]: (lf.offset, _SCALAR_SIZES.get(lf.type, 0)) for lf in block.leaves if lf.chain}
+        for name in sorted(set(slots) | set(have_slots)):
+            if slots.get(name) != have_slots.get(name):
+                s, h = slots.get(name), have_slots.get(name)
+                out.append(problem(f"{field}.scalar_slots (parameter {name!r})",
+                                   "nothing" if s is None else f"byte {s[0]} ({s[1]} bytes)",
+                                   "no such scalar" if h is None else f"it at byte {h[0]} ({h[1]} bytes)"))
+            elif name in params and any(lf.chain == (name,) and lf.type != params[name].element_type
+                                        for lf in block.leaves):
+                t = next(lf.type for lf in block.leaves if lf.chain == (name,))
+                out.append(problem(f"{field}.scalar_slots (parameter {name!r})",
+                                   f"a {params[name].element_type} slot", f"a {t}"))
+        if not out and (target.scalar_block_size < block.end or
+                        block.size is not None and target.scalar_block_size != block.size):
+            out.append(problem(f"{field}.scalar_block_size", f"{target.scalar_block_size} bytes",
+                               f"a {block.size}-byte block" if block.size is not None else f"scalars up to byte {block.end}"))
+    elif target.scalars == "uniform":
+        out.append(problem(f"{field}.scalars", "a uniform block", "no scalar block"))
+    return out
 
 
 def check_sources(manifest: Manifest, package_dir: str | os.PathLike[str] | None = None) -> list[Problem]:
@@ -307,10 +544,13 @@ def _crates(manifest: Manifest, crates: Iterable[str] | None) -> list[Crate]:
 
 def verify_package(package_dir: str | os.PathLike[str], manifest: Manifest | None = None, *,
                    sources: bool = True, symbols: bool = True,
-                   crates: Iterable[str] | None = None) -> list[Problem]:
+                   crates: Iterable[str] | None = None,
+                   read: Callable[[Artifact], bytes] | None = None) -> list[Problem]:
     """Every problem found (empty list: the package is sound). No GPU needed.
 
-    ``manifest`` defaults to ``<package_dir>/_khal/manifest.json``."""
+    ``manifest`` defaults to ``<package_dir>/_khal/manifest.json``. ``read`` gives an artifact's
+    checked bytes (default :func:`read_artifact` from ``package_dir``; a wheel's reader streams
+    its members, :func:`read_artifact_stream`), raising ArtifactError."""
     pkg = Path(package_dir)
     if manifest is None:
         manifest = load_manifest(pkg / MANIFEST_DIR / MANIFEST_NAME)
@@ -320,10 +560,11 @@ def verify_package(package_dir: str | os.PathLike[str], manifest: Manifest | Non
             problems.extend(check_sources(manifest, pkg))
         except ManifestError as exc:
             problems.append(Problem("manifest", "", str(exc), ManifestError))
+    reader = read or (lambda art: read_artifact(pkg, art))
     for crate in _crates(manifest, crates):
         for art in crate.artifacts:
             try:
-                data = read_artifact(pkg, art)
+                data = reader(art)
             except ArtifactError as exc:
                 msg = str(exc)
                 kind = ("path" if "confined" in msg or "outside" in msg else

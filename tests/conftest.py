@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import runpy
 import subprocess
 import sys
 import zipfile
@@ -39,7 +40,46 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
+#: ``KHAL_TEST_HIDE=nvrtc`` / ``cuda-bindings``: run as if they were not installed, here and in the
+#: processes the tests start (tests/_hide/sitecustomize.py): the tests that need them then skip
+_HIDE = Path(__file__).resolve().parent / "_hide"
+if os.environ.get("KHAL_TEST_HIDE"):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(_HIDE), os.environ.get("PYTHONPATH", "")) if p)
+    runpy.run_path(str(_HIDE / "sitecustomize.py"))
+
+
+@lru_cache(maxsize=1)
+def cuda_bindings_unavailable_reason() -> str | None:
+    """None when cuda-bindings imports (no driver needed), else why not."""
+    try:
+        import cuda.bindings.driver  # noqa: F401
+    except ImportError as exc:
+        return f"cuda-bindings not importable ({exc})"
+    return None
+
+
+@lru_cache(maxsize=1)
+def nvrtc_unavailable_reason() -> str | None:
+    """None when the build can load NVRTC (through cuda-bindings, from the NVRTC wheel), else why not."""
+    try:
+        from hatch_khal.nvrtc import nvrtc_version
+
+        nvrtc_version()
+    except Exception as exc:  # KhalBuildError, ConfigError; cuda-bindings' own when libnvrtc is missing
+        return f"NVRTC not usable ({exc})"
+    return None
+
+
 _GPU_SKIP = "GPU test: "
+_NEEDS = (("needs_nvrtc", "needs NVRTC: ", nvrtc_unavailable_reason),
+          ("needs_cuda_bindings", "needs cuda-bindings: ", cuda_bindings_unavailable_reason))
+_SKIP_PREFIXES = (_GPU_SKIP, *(prefix for _, prefix, _ in _NEEDS))
+
+
+def _builds_the_example(item: pytest.Item) -> bool:
+    """The test builds the example wheel (its fixture, directly or through another fixture),
+    which needs NVRTC unless KHAL_TEST_EXAMPLE_WHEEL gives a wheel built beforehand."""
+    return "example_wheel" in getattr(item, "fixturenames", ()) and not os.environ.get("KHAL_TEST_EXAMPLE_WHEEL")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -49,6 +89,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = reason or gpu_unavailable_reason() or ""
             if reason:
                 item.add_marker(pytest.mark.skip(reason=_GPU_SKIP + reason))
+                continue
+        if _builds_the_example(item) and "needs_nvrtc" not in item.keywords:
+            item.add_marker(pytest.mark.needs_nvrtc)
+        for marker, prefix, why in _NEEDS:
+            if marker in item.keywords and why() is not None:
+                item.add_marker(pytest.mark.skip(reason=prefix + str(why())))
+                break
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -60,7 +107,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     rep = outcome.get_result()
     if rep.skipped and isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3:
         _, _, message = rep.longrepr
-        if str(message).removeprefix("Skipped: ").startswith(_GPU_SKIP):
+        if str(message).removeprefix("Skipped: ").startswith(_SKIP_PREFIXES):
             rep.longrepr = (__file__, None, message)
 
 

@@ -1,9 +1,15 @@
 """The one fake ``cuda.bindings.driver`` of the CPU tests, and its fixture.
 
 :class:`FakeDriver` records every call, keeps devices, streams, events, graphs and captures
-as plain objects, loads "modules" from PTX text by reading their ``.entry`` lines, decodes
-each launch's ``void**`` block with the parameter layout of the launched function, and lets a
-test plant errors (``fail[name] = CUresult``). No GPU, no libcuda.
+as plain objects, loads "modules" from PTX text (its ``.entry`` lines) or a cubin, decodes each
+launch's ``void**`` block with the parameter layout of the launched function, and lets a test
+plant errors (``fail[name] = CUresult``). No GPU, no libcuda.
+
+The parameter layouts (what ``cuFuncGetParamInfo`` answers and launches are decoded with) come
+from the binary, never from the runtime: a PTX kernel's ``.param`` declarations, a cubin's
+``EIATTR_KPARAM_INFO`` records (what the driver itself reads). The PTX that :func:`fake_kernels`
+writes carries the ``.param`` declarations NVRTC emits for each parameter's C type
+(:func:`nvrtc_params`), so a runtime that packs an ``int32`` into 8 bytes fails here as on a GPU.
 
 The :func:`fake` fixture installs it as the CUDA backend's driver with a fresh runtime state
 (device 0 with 132 SMs, compute capability 9.0, driver CUDA 13.0); :func:`fake_kernels` writes
@@ -18,6 +24,11 @@ import enum
 import hashlib
 import itertools
 import json
+import os
+import re
+import struct
+import tempfile
+from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
@@ -30,7 +41,7 @@ from khal_runtime.backends.cuda import driver as cuda_driver
 from khal_runtime.backends.cuda import graphs as cuda_graphs
 from khal_runtime.backends.cuda import indirect as cuda_indirect
 from khal_runtime.backends.cuda import uniform_cache
-from khal_runtime.backends.cuda.loader import expected_param_layout
+from khal_runtime.binaries import is_elf, read_binary, scan_ptx
 from khal_runtime.hooks import hooks
 from khal_runtime.manifest import SCHEMA_VERSION, Entry, Param, symbol_for
 
@@ -78,6 +89,170 @@ class CUdevice_attribute(enum.IntEnum):  # noqa: N801
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+
+
+#: (parameter name, offset, size) of each kernel parameter, in order
+Layout = list[tuple[str, int, int]]
+
+_ENTRY_PARAMS_RE = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)")
+_PARAM_RE = re.compile(rb"\.param\s+(?:\.align\s+(\d+)\s+)?\.[a-z]+(8|16|32|64)\b"
+                       rb"(?:\s+\.ptr(?:\s*\.(?:global|const|local|shared))?(?:\s+\.align\s+\d+)?)?"
+                       rb"\s+([A-Za-z_$%][\w$]*)(?:\s*\[(\d+)\])?")
+
+
+def ptx_param_layouts(ptx: bytes) -> dict[str, Layout]:
+    """Kernel name -> its parameter layout, from the ``.param`` declarations of its ``.entry``
+    (``.param .u64 p``, ``.param .align 8 .b8 p[16]``): each at the next multiple of its
+    alignment (``.align`` or its width), as the driver lays out the parameter space."""
+    out: dict[str, Layout] = {}
+    for m in _ENTRY_PARAMS_RE.finditer(ptx):
+        layout: Layout = []
+        off = 0
+        found = list(_PARAM_RE.finditer(m.group(2)))
+        if len(found) != m.group(2).count(b".param"):
+            raise ValueError(f"a .param declaration of {m.group(1).decode()} the fake cannot read: {m.group(2)!r}")
+        for p in found:
+            width = int(p.group(2)) // 8
+            align = int(p.group(1)) if p.group(1) else width
+            size = width * (int(p.group(4)) if p.group(4) else 1)
+            off = (off + align - 1) // align * align
+            layout.append((p.group(3).decode(), off, size))
+            off += size
+        out[m.group(1).decode()] = layout
+    return out
+
+
+_EIFMT_SVAL, _EIATTR_KPARAM_INFO = 0x04, 0x17
+
+
+def cubin_param_layouts(cubin: bytes) -> dict[str, Layout]:
+    """Kernel name -> its parameter layout, from the ``EIATTR_KPARAM_INFO`` records of its
+    ``.nv.info.<name>`` section (ordinal, offset, and the size in bits 18..31 of the flags):
+    what ``cuFuncGetParamInfo`` reports on a GPU."""
+    from elftools.elf.elffile import ELFFile  # lazy: cubins only
+
+    import io
+
+    out: dict[str, Layout] = {}
+    for sec in ELFFile(io.BytesIO(cubin)).iter_sections():
+        if not sec.name.startswith(".nv.info."):
+            continue
+        data, i, params = sec.data(), 0, []
+        while i + 4 <= len(data):
+            fmt, attr = data[i], data[i + 1]
+            if fmt != _EIFMT_SVAL:
+                i += 4
+                continue
+            (size,) = struct.unpack_from("<H", data, i + 2)
+            if attr == _EIATTR_KPARAM_INFO:
+                _index, ordinal, offset, flags = struct.unpack_from("<IHHI", data, i + 4)
+                params.append((ordinal, offset, (flags >> 18) & 0x3FFF))
+            i += 4 + size
+        out[sec.name[len(".nv.info."):]] = [(f"param_{o}", off, n) for o, off, n in sorted(params)]
+    return out
+
+
+def param_layouts(image: bytes) -> dict[str, Layout]:
+    """The parameter layouts of a PTX module or a cubin."""
+    return cubin_param_layouts(image) if is_elf(image) else ptx_param_layouts(image.rstrip(b"\0"))
+
+
+#: The C type of each ABI scalar, as a CUDA C++ author spells it: the fake's own table (the
+#: runtime's is what is under test). A scalar type added to the ABI needs its spelling here.
+C_TYPES: dict[str, str] = {
+    "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
+    "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
+    "uint64": "unsigned long long", "float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float",
+    "float64": "double", "bool": "bool", "complex64": "cuda::std::complex<float>",
+    "complex128": "cuda::std::complex<double>",
+}
+_STRUCT = "khal_fake_struct"
+
+
+def _probe_name(reader: str, element: str) -> str:
+    return f"khal_probe_{reader}_{element}"
+
+
+def _probe_source() -> str:
+    """One kernel per (reader, element type): the kernel parameters of one binding, as the
+    build generates them (the readers' ``cuda_params``), for NVRTC to declare in PTX."""
+    lines = ["#include <cuda_fp16.h>", "#include <cuda_bf16.h>", "#include <cuda/std/complex>",
+             '#include "khal.h"', f"struct {_STRUCT} {{ float a[3]; }};",
+             'extern "C" __global__ void khal_probe_group_count(const unsigned int* groups) {}']
+    for reader in abi.READERS.values():
+        for element, ctype in [*C_TYPES.items(), ("struct", _STRUCT)]:
+            if reader.name == "value" and element == "struct":
+                continue  # a scalar is an ABI scalar
+            kind = next(k for k in abi.KINDS.values() if k.reader == reader.name)
+            params = ", ".join(kind.cuda_params(ctype, "p", False))
+            lines.append(f'extern "C" __global__ void {_probe_name(reader.name, element)}({params}) {{}}')
+    return "\n".join(lines) + "\n"
+
+
+@lru_cache(maxsize=None)
+def nvrtc_params() -> dict[str, list[bytes]]:
+    """Probe kernel name -> the ``.param`` declarations NVRTC emits for it (compiled once, the
+    PTX kept in the temp folder under a hash of the source and NVRTC's version)."""
+    from hatch_khal.headers import nvrtc_cuda_major, resolve_headers
+    from tests._synthetic import nvrtc_version
+
+    source = _probe_source()
+    key = hashlib.sha256(f"{nvrtc_version()}\0{source}".encode()).hexdigest()[:24]
+    cached = Path(tempfile.gettempdir()) / f"khal-fake-params-{key}.ptx"
+    try:
+        ptx = cached.read_bytes()
+    except OSError:
+        ptx = _nvrtc_ptx(source, [Path(__file__).resolve().parent.parent / "hatch_khal" / "include",
+                                  *resolve_headers("wheels", nvrtc_cuda_major()).include_dirs])
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(ptx)
+        os.replace(tmp, cached)
+    out = {}
+    for m in _ENTRY_PARAMS_RE.finditer(ptx):
+        out[m.group(1).decode()] = [p.group(0) for p in _PARAM_RE.finditer(m.group(2))]
+    return out
+
+
+def _nvrtc_ptx(source: str, include_dirs: list[Path]) -> bytes:
+    from cuda.bindings import nvrtc
+
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"khal_fake_params.cu", 0, [], [])
+    assert not err, err
+    try:
+        opts = [b"--gpu-architecture=compute_90", b"-std=c++17", *(f"-I{d}".encode() for d in include_dirs)]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if err:
+            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            log = bytearray(size)
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise RuntimeError(f"NVRTC failed on the fake's parameter probes: {log.decode(errors='replace')}")
+        _, size = nvrtc.nvrtcGetPTXSize(prog)
+        out = bytearray(size)
+        nvrtc.nvrtcGetPTX(prog, out)
+        return bytes(out).rstrip(b"\0")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def entry_params(entry: Entry, indirect: bool = False) -> list[str]:
+    """The ``.param`` declarations of ``entry``'s kernel (its indirect variant: one more, the
+    group count's pointer), each NVRTC's own for its parameter's C type."""
+    probes = nvrtc_params()
+    decls: list[bytes] = []
+    for p in entry.params:
+        reader = abi.kind(p.kind).strategy.name
+        element = p.element_type if p.element_type in abi.SCALARS else "struct"
+        if element != "struct" and element not in C_TYPES:
+            raise KeyError(f"scalar type {element!r}: add its C spelling to tests/fakecuda.py C_TYPES")
+        decls += probes[_probe_name(reader, element)]
+    if indirect:
+        decls += probes["khal_probe_group_count"]
+    out = []
+    for i, d in enumerate(decls):
+        m = _PARAM_RE.match(d)
+        assert m is not None
+        out.append((d[:m.start(3)] + f"p{i}".encode() + d[m.end(3):]).decode())
+    return out
 
 
 class FakeGraph:
@@ -258,13 +433,14 @@ class FakeDriver:
         return (CUresult.CUDA_SUCCESS,)
 
     # kernels
-    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):  # noqa: N802
+    def cuLaunchKernel(self, f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,  # noqa: N802
+                       shmem: int, stream: Any, params: int, extra: Any) -> tuple[Any, ...]:
         assert isinstance(params, int)
         layout = self.layouts.get(f, self.layout)
         slots = []
         if layout:
             ptrs = (ctypes.c_void_p * len(layout)).from_address(params)
-            slots = [ctypes.string_at(ptrs[i], size) for i, (_, _, size) in enumerate(layout)]
+            slots = [ctypes.string_at(ptrs[i] or 0, size) for i, (_, _, size) in enumerate(layout)]
         rec = dict(f=f, grid=(gx, gy, gz), block=(bx, by, bz), shmem=shmem, stream=stream, slots=slots)
         self.launches.append(rec)
         self._log("cuLaunchKernel", f, stream)
@@ -281,14 +457,14 @@ class FakeDriver:
 
     ex_calls = 0
 
-    def cuLaunchKernelEx(self, cfg, f, params, extra):  # noqa: N802
+    def cuLaunchKernelEx(self, cfg: Any, f: Any, params: int, extra: Any) -> tuple[Any, ...]:  # noqa: N802
         """Recorded as the cuLaunchKernel it is equivalent to (the runtime uses either)."""
         self.ex_calls += 1
         return self.cuLaunchKernel(f, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX,
                                    cfg.blockDimY, cfg.blockDimZ, cfg.sharedMemBytes, cfg.hStream,
                                    params, extra)
 
-    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, f: Any, block: int, smem: int):  # noqa: N802
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, f: Any, block: int, smem: int) -> tuple[Any, ...]:  # noqa: N802
         return (CUresult.CUDA_SUCCESS, self.occupancy)
 
     def cuModuleLoadData(self, image: bytes) -> tuple[Any, ...]:  # noqa: N802
@@ -299,15 +475,19 @@ class FakeDriver:
         self.layouts["HELPER"] = [("threads", 0, 8), ("groups", 8, 8), ("block", 16, 4)]
         return (CUresult.CUDA_SUCCESS, "HELPER")
 
-    # libraries (a "library" is PTX text: its .entry lines are its kernels)
+    # libraries (PTX text or a cubin: its kernels and their parameter layouts are the binary's)
     def cuLibraryLoadData(self, image: bytes, *rest: Any) -> tuple[Any, ...]:  # noqa: N802
+        """Loads PTX or a cubin: its kernels, each with the parameter layout the binary gives
+        (:func:`param_layouts`) unless the test set one before (a binary that disagrees)."""
         self._log("cuLibraryLoadData", len(image))
         if self.fail.get("cuLibraryLoadData"):
             return (self.fail["cuLibraryLoadData"], None)
-        from khal_runtime.binaries import scan_ptx
-
+        image = bytes(image)
+        functions = read_binary(image).functions if is_elf(image) else scan_ptx(image.rstrip(b"\0")).functions
         lib = _Handle(0x11B000 + len(self.libraries))
-        self.libraries[lib] = {name: f"FUNC:{name}" for name in scan_ptx(image.rstrip(b"\0")).functions}
+        self.libraries[lib] = {name: f"FUNC:{name}" for name in functions}
+        for name, layout in param_layouts(image).items():
+            self.layouts.setdefault(f"FUNC:{name}", layout)
         return (CUresult.CUDA_SUCCESS, lib)
 
     def cuLibraryGetKernel(self, lib: Any, name: bytes) -> tuple[Any, ...]:  # noqa: N802
@@ -374,7 +554,7 @@ def make_entry(name: str, params: tuple[Param, ...], block: int | tuple[int, int
                indirect: bool = True, content: str = CONTENT, grid_dims: int = 1, **extra: Any) -> Entry:
     """An entry whose hash is the one its signature and ``content`` give (as a build makes it);
     ``extra``: other Entry fields (fixed_block, launch_bounds, indirect_reason, template, ...)."""
-    bs = (block, 1, 1) if isinstance(block, int) else tuple(block)
+    bs: tuple[int, int, int] = (block, 1, 1) if isinstance(block, int) else (block[0], block[1], block[2])
     proto = Entry.model_construct(name=name, block_size=bs, params=params, grid_dims=grid_dims,
                                   fixed_block=extra.get("fixed_block", True),
                                   launch_bounds=extra.get("launch_bounds"), template=extra.get("template"),
@@ -434,13 +614,11 @@ def stream(handle: int = 7, native: Any = "STREAM", device_id: int = 0) -> devic
     return device.Stream(handle, device_id, native=native, backend=cuda_backend.BACKEND)
 
 
-def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: str = "c",
-                 package: str = "fakepkg", language: str = "cuda") -> Any:
-    """Write a package whose one artifact is PTX text naming ``entries``' kernels (and their
-    indirect variants), register their parameter layouts with the fake driver, and load it
-    through ``khal_runtime.load``."""
-    import khal_runtime
-
+def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package: str = "fakepkg",
+                  language: str = "cuda") -> Path:
+    """Write ``root/<package>/``: a manifest and one PTX artifact naming ``entries``' kernels
+    (and their indirect variants), each with the ``.param`` declarations NVRTC gives its
+    parameters (:func:`entry_params`). Returns the package directory."""
     pkg = root / package
     art_dir = pkg / "_khal" / crate
     art_dir.mkdir(parents=True, exist_ok=True)
@@ -449,12 +627,8 @@ def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: st
         for sym in (e.symbol, e.indirect_symbol):
             if sym:
                 lines.append(f".visible .entry {sym}(")
+                lines.append(",\n".join(f"\t{d}" for d in entry_params(e, indirect=sym != e.symbol)))
                 lines.append(")\n{\n    ret;\n}")
-        layout = expected_param_layout(e)
-        drv.layouts[f"FUNC:{e.symbol}"] = layout
-        if e.indirect_symbol:
-            drv.layouts[f"FUNC:{e.indirect_symbol}"] = layout + [
-                ("khal_group_count", (layout[-1][1] + layout[-1][2] + 7) // 8 * 8 if layout else 0, 8)]
     ptx = ("\n".join(lines) + "\n").encode()
     rel = f"_khal/{crate}/{crate}.compute_90.ptx"
     (pkg / rel).write_bytes(ptx)
@@ -470,8 +644,22 @@ def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: st
         }],
     }
     (pkg / "_khal" / "manifest.json").write_text(json.dumps(manifest))
+    return pkg
+
+
+def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: str = "c",
+                 package: str = "fakepkg", language: str = "cuda") -> Any:
+    """Write a package of PTX for ``entries`` (:func:`write_package`), register the parameter
+    layouts its PTX declares with the fake driver (a test may change them before the first
+    launch: the binary then disagrees with the manifest), and load it through ``khal_runtime.load``."""
+    import khal_runtime
+
+    pkg = write_package(root, entries, crate=crate, package=package, language=language)
+    for ptx in (pkg / "_khal" / crate).glob("*.ptx"):
+        drv.layouts.update({f"FUNC:{name}": layout for name, layout in ptx_param_layouts(ptx.read_bytes()).items()})
     return khal_runtime.load(pkg)
 
 
-__all__ = ["CONTENT", "CUresult", "CUstreamCaptureMode", "FakeDriver", "fake", "fake_kernels", "make_entry",
-           "scalar", "storage", "stream", "uniform", "SimpleNamespace"]
+__all__ = ["CONTENT", "C_TYPES", "CUresult", "CUstreamCaptureMode", "FakeDriver", "Layout", "cubin_param_layouts",
+           "entry_params", "fake", "fake_kernels", "make_entry", "nvrtc_params", "param_layouts", "ptx_param_layouts",
+           "scalar", "storage", "stream", "uniform", "write_package", "SimpleNamespace"]

@@ -21,6 +21,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(k)
 
 
+@pytest.mark.needs_nvrtc
 def test_build_produces_hashed_entries_and_valid_artifacts(tmp_path: Path) -> None:
     root = make_project(tmp_path / "p")
     result, _ = build(root, tmp_path / "cache")
@@ -54,6 +55,7 @@ def test_build_produces_hashed_entries_and_valid_artifacts(tmp_path: Path) -> No
     assert alpha.language == "cuda" and alpha.prebuilt is None
 
 
+@pytest.mark.needs_nvrtc
 def test_hashes_do_not_depend_on_location_and_builds_are_identical(tmp_path: Path) -> None:
     a = make_project(tmp_path / "one")
     b = make_project(tmp_path / "elsewhere" / "two")
@@ -62,6 +64,7 @@ def test_hashes_do_not_depend_on_location_and_builds_are_identical(tmp_path: Pat
     assert ra.packages[0].files == rb.packages[0].files
 
 
+@pytest.mark.needs_nvrtc
 def test_hash_changes_with_header_and_signature_only(tmp_path: Path) -> None:
     root = make_project(tmp_path / "p")
     m0, _ = manifest_of(build(root, None)[0])
@@ -83,6 +86,7 @@ def test_hash_changes_with_header_and_signature_only(tmp_path: Path) -> None:
     assert {e.name: e.hash for c in m3.crates for e in c.entries}["fill"] != h0["fill"]
 
 
+@pytest.mark.needs_nvrtc
 def test_cache_second_build_compiles_nothing_and_header_change_recompiles_one_crate(tmp_path: Path) -> None:
     root = make_project(tmp_path / "p")
     cache = tmp_path / "cache"
@@ -97,6 +101,7 @@ def test_cache_second_build_compiles_nothing_and_header_change_recompiles_one_cr
     assert third.compiled == 2 and third.cached == 2  # only crate alpha (ptx + sm_90)
 
 
+@pytest.mark.needs_nvrtc
 def test_corrupted_cache_entry_is_detected_and_rebuilt(tmp_path: Path) -> None:
     root = make_project(tmp_path / "p")
     cache = tmp_path / "cache"
@@ -109,6 +114,7 @@ def test_corrupted_cache_entry_is_detected_and_rebuilt(tmp_path: Path) -> None:
     assert manifest_of(first)[1] == manifest_of(second)[1]
 
 
+@pytest.mark.needs_nvrtc
 def test_read_only_cache_degrades_with_warning(tmp_path: Path) -> None:
     if os.geteuid() == 0:
         ro = Path("/proc/khal-cache-cannot-exist")
@@ -122,6 +128,7 @@ def test_read_only_cache_degrades_with_warning(tmp_path: Path) -> None:
     assert any("not writable" in w for w in rep.warnings)
 
 
+@pytest.mark.needs_nvrtc
 @pytest.mark.parametrize("skip", [None, "1"])
 def test_cuda_crates_have_no_webgpu_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, skip: str | None) -> None:
     """KHAL_SKIP_SPIRV or not: CUDA C++ compiles to CUDA only (Slang crates build WebGPU too)."""
@@ -141,6 +148,7 @@ def test_spirv_on_a_cuda_crate_says_to_write_it_in_slang(tmp_path: Path) -> None
         build(root, None)
 
 
+@pytest.mark.needs_nvrtc
 def test_env_arch_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = make_project(tmp_path / "p")
     monkeypatch.setenv("KHAL_CUDA_ARCHS", "sm_80,sm_86")
@@ -149,12 +157,14 @@ def test_env_arch_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert sorted(a.arch for a in m.crate("beta").artifacts) == ["sm_80", "sm_86"]
 
 
+@pytest.mark.needs_nvrtc
 def test_unsupported_arch_names_arch_and_option(tmp_path: Path) -> None:
     root = make_project(tmp_path / "p", hook='archs = ["sm_35"]\n')
     with pytest.raises(ConfigError, match=r"sm_35.*'archs'.*supports"):
         build(root, None)
 
 
+@pytest.mark.needs_nvrtc
 def test_compile_error_carries_file_and_line(tmp_path: Path) -> None:
     bad = "KHAL_ENTRY(fill, 64, (KHAL_STORAGE(uint32_t, out)))\n{\n    out[0] = undefined_thing;\n}\n"
     root = make_project(tmp_path / "p", files={"kernels/beta/fill.cu": bad})
@@ -171,6 +181,7 @@ def test_missing_source_and_empty_glob(tmp_path: Path) -> None:
         build(root, None)
 
 
+@pytest.mark.needs_nvrtc
 def test_missing_include_is_reported_with_file_line(tmp_path: Path) -> None:
     bad = '#include "nope.cuh"\n' + (Path(__file__).parent / "_projects.py").read_text().split('OTHER_CU = """\\\n')[1].split('"""')[0]
     root = make_project(tmp_path / "p", files={"kernels/beta/fill.cu": bad})
@@ -191,6 +202,7 @@ def test_crate_without_entries(tmp_path: Path) -> None:
         build(root, None)
 
 
+@pytest.mark.needs_nvrtc
 def test_same_entry_name_in_two_crates(tmp_path: Path) -> None:
     """Entry names are unique per crate (issue #19: one source built as several crates under
     different defines); the runtime reaches each as kernels.<crate>.<entry>."""
@@ -211,6 +223,7 @@ def _artifact(result, crate: str, kind: str) -> bytes:  # type: ignore[no-untype
     return files[art.path]
 
 
+@pytest.mark.needs_nvrtc
 @pytest.mark.parametrize("kind", ["ptx", "cubin"])
 def test_prebuilt_is_embedded_and_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     root = make_project(tmp_path / "p")
@@ -230,6 +243,7 @@ def test_prebuilt_is_embedded_and_recorded(tmp_path: Path, monkeypatch: pytest.M
     assert m.crate("beta").prebuilt is None and len(m.crate("beta").artifacts) == 2
 
 
+@pytest.mark.needs_nvrtc
 def test_prebuilt_variable_name_follows_khal_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     crates = '[[tool.hatch.build.targets.wheel.hooks.khal.crates]]\nname = "my-crate"\nsources = ["kernels/beta/*.cu"]\n'
     root = make_project(tmp_path / "p", crates=crates)
@@ -241,6 +255,7 @@ def test_prebuilt_variable_name_follows_khal_builder(tmp_path: Path, monkeypatch
     assert m.crate("my-crate").prebuilt.variable == "CUDA_OXIDE_SHADERS_PTX_MY_CRATE"  # type: ignore[union-attr]
 
 
+@pytest.mark.needs_nvrtc
 def test_prebuilt_with_stale_hash_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = make_project(tmp_path / "p")
     old, _ = build(root, None)
@@ -267,6 +282,7 @@ def test_prebuilt_with_stale_hash_is_rejected(tmp_path: Path, monkeypatch: pytes
         (b".version 9.0\n.target sm_90\n.address_size 64\n", "has no kernel for entry 'scale'"),
     ],
 )
+@pytest.mark.needs_nvrtc
 def test_bad_prebuilt_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content, match) -> None:  # type: ignore[no-untyped-def]
     root = make_project(tmp_path / "p")
     pre = tmp_path / "pre.bin"
@@ -279,6 +295,7 @@ def test_bad_prebuilt_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, con
         build(root, None)
 
 
+@pytest.mark.needs_nvrtc
 def test_prebuilt_x86_elf_is_not_a_cubin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = make_project(tmp_path / "p")
     monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_ALPHA", os.path.realpath("/bin/true"))
@@ -286,6 +303,7 @@ def test_prebuilt_x86_elf_is_not_a_cubin(tmp_path: Path, monkeypatch: pytest.Mon
         build(root, None)
 
 
+@pytest.mark.needs_nvrtc
 def test_prebuilt_of_another_crate_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = make_project(tmp_path / "p")
     normal, _ = build(root, None)
@@ -296,6 +314,7 @@ def test_prebuilt_of_another_crate_is_rejected(tmp_path: Path, monkeypatch: pyte
         build(root, None)
 
 
+@pytest.mark.needs_nvrtc
 def test_all_prebuilt_needs_no_nvrtc_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = make_project(tmp_path / "p")
     normal, _ = build(root, None)
@@ -308,6 +327,7 @@ def test_all_prebuilt_needs_no_nvrtc_version(tmp_path: Path, monkeypatch: pytest
     assert m.toolchain.nvrtc_version is None and result.compiled == 0
 
 
+@pytest.mark.needs_nvrtc
 def test_prebuilt_cubin_for_another_arch_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = make_project(tmp_path / "p")  # archs = ["sm_90"]
     monkeypatch.setenv("KHAL_CUDA_ARCHS", "sm_80")
@@ -344,6 +364,7 @@ def test_a_clean_compile_leaves_cpythons_shared_bytes_alone() -> None:
     assert out.stdout.strip() == "[32]|a b|1 2"
 
 
+@pytest.mark.needs_nvrtc
 def test_cache_key_and_toolchain_follow_the_compilers_identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The compile cache asks the compiler (hatch_khal.compilers) for its name and version."""
     from hatch_khal import nvrtc

@@ -11,8 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from ._projects import HALF_CU, make_project
 from .conftest import build_env
+
+pytestmark = pytest.mark.needs_nvrtc  # every test here builds
 
 BUILD_SCRIPT = """
 import sys, tomllib

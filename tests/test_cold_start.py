@@ -52,6 +52,7 @@ def pkg(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return build_package(tmp_path_factory.mktemp("cold"), "synth_cold_pkg")
 
 
+@pytest.mark.needs_nvrtc
 @pytest.mark.parametrize("eager", ["", "0", "1"])
 def test_loading_a_package_imports_nothing_it_does_not_need(pkg: Any, eager: str) -> None:
     """import khal_runtime + the load of a package: no array library, NVTX, wgpu, build side or
@@ -88,6 +89,7 @@ def test_importing_the_runtime_alone_never_starts_the_driver() -> None:
     assert "CUDA []" in r.stdout
 
 
+@pytest.mark.needs_nvrtc
 def test_a_shader_package_importing_the_runtime_starts_it_before_its_own_imports(pkg: Any) -> None:
     """A shader package's ``import khal_runtime`` (first line of its __init__) starts the early
     initialisation, so that what the package imports before load() (numpy, its modules)

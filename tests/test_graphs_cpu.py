@@ -414,6 +414,7 @@ def test_indirect_device_side_is_capturable(fake: FakeDriver) -> None:
     assert cap.graph.node_count == 2  # helper + persistent kernel, no host read
 
 
+@pytest.mark.needs_cuda_bindings
 def test_helper_ptx_compiles_with_nvjitlink() -> None:
     nvjitlink = pytest.importorskip("cuda.bindings.nvjitlink")
     try:

@@ -289,6 +289,7 @@ def _set_editable(pkg: Any, root: str, sources: list[tuple[str, str]]) -> None:
     pkg.manifest_path.write_text(json.dumps(data))
 
 
+@pytest.mark.needs_nvrtc
 def test_an_editable_record_pointing_elsewhere_reads_nothing(tmp_path: Path) -> None:
     pkg = build_package(tmp_path, "synth_hard_editable")
     _set_editable(pkg, "/dev", [("zero", "0" * 64)])
@@ -301,6 +302,7 @@ def test_an_editable_record_pointing_elsewhere_reads_nothing(tmp_path: Path) -> 
     assert any(p.kind == "manifest" and "outside that project" in p.message for p in problems)
 
 
+@pytest.mark.needs_nvrtc
 def test_editable_sources_are_regular_files_named_inside_the_root(tmp_path: Path) -> None:
     pkg = build_package(tmp_path, "synth_hard_editable2", editable=True)
     outside = tmp_path.parent / "khal-outside-secret.txt"
@@ -351,6 +353,7 @@ def _entry(data: dict[str, Any], name: str = "axpby") -> dict[str, Any]:
     (lambda d: d["crates"].append(dict(d["crates"][0])), "a crate is listed twice"),
     (lambda d: _entry(d)["params"].append(dict(_entry(d)["params"][0])), "two parameters share a name"),
 ])
+@pytest.mark.needs_nvrtc
 def test_an_edited_manifest_is_a_manifest_error(tmp_path: Path, edit: Any, match: str) -> None:
     pkg = build_package(tmp_path, "synth_hard_manifest")
     _edit(pkg, edit)
@@ -365,6 +368,7 @@ def test_an_edited_manifest_is_a_manifest_error(tmp_path: Path, edit: Any, match
         p.error is ManifestError for p in problems_or_error)
 
 
+@pytest.mark.needs_nvrtc
 def test_deep_nesting_duplicate_keys_and_fifos_are_manifest_errors(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="nested deeper"):
         parse_manifest("[" * 100_000 + "]" * 100_000)
@@ -383,6 +387,7 @@ def test_deep_nesting_duplicate_keys_and_fifos_are_manifest_errors(tmp_path: Pat
         khal_runtime.load(pkg.package_dir)
 
 
+@pytest.mark.needs_nvrtc
 def test_an_artifact_that_is_a_device_or_fifo_is_refused(tmp_path: Path) -> None:
     pkg = build_package(tmp_path, "synth_hard_fifo_art")
     ptx = pkg.artifact_file("ptx")
@@ -400,6 +405,7 @@ def _sparse(path: Path, size: int) -> None:
         f.truncate(size)
 
 
+@pytest.mark.needs_nvrtc
 def test_a_manifest_over_the_size_cap_is_a_manifest_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from khal_runtime.manifest import MAX_MANIFEST_BYTES
 
@@ -415,6 +421,7 @@ def test_a_manifest_over_the_size_cap_is_a_manifest_error(tmp_path: Path, monkey
         parse_manifest(text)
 
 
+@pytest.mark.needs_nvrtc
 def test_an_artifact_over_the_size_cap_is_refused_unread(tmp_path: Path) -> None:
     from khal_runtime.verify import MAX_ARTIFACT_BYTES
 
@@ -428,6 +435,7 @@ def test_an_artifact_over_the_size_cap_is_refused_unread(tmp_path: Path) -> None
         khal_runtime.check_package(pkg.package_dir)
 
 
+@pytest.mark.needs_nvrtc
 def test_an_editable_source_over_the_size_cap_is_stale_unread(tmp_path: Path) -> None:
     from khal_runtime.verify import MAX_SOURCE_BYTES, check_sources
 
@@ -442,6 +450,7 @@ def test_an_editable_source_over_the_size_cap_is_stale_unread(tmp_path: Path) ->
 
 
 # -- (8) a binary of another arch in an arch's slot ------------------------------------------------------
+@pytest.mark.needs_nvrtc
 def test_a_cubin_of_another_arch_in_a_slot_is_refused(tmp_path: Path) -> None:
     pkg = build_package(tmp_path, "synth_hard_arch", cubin_archs=("sm_80", "sm_90"))
     import hashlib
@@ -464,6 +473,7 @@ def test_a_cubin_of_another_arch_in_a_slot_is_refused(tmp_path: Path) -> None:
         khal_runtime.check_package(pkg.package_dir)
 
 
+@pytest.mark.needs_nvrtc
 def test_the_loader_refuses_a_cubin_of_another_arch_before_the_driver_sees_it(
         tmp_path: Path, fake: FakeDriver) -> None:
     """The same swap met by a plain load and first launch on an sm_90 device (the fake driver):
@@ -481,3 +491,30 @@ def test_the_loader_refuses_a_cubin_of_another_arch_before_the_driver_sees_it(
         kernels.fill(16, out, 7)
     assert fake.launches == []
     assert not [c for c in fake.calls if c[0].startswith("cuModuleLoad") or c[0].startswith("cuLibraryLoad")]
+
+
+# -- (#29 item 17) the CUDA load path checks the artifact's own bytes ------------------------------
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_ptx_body_is_refused_at_first_launch_before_the_driver(
+        fake: FakeDriver, tmp_path: Path, damage: str) -> None:
+    """A byte of a PTX body flipped (the symbols untouched, so the symbol check passes), or the
+    PTX cut short: the first launch through the package raises ArtifactError (sha256, size) and
+    nothing reaches the driver. ``verify`` is not asked: this is the loader's own check."""
+    e = make_entry("axpby", (storage("x"), storage("y", writable=True), uniform("p"), scalar("bias")))
+    ks = fake_kernels(fake, tmp_path, [e])
+    ptx = next((tmp_path / "fakepkg" / "_khal" / "c").glob("*.ptx"))
+    data = ptx.read_bytes()
+    if damage == "flip":
+        at = data.index(b"ret;")  # an instruction of a kernel body, no symbol
+        ptx.write_bytes(data[:at] + bytes([data[at] ^ 0x20]) + data[at + 1:])
+        match = r"has sha256 .*the manifest says .*changed after the build"
+    else:
+        ptx.write_bytes(data[:-2])  # the last body's closing brace and newline
+        match = rf"is {len(data) - 2} bytes, the manifest says {len(data)}"
+    from khal_runtime.binaries import khal_symbols, read_binary
+
+    assert khal_symbols(read_binary(ptx.read_bytes()))["axpby"] == e.hash  # only the bytes tell
+    with pytest.raises(ArtifactError, match=match):
+        ks.axpby(4, *_bufs(), Params(1, 2), 0.5)
+    assert fake.launches == []
+    assert not [c for c in fake.calls if c[0].startswith(("cuModuleLoad", "cuLibraryLoad"))], fake.names()

@@ -37,6 +37,7 @@ def test_wheel_headers_are_found() -> None:
     assert dict(hs.fingerprint).keys() >= {"nvidia-cuda-runtime", "nvidia-cuda-cccl"}
 
 
+@pytest.mark.needs_nvrtc
 def test_fp16_cub_and_cooperative_groups_compile_from_wheels(tmp_path: Path) -> None:
     root = make_project(tmp_path / "p", hook=ONE_ARCH, files={"kernels/beta/fill.cu": HALF_CU})
     m, _ = manifest_of(build(root, None)[0])
@@ -44,6 +45,7 @@ def test_fp16_cub_and_cooperative_groups_compile_from_wheels(tmp_path: Path) -> 
     assert [(p.element_type, p.element_size) for p in halve.params] == [("float16", 2), ("float16", 2)]
 
 
+@pytest.mark.needs_nvrtc
 def test_header_versions_enter_the_hash_of_including_crates_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = make_project(tmp_path / "p", hook=ONE_ARCH, files={"kernels/beta/fill.cu": HALF_CU})
     before, _ = manifest_of(build(root, None)[0])
@@ -69,6 +71,7 @@ def test_header_versions_enter_the_hash_of_including_crates_only(tmp_path: Path,
         ("<nvfunctional>", "", "no PyPI wheel ships"),
     ],
 )
+@pytest.mark.needs_nvrtc
 def test_missing_header_names_header_and_provider(tmp_path: Path, include: str, hook: str, expect: str) -> None:
     src = f"#include {include}\nKHAL_ENTRY(fill, 64, (KHAL_STORAGE(float, o))) {{ }}\n"
     root = make_project(tmp_path / "p", hook=ONE_ARCH + hook, files={"kernels/beta/fill.cu": src})
@@ -78,6 +81,7 @@ def test_missing_header_names_header_and_provider(tmp_path: Path, include: str, 
     assert include.strip('<>"') in msg and expect in msg and "fill.cu(1)" in msg
 
 
+@pytest.mark.needs_nvrtc
 def test_a_toolkit_only_header_is_not_sent_to_include_dirs(tmp_path: Path) -> None:
     """<nvfunctional> (nvstd::function) is in no wheel: NVRTC cannot open it, and the hint says so
     and what to write instead, not "check 'include-dirs'"."""

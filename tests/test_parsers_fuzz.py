@@ -95,6 +95,7 @@ def ptx_cases(draw: st.DrawFn) -> tuple[bytes, dict[str, Any]]:
     return "\n".join(lines).encode(), {"arch": arch, "isa": isa, "symbols": symbols, "globals": globals_}
 
 
+@pytest.mark.needs_nvrtc
 @_SETTINGS
 @given(ptx_cases())
 def test_scan_ptx_reads_target_version_entries_and_globals(case: tuple[bytes, dict[str, Any]]) -> None:
@@ -106,6 +107,7 @@ def test_scan_ptx_reads_target_version_entries_and_globals(case: tuple[bytes, di
     assert binaries.read_binary(data, "gen.ptx") == info
 
 
+@pytest.mark.needs_nvrtc
 @_SETTINGS
 @given(ptx_cases(), st.sampled_from(["version", "target", "nul", "elf"]))
 def test_scan_ptx_names_what_is_missing(case: tuple[bytes, dict[str, Any]], damage: str) -> None:
@@ -133,6 +135,7 @@ def _elf_header(data: bytes) -> dict[str, int]:
     return {"flags": e["e_flags"], "shend": e["e_shoff"] + e["e_shnum"] * e["e_shentsize"]}
 
 
+@pytest.mark.needs_nvrtc
 @_SETTINGS
 @given(st.sampled_from(["sm_80", "sm_90"]), st.integers(10, 255))
 def test_read_cubin_reads_the_arch_and_entries(arch: str, new_arch: int) -> None:
@@ -146,6 +149,7 @@ def test_read_cubin_reads_the_arch_and_entries(arch: str, new_arch: int) -> None
     assert binaries.read_binary(patched, "gen.cubin").arch == new_arch
 
 
+@pytest.mark.needs_nvrtc
 @_SETTINGS
 @given(st.sampled_from(["sm_80", "sm_90"]), st.data())
 def test_read_cubin_truncated_fails_exactly_when_sections_are_cut(arch: str, data: st.DataObject) -> None:
@@ -159,6 +163,7 @@ def test_read_cubin_truncated_fails_exactly_when_sections_are_cut(arch: str, dat
         assert binaries.read_cubin(blob[:cut], "gen.cubin") == whole
 
 
+@pytest.mark.needs_nvrtc
 @_SETTINGS
 @given(st.sampled_from(["sm_80", "sm_90"]), st.lists(st.tuples(st.integers(0, 8187), st.integers(0, 255)),
                                                     min_size=1, max_size=6))
@@ -175,6 +180,7 @@ def test_read_cubin_damaged_bytes_give_a_result_or_the_documented_error(arch: st
         assert info.kind == "cubin" and 0 < info.arch < 256
 
 
+@pytest.mark.needs_nvrtc
 @_SETTINGS
 @given(st.sampled_from(["sm_80", "sm_90"]), st.integers(10, 255), st.data())
 def test_scan_cubin_reads_what_pyelftools_reads(arch: str, new_arch: int, data: st.DataObject) -> None:
@@ -191,6 +197,7 @@ def test_scan_cubin_reads_what_pyelftools_reads(arch: str, new_arch: int, data: 
     assert short is None or short == binaries.read_cubin(blob[:cut], "gen.cubin")
 
 
+@pytest.mark.needs_nvrtc
 @_SETTINGS
 @given(st.sampled_from(["sm_80", "sm_90"]), st.lists(st.tuples(st.integers(0, 8187), st.integers(0, 255)),
                                                     min_size=1, max_size=6))

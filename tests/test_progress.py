@@ -149,6 +149,7 @@ def test_first_failure_stops_the_build(stub: _Stub, tmp_path: Path, workers: int
 BROKEN = "KHAL_ENTRY(one, 32, (KHAL_STORAGE(float, y)))\n{\n    int x = ;\n}\n"
 
 
+@pytest.mark.needs_nvrtc
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_worker_processes_stop_at_the_first_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A crate with the CUDA headers (worker processes, seconds per arch) and a broken crate: the

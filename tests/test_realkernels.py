@@ -266,6 +266,7 @@ RESOLVED = {
 }
 
 
+@pytest.mark.needs_nvrtc
 def test_the_compiler_resolves_every_spelling(real_build: Any) -> None:
     m, _, _ = real_build
     for (crate, entry, param), want in RESOLVED.items():
@@ -276,6 +277,7 @@ def test_the_compiler_resolves_every_spelling(real_build: Any) -> None:
     assert check_manifest(m) == []
 
 
+@pytest.mark.needs_nvrtc
 def test_templates_shapes_and_indirect_variants_in_the_manifest(real_build: Any) -> None:
     m, _, _ = real_build
     real = m.crate("real")
@@ -296,6 +298,7 @@ def test_templates_shapes_and_indirect_variants_in_the_manifest(real_build: Any)
     assert real.entry("add2d").indirect_symbol is None and "2-D" in (real.entry("add2d").indirect_reason or "")
 
 
+@pytest.mark.needs_nvrtc
 def test_one_source_as_two_crates(real_build: Any) -> None:
     m, _, _ = real_build
     f32, f64 = m.crate("variant_f32"), m.crate("variant_f64")
@@ -304,6 +307,7 @@ def test_one_source_as_two_crates(real_build: Any) -> None:
     assert "retired" not in [e.name for e in f32.entries]  # under #if 0
 
 
+@pytest.mark.needs_nvrtc
 def test_the_built_package_verifies_and_an_edited_element_type_is_caught(real_build: Any, tmp_path: Path) -> None:
     m, out, _ = real_build
     assert verify_package(out, sources=False) == []
@@ -330,6 +334,7 @@ def _project(tmp_path: Path, src: str, hook: str = 'archs = ["sm_90"]\nptx-arch 
     return make_project(tmp_path / "p", hook=hook, crates=_ONE, files={"kernels/alpha/scale.cu": src})
 
 
+@pytest.mark.needs_nvrtc
 def test_a_compile_error_in_generated_code_names_the_authors_marker(tmp_path: Path) -> None:
     src = ("template <typename T>\nKHAL_ENTRY(scale, 64, (KHAL_STORAGE(T, x))) { }\n"
            "KHAL_INSTANTIATE(scale, scale_f32, float)\n\nKHAL_INSTANTIATE(scale, scale_bad, undefined_type_t)\n")
@@ -345,12 +350,14 @@ def test_a_compile_error_in_generated_code_names_the_authors_marker(tmp_path: Pa
     ("KHAL_STORAGE(long double, x)", r"scale\.cu:2: .*parameter 'x': type 'long double' is a 16-byte float on the "
                                      r"device, which the ABI has no scalar for"),
 ])
+@pytest.mark.needs_nvrtc
 def test_types_the_abi_cannot_carry_are_refused_after_the_compile(tmp_path: Path, decl: str, match: str) -> None:
     src = f"struct P {{ float a, b; }};\nKHAL_ENTRY(k, 64, ({decl})) {{ }}\n"
     with pytest.raises(KhalBuildError, match=match):
         build(_project(tmp_path, src), None)
 
 
+@pytest.mark.needs_nvrtc
 def test_size_t_and_a_struct_called_half_are_what_the_compiler_says(tmp_path: Path) -> None:
     src = "struct float32 { float v; };\nstruct half { unsigned short bits; };\n" \
           "KHAL_ENTRY(k, 64, (KHAL_SCALAR(size_t, n), KHAL_STORAGE(half, h), KHAL_STORAGE(float32, f))) { }\n"
@@ -361,6 +368,7 @@ def test_size_t_and_a_struct_called_half_are_what_the_compiler_says(tmp_path: Pa
     assert "scale.cu:3" in w and "is a struct (2 bytes) on the device, not a scalar" in w and "include the header" in w
 
 
+@pytest.mark.needs_nvrtc
 def test_without_ptx_the_indirect_check_reads_the_sources(tmp_path: Path) -> None:
     src = ("__device__ unsigned mine() { return blockIdx.x; }\n"
            "KHAL_ENTRY(k, 64, (KHAL_STORAGE(unsigned, x))) { x[blockIdx.x] = gridDim.x; }\n")
@@ -373,6 +381,7 @@ def test_without_ptx_the_indirect_check_reads_the_sources(tmp_path: Path) -> Non
     assert manifest_of(result)[0].crate("alpha").entries[0].indirect_symbol is not None
 
 
+@pytest.mark.needs_nvrtc
 def test_an_instantiation_made_by_a_macro_is_reported(tmp_path: Path) -> None:
     src = ("template <typename T>\nKHAL_ENTRY(scale, 64, (KHAL_STORAGE(T, x))) { }\n"
            "KHAL_INSTANTIATE(scale, scale_f32, float)\n#define MORE(n, t) KHAL_INSTANTIATE(scale, n, t)\n"
@@ -381,6 +390,7 @@ def test_an_instantiation_made_by_a_macro_is_reported(tmp_path: Path) -> None:
         build(_project(tmp_path, src), None)
 
 
+@pytest.mark.needs_nvrtc
 def test_header_claims_thrust_complex_and_cuda_std_complex_compile(tmp_path: Path) -> None:
     """The README's CUDA header claims, with the two complex headers of issue #19: each
     included by a crate, compiled by NVRTC from the wheels, element types from the probes."""
@@ -539,6 +549,7 @@ def test_dispatch_indirect_of_an_entry_without_the_variant_says_why(fake: FakeDr
         ks.h.dispatch_indirect(count, DeviceBuffer(0x1000, 64, "uint32", 0))
 
 
+@pytest.mark.needs_nvrtc
 def test_dispatch_indirect_of_a_2d_entry_says_it_is_2d(fake: FakeDriver, tmp_path: Path, real_build: Any) -> None:
     """The build's reason for the 2-D ``add2d`` (no indirect variant) is what dispatch_indirect says;
     host_read=True still launches the direct kernel, that many blocks along x."""

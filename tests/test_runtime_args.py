@@ -17,10 +17,13 @@ from khal_runtime.abi import bf16_bits
 from khal_runtime.arguments import diagnose_args
 from khal_runtime.backends.cuda import driver as cuda_driver
 from khal_runtime.backends.cuda.launch import LaunchPlan
+from khal_runtime.backends.cuda.loader import expected_param_layout
 from khal_runtime.backends.cuda.uniform_cache import Upload
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from tests._synthetic import CRATE, build_package
-from tests.fakecuda import FakeDriver, fake  # noqa: F401  (fixture)
+from tests.fakecuda import FakeDriver, fake, ptx_param_layouts  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.needs_nvrtc
 
 
 class FakeDeviceArray:
@@ -75,8 +78,17 @@ def _plan(pkg, fake: FakeDriver, name: str) -> tuple[LaunchPlan, FakeUniforms]:
     entry = pkg.manifest.crate(CRATE).entry(name)
     uni = FakeUniforms()
     plan = LaunchPlan(entry, CRATE, 0, f"FUNC:{name}", uni)  # type: ignore[arg-type]
-    fake.layout = plan.layout
+    fake.layout = _binary_layout(pkg, entry.symbol)
     return plan, uni
+
+
+def _binary_layout(pkg: Any, symbol: str) -> list[tuple[str, int, int]]:
+    """The kernel's parameter layout as NVRTC compiled it (the package's PTX ``.param`` lines),
+    never the runtime's own: a scalar packed at the wrong width shows in the slots."""
+    layout = ptx_param_layouts(pkg.artifact_file("ptx").read_bytes())[symbol]
+    assert [(o, n) for _, o, n in layout] == [(o, n) for _, o, n in expected_param_layout(
+        pkg.manifest.crate(CRATE).entry(symbol.split("_khal_")[0]))], "the runtime disagrees with NVRTC"
+    return layout
 
 
 class AxpbyParams(ctypes.Structure):
@@ -249,7 +261,7 @@ def test_integer_scalars_roundtrip(a: int, e: int, c: int) -> None:
         pkg = _PKG[0]
         entry = pkg.manifest.crate(CRATE).entry("scalars")
         plan = LaunchPlan(entry, CRATE, 0, "F", FakeUniforms())  # type: ignore[arg-type]
-        drv.layout = plan.layout
+        drv.layout = _binary_layout(pkg, entry.symbol)
         plan.run(1, 1, 1, 32, 1, 1, 0, STREAM, (FakeDeviceArray(8, "<u8"), a, 0.0, c, 0.0, e, False, 0.0, 0.0))
     finally:
         cuda_driver._driver = old  # type: ignore[assignment]

@@ -3,6 +3,7 @@ generic path, on CPU with the fake driver (tests/fakecuda.py)."""
 
 from __future__ import annotations
 
+import re
 import struct
 from types import SimpleNamespace
 from typing import Any
@@ -198,7 +199,7 @@ def test_kernel_call_is_the_generated_code_and_hooks_regenerate_it(fake: FakeDri
     k, st = _kernel(fake)
     monkeypatch.setattr(_tls, "dev", 0, raising=False)
     plan = k.plan(0)
-    assert k.func.__code__.co_filename == "<khal call five>"
+    assert re.fullmatch(r"<khal call five-\d+>", k.func.__code__.co_filename)
     assert "hooks." not in plan.call_source  # no tracing: no hook check on the launch path
     seen: list[Any] = []
 

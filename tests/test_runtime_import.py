@@ -45,6 +45,7 @@ def test_import_is_cheap() -> None:
     assert r.returncode == 0, r.stderr + r.stdout
 
 
+@pytest.mark.needs_nvrtc
 def test_import_shader_package_without_gpu_then_use_raises(pkg) -> None:
     r = _run(f"""
         import sys
@@ -67,6 +68,7 @@ def test_import_shader_package_without_gpu_then_use_raises(pkg) -> None:
     assert "ONE ERROR" in r.stdout  # not buried under the lookups that led to it
 
 
+@pytest.mark.needs_nvrtc
 def test_backend_cuda_is_a_hard_error_at_load(pkg) -> None:
     r = _run(f"""
         from khal_runtime import BackendUnavailableError
@@ -81,6 +83,7 @@ def test_backend_cuda_is_a_hard_error_at_load(pkg) -> None:
     assert "RAISED package 'synth_import_pkg': KHAL_BACKEND=cuda: no CUDA device/driver was found" in r.stdout
 
 
+@pytest.mark.needs_nvrtc
 def test_unknown_backend_is_rejected(pkg) -> None:
     r = _run(f"""
         from khal_runtime import BackendUnavailableError
@@ -93,6 +96,7 @@ def test_unknown_backend_is_rejected(pkg) -> None:
     assert "KHAL_BACKEND='vulkan' is not a backend" in r.stdout
 
 
+@pytest.mark.needs_nvrtc
 def test_auto_backend_loads_without_error(pkg) -> None:
     r = _run(f"""
         import {pkg.name} as p

@@ -50,11 +50,13 @@ def _replace_artifact(pkg, kind: str, data: bytes) -> None:
     pkg.write_manifest(pkg.manifest.model_copy(update={"crates": (crate,)}))
 
 
+@pytest.mark.needs_nvrtc
 def test_clean_package_verifies(pkg) -> None:
     assert verify_package(pkg.package_dir) == []
     check_package(pkg.package_dir)
 
 
+@pytest.mark.needs_nvrtc
 def test_changed_byte_is_rejected(pkg) -> None:
     f = pkg.artifact_file("cubin")
     data = bytearray(f.read_bytes())
@@ -67,6 +69,7 @@ def test_changed_byte_is_rejected(pkg) -> None:
         check_package(pkg.package_dir)
 
 
+@pytest.mark.needs_nvrtc
 def test_truncated_and_missing(pkg) -> None:
     f = pkg.artifact_file("ptx")
     f.write_bytes(f.read_bytes()[:-10])
@@ -75,6 +78,7 @@ def test_truncated_and_missing(pkg) -> None:
     assert [p.kind for p in verify_package(pkg.package_dir)] == ["missing"]
 
 
+@pytest.mark.needs_nvrtc
 def test_swapped_cubin_of_another_build(pkg, tmp_path: Path) -> None:
     other = build_package(tmp_path / "other", "synth_other_pkg", build_id="v2")
     _replace_artifact(pkg, "cubin", other.artifact_file("cubin").read_bytes())
@@ -92,6 +96,7 @@ def test_swapped_cubin_of_another_build(pkg, tmp_path: Path) -> None:
     assert "pip wheel ." in msg and "pip install -e ." in msg and "CUDA_OXIDE_SHADERS_PTX_CORE" in msg
 
 
+@pytest.mark.needs_nvrtc
 def test_manifest_hash_edited(pkg) -> None:
     crate = pkg.manifest.crate(CRATE)
     fill = crate.entry("fill")
@@ -107,6 +112,7 @@ def test_manifest_hash_edited(pkg) -> None:
     assert f"has {fill.hash}" in problems[1].message
 
 
+@pytest.mark.needs_nvrtc
 def test_missing_symbol_reported_as_missing(pkg, tmp_path: Path) -> None:
     only_fill = build_package(tmp_path / "o", "synth_fill_only", entries=("fill",))
     _replace_artifact(pkg, "ptx", only_fill.artifact_file("ptx").read_bytes())
@@ -119,6 +125,7 @@ def _raw_manifest(pkg) -> dict:
     return json.loads(pkg.manifest_path.read_text())
 
 
+@pytest.mark.needs_nvrtc
 @pytest.mark.parametrize("bad", ["../outside.cubin", "/etc/passwd", "_khal/../../x.cubin", "a\\b.cubin", "C:/x"])
 def test_escaping_artifact_paths_are_rejected(pkg, bad: str) -> None:
     raw = _raw_manifest(pkg)
@@ -131,6 +138,7 @@ def test_escaping_artifact_paths_are_rejected(pkg, bad: str) -> None:
         artifact_path(pkg.package_dir, art)
 
 
+@pytest.mark.needs_nvrtc
 def test_the_runtime_check_is_the_manifests_confinement_check(pkg) -> None:
     """verify.artifact_path runs the manifest's one lexical check (manifest.package_path), then
     resolves: a path the manifest refuses (here a control character) is refused by both."""
@@ -142,6 +150,7 @@ def test_the_runtime_check_is_the_manifests_confinement_check(pkg) -> None:
         artifact_path(pkg.package_dir, art)
 
 
+@pytest.mark.needs_nvrtc
 def test_symlink_out_of_the_package_is_rejected(pkg, tmp_path: Path) -> None:
     f = pkg.artifact_file("cubin")
     outside = tmp_path / "outside.cubin"
@@ -155,6 +164,7 @@ def test_symlink_out_of_the_package_is_rejected(pkg, tmp_path: Path) -> None:
         read_artifact(pkg.package_dir, pkg.manifest.crate(CRATE).artifact("cubin"))
 
 
+@pytest.mark.needs_nvrtc
 def test_symlink_inside_the_package_is_fine(pkg) -> None:
     f = pkg.artifact_file("cubin")
     real = f.with_name("real.cubin")
@@ -163,6 +173,7 @@ def test_symlink_inside_the_package_is_fine(pkg) -> None:
     assert verify_package(pkg.package_dir) == []
 
 
+@pytest.mark.needs_nvrtc
 def test_newer_schema_version_message(pkg) -> None:
     raw = _raw_manifest(pkg)
     raw["schema_version"] = 99
@@ -177,6 +188,7 @@ def test_missing_manifest(tmp_path: Path) -> None:
         khal_runtime.load(tmp_path / "nopkg")
 
 
+@pytest.mark.needs_nvrtc
 def test_editable_stale_sources(tmp_path: Path) -> None:
     pkg = build_package(tmp_path, "synth_editable_pkg", editable=True)
     assert khal_runtime.load(pkg.package_dir).entries == ["axpby", "fill", "scalars"]
@@ -190,6 +202,7 @@ def test_editable_stale_sources(tmp_path: Path) -> None:
         khal_runtime.load(pkg.package_dir)
 
 
+@pytest.mark.needs_nvrtc
 def test_load_by_import_name(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(pkg.root))
     ks = khal_runtime.load(pkg.name)
@@ -267,6 +280,7 @@ def test_ptx_for_a_newer_arch_does_not_fit() -> None:
         select_candidates(c, (9, 0), (13, 0))[0]
 
 
+@pytest.mark.needs_nvrtc
 def test_param_layout_of_mixed_scalars(pkg) -> None:
     entry = pkg.manifest.crate(CRATE).entry("scalars")
     layout = [(off, size) for _, off, size in expected_param_layout(entry)]
@@ -276,5 +290,6 @@ def test_param_layout_of_mixed_scalars(pkg) -> None:
         (0, 8), (8, 8), (16, 8), (24, 8), (32, 8), (40, 4)]
 
 
+@pytest.mark.needs_nvrtc
 def test_loaded_manifest_roundtrip(pkg) -> None:
     assert load_manifest(pkg.manifest_path) == pkg.manifest

@@ -71,6 +71,7 @@ def main_build(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unt
     return root, cache, result, rep
 
 
+@pytest.mark.needs_nvrtc
 def test_a_slang_crate_builds_cuda_and_webgpu(main_build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     root, _, result, rep = main_build
     m, files = manifest_of(result)
@@ -105,6 +106,7 @@ def test_a_slang_crate_builds_cuda_and_webgpu(main_build, tmp_path: Path) -> Non
     assert verify_package(tmp_path / "pkg") == []
 
 
+@pytest.mark.needs_nvrtc
 def test_an_unchanged_rebuild_runs_neither_slang_nor_nvrtc(main_build, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     root, cache, first, _ = main_build
     import hatch_khal.nvrtc
@@ -122,6 +124,7 @@ def test_an_unchanged_rebuild_runs_neither_slang_nor_nvrtc(main_build, monkeypat
     assert not any("compiled" in i for i in rep.infos)
 
 
+@pytest.mark.needs_nvrtc
 def test_an_edited_module_rebuilds_the_crate(main_build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     _, cache, first, _ = main_build
     root = write(tmp_path, {**MAIN, "mods/util.slang": UTIL_SLANG + "// edited\n"})
@@ -131,6 +134,7 @@ def test_an_edited_module_rebuilds_the_crate(main_build, tmp_path: Path) -> None
     assert all(a.hash != b.hash for a, b in zip(old.entries, new.entries))
 
 
+@pytest.mark.needs_nvrtc
 def test_an_editable_build_reports_an_edited_module_as_stale(main_build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from khal_runtime.verify import check_sources
 
@@ -146,6 +150,7 @@ def test_an_editable_build_reports_an_edited_module_as_stale(main_build, tmp_pat
     assert "mods/util.slang changed" in problem.message and "re-run pip install -e ." in problem.message
 
 
+@pytest.mark.needs_nvrtc
 @pytest.mark.parametrize("how", ["env", "option"])
 def test_skipping_the_webgpu_stage(main_build, monkeypatch: pytest.MonkeyPatch, how: str) -> None:  # type: ignore[no-untyped-def]
     root, cache, full, _ = main_build
@@ -174,12 +179,14 @@ def test_skipping_the_webgpu_stage(main_build, monkeypatch: pytest.MonkeyPatch, 
     assert all(files[a.path] == full_files[a.path] for a in c.artifacts)
 
 
+@pytest.mark.needs_nvrtc
 def test_an_empty_khal_skip_spirv_skips_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KHAL_SKIP_SPIRV", "")
     m, _ = manifest_of(build(write(tmp_path, one_entry()), [{"name": "demo", "sources": ["k/*.slang"]}])[0])
     assert m.crates[0].spirv.status == "built"
 
 
+@pytest.mark.needs_nvrtc
 @pytest.mark.parametrize("kind", ["ptx", "cubin"])
 def test_prebuilt_cuda_binary_of_a_slang_crate(main_build, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
                                                kind: str) -> None:
@@ -202,6 +209,7 @@ def test_prebuilt_cuda_binary_of_a_slang_crate(main_build, tmp_path: Path, monke
         build(edited, cache=cache, **{"ptx-arch": "compute_75"})
 
 
+@pytest.mark.needs_nvrtc
 def test_a_damaged_cached_slang_output_is_rebuilt(tmp_path: Path) -> None:
     root = write(tmp_path / "p", one_entry())
     crate = {"name": "demo", "sources": ["k/*.slang"]}
@@ -286,6 +294,7 @@ def test_build_errors(tmp_path: Path, what: str) -> None:
     one_clean_error(exc.value)
 
 
+@pytest.mark.needs_nvrtc
 def test_half_without_cuda_headers_names_the_header_wheel(tmp_path: Path) -> None:
     """A unit that includes cuda_fp16.h gets the CUDA headers (cuda-headers); with "none" NVRTC's
     error comes with the hint naming the wheel and the option."""
@@ -298,6 +307,7 @@ def test_half_without_cuda_headers_names_the_header_wheel(tmp_path: Path) -> Non
     one_clean_error(exc.value)
 
 
+@pytest.mark.needs_nvrtc
 def test_a_slang_and_a_cuda_crate_may_share_an_entry_name(tmp_path: Path) -> None:
     """Entry names are unique per crate (issue #19 dropped the per-package rule: the runtime reaches
     each as kernels.<crate>.<entry>), across languages too: both build, each with its own hash."""

@@ -56,6 +56,7 @@ def test_fmad_off_by_default_and_overridable(example_slang_output, example_slang
     assert "fma.rn.f32" in body(fused, saxpy.symbol)
 
 
+@pytest.mark.needs_nvrtc
 @needs_slang
 def test_line_directives_blame_the_right_file(tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
     out = main_crate(str(tmp_path_factory.mktemp("main")))

@@ -18,7 +18,7 @@ from tests._slang_artifacts import (
 pytestmark = needs_slang
 
 
-@pytest.fixture(scope="module", params=["main", "wheel"])
+@pytest.fixture(scope="module", params=["main", pytest.param("wheel", marks=pytest.mark.needs_nvrtc)])
 def crate(request, tmp_path_factory):  # type: ignore[no-untyped-def]
     if request.param == "main":
         return main_crate(str(tmp_path_factory.mktemp("main")))
@@ -150,6 +150,7 @@ def _ptx_of(crate) -> tuple[str, object]:  # type: ignore[no-untyped-def]
     return r.data.decode(), read_binary(r.data)
 
 
+@pytest.mark.needs_nvrtc
 def test_ptx_parameters_follow_the_khal_abi(crate) -> None:  # type: ignore[no-untyped-def]
     ptx, info = _ptx_of(crate)
     entries = ptx_params(ptx)

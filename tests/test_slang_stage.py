@@ -46,6 +46,7 @@ def test_compiles_are_deterministic(tmp_path: Path, crate) -> None:  # type: ign
     assert dataclasses.replace(again, timings={}) == dataclasses.replace(crate, timings={})
 
 
+@pytest.mark.needs_nvrtc
 def test_manifest_crate_from_the_output(tmp_path: Path) -> None:
     from hatch_khal.nvrtc import compile_unit
 

@@ -339,6 +339,7 @@ def grids_project(tmp_path_factory: pytest.TempPathFactory, session_cache: Path)
     return root, manifest
 
 
+@pytest.mark.needs_nvrtc
 def test_2d_and_3d_entries_take_their_count_as_the_runtime_does(grids_project: tuple[Path, Manifest]) -> None:
     _, m = grids_project
     real = m.crate("real")
@@ -367,6 +368,7 @@ def test_2d_and_3d_entries_take_their_count_as_the_runtime_does(grids_project: t
     assert "grid: Dim3 | None = ..., threads: bool = ..., host_read: bool | None = ...) -> None" in one
 
 
+@pytest.mark.needs_nvrtc
 @pytest.mark.parametrize("checker", ["mypy", "pyright"])
 def test_type_checkers_check_2d_and_3d_counts(grids_project: tuple[Path, Manifest], checker: str) -> None:
     root, _ = grids_project

@@ -40,12 +40,12 @@ from hatch_khal.slang.entries import SlangEntry
 __all__ = ["CODEGEN_VERSION", "DEFAULT_NVRTC_OPTIONS", "CudaUnit", "build_cuda_unit", "nvrtc_options"]
 
 #: Bumped whenever the generated code changes: part of every Slang crate's content hash.
-CODEGEN_VERSION = 1
+CODEGEN_VERSION = 2  # 2: entry hashes cover the uniforms' CUDA layouts
 #: NVRTC options every Slang unit gets: C++17, the warnings Slang's prelude causes (#1444, #222; #177
 #: for its unused half-precision surface templates) silenced, and
 #: no FMA contraction (Vulkan / WebGPU need not fuse ``a*x+y``: CUDA then agrees bit for bit).
 DEFAULT_NVRTC_OPTIONS = ["-std=c++17", "-diag-suppress=1444,222,177", "--fmad=false"]
-_FMAD_RE = re.compile(r"^-{1,2}fmad(=|$)")
+_FMAD_RE = re.compile(r"-{1,2}fmad(=|\Z)")
 _DEMOTED = "static __device__ __forceinline__ void"
 #: Types in Slang's CUDA output that need a feature of its prelude: (type, define, header).
 #: Slang passes these defines to NVRTC itself when it compiles; here the hook does.

@@ -19,6 +19,7 @@ the entry and the parameter. Pure Python: runs in the build process, never loads
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Container, Sequence
 
@@ -29,7 +30,7 @@ from hatch_khal.errors import SourceError
 from hatch_khal.slang.locate import Locator
 
 __all__ = ["CUDA_ONLY_SCALARS", "SLANG_SCALARS", "SlangEntry", "WEBGPU_WORKGROUP_LIMIT", "entries_from_reflection",
-           "refuse_cuda_only_types", "webgpu_target"]
+           "non_compute_error", "refuse_cuda_only_types", "webgpu_target"]
 
 #: SlangScalarType (slang.h) -> ABI scalar name
 SLANG_SCALARS: dict[int, str] = {
@@ -205,6 +206,41 @@ def _param(p: dict[str, Any], w: _Where) -> tuple[Param, dict[str, Any] | None]:
     raise w.error(f"{_type_name(t)} is not a khal binding{hint}; {_USE}", name)
 
 
+#: SlangStage (slang.h) -> the name [shader("...")] takes
+_STAGE_NAMES = {1: "vertex", 2: "hull", 3: "domain", 4: "geometry", 5: "fragment", 6: "compute",
+                7: "raygeneration", 8: "intersection", 9: "anyhit", 10: "closesthit", 11: "miss", 12: "callable",
+                13: "mesh", 14: "amplification"}
+_NUMTHREADS = re.compile(r"\[\s*numthreads\s*\(", re.I)
+
+
+def _declares_numthreads(locator: Locator, entry: str) -> bool:
+    """Whether the entry's declaration carries ``[numthreads(...)]`` (reflection reports (1, 1, 1)
+    with or without it). True when the declaration cannot be found: only a missing one is refused."""
+    head = locator.declaration_head(entry)
+    return head is None or bool(_NUMTHREADS.search(head))
+
+
+def non_compute_error(crate: str, stages: Sequence[tuple[str, int]], locator: Locator) -> SourceError | None:
+    """The error for a crate whose sources hold entries of other stages than compute (vertex,
+    fragment, ...), naming them and where they are; None if every entry is a compute one. Slang
+    compiles every ``[shader]`` entry of a module, and the CUDA target takes compute ones only
+    (the others fail with an internal error, or crash Slang)."""
+    others = [(name, stage) for name, stage in stages if stage != _STAGE_COMPUTE]
+    if not others:
+        return None
+    listing = ", ".join(f"{name!r} ([shader(\"{_STAGE_NAMES.get(stage, stage)}\")] at {locator.entry(name)})"
+                        for name, stage in others)
+    compute = [name for name, stage in stages if stage == _STAGE_COMPUTE]
+    kept = f" (its compute entries: {', '.join(map(repr, compute))})" if compute else ""
+    return SourceError(
+        f"{locator.entry(others[0][0])}: crate {crate!r}: {'entry' if len(others) == 1 else 'entries'} {listing} "
+        f"{'is not a compute entry' if len(others) == 1 else 'are not compute entries'}: hatch-khal compiles "
+        f"only [shader(\"compute\")] entries (to CUDA kernels and WebGPU compute shaders), and Slang compiles "
+        f"every [shader] entry of the crate's sources{kept}; move {'it' if len(others) == 1 else 'them'} to a "
+        ".slang file that is not one of the crate's sources (option 'sources')"
+    )
+
+
 def entries_from_reflection(crate: str, reflected: list[dict[str, Any]], global_params: list[dict[str, Any]],
                             content_hash: str, locator: Locator) -> list[SlangEntry]:
     """The crate's entries from the reflection of its whole-module CUDA compile, sorted by name."""
@@ -220,12 +256,17 @@ def entries_from_reflection(crate: str, reflected: list[dict[str, Any]], global_
         name = e["name"]
         w = _Where(crate, locator, name)
         if e["stage"] != _STAGE_COMPUTE:
-            raise w.error("is not a compute shader; a Slang crate's entries are [shader(\"compute\")] functions")
+            raise non_compute_error(crate, [(x["name"], x["stage"]) for x in reflected], locator) or w.error(
+                "is not a compute shader; a Slang crate's entries are [shader(\"compute\")] functions")
         if "_khal_" in name or name.endswith("_khal"):
             raise w.error("the name must not contain '_khal_' (reserved for symbols)")
         block = tuple(int(v) for v in e["block"])
         if len(block) != 3 or any(v < 1 for v in block):
             raise w.error(f"[numthreads{block}] must be three positive numbers")
+        if block == (1, 1, 1) and not _declares_numthreads(locator, name):
+            raise w.error("has no [numthreads(X, Y, Z)] attribute, so Slang would compile it with groups of one "
+                          "thread: a compute entry states its threads per group; add [numthreads(64, 1, 1)] (or "
+                          "[numthreads(1, 1, 1)], written out, if one thread per group is meant)")
         threads = block[0] * block[1] * block[2]
         if threads > abi.MAX_BLOCK_THREADS:
             raise w.error(f"[numthreads({block[0]}, {block[1]}, {block[2]})] is {threads} threads per group; "

@@ -46,6 +46,17 @@ class Locator:
         rel, text, at = found
         return f"{rel}:{text.count(chr(10), 0, at) + 1}"
 
+    def declaration_head(self, name: str) -> str | None:
+        """The text of function ``name``'s declaration before its name, back to the previous ``;``,
+        ``{`` or ``}`` (its attributes, modifiers and return type), comments blanked; None if the
+        definition is not found."""
+        found = self._definition(name)
+        if found is None:
+            return None
+        _, text, at = found
+        start = max(text.rfind(ch, 0, at) for ch in ";{}") + 1
+        return text[start:at]
+
     def name(self, identifier: str) -> str:
         """``file:line`` of the first use of ``identifier`` (a global's declaration, say)."""
         pattern = re.compile(rf"\b{re.escape(identifier)}\b")

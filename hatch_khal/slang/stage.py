@@ -20,10 +20,10 @@ from khal_runtime.manifest import Entry, Param, StructLayout
 
 from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, SourceError
 from hatch_khal.hashing import crate_content_hash
-from hatch_khal.slang.client import WorkerClient
+from hatch_khal.slang.client import SlangCrashed, WorkerClient
 from hatch_khal.slang.cuda_abi import CODEGEN_VERSION, build_cuda_unit, nvrtc_options
 from hatch_khal.slang.entries import (WEBGPU_WORKGROUP_LIMIT, SlangEntry, entries_from_reflection,
-                                      refuse_cuda_only_types, webgpu_target)
+                                      non_compute_error, refuse_cuda_only_types, webgpu_target)
 from hatch_khal.slang.library import SlangNotFound, find_slang
 from hatch_khal.slang.locate import Locator
 from hatch_khal.slang.output import ALL_TARGETS, SlangOutput, SlangPlan, normalize_targets, webgpu_path
@@ -123,6 +123,20 @@ def _check_dependencies(plan: SlangPlan, deps: list[str]) -> None:
         )
 
 
+def _non_compute_entries(plan: SlangPlan, request: dict[str, Any], locator: Locator) -> SourceError | None:
+    """After the CUDA compile failed or crashed: the error naming the crate's vertex / fragment / ...
+    entries, if it has any (Slang compiles every [shader] entry, and CUDA takes compute ones only);
+    None otherwise, or if the entries cannot be listed (the original error stands)."""
+    try:
+        with WorkerClient(plan.crate, plan.slang.version) as worker:
+            answer = worker.ask({**request, "list_stages": True}, "listing the crate's entry points")
+    except KhalBuildError:
+        return None
+    if not answer.get("ok"):
+        return None
+    return non_compute_error(plan.crate, [(str(n), int(s)) for n, s in answer.get("stages", [])], locator)
+
+
 def _warnings(plan: SlangPlan, what: str, diagnostics: str) -> list[str]:
     text = diagnostics.strip()
     return [f"crate {plan.crate!r} ({what}): Slang says:\n{text}"] if text else []
@@ -150,12 +164,16 @@ def compile_slang_crate(plan: SlangPlan, targets: Iterable[str] = ALL_TARGETS) -
     warnings: list[str] = []
     timings: dict[str, float] = {}
     with WorkerClient(plan.crate, plan.slang.version) as worker:
-        first = worker.ask(request, "compiling the crate to CUDA source")
+        try:
+            first = worker.ask(request, "compiling the crate to CUDA source")
+        except SlangCrashed as exc:
+            raise _non_compute_entries(plan, request, locator) or exc
         if not first.get("ok"):
             if first.get("error") == "SlangNotFound":
                 raise SlangNotFound(first.get("diagnostics", ""))
             stage = first.get("stage", "cuda")
-            raise _diagnostics_error(plan, "" if stage == "cuda" else stage, first.get("diagnostics", ""))
+            error = _diagnostics_error(plan, "" if stage == "cuda" else stage, first.get("diagnostics", ""))
+            raise (_non_compute_entries(plan, request, locator) if stage == "cuda" else None) or error
         timings["session"] = first.get("session_seconds", 0.0)
         timings["cuda"] = first.get("seconds", 0.0)
         warnings += _warnings(plan, "CUDA", first.get("diagnostics", ""))

@@ -11,6 +11,9 @@ about a second), over a line-based JSON protocol on stdin / stdout:
    (possibly none); the worker compiles each entry alone per target (WGSL, SPIR-V) and answers with
    the code and that compile's reflection; then it exits.
 
+A request with ``"list_stages": true`` is answered with every entry point and its stage (a compile to
+HLSL, which takes all stages) instead: the stage asks it after a failed or crashed CUDA compile.
+
 The worker exits when its parent dies: it blocks on stdin between messages (EOF ends it) and on
 Linux asks the kernel to kill it with its parent (``PR_SET_PDEATHSIG``). Anything native code
 prints on stdout is diverted to stderr, so that stdout carries the protocol only.
@@ -32,7 +35,7 @@ CRASH_ENV = "_HATCH_KHAL_SLANG_SIMULATE_CRASH"
 PARENT_ENV = "_HATCH_KHAL_SLANG_PARENT"
 
 #: SlangCompileTarget values (slang.h)
-TARGET_CODES = {"cuda": 17, "spirv": 6, "wgsl": 28}
+TARGET_CODES = {"cuda": 17, "spirv": 6, "wgsl": 28, "hlsl": 5}
 _STAGE_COMPUTE = 6
 _LANG_SLANG = 1
 _LANG_CUDA = 6
@@ -137,6 +140,25 @@ class _Compiler:
         finally:
             lib.spDestroyCompileRequest(r)
 
+    def stages(self) -> dict[str, Any]:
+        """Every entry point of the module with its stage: a whole-module compile to HLSL, which takes
+        every stage (the CUDA target takes compute entries only: others fail it, or crash Slang)."""
+        lib = self.lib
+        r = self._request("hlsl", [], None)
+        try:
+            ok, diag, _ = self._compile(r)
+            refl = lib.spGetReflection(r) if ok else None
+            if not refl:
+                return {"ok": False, "stage": "stages", "diagnostics": diag}
+            stages = []
+            for i in range(lib.spReflection_getEntryPointCount(refl)):
+                ep = lib.spReflection_getEntryPointByIndex(refl, i)
+                name = (lib.spReflectionEntryPoint_getName(ep) or b"").decode("utf-8", "replace")
+                stages.append([name, int(lib.spReflectionEntryPoint_getStage(ep))])
+            return {"ok": True, "stages": stages}
+        finally:
+            lib.spDestroyCompileRequest(r)
+
     def webgpu(self, entry: str, symbol: str, target: str) -> dict[str, Any]:
         # lazy: the reflection module only in the worker, when asked
         from hatch_khal.slang.reflect import read_entries
@@ -179,6 +201,9 @@ def main() -> int:
     os.chdir(request["root"])
     try:
         compiler = _Compiler(request)
+        if request.get("list_stages"):  # after a failed (or crashed) CUDA compile: why it failed
+            _send(out, compiler.stages())
+            return 0
         result = compiler.cuda()
     except _OptionError as exc:
         _send(out, {"ok": False, "stage": "options", "diagnostics": str(exc)})

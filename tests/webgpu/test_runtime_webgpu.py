@@ -168,6 +168,7 @@ def test_capture_replays_and_refuses_host_reads(ks: Any) -> None:
     np.testing.assert_array_equal(dy.to_numpy(), 5.0)
 
 
+@pytest.mark.needs_nvrtc
 def test_a_cuda_only_package_under_webgpu_is_a_named_error(ks: Any, tmp_path: Path) -> None:
     from tests._synthetic import build_package
 

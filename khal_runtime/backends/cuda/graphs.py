@@ -165,7 +165,6 @@ class Graph(GraphAPI):
     stream: Stream
     _graph: Any
     _exec: Any
-    _fn: Callable[..., Any] | None
     _keep: Any
     _uniforms: Any
     #: in-place cuGraphExecUpdate successes, and updates that had to instantiate again
@@ -289,13 +288,6 @@ class Graph(GraphAPI):
         if fn is not None:
             self._fn = fn
         return in_place
-
-    def rebind(self, *args: Any, **kwargs: Any) -> bool:
-        """:meth:`update` with the function given to :func:`capture_graph` and new arguments."""
-        if self._fn is None:
-            raise CaptureError(f"graph {self.label!r} was not made by capture_graph(fn, ...): "
-                               "use graph.update(fn, *args)")
-        return self.update(self._fn, *args, **kwargs)
 
     # -- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:

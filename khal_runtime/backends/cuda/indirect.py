@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any
 
-from khal_runtime.arguments import dim3, misaligned, read_array
+from khal_runtime.arguments import blocks, dim3, misaligned, read_array
 from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.backends.cuda.graphs import relaxed_capture_mode
 from khal_runtime.backends.cuda.launch import LaunchPlan
@@ -294,7 +294,7 @@ def _dispatch_host_read(kernel: Any, count: Any, args: tuple[Any, ...], st: Stre
     waited = time.perf_counter() - t0
     value = ctypes.c_uint32.from_address(host).value
     bx = kernel.block_size[0]
-    groups = (value + bx - 1) // bx if threads else value
+    groups = blocks(value, bx) if threads else value
     if _env_true("KHAL_TRACE_INDIRECT"):
         unit = "threads" if threads else "groups"
         launched = f"grid={groups}" if groups else "nothing launched"

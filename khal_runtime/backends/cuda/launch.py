@@ -33,6 +33,7 @@ from khal_runtime.backends.cuda.uniform_cache import UniformCache
 from khal_runtime.buffers import FREED, DeviceBuffer
 from khal_runtime.device import Stream, _tls, as_stream, ensure_current, ready_stream
 from khal_runtime.errors import CudaError
+from khal_runtime.generated import define
 from khal_runtime.hooks import hooks
 from khal_runtime.manifest import Entry
 from khal_runtime.memo import EPOCH, register_memo
@@ -135,9 +136,11 @@ class LaunchPlan:
         self._shared: list[Any] = [self._shared_empty()] * SLOTS
         for j in range(SLOTS):
             register_memo(self._shared, j, self._shared[0])
-        self.source = ""
+        self._source = ""
         self.call_source = ""
-        self.run = self._generate()
+        #: the explicit launch ``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: generated when
+        #: first used, and again after the plan's state changed (:meth:`_regenerate`)
+        self.run: Callable[..., None] = self._run_new
         hooks.watch(self)
 
     # per-thread argument blocks --------------------------------------------------------------
@@ -265,20 +268,39 @@ class LaunchPlan:
             self._regenerate()
 
     def _regenerate(self) -> None:
-        self.run = self._generate()
+        """The state changed (a type inlined, hooks): the kernel's call is generated again now
+        (``on_regenerate``), ``run`` when next used. (A first call learns its argument types
+        inside ``run``; generating ``run`` eagerly here made a source that was never run.)"""
+        self.run = self._run_new
         for cb in list(self.on_regenerate):
             cb(self)
 
-    def _compile(self, src: str, what: str, extra: dict[str, Any] | None = None) -> Any:
+    def _run_new(self, *args: Any) -> None:
+        """``run`` until it is generated for the plan's current state: generate it, then run."""
+        self._current_run()(*args)
+
+    def _current_run(self) -> Callable[..., None]:
+        with self._keep_lock:
+            if self.run == self._run_new:
+                self.run = self._generate()
+            return self.run
+
+    @property
+    def source(self) -> str:
+        """The source of ``run`` for the plan's current state."""
+        self._current_run()
+        return self._source
+
+    def _compile(self, src: str, what: str, function: str, extra: dict[str, Any] | None = None) -> Any:
+        """``function`` from ``src``, a name tracebacks and pdb show the lines of (:mod:`khal_runtime.generated`)."""
         ns = self._namespace()
         ns.update(extra or {})
-        exec(compile(src, f"<khal {what} {self.entry.name}>", "exec"), ns)
-        return ns
+        return define(src, f"{what} {self.entry.name}", ns, function)
 
     def _generate(self) -> Callable[..., None]:
         """``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: the explicit launch."""
-        self.source = run_source(self, hooks.active)
-        return self._compile(self.source, "launch")["run"]  # type: ignore[no-any-return]
+        self._source = run_source(self, hooks.active)
+        return self._compile(self._source, "launch", "run")  # type: ignore[no-any-return]
 
     def make_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
         """The kernel's call, specialised for this entry on this device: ``(n, *args,
@@ -287,7 +309,7 @@ class LaunchPlan:
         self.call_source = call_source(self, hooks.active)
         extra = {"slow_call": slow, "kernel": kernel, "MISSING": MISSING, "snapshots": self._shared,
                  "promote": self._promote, "unshare": self._unshare}
-        return self._compile(self.call_source, "call", extra)["__call__"]  # type: ignore[no-any-return]
+        return self._compile(self.call_source, "call", "__call__", extra)  # type: ignore[no-any-return]
 
     def _shared_empty(self) -> Any:
         """A snapshot no call can match."""

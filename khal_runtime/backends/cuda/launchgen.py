@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from khal_runtime import abi
+from khal_runtime.arguments import blocks_source
 
 if TYPE_CHECKING:
     from khal_runtime.backends.cuda.launch import LaunchPlan
@@ -383,7 +384,7 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
              + (f" or {names[-1]} is MISSING" if names else ""))
     to_slow = f"return slow_call(kernel, n, tuple(a for a in {tup} if a is not MISSING) + _more, st)"
     if not P:
-        lines += [f"    if {guard}:", f"        {to_slow}", "    addr = 0", f"    gx = (n + {bx - 1}) // {bx}"]
+        lines += [f"    if {guard}:", f"        {to_slow}", "    addr = 0", f"    gx = {blocks_source('n', bx)}"]
         lines += launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0", tup, hooked)
         return "\n".join(lines) + "\n"
 
@@ -425,7 +426,7 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         f"{J}    if n is m.n:",  # the same thread count object: the same grid
         f"{J}        gx = m.gx",
         f"{J}    elif type(n) is int and 0 < n <= {MAX_FAST_THREADS}:",
-        f"{J}        gx = (n + {bx - 1}) // {bx}",
+        f"{J}        gx = {blocks_source('n', bx)}",
         f"{J}        m.n = n; m.gx = gx",
         f"{J}    else:",
         f"{J}        {to_slow}",
@@ -445,7 +446,7 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         f"{J}else:",
         f"{J}    if {guard}:",
         f"{J}        {to_slow}",
-        f"{J}    gx = (n + {bx - 1}) // {bx}",
+        f"{J}    gx = {blocks_source('n', bx)}",
         f"{J}    v = ms.victim",
         f"{J}    ms.victim = v + 1 if v < {SLOTS - 1} else 0",
         f"{J}    m = ms.all[v]",

@@ -55,7 +55,7 @@ def max_ptx_isa(driver: tuple[int, int]) -> tuple[int, int] | None:
 def _isa_tuple(isa: str | None) -> tuple[int, int] | None:
     if not isa:
         return None
-    m = re.match(r"^(\d+)\.(\d+)$", isa.strip())
+    m = re.fullmatch(r"(\d+)\.(\d+)", isa.strip())
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 

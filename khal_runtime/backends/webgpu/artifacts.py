@@ -4,8 +4,10 @@
 ``code``, or through :func:`code_loader` so that the file is read only on the pipeline's first
 creation): the artifact the target names, confined to the package, with the manifest's size
 and sha256 (:func:`khal_runtime.verify.read_artifact`), whose entry point carries the entry's
-hash: a WGSL ``fn <entry>_khal_<hash>(``, a SPIR-V ``OpEntryPoint`` name. Anything else is
-an ArtifactError or HashMismatchError saying to rebuild.
+hash: a WGSL ``fn <entry>_khal_<hash>(``, a SPIR-V ``OpEntryPoint`` name; and whose own
+bindings, scalar block and struct layouts are the manifest's
+(:func:`khal_runtime.verify.webgpu_layout_problems`: a ManifestError naming the field). Anything
+else is an ArtifactError or HashMismatchError saying to rebuild.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from khal_runtime.abi import split_symbol
 from khal_runtime.binaries import BinaryFormatError, webgpu_entry_points
 from khal_runtime.errors import ArtifactError, HashMismatchError
 from khal_runtime.manifest import Crate, Entry, WebGpuTarget
-from khal_runtime.verify import read_artifact
+from khal_runtime.verify import read_artifact, webgpu_layout_problems
 
 __all__ = ["code_loader", "entry_code"]
 
@@ -46,6 +48,9 @@ def entry_code(package_dir: str | Path, crate: Crate, entry: Entry, target: WebG
             f"entry {name}: the {target.target} artifact {target.path!r} does not match the manifest "
             f"({what}, the manifest expects {entry.hash}); rebuild the package",
             entry=entry.name, expected=entry.hash, found=found)
+    problems = webgpu_layout_problems(crate, entry, target, data)
+    if problems:
+        raise problems[0].exception()
     return data
 
 

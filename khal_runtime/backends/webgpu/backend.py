@@ -165,12 +165,6 @@ class _Graph(Graph):
             self._fn = fn
         return True
 
-    def rebind(self, *args: Any, **kwargs: Any) -> bool:
-        if self._fn is None:
-            raise CaptureError(f"graph {self.label!r} was not made by capture_graph(fn, ...): "
-                               "use graph.update(fn, *args)")
-        return self.update(self._fn, *args, **kwargs)
-
     def close(self) -> None:
         self._rec.close()
 

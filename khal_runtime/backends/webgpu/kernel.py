@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from khal_runtime import abi
 from khal_runtime.abi import SCALARS
-from khal_runtime.arguments import dim3
+from khal_runtime.arguments import blocks, blocks_source, dim3
 from khal_runtime.backends.webgpu import memory
 from khal_runtime.backends.webgpu.indirect import dispatch_indirect
 from khal_runtime.backends.webgpu.arrays import WgpuArray
@@ -41,6 +41,7 @@ from khal_runtime.packing import ScalarPacker, UniformPacker
 from khal_runtime.backends.webgpu.pipeline import get_pipeline, select_target
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
+from khal_runtime.generated import define
 from khal_runtime.manifest import Entry, Param, WebGpuTarget
 
 __all__ = ["BoundDispatch", "KernelPlan", "StorageInfo", "register_storage_type"]
@@ -321,9 +322,9 @@ class KernelPlan:
             lines.append(f"    bg = with_offsets(bg, ({', '.join(dyn)},))")
         lines.append("    return (bg,), push_data, memo")
         src = "\n".join(lines) + "\n"
-        exec(compile(src, f"<khal webgpu resolve {self.name}>", "exec"), ns)
+        fn = define(src, f"webgpu resolve {self.name}", ns, "resolve")
         self.resolve_source = src
-        return ns["resolve"]  # type: ignore[no-any-return]
+        return fn  # type: ignore[no-any-return]
 
     def check_args(self, args: Sequence[Any]) -> None:
         """Check ``args`` (and bind them: a bind group and uniform regions may be created)."""
@@ -360,7 +361,7 @@ class KernelPlan:
         src += (
             "        last = last_call[0]\n"
             f"        if {' and '.join(same)}:\n"
-            f"            gx = (n + {self._bx - 1}) // {self._bx}\n"
+            f"            gx = {blocks_source('n', self._bx)}\n"
             f"            if gx <= {self.max_groups}:\n"
             f"                record(pipeline, last[{n + 2}], gx, 1, 1, last[{n + 3}])\n"
             "                return\n"
@@ -368,9 +369,9 @@ class KernelPlan:
         )
         ns: dict[str, Any] = {"last_call": self._memo, "uniform_pool": self._pool, "FREES": memory.FREES,
                               "record": self.stream.record, "pipeline": self.pipeline, "call_slow": self._call_slow}
-        exec(compile(src, f"<khal webgpu call {self.name}>", "exec"), ns)
+        fn = define(src, f"webgpu call {self.name}", ns, "call")
         self.call_source = src
-        return ns["call"]  # type: ignore[no-any-return]
+        return fn  # type: ignore[no-any-return]
 
     def call(self, n: Any, args: Sequence[Any]) -> None:
         """``k(n, *args)``: ``ceil(n / block.x)`` workgroups; ``n == 0`` checks only.
@@ -385,7 +386,7 @@ class KernelPlan:
                 raise ValueError(f"{self.name}(): thread count must be >= 0, got {n}")
             self.resolve(args)
             return
-        gx = (n + self._bx - 1) // self._bx
+        gx = blocks(n, self._bx)
         if gx > self.max_groups:
             raise group_limit_error(self.name, (gx, 1, 1), self.max_groups, self.device)
         gen, frees = self._pool.generation, memory.FREES[0]

@@ -1,0 +1,163 @@
+"""The generated launch code, as a newcomer meets it: tracebacks and pdb show its lines
+(khal_runtime.generated), under names that never collide and entries that do not pile up; on
+CPU with the fake driver (tests/fakecuda.py)."""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import linecache
+import re
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+from khal_runtime import DeviceBuffer
+from khal_runtime import generated as generated_mod
+from khal_runtime import packing as packing_mod
+from khal_runtime.backends.cuda import launch as launch_mod
+from khal_runtime.device import _tls
+from khal_runtime.errors import ArgumentError
+from khal_runtime.manifest import ScalarSlot, WebGpuTarget
+from khal_runtime.packing import ScalarPacker
+from tests._runtime import FIVE, P, Tensor, _kernel
+from tests.fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, stream  # noqa: F401  (fixture)
+
+
+def _formatted(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))
+
+
+def test_a_failing_launch_shows_the_generated_line(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    x = DeviceBuffer(0x1000, 10, "float32", 0)
+    with pytest.raises(ArgumentError) as call_err:  # the generated call
+        k(10, x, x, x, P(1, 2), "bad", stream=st)
+    with pytest.raises(ArgumentError) as run_err:  # the generated explicit launch
+        k.launch(1, None, x, x, x, P(1, 2), "bad", stream=st)
+    for err, what in ((call_err, "call"), (run_err, "launch")):
+        text = _formatted(err.value)
+        frame = re.search(rf'File "(<khal {what} five-\d+>)", line (\d+), in \w+\n(.*)\n', text)
+        assert frame is not None, text
+        name, line, shown = frame.group(1), int(frame.group(2)), frame.group(3).strip()
+        assert shown == "diagnose((a0, a1, a2, a3, a4, ), exc)" if what == "call" else "diagnose(args, exc)"
+        assert linecache.getline(name, line).strip() == shown
+    fn = k.func
+    assert inspect.getsource(fn) == k.plan(0).call_source  # what pdb's `list` reads too
+
+
+def test_generated_names_are_unique_and_released(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    ks = [fake_kernels(fake, Path(tempfile.mkdtemp(prefix="khal-gen-")), [make_entry("five", FIVE)], package=p).five
+          for p in ("one", "two")]
+    plans = [k.plan(0) for k in ks]
+    assert all(p.source for p in plans)  # (``run`` is generated when first used)
+    names = {k.func.__code__.co_filename for k in ks} | {p.run.__code__.co_filename for p in plans}
+    assert len(names) == 4  # same entry name in two packages: four names, never one source shown for another
+    before = sum(n.startswith("<khal ") for n in linecache.cache)
+    for _ in range(200):  # hooks come and go: every plan regenerates
+        plans[0].regenerate_code()
+        assert plans[0].source
+    gc.collect()
+    after = sum(n.startswith("<khal ") for n in linecache.cache)
+    assert after <= before, (before, after)
+    assert ks[0].func.__code__.co_filename in linecache.cache  # the code in use keeps its lines
+    assert not any(n in linecache.cache for n in names - {ks[1].func.__code__.co_filename,
+                                                          plans[1].run.__code__.co_filename})
+
+
+def test_the_scalar_packer_shows_its_lines() -> None:
+    target = WebGpuTarget(target="spirv", path="k.spv", entry_point="k_khal_0123456789abcdef", bindings=(),
+                          scalars="push_constants", scalar_block_size=8,
+                          scalar_slots=(ScalarSlot(param="a", offset=0, size=4), ScalarSlot(param="b", offset=4, size=4)))
+    sp = ScalarPacker("k", [scalar("a"), scalar("b", "int32")], target)
+    fast = sp._fast_pack
+    assert fast is not None and re.fullmatch(r"<khal scalar packer k-\d+>", fast.__code__.co_filename)
+    assert inspect.getsource(fast).startswith("def pack(values):")
+
+
+# -- what a first call costs -------------------------------------------------------------------------
+#: (generated sources, Python frames in khal_runtime and its generated code, deepest stack below the
+#: call) of a first call, measured with the fake driver; a change that raises one says so here
+#: (before ``run`` was generated lazily: 4 / 495 / 20, 6 / 638 / 15, 2 / 175 / 12; the grid rule's one
+#: definition, arguments.blocks_source, adds a frame where code is generated and one in grid_for)
+FIRST_CALL_BOUNDS = {
+    "buffers + bytes uniform": (3, 487, 20),
+    "tensor + ctypes uniform": (4, 614, 15),
+    "after plan(0), bytes uniform": (1, 161, 12),
+}
+
+
+def _first_call(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch, args: tuple[object, ...],
+                planned: bool) -> tuple[int, int, int]:
+    """(sources generated, khal frames entered, deepest stack below the caller) of the first
+    ``five(300, *args)`` of a freshly loaded package (``planned``: after ``plan(0)``)."""
+    k = fake_kernels(fake, Path(tempfile.mkdtemp(prefix="khal-first-")), [make_entry("five", FIVE)]).five
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    if planned:
+        k.plan(0)
+    st = stream()
+    names: list[str] = []
+    real = generated_mod.define
+
+    def counting(src: str, what: str, ns: dict[str, object], function: str) -> object:
+        names.append(what)
+        return real(src, what, ns, function)
+
+    monkeypatch.setattr(generated_mod, "define", counting)
+    for mod in (launch_mod, packing_mod):
+        monkeypatch.setattr(mod, "define", counting)
+    here = len(inspect.stack(0))
+    frames, deepest = 0, 0
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal frames, deepest
+        if event == "call":
+            f = frame.f_code.co_filename
+            if "khal_runtime" in f or f.startswith("<khal "):
+                frames += 1
+            d = 0
+            fr: FrameType | None = frame
+            while fr is not None:
+                d, fr = d + 1, fr.f_back
+            deepest = max(deepest, d)
+
+    sys.setprofile(profile)
+    try:
+        k(300, *args, stream=st)
+    finally:
+        sys.setprofile(None)
+    assert len(fake.launches) == 1
+    print(f"\nfirst call ({'after plan(0)' if planned else 'cold'}): {len(names)} sources {names}, "
+          f"{frames} khal frames, stack {deepest - here} deep")
+    return len(names), frames, deepest - here
+
+
+@pytest.mark.parametrize("case", list(FIRST_CALL_BOUNDS))
+def test_a_first_call_generates_little(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """The first call loads the crate, makes the plan, generates its code and launches: count the
+    sources generated and the frames it takes (``pytest -s`` prints them)."""
+    x = DeviceBuffer(0x1000, 300, "float32", 0)
+    args: tuple[object, ...]
+    if case.startswith("tensor"):
+        args = (Tensor(0x9000, 300), x, x, P(1, 2), 0.5)
+    else:
+        args = (x, x, x, bytes(P(1, 2)), 0.5)
+    got = _first_call(fake, monkeypatch, args, planned=case.startswith("after"))
+    bound = FIRST_CALL_BOUNDS[case]
+    assert all(g <= b for g, b in zip(got, bound)), (case, got, bound)
+
+
+def test_the_threads_to_grid_rule_is_defined_once(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """grid_for, the 2-D / 3-D rule and the generated call all use arguments.blocks_source."""
+    from khal_runtime.arguments import blocks, blocks_source, grid_for, grid_for_threads
+
+    assert [blocks(n, 128) for n in (1, 127, 128, 129, 256, 257)] == [1, 1, 1, 2, 2, 3]
+    assert grid_for("k", 257, 128) == 3 and grid_for_threads("k", (257, 3), (128, 2, 1), 2) == (3, 2, 1)
+    k, _ = _kernel(fake)
+    src = k.plan(0).call_source
+    assert src.count(f"gx = {blocks_source('n', 128)}") == 2  # the memo slot's new count, the full read
