@@ -147,6 +147,7 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     (storage types) and ``h{i}`` (uniforms as converted) on the way."""
     lines: list[str] = []
     pack_args: list[str] = []
+    by_mask: dict[int, list[str]] = {}  # alignment - 1 -> the storage pointers that need it
     for i, p in enumerate(plan.entry.params):
         a = f"a{i}"
         reader = plan.readers[i]
@@ -166,6 +167,8 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
                 f"{I}    p{i}, c{i}, k{i} = storage_seen({i}, {a})",
                 f"{I}if k{i} not in accepted_{i}: learn_dtype({i}, k{i})",
             ]
+            if int(p.element_align) > 1:
+                by_mask.setdefault(int(p.element_align) - 1, []).append(f"p{i}")
             if p.shape == "array" and p.length:
                 lines.append(f"{I}if c{i} < {int(p.length)}: raise Short()")
             elif p.shape == "value":
@@ -178,28 +181,20 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
             pack_args.append(scalar_pack_arg(p.element_type, i))
         else:
             raise abi.unknown_reader(p.kind, reader, f"CUDA launch of {plan.entry.name}()")
-    lines += align_lines(plan, I)
+    # one test that every storage pointer just read is a multiple of its elements' alignment
+    # (Param.element_align): a misaligned one is a sticky CUDA_ERROR_MISALIGNED_ADDRESS on the GPU.
+    # Pointers of one alignment are or-ed together. Only after a read: a memo hit launches
+    # pointers checked when they were read (a tensor's is compared with the one remembered).
+    # (Loops, not comprehensions or a helper: the first call's frame budget, test_generated_code.)
+    tests: list[str] = []
+    for mask in sorted(by_mask):
+        ps = by_mask[mask]
+        tests.append(f"({' | '.join(ps)}) & {mask}" if len(ps) > 1 else f"{ps[0]} & {mask}")
+    if tests:
+        lines.append(f"{I}if {' or '.join(tests)}: raise Short()")
     if pack_args:
         lines.append(f"{I}pack_args(m.buf, 0, {', '.join(pack_args)})")
     return lines
-
-
-def align_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
-    """One check that every storage pointer just read is a multiple of its elements' alignment
-    (``Param.element_align``): a misaligned one is a sticky CUDA_ERROR_MISALIGNED_ADDRESS on the
-    GPU. Pointers of one alignment are or-ed together, so it is one test for the whole launch.
-    Only after a read: a memo hit launches pointers checked when they were read (a tensor's is
-    compared with the one remembered)."""
-    by_mask: dict[int, list[str]] = {}
-    for i, p in enumerate(plan.entry.params):
-        mask = int(p.element_align) - 1
-        if plan.readers[i] == "array" and mask > 0:
-            by_mask.setdefault(mask, []).append(f"p{i}")
-    if not by_mask:
-        return []
-    tests = [f"({' | '.join(ps)}) & {mask}" if len(ps) > 1 else f"{ps[0]} & {mask}"
-             for mask, ps in sorted(by_mask.items())]
-    return [f"{I}if {' or '.join(tests)}: raise Short()"]
 
 
 def scalar_pack_arg(element_type: str, i: int) -> str:
