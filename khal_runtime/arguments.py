@@ -16,13 +16,13 @@ import struct
 from typing import Any, Callable, Sequence
 
 from khal_runtime import abi, interop
-from khal_runtime.dtypes import dtype_info
+from khal_runtime.dtypes import ReadOnly, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.generated import define
-from khal_runtime.interop import BadArgument
+from khal_runtime.interop import ADDRESS_SPACE, BadArgument
 from khal_runtime.manifest import Entry, Param
 from khal_runtime.packing import pack_cuda
-from khal_runtime.uniforms import uniform_converter
+from khal_runtime.uniforms import is_converter, uniform_converter
 
 __all__ = [
     "MAX_GRID",
@@ -37,6 +37,8 @@ __all__ = [
     "dtype_ok",
     "grid_for",
     "grid_for_threads",
+    "misaligned",
+    "read_array",
     "shared_mem",
     "struct_bytes",
     "thread_count",
@@ -51,12 +53,18 @@ class Short(Exception):
 
 
 def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
-    """An int or a sequence of up to 3 ints (NumPy integers too; never floats) as (x, y, z)."""
+    """An int or a sequence of up to 3 ints (NumPy integers too; never floats or bools) as (x, y, z):
+    the one reader of launch geometry, for the CUDA and the WebGPU paths."""
     try:
         if isinstance(v, (str, bytes, bool)):
             raise TypeError
-        t = (operator.index(v), 1, 1) if not hasattr(v, "__len__") else \
-            tuple(operator.index(x) for x in v) + (1,) * (3 - len(v))
+        t: tuple[int, ...]
+        if not hasattr(v, "__len__"):
+            t = (operator.index(v), 1, 1)
+        else:
+            t = tuple(operator.index(x) for x in v) + (1,) * (3 - len(v))
+            if any(x.__class__ is bool for x in v):
+                raise TypeError  # (2, True): a bool is not a count on any axis either
     except TypeError:
         raise ArgumentError(f"{what}: expected an integer or up to 3 integers, got {v!r}") from None
     if len(t) != 3:
@@ -189,7 +197,11 @@ def shared_mem(kernel: str, v: Any) -> int:
 
 
 def dtype_ok(p: Param, key: Any) -> tuple[bool, str]:
-    """Whether an array of dtype ``key`` fits storage parameter ``p``, and how to name that dtype."""
+    """Whether an array of dtype ``key`` fits storage parameter ``p``, and how to name that dtype.
+    A :class:`~khal_runtime.dtypes.ReadOnly` key fits a read-only binding only."""
+    if type(key) is ReadOnly:
+        ok, name = dtype_ok(p, key.dtype)
+        return ok and not p.writable, f"read-only {name}"
     name, itemsize = dtype_info(key)
     if p.element_type in abi.SCALARS:
         return name == p.element_type, name
@@ -201,11 +213,52 @@ def dtype_ok(p: Param, key: Any) -> tuple[bool, str]:
     return name == "struct" and itemsize == p.element_size, f"{name} ({itemsize} bytes)"
 
 
-def _check_storage(arg: str, p: Param, obj: Any, device: int | None) -> None:
+def read_array(arg: str, obj: Any) -> tuple[int, int, Any]:
+    """``interop.extract(obj)`` with every failure a named error for argument ``arg``: the
+    extractor's refusals, and whatever a broken or lying array interface raises or returns
+    (a KeyError from a dict without ``shape``, a capsule already consumed, a pointer or element
+    count outside the 64-bit address space)."""
     try:
-        _ptr, count, key = interop.extract(obj)
+        ptr, count, key = interop.extract(obj)
     except BadArgument as bad:
         raise bad.cls(f"{arg} {bad}") from None
+    except Exception as exc:  # noqa: BLE001  (a producer's own bug, named for the user)
+        tp = type(obj)
+        raise ArgumentError(
+            f"{arg}: reading it as a device array ({interop.array_type(obj).name}) failed: "
+            f"{type(exc).__name__}: {exc}; the array interface of {tp.__module__}.{tp.__qualname__} "
+            "is broken: pass another array (e.g. a copy)") from exc
+    if type(ptr) is not int or type(count) is not int:
+        raise ArgumentError(f"{arg}: its array interface gave pointer {ptr!r} and element count {count!r}, "
+                            "not integers; pass another array")
+    if not 0 <= ptr < ADDRESS_SPACE or not 0 <= count < ADDRESS_SPACE:
+        raise ArgumentValueError(f"{arg}: its array interface gave pointer {ptr} and {count} elements, outside "
+                                 "the 64-bit range the kernel takes; pass a real device array")
+    return ptr, count, key
+
+
+def misaligned(arg: str, ptr: int, align: int, element: str) -> str:
+    """The message for an array at ``ptr``, not a multiple of its elements' alignment."""
+    return (f"{arg}: the array starts at 0x{ptr:x}, not a multiple of {align} bytes (the alignment of "
+            f"{element}); a kernel reading it there stops with CUDA_ERROR_MISALIGNED_ADDRESS, which ruins the "
+            "context for the whole process. Pass an array starting at an aligned address (a DLPack "
+            "byte_offset or a __cuda_array_interface__ pointer that is a whole number of elements in)")
+
+
+def _check_storage(arg: str, p: Param, obj: Any, device: int | None) -> None:
+    _ptr, count, key = read_array(arg, obj)
+    if _ptr & (p.element_align - 1):
+        raise ArgumentValueError(misaligned(arg, _ptr, p.element_align, p.element_type))
+    if type(key) is ReadOnly:
+        if p.writable:
+            raise ArgumentError(
+                f"{arg}: the array is read-only (its producer says so: a read-only "
+                "__cuda_array_interface__ or DLPack tensor) and the entry writes this parameter; pass a "
+                "writable array (e.g. a copy)")
+        key = key.dtype
+    if count * p.element_size > ADDRESS_SPACE - _ptr:
+        raise ArgumentValueError(f"{arg}: {count} elements of {p.element_size} bytes from 0x{_ptr:x} run past "
+                                 "the 64-bit address space; the array's shape is wrong")
     on = interop.device_of(obj) if device is not None else None
     if on is not None and on != device:
         raise ArgumentValueError(
@@ -238,9 +291,17 @@ def struct_bytes(arg: str, p: Param, obj: Any) -> bytes | tuple[int, int]:
                                 "the struct's bytes")
         return pack_cuda(layout, obj, arg)
     try:
-        return uniform_converter(obj)(obj)
+        conv = uniform_converter(obj)
+        if not is_converter(conv, "device"):
+            return conv(obj)
     except BadArgument as bad:
         raise bad.cls(f"{arg}: {bad}") from None
+    except Exception as exc:  # noqa: BLE001  (a struct type whose conversion is broken)
+        raise ArgumentError(f"{arg}: converting {type(obj).__name__} to the struct's bytes failed: "
+                            f"{type(exc).__name__}: {exc}") from exc
+    # a device array holding the struct: read like a storage argument (every failure named)
+    ptr, count, key = read_array(arg, obj)
+    return ptr, count * dtype_info(key)[1]
 
 
 def _check_struct(arg: str, p: Param, obj: Any) -> None:
@@ -252,6 +313,8 @@ def _check_struct(arg: str, p: Param, obj: Any) -> None:
     elif u[1] < p.element_size:
         raise ArgumentValueError(
             f"{arg}: the device buffer holds {u[1]} bytes, the struct needs {p.element_size}")
+    elif u[0] & (p.element_align - 1):
+        raise ArgumentValueError(misaligned(arg, u[0], p.element_align, f"struct {p.element_type}"))
 
 
 def check_scalar(arg: str, p: Param, obj: Any) -> Any:

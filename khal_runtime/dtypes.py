@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, NamedTuple
 
 from khal_runtime import abi
 
@@ -15,6 +15,7 @@ __all__ = [
     "SCALAR_TYPES",
     "STRUCT_CODES",
     "DtypeNamer",
+    "ReadOnly",
     "add_dtype_namer",
     "bf16_bits",
     "byte_order_problem",
@@ -30,6 +31,16 @@ SCALAR_TYPES: dict[str, int] = {name: t.size for name, t in abi.SCALARS.items()}
 STRUCT_CODES: dict[str, str] = {name: t.code for name, t in abi.SCALARS.items()}
 
 bf16_bits = abi.bf16_bits
+
+
+class ReadOnly(NamedTuple):
+    """The dtype key of an array whose memory the kernel must not write: what an extractor
+    returns for a read-only ``__cuda_array_interface__`` (``data=(ptr, True)``) or a DLPack 1.0
+    tensor flagged ``DLPACK_FLAG_BITMASK_READ_ONLY``. It fits read-only (const) storage
+    bindings only. The flag rides in the dtype key so that the launch paths check it where they
+    check the dtype already (a learned set per parameter): it costs the hot path nothing."""
+
+    dtype: Hashable
 
 
 #: dtype key -> (element type name, itemsize) for one array library's dtype objects (a torch
@@ -117,7 +128,9 @@ def element_type_of_numpy(dt: Any) -> tuple[str, int]:
 def dtype_info(key: Hashable) -> tuple[str, int]:
     """Map a dtype key (element type name, NumPy/CuPy dtype, DLPack triple, or a dtype of a
     library that registered a namer, e.g. torch) to (element type name, itemsize).
-    Unknown -> (repr, 0)."""
+    Unknown -> (repr, 0). A :class:`ReadOnly` key is named as the dtype it wraps."""
+    if type(key) is ReadOnly:
+        key = key.dtype
     if isinstance(key, str):
         if key in SCALAR_TYPES:
             return key, SCALAR_TYPES[key]

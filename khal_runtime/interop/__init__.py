@@ -23,7 +23,9 @@ import importlib
 import os
 from importlib.machinery import all_suffixes
 
+from khal_runtime.dtypes import ReadOnly
 from khal_runtime.interop.registry import (
+    ADDRESS_SPACE,
     MEMO_ARRAY_TYPES,
     STABLE_ARRAY_TYPES,
     STREAM_READERS,
@@ -42,6 +44,7 @@ from khal_runtime.interop.registry import (
 )
 
 __all__ = [
+    "ADDRESS_SPACE",
     "MEMO_ARRAY_TYPES",
     "STABLE_ARRAY_TYPES",
     "STREAM_READERS",
@@ -49,6 +52,7 @@ __all__ = [
     "ArrayType",
     "BadArgument",
     "Extractor",
+    "ReadOnly",
     "array_type",
     "device_of",
     "extract",

@@ -36,11 +36,11 @@ def device(a: Any) -> int | None:
 
 
 INLINE_FAST = (
-    "if not {a}._c_contiguous or {a}.device.id != {d}: raise _Short()",
+    "if not {a}._c_contiguous or {a}.device.id != {d}: raise Short()",
     "p{i} = {a}.data.ptr; c{i} = {a}.size; k{i} = {a}.dtype",
 )
 INLINE = (
-    "if not {a}.flags.c_contiguous or {a}.device.id != {d}: raise _Short()",
+    "if not {a}.flags.c_contiguous or {a}.device.id != {d}: raise Short()",
     "p{i} = {a}.data.ptr; c{i} = {a}.size; k{i} = {a}.dtype",
 )
 

@@ -27,6 +27,7 @@ from khal_runtime import dtypes
 from khal_runtime.errors import ArgumentError
 
 __all__ = [
+    "ADDRESS_SPACE",
     "MEMO_ARRAY_TYPES",
     "add_probe",
     "STABLE_ARRAY_TYPES",
@@ -58,6 +59,10 @@ StreamReader = Callable[[Any], "tuple[int, int | None] | None"]
 DtypeNamer = dtypes.DtypeNamer
 
 
+#: the address space a device pointer and the bytes after it must fit in (the kernel ABI's u64)
+ADDRESS_SPACE = 2**64
+
+
 class BadArgument(Exception):
     """An extractor rejected an object. ``cls`` is the public error to raise (the caller adds
     the entry and parameter to the message)."""
@@ -84,7 +89,7 @@ class ArrayType:
     #: the memory object a launch holds so that the pointer it packed stays valid
     storage: Callable[[Any], Any] | None = None
     #: internal: lines of the CUDA launch path's inlined read (``{a}`` the argument, ``{i}``
-    #: its index, ``{d}`` the plan's device; set ``p{i}``, ``c{i}``, ``k{i}``; ``raise _Short()``
+    #: its index, ``{d}`` the plan's device; set ``p{i}``, ``c{i}``, ``k{i}``; ``raise Short()``
     #: for anything off the fast path)
     inline: tuple[str, ...] = ()
     #: the library's stream objects as ``stream=`` arguments: ``(handle, device or None)``
@@ -151,8 +156,9 @@ def register_array_type(tp: type, extract: Extractor, *, device: Callable[[Any],
 
     ``extract(obj)`` returns ``(device pointer, element count, dtype)`` where dtype is a NumPy
     dtype (or anything ``numpy.dtype`` takes), a torch dtype, or an ABI element type name
-    (``"float32"``); it raises ``khal_runtime.interop.BadArgument(ArgumentError, "why")`` for an
-    object it cannot pass. ``device(obj)`` gives the device ordinal when known (the launch then
+    (``"float32"``), wrapped in ``khal_runtime.interop.ReadOnly(dtype)`` for memory the kernel must
+    not write (then only read-only bindings take it); it raises
+    ``khal_runtime.interop.BadArgument(ArgumentError, "why")`` for an object it cannot pass. ``device(obj)`` gives the device ordinal when known (the launch then
     refuses an array of another device). ``memo="stable"`` promises that an object's pointer,
     count and dtype never change for its life, so a repeated launch reuses what it read.
     ``stream(obj)`` gives ``(CUstream handle, device or None)`` for the library's stream

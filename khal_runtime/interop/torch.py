@@ -62,9 +62,9 @@ def version(t: Any) -> tuple[int, Any] | None:
 
 
 INLINE = (
-    "if not ({a}.is_cuda and {a}.get_device() == {d} and {a}.is_contiguous()): raise _Short()",
+    "if not ({a}.is_cuda and {a}.get_device() == {d} and {a}.is_contiguous()): raise Short()",
     "p{i} = {a}.data_ptr(); c{i} = {a}.numel(); k{i} = {a}.dtype",
-    "if not p{i} and c{i}: raise _Short()",
+    "if not p{i} and c{i}: raise Short()",
 )
 
 

@@ -98,3 +98,36 @@ def test_stress_threads_on_own_streams(example_pkg, rt) -> None:  # type: ignore
         np.testing.assert_allclose(y, x * np.float32(t) * iters, rtol=1e-4, atol=1e-3)
         assert abs(total - R.reduce_sum(x)) <= R.sum_tolerance(x)
         np.testing.assert_allclose(g, gelu, rtol=1e-5, atol=1e-6)
+
+
+class _Cai:
+    """A float32 view at ``ptr`` through ``__cuda_array_interface__`` (``readonly``: data[1])."""
+
+    def __init__(self, ptr: int, n: int, readonly: bool = False) -> None:
+        self._cai = {"version": 3, "shape": (n,), "typestr": "<f4", "data": (ptr, readonly), "strides": None}
+
+    @property
+    def __cuda_array_interface__(self) -> dict:  # type: ignore[type-arg]
+        return self._cai
+
+
+@pytest.mark.gpu
+def test_misaligned_and_read_only_arrays_are_refused_before_launch(example_pkg, rt) -> None:  # type: ignore[no-untyped-def]
+    """A float32 array at an odd address would be a sticky CUDA_ERROR_MISALIGNED_ADDRESS (the
+    context lost for the process); a read-only array would be written. Both are refused by name,
+    and the runtime stays usable."""
+    n = 256
+    raw = rt.DeviceBuffer.alloc(4 * n + 4, np.uint8)
+    xs = np.arange(n, dtype=np.float32)
+    x = rt.DeviceBuffer.from_numpy(xs)
+    y = rt.DeviceBuffer.from_numpy(np.ones(n, np.float32))
+    p = example_pkg.SaxpyParams(a=2.0)
+    for _ in range(2):  # generic path, then generated code
+        with pytest.raises(rt.ArgumentValueError, match=r"argument 'x'.*not a multiple of 4 bytes"):
+            example_pkg.kernels.saxpy(n, _Cai(raw.ptr + 1, n), y, p)
+        with pytest.raises(rt.ArgumentError, match=r"argument 'y'.*read-only"):
+            example_pkg.kernels.saxpy(n, x, _Cai(y.ptr, n, readonly=True), p)
+    example_pkg.kernels.saxpy(n, _Cai(x.ptr, n, readonly=True), y, p)  # a read-only x is fine
+    rt.default_stream().synchronize()
+    np.testing.assert_array_equal(y.to_numpy(), example_pkg.reference.saxpy(xs, np.ones(n, np.float32), 2.0))
+    _saxpy_ok(example_pkg, rt)

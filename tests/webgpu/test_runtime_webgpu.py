@@ -217,7 +217,8 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_auto_falls_back_with_one_line_and_cuda_fails_at_load(pkg_dir: Path) -> None:
     code = (f"import khal_runtime, numpy as np\nks = khal_runtime.load({str(pkg_dir)!r})\n"
-            "d = khal_runtime.DeviceBuffer.zeros(256)\nks.saxpy_shared(256, d, d, 1.0)\n"
+            "d, e = khal_runtime.DeviceBuffer.zeros(256), khal_runtime.DeviceBuffer.zeros(256)\n"
+            "ks.saxpy_shared(256, d, e, 1.0)\n"  # (d, d: one buffer read-only and read-write, refused)
             "print('BACKEND', khal_runtime.backend_status().backend)\n")
     r = _run(code, KHAL_BACKEND="auto")
     assert r.returncode == 0, r.stderr

@@ -37,18 +37,16 @@ import threading
 import time
 from typing import Any
 
-from khal_runtime import interop
-from khal_runtime.arguments import blocks, dim3
+from khal_runtime.arguments import blocks, dim3, misaligned, read_array
 from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.backends.cuda.graphs import relaxed_capture_mode
 from khal_runtime.backends.cuda.launch import LaunchPlan
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.capture_state import forbid_in_capture
 from khal_runtime.device import Device, Stream, as_stream, ensure_current
-from khal_runtime.dtypes import dtype_info
+from khal_runtime.dtypes import ReadOnly, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
 from khal_runtime.hooks import write_line
-from khal_runtime.interop import BadArgument
 from khal_runtime.manifest import Entry, Param
 
 __all__ = ["HELPER_PTX", "dispatch_indirect", "persistent_grid", "threads_to_groups", "prepare"]
@@ -215,7 +213,7 @@ def threads_to_groups(threads: Any, block: int, out: Any = None, stream: Any = N
     src = _count_ptr(threads, "threads")
     if out is None:
         out = _scratch_for(st.device_id, st)
-    dst = _count_ptr(out, "out")
+    dst = _count_ptr(out, "out", written=True)
     if not 1 <= int(block) <= 1024:
         raise ArgumentValueError(f"threads_to_groups: block must be 1..1024, got {block}")
     f = _helper(st.device_id)
@@ -226,16 +224,24 @@ def threads_to_groups(threads: Any, block: int, out: Any = None, stream: Any = N
     return out
 
 
-def _count_ptr(count: Any, what: str = "count") -> int:
-    try:
-        ptr, n, key = interop.extract(count)
-    except BadArgument as bad:
-        raise bad.cls(f"dispatch_indirect: {what} {bad}") from None
+def _count_ptr(count: Any, what: str = "count", written: bool = False) -> int:
+    """The device pointer of a count word (``written``: the helper kernel writes it), or the
+    named error: not a uint32 array, empty, read-only where written, or misaligned (a u32 read
+    at an odd address is a sticky CUDA_ERROR_MISALIGNED_ADDRESS that ruins the context)."""
+    where = f"dispatch_indirect: {what}"
+    ptr, n, key = read_array(where, count)
+    if type(key) is ReadOnly:
+        if written:
+            raise ArgumentError(f"{where} is a read-only array and the count is written there; pass a "
+                                "writable uint32 device buffer")
+        key = key.dtype
     name, _ = dtype_info(key)
     if name not in ("uint32", "int32"):
-        raise ArgumentError(f"dispatch_indirect: {what} must be a device buffer of uint32, got {name}")
+        raise ArgumentError(f"{where} must be a device buffer of uint32, got {name}")
     if n < 1:
-        raise ArgumentValueError(f"dispatch_indirect: {what} is empty; it must hold the count")
+        raise ArgumentValueError(f"{where} is empty; it must hold the count")
+    if ptr & 3:
+        raise ArgumentValueError(misaligned(where, ptr, 4, "uint32"))
     return int(ptr)
 
 

@@ -195,6 +195,8 @@ class LaunchPlan:
         tp = type(obj)
         rec = interop.array_type(obj)
         out = rec.extract(obj)
+        if out[1] * self.entry.params[i].element_size > interop.ADDRESS_SPACE - out[0]:
+            raise Short()  # the elements run past the address space (an extractor that lies)
         if rec.device is not None and interop.device_of(obj) not in (None, self.device_id):
             raise Short()  # on another device (the inlined code checks it too)
         seen = self._inline[i]

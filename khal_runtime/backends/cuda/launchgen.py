@@ -119,6 +119,8 @@ def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa:
     """Lines reading uniform ``a{i}`` into ``u{i}``, a device pointer to its bytes, and
     ``h{i}``, what its converter gave (bytes, or (pointer, size) of a device buffer)."""
     a, size = f"a{i}", int(plan.entry.params[i].element_size)
+    mask = int(plan.entry.params[i].element_align) - 1
+    align = f" or u[0] & {mask}" if mask > 0 else ""  # a struct in device memory, misaligned
     lines: list[str] = []
     if plan._uinline[i]:
         lines.append(f"{I}t = type({a})")
@@ -135,7 +137,7 @@ def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa:
         *fetch,
         f"{I}    u{i} = {ptr}",
         f"{I}else:",
-        f"{I}    if u[1] < {size}: raise Short()",
+        f"{I}    if u[1] < {size}{align}: raise Short()",
         f"{I}    u{i} = u[0]",
     ]
 
@@ -145,6 +147,7 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     (storage types) and ``h{i}`` (uniforms as converted) on the way."""
     lines: list[str] = []
     pack_args: list[str] = []
+    by_mask: dict[int, list[str]] = {}  # alignment - 1 -> the storage pointers that need it
     for i, p in enumerate(plan.entry.params):
         a = f"a{i}"
         reader = plan.readers[i]
@@ -164,6 +167,8 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
                 f"{I}    p{i}, c{i}, k{i} = storage_seen({i}, {a})",
                 f"{I}if k{i} not in accepted_{i}: learn_dtype({i}, k{i})",
             ]
+            if int(p.element_align) > 1:
+                by_mask.setdefault(int(p.element_align) - 1, []).append(f"p{i}")
             if p.shape == "array" and p.length:
                 lines.append(f"{I}if c{i} < {int(p.length)}: raise Short()")
             elif p.shape == "value":
@@ -176,6 +181,17 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
             pack_args.append(scalar_pack_arg(p.element_type, i))
         else:
             raise abi.unknown_reader(p.kind, reader, f"CUDA launch of {plan.entry.name}()")
+    # one test that every storage pointer just read is a multiple of its elements' alignment
+    # (Param.element_align): a misaligned one is a sticky CUDA_ERROR_MISALIGNED_ADDRESS on the GPU.
+    # Pointers of one alignment are or-ed together. Only after a read: a memo hit launches
+    # pointers checked when they were read (a tensor's is compared with the one remembered).
+    # (Loops, not comprehensions or a helper: the first call's frame budget, test_generated_code.)
+    tests: list[str] = []
+    for mask in sorted(by_mask):
+        ps = by_mask[mask]
+        tests.append(f"({' | '.join(ps)}) & {mask}" if len(ps) > 1 else f"{ps[0]} & {mask}")
+    if tests:
+        lines.append(f"{I}if {' or '.join(tests)}: raise Short()")
     if pack_args:
         lines.append(f"{I}pack_args(m.buf, 0, {', '.join(pack_args)})")
     return lines

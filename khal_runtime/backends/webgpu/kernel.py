@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from khal_runtime import abi
 from khal_runtime.abi import SCALARS
-from khal_runtime.arguments import blocks, blocks_source
+from khal_runtime.arguments import blocks, blocks_source, dim3
 from khal_runtime.backends.webgpu import memory
 from khal_runtime.backends.webgpu.indirect import dispatch_indirect
 from khal_runtime.backends.webgpu.arrays import WgpuArray
@@ -244,7 +244,7 @@ class KernelPlan:
             key = (g.lid, *res)
             bg = self._bgcache.get(key)
             if bg is None:
-                bg = self.launcher.groups_cache.create(g.layout, key, g.bindings, res)
+                bg = self.launcher.create_group(g, key, res)
             if dyn:
                 return (self.launcher.groups_cache.with_offsets(bg, tuple(dyn)),), imm, memo
             return (bg,), imm, memo
@@ -260,7 +260,7 @@ class KernelPlan:
         n = len(params)
         ns: dict[str, Any] = {"WgpuArray": WgpuArray, "DeviceBuffer": DeviceBuffer, "device": self.device,
                               "check_storage": self._storage, "uniform_region": self._pool.region,
-                              "bind_groups": self._bgcache, "create_bind_group": self.launcher.groups_cache.create,
+                              "bind_groups": self._bgcache, "create_group": self.launcher.create_group,
                               "with_offsets": self.launcher.groups_cache.with_offsets,
                               "resolve_general": type(self)._resolve.__get__(self), "group": self._g0}
         lines = ["def resolve(args):", f"    if len(args) != {n}:", "        return resolve_general(args)"]
@@ -317,7 +317,7 @@ class KernelPlan:
                   else "    key = (layout_id,)",
                   "    bg = bind_groups.get(key)",
                   "    if bg is None:",
-                  "        bg = create_bind_group(group.layout, key, group.bindings, key[1:])"]
+                  "        bg = create_group(group, key, key[1:])"]
         if dyn:
             lines.append(f"    bg = with_offsets(bg, ({', '.join(dyn)},))")
         lines.append("    return (bg,), push_data, memo")
@@ -434,23 +434,6 @@ class KernelPlan:
         memory.check_storage(cv, f"{self.name}.dispatch_indirect(): count")
         bgs, imm = self.resolve(args)
         dispatch_indirect(self.launcher, cv, bool(threads), self._bx, bgs, imm)
-
-
-def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
-    """An int or up to 3 ints (NumPy integers too; never floats) as (x, y, z), each >= 1
-    (the rule of the CUDA path's ``khal_runtime.arguments.dim3``)."""
-    try:
-        if isinstance(v, (str, bytes)):
-            raise TypeError
-        t = (operator.index(v), 1, 1) if not hasattr(v, "__len__") else \
-            tuple(operator.index(x) for x in v) + (1,) * (3 - len(v))
-    except TypeError:
-        raise ArgumentError(f"{what}: expected an integer or up to 3 integers, got {v!r}") from None
-    if len(t) != 3:
-        raise ArgumentValueError(f"{what}: expected up to 3 dimensions, got {v!r}")
-    if any(x < 1 for x in t):
-        raise ArgumentValueError(f"{what}: every dimension must be >= 1, got {t}")
-    return t
 
 
 def _scalar_types() -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 from khal_runtime import abi
 from khal_runtime.backends.webgpu.bindings import (
     Bound,
+    BoundGroup,
     Immediates,
     bind_group_cache,
     immediates_cache,
@@ -88,6 +89,37 @@ class Launcher:
             raise group_limit_error(self.name, (gx, gy, gz), m, self.device)
 
     # -- binding ---------------------------------------------------------------------------------
+    def check_usage(self, groups: Sequence[tuple[Any, Sequence[Any]]]) -> None:
+        """Refuse one dispatch that binds one buffer both read-only and read-write (``groups``:
+        (GroupPlan, the Resource of each of its bindings)). WebGPU tracks a buffer's usage as a
+        whole in a dispatch: two bindings of it, even of disjoint slices, must be both read-only
+        or both read-write; otherwise the dispatch is invalid, which WebGPU reports only when the
+        batch is submitted, losing every other dispatch of that batch. Called where a bind group
+        is created (a cache miss), and per dispatch across the groups of a multi-group entry."""
+        read: dict[int, str] = {}
+        write: dict[int, str] = {}
+        for g, res in groups:
+            for r, access, param in zip(res, g.access, g.params):
+                if access == "read":
+                    read.setdefault(r[1], param)
+                elif access == "read_write":
+                    write.setdefault(r[1], param)
+        both = read.keys() & write.keys()
+        if both:
+            serial = min(both)
+            ro, rw = read[serial], write[serial]
+            raise ArgumentValueError(
+                f"{self.name}(): argument {ro!r} (read-only storage) and argument {rw!r} (read-write storage) are "
+                f"the same WebGPU buffer (allocation #{serial}, overlapping or not): WebGPU refuses a dispatch "
+                f"that binds one buffer both read-only and read-write. Pass {ro!r} a copy (or its own "
+                "allocation); nothing was launched")
+
+    def create_group(self, g: Any, key: tuple[Any, ...], res: Sequence[Resource]) -> BoundGroup:
+        """The bind group of group plan ``g`` binding ``res`` (``key``: its cache key), created
+        after :meth:`check_usage`: the one place a bind group of this launcher is made."""
+        self.check_usage(((g, res),))
+        return self.groups_cache.create(g.layout, key, g.bindings, res)
+
     def bind_group(self, g: Any, items: Sequence[Any]) -> Bound:
         """The bind group of group plan ``g`` whose bindings take ``items``: a Resource per
         storage binding, a uniform Region (:meth:`.uniforms.UniformPool.region`) per uniform one."""
@@ -101,7 +133,10 @@ class Launcher:
                 dyn.append(item[2])
             else:
                 res.append(item[0])
-        bg = self.groups_cache.get(g.layout, g.lid, g.bindings, res)
+        key = (g.lid, *res)
+        bg = self.groups_cache.groups.get(key)
+        if bg is None:
+            bg = self.create_group(g, key, res)
         return self.groups_cache.with_offsets(bg, tuple(dyn)) if dyn else bg
 
     def resolve(self, res: Sequence[Resource], uniforms: Mapping[str, Region],
@@ -113,6 +148,8 @@ class Launcher:
             items = [res[k] if kind == "s" else uniforms[k] if kind == "u" else block
                      for kind, k in src]
             out.append(self.bind_group(g, items))
+        if len(self.plan) > 1:  # one group's bindings were checked when it was made; across them, here
+            self.check_usage([(g, [res[k] if kind == "s" else None for kind, k in src]) for g, src in self.plan])
         return tuple(out)
 
     def immediates(self, block: bytes | None) -> Immediates | None:

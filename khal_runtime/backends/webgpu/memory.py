@@ -227,7 +227,7 @@ def fill_zero(v: View) -> None:
         if rec is not None:
             rec.add_clear(a, v.offset, size)
             return
-        st.encoder().clear_buffer(a.buffer, v.offset, size)
+        st.clear_buffer(a.buffer, v.offset, size)
 
 
 def copy(src: View, dst: View) -> None:
@@ -255,11 +255,11 @@ def copy(src: View, dst: View) -> None:
                 raise ArgumentValueError("copy: source and destination share a buffer; inside a capture "
                                          "copy through a second buffer allocated before it")
             tmp = alloc(src.alloc.device, size, label="khal copy")
-            st.encoder().copy_buffer_to_buffer(src.alloc.buffer, src.offset, tmp.buffer, 0, size)
-            st.encoder().copy_buffer_to_buffer(tmp.buffer, 0, dst.alloc.buffer, dst.offset, size)
+            st.copy_buffer(src.alloc.buffer, src.offset, tmp.buffer, 0, size)
+            st.copy_buffer(tmp.buffer, 0, dst.alloc.buffer, dst.offset, size)
             st.keep(tmp)
             return
         if rec is not None:
             rec.add_copy(src.alloc, src.offset, dst.alloc, dst.offset, size)
             return
-        st.encoder().copy_buffer_to_buffer(src.alloc.buffer, src.offset, dst.alloc.buffer, dst.offset, size)
+        st.copy_buffer(src.alloc.buffer, src.offset, dst.alloc.buffer, dst.offset, size)

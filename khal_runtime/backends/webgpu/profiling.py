@@ -104,7 +104,7 @@ class Timer:
             st.keep(indirect[0])
         p.end()
         self._names.append(pl.name)
-        st._names.append(pl.name)
+        st._log.append(("x", pl.name))  # a timed pass: not replayed
         st._dispatches += 1
         if st.on_dispatch is not None:
             st.on_dispatch(pl, groups or (0, 0, 0), indirect is not None)

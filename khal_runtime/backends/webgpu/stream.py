@@ -19,10 +19,13 @@ dispatch its own usage scope: a dispatch sees what the previous one wrote.
 Thread safety: every method takes the stream's lock; several threads may launch on one device
 (their launches are ordered as they take the lock).
 
-Errors: WebGPU reports the validation errors of a pass when the encoder finishes. The launch
-path checks what it can beforehand (group limits, binding sizes and alignment), so a failure
-here is rare; it is raised as :class:`WebGpuError` naming the entries of the failed batch
-(``KHAL_WEBGPU_BATCH=1`` submits every dispatch alone, to find the one that fails).
+Errors: WebGPU reports the validation errors of a pass when the encoder finishes, and one
+invalid dispatch makes the whole command buffer invalid. The launch path checks what it can
+beforehand (group limits, binding sizes and alignment, one buffer bound read-only and
+read-write), so a failure here is rare; then the stream submits each command of the batch on
+its own, in order (it logs them as it records them), so only the invalid dispatches are lost,
+and raises :class:`WebGpuError` naming them. A batch holding commands it cannot replay (timed
+passes, a caller's own use of :meth:`encoder`) is lost whole, and says so.
 """
 
 from __future__ import annotations
@@ -78,7 +81,10 @@ class CommandStream:
         self._praw: Any = None       # its native handle (fast path)
         self._dispatches = 0         # dispatches in the open encoder
         self._commands = 0           # copies, clears and timed passes in the open encoder
-        self._names: list[str] = []  # entry of each dispatch in the open encoder (error messages)
+        #: the open encoder's commands, in order, as recording.py writes them ("d", "i", "clear",
+        #: "copy"; "x": a timed pass, not replayable): what a rejected batch replays one by one
+        self._log: list[tuple[Any, ...]] = []
+        self._replayable = True      # every command of the open encoder is in _log
         self._keep: list[Any] = []   # objects the open encoder's commands use
         self._last_pl: Any = None    # pass state already set: skip setting it again
         self._last_bg: list[Any] = [None, None, None, None]
@@ -159,7 +165,7 @@ class CommandStream:
                 lib.wgpuComputePassEncoderSetImmediates(p, 0, imm.cdata, imm.size)
                 self._last_imm = imm
             lib.wgpuComputePassEncoderDispatchWorkgroups(p, gx, gy, gz)
-            self._names.append(pl.name)
+            self._log.append(("d", pl, bgs, (gx, gy, gz), imm))
             self._dispatches += 1
             if self._dispatches >= self.batch:
                 self.flush()
@@ -237,7 +243,7 @@ class CommandStream:
         else:
             self._record_public(p, pl, bgs, imm)
             p.dispatch_workgroups(gx, gy, gz)
-        self._names.append(pl.name)
+        self._log.append(("d", pl, bgs, (gx, gy, gz), imm))
         self._dispatches += 1
         if self._on_dispatch is not None:
             self._on_dispatch(pl, (gx, gy, gz), False)
@@ -286,7 +292,7 @@ class CommandStream:
                 self._record_public(p, pl, bgs, imm)
                 p.dispatch_workgroups_indirect(args_buffer, args_offset)
             self._keep.append(args_buffer)
-            self._names.append(pl.name)
+            self._log.append(("i", pl, bgs, args_buffer, args_offset, imm))
             self._dispatches += 1
             if self._on_dispatch is not None:
                 self._on_dispatch(pl, (0, 0, 0), True)
@@ -294,8 +300,23 @@ class CommandStream:
                 self.flush()
 
     def encoder(self) -> Any:
-        """The open command encoder with no compute pass open: for copies and clears (counted
-        as one command). Call with :attr:`lock` held."""
+        """The open command encoder with no compute pass open, for commands of the caller's own
+        (counted as one command; a rejected batch that holds one is not replayed: prefer
+        :meth:`clear_buffer` / :meth:`copy_buffer`). Call with :attr:`lock` held."""
+        self._replayable = False
+        return self._encoder()
+
+    def clear_buffer(self, buffer: Any, offset: int, size: int) -> None:
+        """Record ``clear_buffer`` in order (lock held)."""
+        self._encoder().clear_buffer(buffer, offset, size)
+        self._log.append(("clear", buffer, offset, size))
+
+    def copy_buffer(self, src: Any, src_offset: int, dst: Any, dst_offset: int, size: int) -> None:
+        """Record ``copy_buffer_to_buffer`` in order (lock held)."""
+        self._encoder().copy_buffer_to_buffer(src, src_offset, dst, dst_offset, size)
+        self._log.append(("copy", src, src_offset, dst, dst_offset, size))
+
+    def _encoder(self) -> Any:
         self._end_pass()
         if self._enc is None:
             self._enc = self.device.device.create_command_encoder(label="khal")
@@ -317,6 +338,8 @@ class CommandStream:
             if enc is None:
                 return
             self._end_pass()
+            if self._enc is None:  # ending the pass failed: its batch was replayed command by command
+                return
             timer = self._timer
             try:
                 if timer is not None:
@@ -335,25 +358,77 @@ class CommandStream:
         self._enc = self._pass = self._praw = None
         self.dispatched += self._dispatches
         self._dispatches = self._commands = 0
-        self._names = []
+        self._log = []
+        self._replayable = True
         self._keep = []
         self._last_pl = self._last_imm = self._last_bgs = None
 
     def _fail(self, exc: BaseException, doing: str) -> None:
         wgpu = wgpu_module()
-        names = self._names
+        log, replayable = self._log, self._replayable and self._timer is None
+        names = [c[1].name for c in log if c[0] in ("d", "i")]
         self._enc = self._pass = self._praw = None
         self._reset()
         if not isinstance(exc, wgpu.GPUError):
             raise exc
+        first = str(exc).strip().splitlines()
+        why = " ".join(s.strip() for s in first[:12])
+        if replayable and names and doing in ("submitting", "ending a compute pass"):
+            # one invalid command makes the whole command buffer invalid: run each command of
+            # the batch on its own, in order, so that only the invalid ones are lost
+            failed, ran = self._replay(log)
+            if not failed:
+                return  # all of it ran on its own (the batch-level failure did not recur)
+            uniq = sorted({n for n, _ in failed})
+            raise WebGpuError(
+                f"WebGPU rejected {len(failed)} dispatch(es) of {', '.join(uniq[:8])}"
+                f"{' and more' if len(uniq) > 8 else ''} on {self.device.describe()}: {failed[0][1]}. "
+                f"Those did not run; the other {ran} command(s) of their batch ran, in order") from None
         uniq = sorted(set(names))
         what = (f"a batch of {len(names)} dispatch(es) of {', '.join(uniq[:8])}"
                 f"{' and more' if len(uniq) > 8 else ''}") if names else "copies / clears"
-        first = str(exc).strip().splitlines()
         raise WebGpuError(
             f"WebGPU rejected {what} on {self.device.describe()} while {doing}: "
-            f"{' '.join(s.strip() for s in first[:12])}. The work of that batch did not run. "
+            f"{why}. The work of that batch did not run. "
             f"Set {BATCH_ENV}=1 to submit each dispatch alone and find the one at fault") from None
+
+    def _replay(self, log: list[tuple[Any, ...]]) -> tuple[list[tuple[str, str]], int]:
+        """Submit each command of ``log`` alone, in order: ([(entry, why)] of the dispatches
+        WebGPU rejects, how many commands ran). The failure path of a batch only."""
+        wgpu = wgpu_module()
+        dev, queue = self.device.device, self.device.queue
+        failed: list[tuple[str, str]] = []
+        ran = 0
+        for c in log:
+            kind = c[0]
+            try:
+                enc = dev.create_command_encoder(label="khal replay")
+                if kind == "d" or kind == "i":
+                    pl, bgs, imm = c[1], c[2], c[-1]
+                    p = enc.begin_compute_pass(label=f"khal replay {pl.name}")
+                    p.set_pipeline(pl.gpu)
+                    for i, bg in enumerate(bgs):
+                        p.set_bind_group(i, bg.gpu, bg.dyn)
+                    if imm is not None:
+                        p.set_immediates(0, imm.data, 0, imm.size)
+                    if kind == "d":
+                        p.dispatch_workgroups(*c[3])
+                    else:
+                        p.dispatch_workgroups_indirect(c[3], c[4])
+                    p.end()
+                elif kind == "clear":
+                    enc.clear_buffer(c[1], c[2], c[3])
+                else:
+                    enc.copy_buffer_to_buffer(*c[1:])
+                queue.submit([enc.finish()])
+                self.submits += 1
+                ran += 1
+            except Exception as exc:  # noqa: BLE001
+                if not isinstance(exc, wgpu.GPUError):
+                    raise
+                name = c[1].name if kind == "d" or kind == "i" else kind
+                failed.append((name, " ".join(s.strip() for s in str(exc).strip().splitlines()[:12])))
+        return failed, ran
 
     def write(self, buffer: Any, offset: int, data: Any) -> None:
         """``queue.write_buffer`` in the stream's order: work recorded before it is submitted
@@ -383,8 +458,7 @@ class CommandStream:
                 st = self.device.device.create_buffer(
                     label="khal staging", size=cap,
                     usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-            enc = self.encoder()
-            enc.copy_buffer_to_buffer(buffer, offset, st, 0, size)
+            self.copy_buffer(buffer, offset, st, 0, size)
             self.flush()
             try:
                 st.map_sync(wgpu.MapMode.READ, 0, size)
