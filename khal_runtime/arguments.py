@@ -127,9 +127,14 @@ def grid_for_threads(kernel: str, n: Any, block: tuple[int, int, int], dims: int
                 "a 2-D / 3-D count needs an entry whose block or ids are 2-D / 3-D")
         return (grid_for(kernel, thread_count(kernel, n), block[0]), 1, 1)
     if not isinstance(n, (tuple, list)) or len(n) != dims:
+        hint = ""
+        if isinstance(n, int) and not isinstance(n, bool):
+            # entries with a 2-D / 3-D block (Slang's numthreads) took an integer before they were
+            # called by their dimensionality: that count along x alone is written so now
+            hint = f"; {n} threads along x alone is {(n,) + (1,) * (dims - 1)!r}"
         raise ArgumentError(
             f"{kernel}(): the entry is {dims}-D (its ids use {_AXES[dims - 1]}): pass its thread count as "
-            f"({', '.join('n' + a for a in 'xyz'[:dims])}), got {n!r}")
+            f"({', '.join('n' + a for a in 'xyz'[:dims])}), got {n!r}{hint}")
     grid = [1, 1, 1]
     for axis in range(dims):
         try:

@@ -374,3 +374,15 @@ def test_a_debug_build_keeps_the_scanned_facts(tmp_path: Path, session_cache: Pa
     assert e.launch is not None and (e.launch.source, e.launch_dims, e.launch_block_fixed) == ("scan", 1, True)
     (art,) = [a for a in m.crate("dbg").artifacts if a.kind == "ptx"]
     assert ptx_kernel_reads(files[art.path])[e.symbol].grid_axes == 3  # what the PTX alone would say
+
+
+def test_an_integer_count_for_a_multi_d_entry_says_how_to_write_it() -> None:
+    """Slang entries with a 2-D / 3-D numthreads took ``k(n)`` before they were called by their
+    dimensionality (#24): the refusal gives the tuple that launches the same grid along x."""
+    from khal_runtime.arguments import grid_for_threads
+    from khal_runtime.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match=r"the entry is 3-D .* got 100; 100 threads along x alone is \(100, 1, 1\)"):
+        grid_for_threads("pairs", 100, (8, 4, 2), 3)
+    # and that tuple gives the grid the integer gave before: ceil(100 / 8) blocks along x
+    assert grid_for_threads("pairs", (100, 1, 1), (8, 4, 2), 3) == (13, 1, 1)
