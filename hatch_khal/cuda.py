@@ -62,6 +62,8 @@ class CudaPlan(CratePlan):
     #: the scanned entries, each with its entry hash
     decls: list[tuple[EntryDecl, str]]
     headers: HeaderSet
+    #: the project root the crate was planned under (its compile jobs' locations are relative to it)
+    root: Path = Path(".")
     #: entries whose indirect variant the build judged wrong (set by prepare), with why: their
     #: variant is generated in none of the binaries
     without_indirect: dict[str, str] = field(default_factory=dict)
@@ -115,7 +117,7 @@ class CudaLanguage:
         entries = [(d, entry_hash(content, d)) for d in decls]
         return CudaPlan(cfg=cfg, language=self.name, content_hash=content, spirv=NOT_APPLICABLE,
                         files=sources.all_files, entries=[PlannedEntry(d.name, h) for d, h in entries],
-                        sources=sources, decls=entries, headers=headers)
+                        sources=sources, decls=entries, headers=headers, root=root)
 
     def prepare(self, plan: CratePlan, cache: Cache, reporter: Reporter) -> tuple[int, int]:
         """Which entries' indirect variants are wrong, before any binary that ships is compiled: from
@@ -134,7 +136,9 @@ class CudaLanguage:
                 if sym is None and why is not None:
                     p.without_indirect[d.name] = why
             return 0, 0
-        (job,) = self.jobs(p, Path("."), [p.cfg.ptx_arch])
+        # the project root, as the compile stage gives it: a job's locations (and so whether a cached PTX
+        # that spells its checkout's paths is this checkout's) depend on it
+        (job,) = self.jobs(p, p.root, [p.cfg.ptx_arch])
         outputs, compiled = compile_jobs([job], cache, reporter, explain=lambda j, e: self.explain(p, e))
         reads = ptx_grid_reads(outputs[(p.cfg.name, job.target)].data)
         for d, h in candidates:

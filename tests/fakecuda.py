@@ -633,6 +633,10 @@ def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package
                 lines.append(")\n{\n    ret;\n}")
     if ptx is None:
         ptx = ("\n".join(lines) + "\n").encode()
+    # a real build's PTX (NVRTC 13.5: ISA 9.5) is declared ISA 9.0, which the fake driver (CUDA 13.0)
+    # JITs; verify checks the manifest's ptx_isa against this line
+    isa = "9.0"
+    ptx = re.sub(rb"^(\s*)\.version\s+\d+\.\d+", rb"\g<1>.version 9.0", ptx, count=1, flags=re.M)
     rel = f"_khal/{crate}/{crate}.compute_90.ptx"
     (pkg / rel).write_bytes(ptx)
     manifest = {
@@ -641,7 +645,7 @@ def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package
         "crates": [{
             "name": crate, "language": language, "package_dir": f"_khal/{crate}", "sources": [],
             "content_hash": content,
-            "artifacts": [{"kind": "ptx", "arch": "compute_90", "path": rel, "ptx_isa": "9.0",
+            "artifacts": [{"kind": "ptx", "arch": "compute_90", "path": rel, "ptx_isa": isa,
                            "sha256": hashlib.sha256(ptx).hexdigest(), "size": len(ptx)}],
             "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries],
         }],
