@@ -386,3 +386,45 @@ def test_an_integer_count_for_a_multi_d_entry_says_how_to_write_it() -> None:
         grid_for_threads("pairs", 100, (8, 4, 2), 3)
     # and that tuple gives the grid the integer gave before: ceil(100 / 8) blocks along x
     assert grid_for_threads("pairs", (100, 1, 1), (8, 4, 2), 3) == (13, 1, 1)
+
+
+FIXED_CU = """\
+#include "khal.h"
+// a tile of the compiled block's size, written as a constant: no id macro folds the block in
+KHAL_ENTRY(tiled, 128, (KHAL_STORAGE(float, y)))
+{
+    KHAL_FIXED_BLOCK();
+    __shared__ float tile[128];
+    const unsigned i = blockIdx.x * 128u + threadIdx.x;
+    tile[threadIdx.x] = i < y.len ? y[i] : 0.0f;
+    __syncthreads();
+    if (i < y.len) y[i] = tile[127u - threadIdx.x];
+}
+KHAL_ENTRY(free_block, 128, (KHAL_STORAGE(float, y)))
+{
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < y.len) y[i] *= 2.0f;
+}
+"""
+
+
+@pytest.mark.needs_nvrtc
+def test_khal_fixed_block_keeps_a_block_the_code_assumes(tmp_path: Path, session_cache: Path) -> None:
+    """Code that assumes the compiled block without the id macros (a CUB block primitive, a tile of
+    constant size) says so with ``KHAL_FIXED_BLOCK()``: its tagged asm survives into the PTX, so the
+    compiled facts say the block is fixed, and ``launch()`` refuses another; the same body without it
+    takes any block."""
+    from ._build import build, manifest_of
+    from ._projects import make_project
+
+    root = make_project(tmp_path / "p", hook='archs = ["sm_90"]\nptx-arch = "compute_90"\n',
+                        crates='[[tool.hatch.build.targets.wheel.hooks.khal.crates]]\nname = "fx"\n'
+                               'sources = ["kernels/fx/*.cu"]\n',
+                        files={"kernels/fx/k.cu": FIXED_CU})
+    result, _ = build(root, session_cache, jobs=1)
+    m, _files = manifest_of(result)
+    tiled, free = m.crate("fx").entry("tiled"), m.crate("fx").entry("free_block")
+    assert tiled.launch is not None and tiled.launch.source == "ptx" and tiled.launch.block_fixed
+    assert tiled.launch_block_fixed
+    assert free.launch is not None and free.launch.source == "ptx" and not free.launch.block_fixed
+    assert not free.launch_block_fixed

@@ -179,6 +179,13 @@ namespace khal { template <bool> struct scanned_ { typedef void type; }; }
 #define KHAL_SCALAR(T, name) T name
 #endif
 
+// KHAL_FIXED_BLOCK(): a statement for an entry body (or a function it calls) whose code assumes the
+// compiled block size without the id macros below folding it in, e.g. cub::BlockRadixSort<T, 128>,
+// a constexpr tile of the block's size, or group ids multiplied by a constant: an explicit launch()
+// must then use the compiled block. It leaves a tagged comment in the PTX (no instruction), which
+// the build reads as it reads the fold of KHAL_GLOBAL_ID (khal_runtime.binaries.ptx_kernel_reads).
+#define KHAL_FIXED_BLOCK() asm volatile("// khal:fold.x")
+
 // Thread indexing inside an entry body (the unsuffixed ones are x).
 #define KHAL_GLOBAL_ID (khal_invocation.global_id)
 #define KHAL_LOCAL_ID (khal_invocation.local_id)

@@ -22,6 +22,7 @@ KHAL_ENTRY(sum_cub, 256, (KHAL_STORAGE(const float, x), KHAL_STORAGE_VALUE(float
 // example_shader_pkg.sort_tiles_threads(n). The last tile may be partial.
 KHAL_ENTRY(sort_tiles, 128, (KHAL_STORAGE(uint32_t, keys)))
 {
+    KHAL_FIXED_BLOCK();  // the sort's block is 128 threads, and a tile 512 keys: launch() keeps the block
     using Sort = cub::BlockRadixSort<uint32_t, 128, 4>;
     __shared__ typename Sort::TempStorage temp;
     const uint64_t base = KHAL_GROUP_ID * 512ull + KHAL_LOCAL_ID * 4ull;

@@ -49,6 +49,7 @@ KHAL_ENTRY(exclusive_scan, 1024, (KHAL_STORAGE(const uint32_t, input),
                                   KHAL_STORAGE(uint32_t, output),
                                   KHAL_STORAGE_VALUE(uint32_t, total)))
 {
+    KHAL_FIXED_BLOCK();  // kBlock is the compiled block: launch() must keep it
     constexpr unsigned kBlock = 1024;
     constexpr unsigned kItems = 4;
     constexpr unsigned kChunk = kBlock * kItems;
