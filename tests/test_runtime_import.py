@@ -130,9 +130,9 @@ def test_the_install_hint_names_the_python_floor() -> None:
 
     text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     assert f"python_version >= '{MIN_PYTHON[0]}.{MIN_PYTHON[1]}'" in text.split("webgpu = [", 1)[1].split("]")[0]
-    assert install_hint((3, 12)) == "install it with pip install hatch-khal[webgpu] (or pip install wgpu)"
+    assert install_hint((3, 12)) == "install it with pip install khal-runtime[webgpu] (or pip install wgpu)"
     old = install_hint((3, 10))
     assert old.startswith("WebGPU needs Python >= 3.11 (this is Python 3.10:")
     assert "the [webgpu] extra installs nothing here" in old
-    assert old.endswith("on Python 3.11 or newer install it with pip install hatch-khal[webgpu] (or pip install wgpu)")
+    assert old.endswith("on Python 3.11 or newer install it with pip install khal-runtime[webgpu] (or pip install wgpu)")
 
