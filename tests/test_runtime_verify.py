@@ -178,7 +178,7 @@ def test_newer_schema_version_message(pkg) -> None:
     raw = _raw_manifest(pkg)
     raw["schema_version"] = 99
     pkg.manifest_path.write_text(json.dumps(raw))
-    with pytest.raises(ManifestError, match=r"newer than this runtime.*built by hatch-khal 0\.1\.0; install khal-runtime>=0\.1\.0"):
+    with pytest.raises(ManifestError, match=r"newer than this runtime.*built by hatch-khal (\S+); install khal-runtime>=\1 "):
         khal_runtime.load(pkg.package_dir)
 
 
