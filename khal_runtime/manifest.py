@@ -99,8 +99,9 @@ def runtime_requirement(schema: int = SCHEMA_VERSION) -> str:
     return f"khal-runtime>={FIRST_RUNTIME[schema]}"
 
 
-#: a release version as a requirement may name it (PEP 440, no local part)
-_RELEASE = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9}){0,5}((a|b|rc)[0-9]{1,9})?(\.post[0-9]{1,9})?(\.dev[0-9]{1,9})?")
+#: a release version as a requirement may name it (PEP 440, no local part); compiled on the error
+#: path only (re caches it), not when the manifest module is imported
+_RELEASE = r"[0-9]{1,9}(\.[0-9]{1,9}){0,5}((a|b|rc)[0-9]{1,9})?(\.post[0-9]{1,9})?(\.dev[0-9]{1,9})?"
 
 
 def _too_new(source: str, version: int, data: dict[str, Any]) -> str:
@@ -111,7 +112,7 @@ def _too_new(source: str, version: int, data: dict[str, Any]) -> str:
     built = toolchain.get("hatch_khal_version") if isinstance(toolchain, dict) else None
     release = built.split("+", 1)[0] if isinstance(built, str) else ""
     head = f"{source}: schema version {version} is newer than this runtime understands ({SCHEMA_VERSION})"
-    if _RELEASE.fullmatch(release):
+    if re.fullmatch(_RELEASE, release):
         return (f"{head}: the package was built by hatch-khal {release}; install khal-runtime>={release} "
                 f"(pip install 'khal-runtime>={release}')")
     return f"{head}; install a newer khal-runtime (pip install -U khal-runtime)"
