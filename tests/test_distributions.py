@@ -25,7 +25,8 @@ from hatch_khal.frontend import runtime_dependency_problem
 from khal_runtime.errors import ManifestError
 from khal_runtime.manifest import FIRST_RUNTIME, SCHEMA_VERSION, parse_manifest, runtime_requirement
 
-from .conftest import EXAMPLE, ROOT, RUNTIME, run
+from ._projects import make_project
+from .conftest import EXAMPLE, ROOT, RUNTIME, build_env, run
 
 
 def _toml(path: Path) -> dict:  # type: ignore[type-arg]
@@ -118,6 +119,28 @@ def test_the_example_and_the_test_packages_depend_on_the_runtime_not_the_plugin(
         meta = _toml(proj / "pyproject.toml")
         assert runtime_dependency_problem(meta["project"]["dependencies"]) is None, proj
         assert "hatch-khal" in meta["build-system"]["requires"], proj
+
+
+def _build(proj: Path, out: Path, cache: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return run([sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps", "-w", str(out),
+                str(proj)], env=build_env(cache), check=check)
+
+
+@pytest.mark.needs_nvrtc
+def test_a_build_without_the_runtime_dependency_warns_with_the_line_to_add(tmp_path: Path, session_cache: Path) -> None:
+    proj = make_project(tmp_path / "proj", dependencies='"numpy"')
+    proc = _build(proj, tmp_path / "dist", session_cache)
+    assert f'add "{runtime_requirement()}" to [project] dependencies' in proc.stdout + proc.stderr
+    (whl,) = (tmp_path / "dist").glob("*.whl")
+    assert not any(r.startswith("khal-runtime") for r in _requires(whl))  # checked, not added
+
+
+def test_a_build_whose_runtime_requirement_excludes_this_runtime_fails(tmp_path: Path, session_cache: Path) -> None:
+    proj = make_project(tmp_path / "proj", dependencies='"khal-runtime<0.1"')
+    proc = _build(proj, tmp_path / "dist", session_cache, check=False)
+    assert proc.returncode != 0
+    assert f"which excludes khal-runtime {__version__}" in proc.stdout + proc.stderr
+    assert not list((tmp_path / "dist").glob("*.whl"))
 
 
 def test_the_example_wheel_requires_the_runtime(example_wheel: Path) -> None:
