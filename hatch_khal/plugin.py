@@ -98,11 +98,12 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
                 "[tool.hatch.build.targets.wheel.hooks.khal], not the "
                 f"{self.target_name} target (kernel sources travel in the sdist as plain files)"
             )
+        crates = self.crates  # the configuration's errors first
         self._check_runtime_dependency()
         editable = version == "editable"
         # NVRTC chosen by (and checked against) nvrtc-requirement, also in the compile workers
         with nvrtc_requirement(self.hook_config.nvrtc_requirement):
-            result = build_packages(Path(self.root), self.crates, self.reporter, editable=editable)
+            result = build_packages(Path(self.root), crates, self.reporter, editable=editable)
         if editable:
             for out in result.packages:
                 write_package_output(out, Path(self.root) / out.package)
@@ -132,8 +133,10 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
 
     def _check_runtime_dependency(self) -> None:
         """The package's dependencies name khal-runtime (``runtime_dependency_problem``); dynamic
-        ones too, which hatchling's metadata hooks have filled in by now."""
-        problem = runtime_dependency_problem(list(self.metadata.core.dependencies))
+        ones too, which hatchling's metadata hooks have filled in by now (None: a hook made
+        outside hatchling, without project metadata)."""
+        deps = getattr(self.metadata.core, "dependencies", None)
+        problem = runtime_dependency_problem(None if deps is None else list(deps))
         if problem is None:
             return
         kind, message = problem
