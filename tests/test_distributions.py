@@ -67,6 +67,31 @@ def test_the_runtime_needs_only_what_it_imports() -> None:
         assert name not in deps
 
 
+#: what khal_runtime may import besides the standard library: its dependencies (numpy, pydantic,
+#: pyelftools, cuda-bindings), its extras (wgpu, torch) and what it only probes or uses when asked
+#: (nvtx for KHAL_CUDA_NVTX, cupy); never hatch_khal nor the build's dependencies
+RUNTIME_IMPORTS = {"numpy", "pydantic", "elftools", "cuda", "wgpu", "torch", "nvtx", "cupy", "khal_runtime"}
+
+
+def test_the_runtime_imports_only_its_dependencies() -> None:
+    import ast
+
+    seen: dict[str, str] = {}
+    for path in (ROOT / "khal_runtime").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for n in names:
+                seen.setdefault(n.split(".")[0], path.relative_to(ROOT).as_posix())
+    foreign = {m: where for m, where in seen.items()
+               if m not in RUNTIME_IMPORTS and m not in sys.stdlib_module_names and m != "__future__"}
+    assert not foreign, f"khal_runtime imports what khal-runtime does not depend on: {foreign}"
+
+
 @pytest.mark.parametrize("toolchain, says", [
     ({"hatch_khal_version": "0.3.0"}, "the package was built by hatch-khal 0.3.0; install khal-runtime>=0.3.0 "
                                       "(pip install 'khal-runtime>=0.3.0')"),
