@@ -257,3 +257,23 @@ def test_the_runtime_sdist_builds_the_same_wheel(tmp_path: Path, wheels: dict[st
     with zipfile.ZipFile(whl) as a, zipfile.ZipFile(wheels["khal-runtime"]) as b:
         assert sorted(a.namelist()) == sorted(b.namelist())
         assert all(a.read(n) == b.read(n) for n in a.namelist() if n.startswith("khal_runtime/"))
+
+
+@pytest.mark.slow
+def test_installing_a_shader_wheel_brings_the_runtime_and_not_the_build_side(
+        wheels: dict[str, Path], example_wheel: Path, tmp_path: Path) -> None:
+    """A user's install: pip install of the example wheel into a fresh environment, khal-runtime
+    from a folder of this checkout's wheels, the rest from the index. No hatch-khal, no build
+    dependency; the package imports and loads its manifest (no GPU needed)."""
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", str(venv)])
+    py = venv / "bin" / "python"
+    links = wheels["khal-runtime"].parent
+    run([str(py), "-m", "pip", "install", "-q", "--find-links", str(links), str(example_wheel)])
+    listed = run([str(py), "-m", "pip", "list", "--format=json"]).stdout
+    names = {d["name"].lower().replace("_", "-") for d in json.loads(listed)}
+    assert "khal-runtime" in names and {"numpy", "pydantic", "pyelftools"} <= names, names
+    assert not names & {"hatch-khal", "hatchling", "filelock", "nvidia-cuda-nvrtc"}, names
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = run([str(py), "-c", "import example_shader_pkg as e; print(sorted(e.kernels.crates))"], cwd=tmp_path, env=env)
+    assert "'core'" in proc.stdout
