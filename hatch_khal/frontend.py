@@ -12,13 +12,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from hatch_khal.__about__ import __version__
 from hatch_khal.errors import ConfigError
 
 if TYPE_CHECKING:
     from hatch_khal.config import ResolvedCrate
     from hatch_khal.model import BuildResult
 
-__all__ = ["CallbackReporter", "all_prebuilt", "check_packages", "default_package", "summary"]
+__all__ = ["CallbackReporter", "all_prebuilt", "check_packages", "default_package", "runtime_dependency_problem", "summary"]
 
 class CallbackReporter:
     """A :class:`~hatch_khal.model.Reporter` over three callables (hatchling's
@@ -101,3 +102,45 @@ def summary(result: BuildResult) -> str:
     n_art = sum(len(c.artifacts) for p in result.packages for c in p.manifest.crates)
     return (f"khal: {n_crates} crate(s), {n_art} artifact(s): {result.compiled} compiled, "
             f"{result.cached} from cache, in {result.seconds:.2f}s")
+
+
+def runtime_dependency_problem(dependencies: list[str] | None) -> tuple[str, str] | None:
+    """What is wrong with the runtime requirement among a shader package's ``[project]
+    dependencies`` (None: dynamic, not known at build time): ``("error", message)`` for a
+    khal-runtime requirement that excludes the runtime this build's manifests are for,
+    ``("warn", message)`` for none at all (an install of the wheel could not import
+    khal_runtime) or for hatch-khal listed instead (the build plugin: it works, through its own
+    dependency on khal-runtime, but installs the build side with the package); None when fine.
+
+    A check, not an addition: hatchling's ``prepare_metadata_for_build_wheel`` (used by uv and
+    ``build``) writes the metadata without running build hooks, so a requirement a hook added
+    would be in the wheel and missing from what those resolvers read."""
+    from packaging.requirements import InvalidRequirement, Requirement  # lazy: only while building
+    from packaging.utils import canonicalize_name  # lazy: as above
+
+    from khal_runtime.manifest import runtime_requirement  # lazy: pydantic, only while building
+
+    wanted = runtime_requirement()
+    line = f'add "{wanted}" to [project] dependencies'
+    if dependencies is None:
+        return None
+    reqs = []
+    for raw in dependencies:
+        try:
+            reqs.append(Requirement(raw))
+        except InvalidRequirement:
+            continue  # hatchling reports it
+    runtime = [r for r in reqs if canonicalize_name(r.name) == "khal-runtime"]
+    for r in runtime:
+        if r.specifier and not r.specifier.contains(__version__, prereleases=True):
+            return ("error", f"[project] dependencies require {str(r)!r}, which excludes khal-runtime "
+                             f"{__version__}, the runtime of this build (hatch-khal {__version__}): the "
+                             f"package's manifests need {wanted}; write \"{wanted}\" instead")
+    if runtime:
+        return None
+    if any(canonicalize_name(r.name) == "hatch-khal" for r in reqs):
+        return ("warn", f"khal: [project] dependencies list hatch-khal, the build plugin: an install of this "
+                        f"package then installs the build side too. The runtime is khal-runtime: replace "
+                        f"\"hatch-khal\" with \"{wanted}\" (hatch-khal stays in [build-system] requires)")
+    return ("warn", f"khal: [project] dependencies do not list khal-runtime, which loads the kernels at "
+                    f"import: {line} (an install of this wheel cannot import khal_runtime otherwise)")

@@ -26,7 +26,8 @@ from khal_runtime.manifest import MANIFEST_DIR
 from hatch_khal.builder import build_packages
 from hatch_khal.config import HookConfig, ResolvedCrate, parse_config
 from hatch_khal.errors import ConfigError
-from hatch_khal.frontend import CallbackReporter, all_prebuilt, check_packages, default_package, summary
+from hatch_khal.frontend import (CallbackReporter, all_prebuilt, check_packages, default_package,
+                                 runtime_dependency_problem, summary)
 from hatch_khal.headers import header_requirements
 from hatch_khal.model import BuildResult
 from hatch_khal.nvrtc import requirement as nvrtc_requirement
@@ -97,10 +98,12 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
                 "[tool.hatch.build.targets.wheel.hooks.khal], not the "
                 f"{self.target_name} target (kernel sources travel in the sdist as plain files)"
             )
+        crates = self.crates  # the configuration's errors first
+        self._check_runtime_dependency()
         editable = version == "editable"
         # NVRTC chosen by (and checked against) nvrtc-requirement, also in the compile workers
         with nvrtc_requirement(self.hook_config.nvrtc_requirement):
-            result = build_packages(Path(self.root), self.crates, self.reporter, editable=editable)
+            result = build_packages(Path(self.root), crates, self.reporter, editable=editable)
         if editable:
             for out in result.packages:
                 write_package_output(out, Path(self.root) / out.package)
@@ -127,6 +130,19 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
                 "[tool.hatch.build.targets.wheel.hooks.khal] (same keys; its crates "
                 "[[tool.hatch.build.targets.wheel.hooks.khal.crates]])"
             )
+
+    def _check_runtime_dependency(self) -> None:
+        """The package's dependencies name khal-runtime (``runtime_dependency_problem``); dynamic
+        ones too, which hatchling's metadata hooks have filled in by now (None: a hook made
+        outside hatchling, without project metadata)."""
+        deps = getattr(self.metadata.core, "dependencies", None)
+        problem = runtime_dependency_problem(None if deps is None else list(deps))
+        if problem is None:
+            return
+        kind, message = problem
+        if kind == "error":
+            raise ConfigError(f"{self.where}: {message}")
+        self.reporter.warn(message)
 
     def _stage(self, result: BuildResult, build_data: dict[str, Any]) -> None:
         self._staging = Path(tempfile.mkdtemp(prefix="hatch-khal-"))

@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from setuptools import Command
 
 from hatch_khal.errors import ConfigError, KhalBuildError  # dependency-free, cheap
-from hatch_khal.frontend import CallbackReporter, all_prebuilt, check_packages, default_package, summary  # cheap
+from hatch_khal.frontend import (  # cheap
+    CallbackReporter, all_prebuilt, check_packages, default_package, runtime_dependency_problem, summary,
+)
 
 if TYPE_CHECKING:
     from setuptools.dist import Distribution
@@ -223,6 +225,11 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
         dests = {c.package: Path(self.build_lib) / self._dist_package(root, c.package) for c in crates}
         reporter = CallbackReporter(lambda m: self.announce(m, level=logging.INFO), self.warn,
                                     lambda m: self.announce(m, level=logging.DEBUG))
+        problem = runtime_dependency_problem([str(r) for r in self.distribution.install_requires or ()])
+        if problem is not None and problem[0] == "error":
+            raise ConfigError(f"[tool.khal]: {problem[1]}")
+        if problem is not None:
+            reporter.warn(problem[1])
         from hatch_khal.nvrtc import requirement as nvrtc_requirement  # lazy: only for [tool.khal] projects
 
         # NVRTC chosen by (and checked against) nvrtc-requirement, also in the compile workers

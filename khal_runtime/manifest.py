@@ -41,6 +41,7 @@ __all__ = [
     "MANIFEST_DIR",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
+    "FIRST_RUNTIME",
     "SCHEMA_VERSION",
     "Artifact",
     "Binding",
@@ -62,11 +63,16 @@ __all__ = [
     "package_path",
     "parse_manifest",
     "prebuilt_env_var",
+    "runtime_requirement",
     "split_symbol",
     "symbol_for",
 ]
 
 SCHEMA_VERSION = 4
+#: The first khal-runtime release that reads each schema version: a package whose manifest has
+#: schema ``n`` needs ``khal-runtime>=FIRST_RUNTIME[n]`` (the requirement the build hook asks a
+#: shader package to list, :func:`runtime_requirement`). Add the release with each new schema.
+FIRST_RUNTIME = {1: "0.1.0", 2: "0.1.0", 3: "0.1.0", 4: "0.1.0"}
 #: Directory inside the package that holds the manifest and the artifacts.
 MANIFEST_DIR = "_khal"
 MANIFEST_NAME = "manifest.json"
@@ -89,6 +95,30 @@ def _ident(v: str, what: str) -> str:
             and all(c.isalnum() or c == "_" for c in v)):
         raise ValueError(f"{what} {v!r} is not a C identifier")
     return v
+
+
+def runtime_requirement(schema: int = SCHEMA_VERSION) -> str:
+    """The requirement a shader package whose manifest has ``schema`` lists in its dependencies."""
+    return f"khal-runtime>={FIRST_RUNTIME[schema]}"
+
+
+#: a release version as a requirement may name it (PEP 440, no local part); compiled on the error
+#: path only (re caches it), not when the manifest module is imported
+_RELEASE = r"[0-9]{1,9}(\.[0-9]{1,9}){0,5}((a|b|rc)[0-9]{1,9})?(\.post[0-9]{1,9})?(\.dev[0-9]{1,9})?"
+
+
+def _too_new(source: str, version: int, data: dict[str, Any]) -> str:
+    """Why a manifest of a newer schema is refused, and which khal-runtime reads it: hatch-khal X
+    depends on khal-runtime X, so the version that built the package (its toolchain's
+    ``hatch_khal_version``, read without trusting anything else) reads what it wrote."""
+    toolchain = data.get("toolchain")
+    built = toolchain.get("hatch_khal_version") if isinstance(toolchain, dict) else None
+    release = built.split("+", 1)[0] if isinstance(built, str) else ""
+    head = f"{source}: schema version {version} is newer than this runtime understands ({SCHEMA_VERSION})"
+    if re.fullmatch(_RELEASE, release):
+        return (f"{head}: the package was built by hatch-khal {release}; install khal-runtime>={release} "
+                f"(pip install 'khal-runtime>={release}')")
+    return f"{head}; install a newer khal-runtime (pip install -U khal-runtime)"
 
 
 def package_path(v: str) -> str:
@@ -652,10 +682,7 @@ def parse_manifest(text: str | bytes, source: str = "manifest") -> Manifest:
     if not isinstance(version, int) or isinstance(version, bool):
         raise ManifestError(f"{source}: missing or non-integer 'schema_version'")
     if version > SCHEMA_VERSION:
-        raise ManifestError(
-            f"{source}: schema version {version} is newer than this runtime understands "
-            f"({SCHEMA_VERSION}); upgrade hatch-khal (pip install -U hatch-khal)"
-        )
+        raise ManifestError(_too_new(source, version, data))
     if version < 1:
         raise ManifestError(f"{source}: schema version {version} is not valid")
     try:

@@ -7,7 +7,7 @@
 #   scripts/device-cu12.sh run       # on the GPU machine (no network), carrying both folders
 #
 # prepare builds, with isolated pip builds (NVRTC and the header wheels come from PyPI):
-#   dist-cu12/hatch_khal-*.whl                 this checkout
+#   dist-cu12/hatch_khal-*.whl, khal_runtime-*.whl   this checkout
 #   dist-cu12/example_shader_pkg-*.whl         the example, nvrtc-requirement = $NVRTC, cubin for
 #                                              $ARCHS (default sm_90) + PTX compute_75
 #   dist-cu12/ptx-only/example_shader_pkg-*.whl  the same with a cubin for sm_80 only: on an sm_90
@@ -36,7 +36,7 @@ prepare() {
   rm -rf dist-cu12 .whl-cu12 && mkdir -p dist-cu12/ptx-only .whl-cu12
   local tmp
   tmp=$(mktemp -d)
-  "$PY" -m pip wheel -q --no-deps -w dist-cu12 .
+  "$PY" -m pip wheel -q --no-deps -w dist-cu12 . ./runtime
   cp -r example_shader_pkg "$tmp/ex" && cp -r tests/real_kernels_pkg "$tmp/real"
   rm -rf "$tmp"/*/*/_khal
   sed -i "s/^nvrtc-requirement = .*/nvrtc-requirement = \"$NVRTC\"/" "$tmp/ex/pyproject.toml"
@@ -72,7 +72,7 @@ run() {
   mkdir -p "$out"
   if [ ! -d "$site/cuda/bindings" ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl-cu12/*.whl \
-      dist-cu12/hatch_khal-*.whl >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+      dist-cu12/hatch_khal-*.whl dist-cu12/khal_runtime-*.whl >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
   fi
   export PYTHONPATH=$PWD:$site${PYTHONPATH:+:$PYTHONPATH}
   local ex ptx real

@@ -53,8 +53,10 @@ def make_project(
     crates: str | None = None,
     files: dict[str, str] | None = None,
     nvrtc_requirement: str | None = None,
+    dependencies: str = '"khal-runtime>=0.1.0"',
 ) -> Path:
-    """A project with package ``mini_pkg`` and crates ``alpha`` (scale) and ``beta`` (fill)."""
+    """A project with package ``mini_pkg`` and crates ``alpha`` (scale) and ``beta`` (fill);
+    ``dependencies``: the TOML array's items (the runtime, as a shader package lists it)."""
     pkg = name.replace("-", "_")
     root.mkdir(parents=True, exist_ok=True)
     (root / pkg).mkdir(exist_ok=True)
@@ -84,6 +86,7 @@ def make_project(
             name = "{name}"
             version = "0.1.0"
             requires-python = ">=3.10"
+            dependencies = [{dependencies}]
 
             [tool.hatch.build.targets.wheel]
             packages = ["{pkg}"]

@@ -19,6 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "example_shader_pkg"
+#: the khal-runtime distribution's project (the khal_runtime package is ROOT / "khal_runtime");
+#: ROOT itself builds hatch-khal, which depends on it: a wheelhouse for isolated builds holds both
+RUNTIME = ROOT / "runtime"
 
 
 @lru_cache(maxsize=1)

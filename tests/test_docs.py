@@ -69,7 +69,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from .conftest import build_env, run
+from .conftest import RUNTIME, build_env, run
 
 try:
     import tomllib
@@ -767,9 +767,9 @@ def test_project_python_file_compiles(block: Block) -> None:
 
 @pytest.fixture(scope="module")
 def find_links(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> Path:
-    """hatch-khal's own wheel, built as the docs tell a user to build it (it is not on PyPI)."""
+    """hatch-khal's and khal-runtime's wheels, built as the docs tell a user to build them (neither is on PyPI)."""
     links = tmp_path_factory.mktemp("links")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(links), str(ROOT)],
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(links), str(ROOT), str(RUNTIME)],
         env=build_env(session_cache))
     return links
 

@@ -124,15 +124,16 @@ def test_driver_version_without_driver_raises() -> None:
 
 
 def test_the_install_hint_names_the_python_floor() -> None:
-    """The [webgpu] extra installs wgpu-py only on Python >= 3.11 (pyproject.toml): on 3.10 the
-    hint says a newer Python is needed instead of advising an install that installs nothing."""
+    """The [webgpu] extra installs wgpu-py only on Python >= 3.11 (khal-runtime's
+    runtime/pyproject.toml): on 3.10 the hint says a newer Python is needed instead of advising an
+    install that installs nothing."""
     from khal_runtime.backends.webgpu._wgpu import MIN_PYTHON, install_hint
 
-    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    text = (Path(__file__).resolve().parent.parent / "runtime" / "pyproject.toml").read_text()
     assert f"python_version >= '{MIN_PYTHON[0]}.{MIN_PYTHON[1]}'" in text.split("webgpu = [", 1)[1].split("]")[0]
-    assert install_hint((3, 12)) == "install it with pip install hatch-khal[webgpu] (or pip install wgpu)"
+    assert install_hint((3, 12)) == "install it with pip install khal-runtime[webgpu] (or pip install wgpu)"
     old = install_hint((3, 10))
     assert old.startswith("WebGPU needs Python >= 3.11 (this is Python 3.10:")
     assert "the [webgpu] extra installs nothing here" in old
-    assert old.endswith("on Python 3.11 or newer install it with pip install hatch-khal[webgpu] (or pip install wgpu)")
+    assert old.endswith("on Python 3.11 or newer install it with pip install khal-runtime[webgpu] (or pip install wgpu)")
 

@@ -178,7 +178,7 @@ def test_newer_schema_version_message(pkg) -> None:
     raw = _raw_manifest(pkg)
     raw["schema_version"] = 99
     pkg.manifest_path.write_text(json.dumps(raw))
-    with pytest.raises(ManifestError, match="newer than this runtime.*upgrade hatch-khal"):
+    with pytest.raises(ManifestError, match=r"newer than this runtime.*built by hatch-khal (\S+); install khal-runtime>=\1 "):
         khal_runtime.load(pkg.package_dir)
 
 

@@ -21,7 +21,7 @@ import pytest
 from khal_runtime.manifest import parse_manifest
 
 from ._projects import COMMON_CUH, OTHER_CU, SCALE_CU
-from .conftest import EXAMPLE, ROOT, build_env, run
+from .conftest import EXAMPLE, ROOT, RUNTIME, build_env, run
 
 pytest.importorskip("setuptools", minversion="70")
 
@@ -339,7 +339,8 @@ def test_failed_build_names_missing_header_wheels(monkeypatch: pytest.MonkeyPatc
 def test_isolated_pip_wheel(tmp_path: Path, session_cache: Path) -> None:
     """A user's build: pip installs setuptools, hatch-khal (a wheel of this checkout) and NVRTC."""
     house = tmp_path / "wheelhouse"
-    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(house), str(ROOT)])
+    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(house), str(ROOT),
+         str(RUNTIME)])
     proj = mini_project(tmp_path / "proj", f'"setuptools>=70", "hatch-khal", "{_nvrtc_pin()}"')
     env = build_env(session_cache, PIP_FIND_LINKS=str(house))
     env.pop("PIP_NO_BUILD_ISOLATION", None)

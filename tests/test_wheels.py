@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ._projects import make_project
-from .conftest import ROOT, build_env, run
+from .conftest import ROOT, RUNTIME, build_env, run
 
 pytestmark = pytest.mark.slow
 
@@ -32,8 +32,9 @@ def _nvrtc_pin() -> str:
 @pytest.fixture(scope="module")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheelhouse")
-    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(out), str(ROOT)])
-    assert list(out.glob("hatch_khal-*.whl"))
+    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(out), str(ROOT),
+         str(RUNTIME)])
+    assert list(out.glob("hatch_khal-*.whl")) and list(out.glob("khal_runtime-*.whl"))
     return out
 
 

@@ -433,7 +433,7 @@ def test_no_wgpu_import_and_missing_wgpu_message() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "pip install hatch-khal[webgpu] (or pip install wgpu)" in out.stdout
+    assert "pip install khal-runtime[webgpu] (or pip install wgpu)" in out.stdout
     assert "raised the WebGPU backend needs wgpu-py" in out.stdout
 
 

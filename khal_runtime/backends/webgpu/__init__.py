@@ -1,7 +1,7 @@
 """The WebGPU backend of khal_runtime (wgpu-py): runs the WGSL / SPIR-V builds of Slang crates.
 
 Importing this package imports nothing of wgpu-py (an optional dependency: ``pip install
-hatch-khal[webgpu]``); the first use without it raises BackendUnavailableError saying so.
+khal-runtime[webgpu]``); the first use without it raises BackendUnavailableError saying so.
 Every wgpu-py object stays inside: the generic runtime layer calls the internal API below,
 and users see the same Device / Stream / DeviceBuffer / kernel API as on CUDA.
 

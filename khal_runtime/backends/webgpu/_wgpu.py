@@ -18,7 +18,7 @@ from khal_runtime.errors import BackendUnavailableError
 
 __all__ = ["INSTALL_HINT", "MIN_PYTHON", "install_hint", "native", "wgpu_module"]
 
-INSTALL_HINT = "pip install hatch-khal[webgpu] (or pip install wgpu)"
+INSTALL_HINT = "pip install khal-runtime[webgpu] (or pip install wgpu)"
 #: the Python the ``webgpu`` extra installs wgpu-py on (pyproject.toml: ``python_version >= '3.11'``)
 MIN_PYTHON = (3, 11)
 
