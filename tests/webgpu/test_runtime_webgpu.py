@@ -222,7 +222,7 @@ def test_auto_falls_back_with_one_line_and_cuda_fails_at_load(pkg_dir: Path) -> 
     r = _run(code, KHAL_BACKEND="auto")
     assert r.returncode == 0, r.stderr
     assert "BACKEND webgpu" in r.stdout
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("khal:")]
+    lines = [ln for ln in r.stderr.splitlines() if "BackendFallbackWarning" in ln]
     assert len(lines) == 1 and "falls back" not in lines[0]
     assert "using WebGPU" in lines[0] and "because CUDA is not usable" in lines[0]
     r = _run(f"import khal_runtime\nkhal_runtime.load({str(pkg_dir)!r})\n", KHAL_BACKEND="cuda")
