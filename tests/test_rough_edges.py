@@ -1,0 +1,77 @@
+"""Issue #27's rough edges on the build side: what ``--no-build-isolation`` needs (the ``build``
+extra), an editable build that fails leaves no ``_khal/`` behind, ``scripts/test`` says what it does."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import _HIDE, build_env, run
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_build_extra_has_what_a_build_without_isolation_needs() -> None:
+    """``pip install "hatch-khal[build]"`` then ``pip install --no-build-isolation -e .`` (the
+    quickstart's "iterate quickly"): hatchling's editable wheel imports ``editables``, and a Slang
+    crate needs slangpy (what the hook adds to an isolated build)."""
+    from hatch_khal.slang.library import SLANGPY_REQUIREMENT
+    from packaging.requirements import Requirement
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    build = {Requirement(r).name: r for r in data["project"]["optional-dependencies"]["build"]}
+    for name in ("hatchling", "editables", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "nvidia-cuda-crt",
+                 "nvidia-cuda-cccl", "slangpy"):
+        assert name in build, f"the build extra lacks {name}: {sorted(build)}"
+    assert build["slangpy"] == SLANGPY_REQUIREMENT
+
+
+def _editable(project: Path, code: str, cache: Path, **env: str) -> "os.CompletedProcess[str]":  # type: ignore[name-defined]
+    e = build_env(cache, KHAL_CUDA_ARCHS="sm_90", KHAL_PTX_ARCH="none", **env)
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(_HIDE), str(ROOT), e.get("PYTHONPATH", "")) if p)
+    return run([sys.executable, "-c", code, str(project / "out")], cwd=project, env=e, check=False)
+
+
+_BUILD = "import sys, hatchling.build as b; b.build_editable(sys.argv[1])"
+
+
+@pytest.fixture
+def quickstart(tmp_path: Path) -> Path:
+    from .test_docs import write_project
+
+    return write_project(tmp_path / "my-shaders")
+
+
+@pytest.mark.needs_nvrtc
+def test_editable_build_without_editables_says_so_and_leaves_nothing(quickstart: Path, session_cache: Path) -> None:
+    r = _editable(quickstart, _BUILD, session_cache, KHAL_TEST_HIDE="editables")
+    assert r.returncode != 0
+    assert "needs the `editables` package" in r.stderr and 'pip install "hatch-khal[build]"' in r.stderr, r.stderr
+    assert not (quickstart / "my_shaders" / "_khal").exists(), "the failed build left my_shaders/_khal/ behind"
+
+
+@pytest.mark.needs_nvrtc
+def test_editable_build_failing_after_the_hook_removes_its_in_place_kernels(quickstart: Path,
+                                                                            session_cache: Path) -> None:
+    """hatchling calls no hook when its editable wheel fails after ``initialize`` (where the kernels
+    are written in place): the hook removes them at exit unless ``finalize`` ran."""
+    fail = ("import sys, hatchling.build as b, hatchling.builders.wheel as w\n"
+            "def boom(self, directory, **kw): raise RuntimeError('editable wheel failed')\n"
+            "w.WheelBuilder.build_editable_detection = boom\n"
+            "b.build_editable(sys.argv[1])\n")
+    r = _editable(quickstart, fail, session_cache)
+    assert r.returncode != 0 and "editable wheel failed" in r.stderr, r.stderr
+    assert "kernels written to my_shaders/_khal/" in r.stdout + r.stderr
+    assert not (quickstart / "my_shaders" / "_khal").exists(), "the failed build left my_shaders/_khal/ behind"
+    # and a build that succeeds keeps them (they are the editable install's kernels)
+    r = _editable(quickstart, _BUILD, session_cache)
+    assert r.returncode == 0, r.stderr
+    assert (quickstart / "my_shaders" / "_khal" / "manifest.json").is_file()
