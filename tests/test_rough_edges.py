@@ -75,3 +75,38 @@ def test_editable_build_failing_after_the_hook_removes_its_in_place_kernels(quic
     r = _editable(quickstart, _BUILD, session_cache)
     assert r.returncode == 0, r.stderr
     assert (quickstart / "my_shaders" / "_khal" / "manifest.json").is_file()
+
+
+_FAKE_PYTHON = """#!/usr/bin/env bash
+# stands in for python3 and the venv's python: records what scripts/test asks of it
+echo "CALL $*" >> "$KHAL_FAKE_LOG"
+if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi
+if [ "$1" = -c ]; then echo 3.11; fi
+exit 0
+"""
+
+
+def test_scripts_test_says_what_it_installs_before_it_does(tmp_path: Path) -> None:
+    """scripts/test takes minutes installing before pytest prints anything: it says what it is doing
+    (run on a copy, with a stand-in python3 that installs nothing)."""
+    if not (ROOT / "scripts/test").is_file():
+        pytest.skip("no scripts/test")
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts/test").write_text((ROOT / "scripts/test").read_text())
+    (tmp_path / "scripts/test").chmod(0o755)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text(_FAKE_PYTHON)
+    (bin_ / "python3").chmod(0o755)
+    log = tmp_path / "log"
+    env = dict(os.environ, PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}", KHAL_FAKE_LOG=str(log),
+               KHAL_TEST_PYTHONS="0.0")
+    r = run(["bash", str(tmp_path / "scripts/test"), "-q"], env=env, check=False)
+    if r.returncode == 3:
+        pytest.skip("no Vulkan driver here: scripts/test stops before its steps")
+    assert r.returncode == 0, r.stderr
+    printed = r.stdout
+    assert "installing this checkout editable with its test extra" in printed, printed
+    assert "a few minutes the first time" in printed, printed
+    assert "pytest -q" in printed, printed
+    assert "-m pip install -q -e .[test]" in log.read_text()
