@@ -184,6 +184,11 @@ def _print(lines: list[str], *, err: bool = False) -> None:
 
 
 def _describe(manifest: Manifest) -> list[str]:
+    try:  # the PTX ISA -> driver table of binary selection (nothing of cuda-bindings is imported)
+        from khal_runtime.backends.cuda.loader import ptx_driver_note
+    except ImportError:  # pragma: no cover - part of the runtime
+        def ptx_driver_note(isa: str | None) -> str:
+            return ""
     tc = manifest.toolchain
     tools = f"NVRTC {tc.nvrtc_version or '-'}" + (f", Slang {tc.slang_version}" if tc.slang_version else "")
     lines = [
@@ -219,6 +224,9 @@ def _describe(manifest: Manifest) -> list[str]:
         for a in crate.artifacts:
             isa = f"PTX ISA {a.ptx_isa or '-'}  " if a.kind in ("ptx", "cubin") else ""
             lines.append(f"    {a.kind:5} {a.arch or '-':11} {a.size:>9} B  sha256 {a.sha256[:16]}…  {isa}{a.path}")
+            note = ptx_driver_note(a.ptx_isa) if a.kind == "ptx" else ""
+            if note:  # a cubin loads on any driver of its CUDA major; PTX only on one that JITs its ISA
+                lines.append(f"      the PTX {note} to JIT (cubins are unaffected)")
     return lines
 
 

@@ -110,3 +110,27 @@ def test_scripts_test_says_what_it_installs_before_it_does(tmp_path: Path) -> No
     assert "a few minutes the first time" in printed, printed
     assert "pytest -q" in printed, printed
     assert "-m pip install -q -e .[test]" in log.read_text()
+
+
+def test_the_default_nvrtc_writes_ptx_every_cuda13_driver_jits() -> None:
+    """With ``nvrtc-requirement`` unset an isolated build resolved the newest NVRTC, whose PTX (13.5:
+    ISA 9.5) a CUDA 13.0 driver refuses (CUDA_ERROR_UNSUPPORTED_PTX_VERSION on the H200's R580).
+    NVRTC has no option choosing the PTX ISA, so the default is pinned to CUDA 13.0's NVRTC."""
+    from hatch_khal.config import DEFAULT_NVRTC_REQUIREMENT, HookConfig
+    from khal_runtime.backends.cuda.loader import max_ptx_isa, min_driver_for_ptx_isa
+    from packaging.requirements import Requirement
+
+    spec = Requirement(DEFAULT_NVRTC_REQUIREMENT).specifier
+    assert spec.contains("13.0.88") and not spec.contains("13.1.0") and not spec.contains("13.5.37"), spec
+    assert HookConfig.model_fields["nvrtc_requirement"].default == DEFAULT_NVRTC_REQUIREMENT
+    assert max_ptx_isa((13, 0)) == (9, 0) and min_driver_for_ptx_isa("9.0") == (13, 0)
+
+
+def test_inspect_says_which_driver_the_ptx_needs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hatch_khal.__main__ import main
+    from tests.fakecuda import make_entry, storage, write_package
+
+    pkg = write_package(tmp_path, [make_entry("k", (storage("x"),))], package="isapkg")  # PTX ISA 9.0
+    assert main(["inspect", str(pkg)]) == 0
+    out = capsys.readouterr().out
+    assert "the PTX needs a CUDA >= 13.0 driver (R580+) to JIT (cubins are unaffected)" in out, out
