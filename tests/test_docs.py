@@ -13,7 +13,10 @@ What each kind of block gets:
   exist and mention each flag (``scripts/test`` passes its arguments to pytest).
 * ```cpp      a ``KHAL_ENTRY`` block must parse with the hook's entry grammar.
 * ```slang    compiled by the Slang stage (CUDA, WGSL, SPIR-V), where slangpy is installed.
-* ```text     not run: output samples, grammars, diagrams (likewise ```json).
+* ```text     not run: output samples, grammars, diagrams (likewise ```json); but one marked
+  ``<!-- generated: NAME -->`` is what producer NAME of ``tests/doc_outputs.py`` prints (the
+  command of the block above it, run for real; ``scripts/update-docs`` rewrites the block), and one
+  that looks like hatch-khal's output must be generated or say why not (``<!-- sample: WHY -->``).
 
 Markers are HTML comments on the lines just above a block (several per comment, comma-separated,
 or one comment per line):
@@ -40,6 +43,9 @@ or one comment per line):
   of project files). After the merge, remove the marker and the checks must pass; an XPASS before
   says that check already holds on the current code.
 * ``<!-- needs: MODULE -->`` the python block imports MODULE (``torch``, ``cupy``): skipped without it.
+* ``<!-- layout: PATH ... -->`` (on a ```toml block declaring crates) the files (or, ending in
+  ``/``, folders) the page says the project holds: the snippet is planned by the hook, as written,
+  in a project holding them and one file per ``sources`` glob (``test_crate_snippet_plans_as_written``).
 * ``<!-- quote: PATH -->`` the next blockquote is a verbatim quote of the file PATH (whitespace
   aside; `` … `` separates quoted pieces, which must appear in order).
 
