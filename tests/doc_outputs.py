@@ -70,6 +70,24 @@ class Context:
         return project, log
 
 
+    def build_log(self, project: Path, *, check: bool = True) -> str:
+        """``pip wheel -v`` of ``project`` without isolation, with a cache of its own."""
+        cmd = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", "dist", "."]
+        if check:
+            return self.run(cmd, project, KHAL_CACHE_DIR=str(self.base / "cache"), KHAL_JOBS="2")
+        proc = subprocess.run(cmd, cwd=project, capture_output=True, text=True, timeout=900,
+                              env=self.env(KHAL_CACHE_DIR=str(self.base / "cache"), KHAL_JOBS="2"))
+        assert proc.returncode != 0, f"{project}: the build was meant to fail"
+        return proc.stdout + proc.stderr
+
+
+#: the error troubleshooting.md shows: the quickstart's kernel with a name it never declared
+BROKEN_LINE = ("    if (i < y.len) y[i] = params.a * x[i] + y[i];",
+               "    if (i < y.len) y[i] = params.a * x[i] + undefined_name;")
+#: the project's folder as the docs write it
+SHOWN_ROOT = "/path/to/my-shaders"
+
+
 def _elide(lines: list[str], keep: Callable[[int, str], bool]) -> list[str]:
     """``lines`` with each run of lines ``keep`` drops replaced by one ``...``."""
     out: list[str] = []
@@ -109,7 +127,29 @@ def quickstart_verify(ctx: Context) -> str:
 
 
 #: a block's marker may join producers with ``+``: their outputs one after the other
+def compile_error(ctx: Context) -> str:
+    """troubleshooting.md: the quickstart with an undeclared name in its kernel: the hook's line
+    cancelling the other compiles, then the CompileError with NVRTC's log (the absolute path of the
+    file NVRTC read, written here as /path/to/my-shaders)."""
+    from tests.test_docs import write_project
+
+    project = write_project(ctx.base / "broken" / "my-shaders")
+    src = project / "kernels" / "saxpy.cu"
+    text = src.read_text()
+    assert BROKEN_LINE[0] in text, "the quickstart's kernel changed: update BROKEN_LINE"
+    src.write_text(text.replace(*BROKEN_LINE))
+    log = ctx.build_log(project, check=False).replace(str(project.resolve()), SHOWN_ROOT) \
+        .replace(str(project), SHOWN_ROOT)
+    lines = [ln[2:] if ln.startswith("  ") else ln for ln in log.splitlines()]
+    out = [ln for ln in lines if re.match(r"khal: crate .* failed to compile", ln)]
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("hatch_khal.errors.CompileError"))
+    end = next(i for i in range(start, len(lines)) if "error detected in the compilation" in lines[i]
+               or "errors detected in the compilation" in lines[i])
+    return "\n".join(out + lines[start:end + 1]) + "\n"
+
+
 PRODUCERS: dict[str, Callable[[Context], str]] = {
+    "compile-error": compile_error,
     "quickstart-build": quickstart_build,
     "quickstart-inspect": quickstart_inspect,
     "quickstart-verify": quickstart_verify,
@@ -135,6 +175,7 @@ def normalise(text: str) -> str:
         ln = re.sub(r"\b\d+(\.\d+)?s\b", "<t>s", ln)
         ln = re.sub(r"(khal: \[\d+/\d+\] compiled crate '[^']*' for )\S+", r"\1<target>", ln)
         ln = re.sub(r"with \d+ threads", "with <n> threads", ln)
+        ln = re.sub(r"(failed to compile for )[\w.]+", r"\1<target>", ln)
         ln = re.sub(r"\b\d+ B\b", "<n> B", ln)
         ln = re.sub(r"sha256 [0-9a-f]{16}…", "sha256 <sha256>…", ln)
         out.append(re.sub(r"\s+", " ", ln).strip())
@@ -159,8 +200,10 @@ def rewrite(block, produced: str) -> None:  # noqa: ANN001
     """Replace the block's lines in its file with ``produced`` (the fences stay)."""
     lines = block.file.read_text(encoding="utf-8").splitlines(keepends=True)
     start = block.line  # 0-based index of the first line after the opening fence
-    end = start + len(block.code.splitlines())
-    assert lines[end].strip() == "```", f"{block.id}: the block is not where it was read"
+    end = start
+    while end < len(lines) and lines[end].strip() != "```":  # the closing fence
+        end += 1
+    assert end < len(lines), f"{block.id}: the block is not where it was read"
     lines[start:end] = [ln + "\n" for ln in produced.rstrip("\n").splitlines()]
     block.file.write_text("".join(lines), encoding="utf-8")
 
