@@ -956,3 +956,36 @@ def test_crate_snippet_plans_as_written(block: Block, tmp_path: Path, monkeypatc
     _, crates = parse_config(dict(hook), default_package="my_shaders", where=block.id)
     quiet = CallbackReporter(lambda m: None, lambda m: None, lambda m: None)
     assert plan_crates(root, crates, quiet)
+
+
+def _line_shape(line: str) -> str:
+    """A tool line with what varies from one build to another (numbers, names, targets) blanked."""
+    line = re.sub(r"'[^']*'", "'X'", line.strip())
+    line = re.sub(r"\b(sm|compute)_\d+[af]?\b", "ARCH", line)
+    line = re.sub(r"\d+(\.\d+)?", "N", line)
+    return re.sub(r"\s+", " ", line)
+
+
+#: prose quoting lines no producer prints here (they need a GPU)
+_INLINE_SAMPLES = ("khal: launch #", "khal: graph #")
+
+
+@pytest.mark.needs_nvrtc
+def test_inline_build_lines_have_the_shape_the_build_prints(doc_outputs: Any) -> None:
+    """A `khal: ...` line quoted in prose (troubleshooting's "compiling 3 crate(s) × 8 target(s)
+    with 2 threads") has the shape of a line the build prints now (numbers and names aside)."""
+    from tests.doc_outputs import produce
+
+    produced = produce("quickstart-build", doc_outputs) + produce("compile-error", doc_outputs)
+    shapes = {_line_shape(ln) for ln in produced.splitlines() if ln.startswith("khal: ")}
+    shapes.add(_line_shape("khal: editable install: kernels written to my_shaders/_khal/"))
+    bad = []
+    for f in DOC_FILES:
+        for line, text in read_doc(f).prose:
+            for span in re.findall(r"`(khal: [^`]*)`", text):
+                if span.startswith(_INLINE_SAMPLES) or "…" in span or "..." in span:
+                    continue
+                if _line_shape(span) not in shapes:
+                    bad.append(f"{f.relative_to(ROOT)}:{line}: `{span}` is not a line the build prints "
+                               f"(shapes printed now: {sorted(shapes)})")
+    assert not bad, "\n".join(bad)
