@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
 from khal_runtime import manifest as _manifest
+from khal_runtime.binaries import ptx_driver_note
 from khal_runtime.errors import ArtifactError, KhalError, ManifestError
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Artifact, Manifest, load_manifest, parse_manifest
 
@@ -184,11 +185,6 @@ def _print(lines: list[str], *, err: bool = False) -> None:
 
 
 def _describe(manifest: Manifest) -> list[str]:
-    try:  # the PTX ISA -> driver table of binary selection (nothing of cuda-bindings is imported)
-        from khal_runtime.backends.cuda.loader import ptx_driver_note
-    except ImportError:  # pragma: no cover - part of the runtime
-        def ptx_driver_note(isa: str | None) -> str:
-            return ""
     tc = manifest.toolchain
     tools = f"NVRTC {tc.nvrtc_version or '-'}" + (f", Slang {tc.slang_version}" if tc.slang_version else "")
     lines = [

@@ -117,7 +117,7 @@ def test_the_default_nvrtc_writes_ptx_every_cuda13_driver_jits() -> None:
     ISA 9.5) a CUDA 13.0 driver refuses (CUDA_ERROR_UNSUPPORTED_PTX_VERSION on the H200's R580).
     NVRTC has no option choosing the PTX ISA, so the default is pinned to CUDA 13.0's NVRTC."""
     from hatch_khal.config import DEFAULT_NVRTC_REQUIREMENT, HookConfig
-    from khal_runtime.backends.cuda.loader import max_ptx_isa, min_driver_for_ptx_isa
+    from khal_runtime.binaries import max_ptx_isa, min_driver_for_ptx_isa
     from packaging.requirements import Requirement
 
     spec = Requirement(DEFAULT_NVRTC_REQUIREMENT).specifier

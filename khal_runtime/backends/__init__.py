@@ -215,6 +215,7 @@ def _choose() -> tuple[Backend, str]:
                 "build (CUDA C++ crates run on CUDA only; a Slang crate ships WGSL / SPIR-V too)")
         raise BackendUnavailableError(
             f"{cst.reason}; and no WebGPU fallback: {wst.reason}")
+    assert webgpu is not None  # usable, so imported
     hint = (" An NVIDIA device is visible (/dev/nvidiactl): this probably hides a broken CUDA "
             "setup; set KHAL_BACKEND=cuda to see the error.") if _nvidia_visible() else ""
     line = (f"KHAL_BACKEND=auto: using WebGPU ({adapter}) because "
