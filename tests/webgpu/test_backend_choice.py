@@ -255,3 +255,14 @@ def test_without_gpu_the_wgpu_hint_comes_only_when_a_loaded_package_has_webgpu_a
     khal_runtime.load(pkgs["other_arch"])
     with pytest.raises(BackendUnavailableError, match=r"no WebGPU fallback: wgpu-py is not installed: pip install"):
         DeviceBuffer.zeros(4)
+
+
+def test_webgpu_host_array_hint_names_the_public_api() -> None:
+    """A host array passed for a storage binding on WebGPU: the hint names khal_runtime.DeviceBuffer,
+    the API users have, not the backend's internal WgpuArray."""
+    from khal_runtime.backends.webgpu.kernel import _not_storage
+    from khal_runtime.errors import ArgumentError
+
+    with pytest.raises(ArgumentError) as exc:
+        _not_storage(np.ones(4, np.float32))
+    assert "khal_runtime.DeviceBuffer.from_numpy(a)" in str(exc.value) and "WgpuArray" not in str(exc.value)
