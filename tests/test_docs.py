@@ -793,6 +793,28 @@ def _project_params() -> list[Any]:
     return out
 
 
+_HOOK_TABLE = "[tool.hatch.build.targets.wheel.hooks.khal]"
+
+
+def _pin_nvrtc_to_the_installed_one(pyproject: Path) -> None:
+    """The hatch projects' isolated builds get the NVRTC installed here (as tests/test_wheels.py's
+    do), not the default ``nvrtc-requirement`` (CUDA 13.0's, which a local mirror may not hold):
+    what is tested is the project, not the index."""
+    from importlib.metadata import version
+
+    text = pyproject.read_text()
+    if "nvrtc-requirement" in text or "hooks.khal" not in text:
+        return
+    pin = f'nvrtc-requirement = "nvidia-cuda-nvrtc=={version("nvidia-cuda-nvrtc")}"\n'
+    if f"{_HOOK_TABLE}\n" in text:
+        text = text.replace(f"{_HOOK_TABLE}\n", f"{_HOOK_TABLE}\n{pin}", 1)
+    else:
+        first = text.index("[[tool.hatch.build.targets.wheel.hooks.khal.crates]]")
+        text = f"{text[:first]}{_HOOK_TABLE}\n{pin}\n{text[first:]}"
+    tomllib.loads(text)
+    pyproject.write_text(text)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("project", _project_params())
 def test_quickstart_projects_build(project: str, tmp_path: Path, session_cache: Path, find_links: Path) -> None:
@@ -801,6 +823,7 @@ def test_quickstart_projects_build(project: str, tmp_path: Path, session_cache: 
     promise, its contents, and ``python -m hatch_khal verify``."""
     files = project_files(project)
     src = write_project(tmp_path / project, project)
+    _pin_nvrtc_to_the_installed_one(src / "pyproject.toml")
     out = tmp_path / "dist"
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--find-links", str(find_links), "-w", str(out), str(src)],
         env=build_env(session_cache, KHAL_CUDA_ARCHS="sm_90"))
