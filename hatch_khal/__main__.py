@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
 from khal_runtime import manifest as _manifest
+from khal_runtime.binaries import ptx_driver_note
 from khal_runtime.errors import ArtifactError, KhalError, ManifestError
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Artifact, Manifest, load_manifest, parse_manifest
 
@@ -223,6 +224,9 @@ def _describe(manifest: Manifest) -> list[str]:
         for a in crate.artifacts:
             isa = f"PTX ISA {a.ptx_isa or '-'}  " if a.kind in ("ptx", "cubin") else ""
             lines.append(f"    {a.kind:5} {a.arch or '-':11} {a.size:>9} B  sha256 {a.sha256[:16]}…  {isa}{a.path}")
+            note = ptx_driver_note(a.ptx_isa) if a.kind == "ptx" else ""
+            if note:  # a cubin loads on any driver of its CUDA major; PTX only on one that JITs its ISA
+                lines.append(f"      the PTX {note} to JIT (cubins are unaffected)")
     return lines
 
 

@@ -42,7 +42,13 @@ __all__ = [
 DEFAULT_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
 #: PTX for forward compatibility (JIT on newer GPUs), lowest arch so any GPU can JIT it.
 DEFAULT_PTX_ARCH = "compute_75"
-DEFAULT_NVRTC_REQUIREMENT = "nvidia-cuda-nvrtc>=12.8"
+#: NVRTC added to an isolated build: CUDA 13.0's. NVRTC has no option to choose the PTX ISA it
+#: writes (each release writes its own: 13.5 writes ISA 9.5), and a driver JITs PTX only up to its
+#: own CUDA version, so the newest NVRTC would make PTX that only the newest drivers load
+#: (CUDA_ERROR_UNSUPPORTED_PTX_VERSION on a CUDA 13.0 / R580 driver). 13.0's PTX (ISA 9.0) loads
+#: on every CUDA 13 driver; cubins are unaffected. Projects for CUDA 12 drivers pin
+#: nvidia-cuda-nvrtc-cu12 (docs/guide/configuration.md).
+DEFAULT_NVRTC_REQUIREMENT = "nvidia-cuda-nvrtc~=13.0.0"
 
 #: Keys hatchling itself reads from every build-hook table.
 HATCH_RESERVED_KEYS = frozenset(

@@ -13,6 +13,8 @@ the setuptools command is in :mod:`hatch_khal.frontend`.
 
 from __future__ import annotations
 
+import atexit
+import importlib.util
 import shutil
 import tempfile
 from functools import cached_property
@@ -43,6 +45,9 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._staging: Path | None = None
+        #: ``_khal`` folders an editable build wrote in place, removed again unless the build
+        #: reaches ``finalize`` (hatchling calls no hook when the build fails after ``initialize``)
+        self._in_place: list[Path] = []
 
     # -- configuration: each accessor names the hook (and the option) in its errors --------
 
@@ -101,18 +106,29 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         crates = self.crates  # the configuration's errors first
         self._check_runtime_dependency()
         editable = version == "editable"
+        if editable:
+            self._check_editables()
         # NVRTC chosen by (and checked against) nvrtc-requirement, also in the compile workers
         with nvrtc_requirement(self.hook_config.nvrtc_requirement):
             result = build_packages(Path(self.root), crates, self.reporter, editable=editable)
         if editable:
-            for out in result.packages:
-                write_package_output(out, Path(self.root) / out.package)
-                self.reporter.info(f"khal: editable install: kernels written to {out.package}/{MANIFEST_DIR}/")
+            atexit.register(self._undo_in_place)
+            try:
+                for out in result.packages:
+                    target = Path(self.root) / out.package
+                    write_package_output(out, target)
+                    self._in_place.append(target)
+                    self.reporter.info(f"khal: editable install: kernels written to {out.package}/{MANIFEST_DIR}/")
+            except BaseException:
+                self._undo_in_place()
+                raise
         else:
             self._stage(result, build_data)
         self.reporter.info(summary(result))
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:  # noqa: ARG002
+        self._in_place = []  # the editable wheel was built: its in-place kernels stay
+        atexit.unregister(self._undo_in_place)
         self._cleanup()
 
     # -- helpers -------------------------------------------------------------
@@ -143,6 +159,31 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         if kind == "error":
             raise ConfigError(f"{self.where}: {message}")
         self.reporter.warn(message)
+
+    def _check_editables(self) -> None:
+        """hatchling's editable wheel (without ``dev-mode-dirs``) imports ``editables`` after the
+        hooks ran: a missing one would fail the build with a traceback after the kernels were
+        compiled and written in place. Said first, with what to install."""
+        if getattr(self.build_config, "dev_mode_dirs", None):
+            return
+        try:
+            missing = importlib.util.find_spec("editables") is None
+        except ImportError:
+            missing = True
+        if missing:
+            raise ConfigError(
+                "an editable install needs the `editables` package in the build environment, and it is "
+                "not installed here (a build without isolation uses this environment): pip install "
+                "\"hatch-khal[build]\" (which has it) or pip install editables")
+
+    def _undo_in_place(self) -> None:
+        """Remove what this editable build wrote in place: the build failed after ``initialize``."""
+        for target in self._in_place:
+            try:
+                remove_output(target)
+            except Exception:  # noqa: BLE001 - never mask the build's own error
+                pass
+        self._in_place = []
 
     def _stage(self, result: BuildResult, build_data: dict[str, Any]) -> None:
         self._staging = Path(tempfile.mkdtemp(prefix="hatch-khal-"))

@@ -16,6 +16,12 @@ from khal_runtime.errors import ArtifactError
 from khal_runtime.abi import split_symbol
 
 __all__ = [
+    "DRIVER_BRANCH",
+    "PTX_ISA_BY_DRIVER",
+    "max_ptx_isa",
+    "min_driver_for_ptx_isa",
+    "ptx_driver_note",
+    "ptx_isa_supported",
     "BinaryFormatError",
     "BinaryInfo",
     "ELF_MAGIC",
@@ -491,3 +497,72 @@ def webgpu_entry_points(data: bytes, kind: str, source: str = "shader") -> tuple
             names.append(raw.decode("utf-8", "replace"))
         i += count
     return tuple(names)
+
+
+# ---------------------------------------------------------------------------------------------
+# PTX ISA <-> driver (binary selection: khal_runtime.backends.cuda.loader; inspect)
+# ---------------------------------------------------------------------------------------------
+#: Highest PTX ISA each driver (CUDA version) can JIT. Between entries the lower one holds.
+PTX_ISA_BY_DRIVER: dict[tuple[int, int], tuple[int, int]] = {
+    (11, 0): (7, 0), (11, 1): (7, 1), (11, 2): (7, 2), (11, 3): (7, 3), (11, 4): (7, 4),
+    (11, 5): (7, 5), (11, 6): (7, 6), (11, 7): (7, 7), (11, 8): (7, 8),
+    (12, 0): (8, 0), (12, 1): (8, 1), (12, 2): (8, 2), (12, 3): (8, 3), (12, 4): (8, 4),
+    (12, 5): (8, 5), (12, 6): (8, 5), (12, 8): (8, 7), (12, 9): (8, 8),
+    (13, 0): (9, 0), (13, 1): (9, 1), (13, 2): (9, 2),
+}
+
+
+#: The driver branch (R-number, as nvidia-smi's driver version begins) that first shipped each CUDA
+#: version of the table above, where NVIDIA's release notes name one.
+DRIVER_BRANCH: dict[tuple[int, int], int] = {
+    (12, 0): 525, (12, 1): 530, (12, 2): 535, (12, 3): 545, (12, 4): 550, (12, 5): 555,
+    (12, 6): 560, (12, 8): 570, (12, 9): 575, (13, 0): 580,
+}
+
+
+def min_driver_for_ptx_isa(isa: str | None) -> tuple[int, int] | None:
+    """The oldest driver (its CUDA version) that JITs PTX of ISA ``isa``: the inverse of
+    :data:`PTX_ISA_BY_DRIVER`. Past the table, ISA 9.N is CUDA 13.N's (the pattern of 13.0 to 13.2:
+    each CUDA 13 minor brings the PTX ISA of the same minor); None for an ISA it cannot place."""
+    got = _isa_tuple(isa)
+    if got is None:
+        return None
+    for drv, top in sorted(PTX_ISA_BY_DRIVER.items()):
+        if top >= got:
+            return drv
+    if got[0] == 9:
+        return (13, got[1])
+    return None
+
+
+def ptx_driver_note(isa: str | None) -> str:
+    """``needs a CUDA >= 13.0 driver (R580+)`` for PTX of ISA ``isa`` ("" when it cannot be placed)."""
+    drv = min_driver_for_ptx_isa(isa)
+    if drv is None:
+        return ""
+    branch = DRIVER_BRANCH.get(drv)
+    return f"needs a CUDA >= {drv[0]}.{drv[1]} driver" + (f" (R{branch}+)" if branch else "")
+
+
+def max_ptx_isa(driver: tuple[int, int]) -> tuple[int, int] | None:
+    """Highest PTX ISA the driver JITs; None when the driver is newer than this table (try)."""
+    if driver > max(PTX_ISA_BY_DRIVER):
+        return None
+    best: tuple[int, int] = (6, 0)
+    for drv, isa in sorted(PTX_ISA_BY_DRIVER.items()):
+        if drv <= driver:
+            best = isa
+    return best
+
+
+def _isa_tuple(isa: str | None) -> tuple[int, int] | None:
+    if not isa:
+        return None
+    m = re.fullmatch(r"(\d+)\.(\d+)", isa.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def ptx_isa_supported(isa: str | None, driver: tuple[int, int]) -> bool:
+    limit = max_ptx_isa(driver)
+    got = _isa_tuple(isa)
+    return limit is None or got is None or got <= limit

@@ -10,6 +10,7 @@ __all__ = [
     "ArgumentError",
     "ArgumentValueError",
     "ArtifactError",
+    "BackendFallbackWarning",
     "BackendUnavailableError",
     "CaptureError",
     "CudaError",
@@ -56,6 +57,13 @@ class ParamLayoutError(KhalError):
 class BackendUnavailableError(KhalError, RuntimeError):
     """No backend can run kernels here (no usable CUDA driver/device, no WebGPU adapter), or the
     one ``KHAL_BACKEND`` asks for is unusable or lacks what the package needs."""
+
+
+class BackendFallbackWarning(UserWarning):
+    """``KHAL_BACKEND=auto`` chose WebGPU where CUDA was expected (CUDA unusable, or a loaded
+    package has no CUDA binary for the device): warned once per process. Filter it with
+    ``warnings.filterwarnings("ignore", category=khal_runtime.BackendFallbackWarning)`` or set
+    ``KHAL_BACKEND=webgpu`` to say that WebGPU is meant."""
 
 
 class NoCompatibleBinaryError(KhalError):

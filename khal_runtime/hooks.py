@@ -5,8 +5,8 @@ stream, args, do_launch)``, which must call ``do_launch()``. The generated launc
 plan holds that call only while hooks are installed: plans register with :meth:`Hooks.watch`
 and are regenerated when hooks come and go, so launches without tracing pay nothing.
 
-Also the trace output every layer writes to (:func:`write_line`: ``KHAL_CUDA_TRACE_FILE`` or
-stderr), and the allocation lines ``KHAL_CUDA_ALLOC_TRACE`` asks for (:func:`trace_alloc`,
+Also the trace output every layer writes to (:func:`write_line`: ``KHAL_TRACE_FILE`` (alias
+``KHAL_CUDA_TRACE_FILE``) or stderr), and the allocation lines ``KHAL_CUDA_ALLOC_TRACE`` asks for (:func:`trace_alloc`,
 written by :class:`khal_runtime.DeviceBuffer`): the lower layers report here, tracing reads and
 writes through it, so no module imports one above it.
 
@@ -83,9 +83,9 @@ def _sink(path: str | None) -> IO[str]:
 
 
 def write_line(line: str, path: str | None = None) -> None:
-    """One line to the trace sink (``KHAL_CUDA_TRACE_FILE`` or stderr)."""
+    """One line to the trace sink (``KHAL_TRACE_FILE``, alias ``KHAL_CUDA_TRACE_FILE``, or stderr)."""
     if path is None:
-        path = os.environ.get("KHAL_CUDA_TRACE_FILE") or None
+        path = os.environ.get("KHAL_TRACE_FILE") or os.environ.get("KHAL_CUDA_TRACE_FILE") or None
     with _out_lock:
         f = _sink(path)
         f.write(line + "\n")

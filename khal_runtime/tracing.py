@@ -8,21 +8,22 @@ queries where the adapter has them).
 
 Environment (read when the first package is loaded):
 
-``KHAL_CUDA_TRACE``
+``KHAL_TRACE`` (alias ``KHAL_CUDA_TRACE``; every ``KHAL_CUDA_*`` name of this list is an alias
+of the ``KHAL_*`` name, which wins where both are set: they apply to WebGPU as well)
     ``1`` (or ``true``/``yes``/``on``): one line per launch — kernel, grid, block,
     shared memory, stream, and each argument's kind and size. ``sync``: the same,
     and the stream is synchronised after each launch, so the first kernel that
     fails is reported by name (``CudaError``).
-``KHAL_CUDA_TRACE_FILE``
+``KHAL_TRACE_FILE`` (alias ``KHAL_CUDA_TRACE_FILE``)
     write trace lines (and ``KHAL_TRACE_INDIRECT`` / ``KHAL_CUDA_ALLOC_TRACE``
     lines) to this file, appending, instead of stderr.
-``KHAL_CUDA_PROFILE``
+``KHAL_PROFILE`` (alias ``KHAL_CUDA_PROFILE``)
     ``1``: per-kernel GPU time from a pair of CUDA events around each launch
     (recorded on the launch's stream: nothing is serialised, the events are read
     lazily), printed as a table at exit; ``khal_runtime.profile()`` prints it on
     demand. Graph replays are timed as a whole, one row per graph, with the
     kernels captured into it listed.
-``KHAL_CUDA_PROFILE_FILE``
+``KHAL_PROFILE_FILE`` (alias ``KHAL_CUDA_PROFILE_FILE``)
     write the exit table to this file instead of stderr.
 ``KHAL_CUDA_NVTX``
     ``1``: NVTX ranges named after each kernel (needs the ``nvtx`` package), also
@@ -88,17 +89,37 @@ class TraceConfig:
         return self.trace or self.profile or self.nvtx
 
 
-def _flag(environ: Any, name: str, warnings: list[str], extra: tuple[str, ...] = ()) -> str:
-    raw = environ.get(name, "")
-    v = raw.strip().lower()
-    if v in _FALSE:
+#: (name, alias) of each variable: the ``KHAL_CUDA_*`` spellings came first and stay as aliases
+#: (they apply to WebGPU as well); where both are set the name wins
+ENV_NAMES = {
+    "trace": ("KHAL_TRACE", "KHAL_CUDA_TRACE"),
+    "trace_file": ("KHAL_TRACE_FILE", "KHAL_CUDA_TRACE_FILE"),
+    "profile": ("KHAL_PROFILE", "KHAL_CUDA_PROFILE"),
+    "profile_file": ("KHAL_PROFILE_FILE", "KHAL_CUDA_PROFILE_FILE"),
+    "nvtx": ("KHAL_CUDA_NVTX",),
+}
+
+
+def _get(environ: Any, what: str) -> tuple[str, str]:
+    """(the variable's name as set, its value) for one setting; ``("KHAL_TRACE", "")`` when unset."""
+    names = ENV_NAMES[what]
+    for name in names:
+        raw = environ.get(name)
+        if raw:
+            return name, raw
+    return names[0], ""
+
+
+def _flag(environ: Any, what: str, warnings: list[str], extra: tuple[str, ...] = ()) -> str:
+    name, raw = _get(environ, what)
+    if not abi.env_flag(raw):
         return ""
-    if v in _TRUE:
-        return "1"
+    v = raw.strip().lower()
     if v in extra:
         return str(v)
-    warnings.append(f"{name}={raw!r} is not understood (use 1{''.join('/' + e for e in extra)} or 0); "
-                    "taking it as 1")
+    if v not in _TRUE:
+        warnings.append(f"{name}={raw!r} is not understood (use 1{''.join('/' + e for e in extra)} or 0); "
+                        "taking it as 1")
     return "1"
 
 
@@ -106,15 +127,20 @@ def parse_env(environ: Any = None) -> TraceConfig:
     """The tracing/profiling configuration the environment asks for."""
     env = os.environ if environ is None else environ
     warnings: list[str] = []
-    trace = _flag(env, "KHAL_CUDA_TRACE", warnings, ("sync",))
-    prof = _flag(env, "KHAL_CUDA_PROFILE", warnings)
-    nvtx = _flag(env, "KHAL_CUDA_NVTX", warnings)
+    trace = _flag(env, "trace", warnings, ("sync",))
+    prof = _flag(env, "profile", warnings)
+    nvtx = _flag(env, "nvtx", warnings)
     return TraceConfig(
         trace=bool(trace), sync=trace == "sync", profile=bool(prof), nvtx=bool(nvtx),
-        trace_file=env.get("KHAL_CUDA_TRACE_FILE") or None,
-        profile_file=env.get("KHAL_CUDA_PROFILE_FILE") or None,
+        trace_file=_get(env, "trace_file")[1] or None,
+        profile_file=_get(env, "profile_file")[1] or None,
         warnings=tuple(warnings),
     )
+
+
+def env_asks() -> bool:
+    """Whether any tracing / profiling / NVTX variable is set (cheap: no parsing)."""
+    return any(os.environ.get(n) for names in ENV_NAMES.values() for n in names)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,6 +168,8 @@ def describe_arg(p: Any, obj: Any) -> str:
             return (f"{p.name}={p.kind} {p.element_type}[{count}] "
                     f"({_fmt_bytes(count * int(p.element_size))} @0x{ptr:x})")
         if reader == "struct":
+            if isinstance(obj, dict):  # packed into the struct's layout by the launch
+                return f"{p.name}={p.kind} {p.element_type} ({p.element_size} B, from a dict)"
             u = to_uniform(obj)
             if isinstance(u, bytes):
                 return f"{p.name}={p.kind} {p.element_type} ({len(u)} B, host)"
@@ -167,7 +195,7 @@ def kernel_name(plan: Any) -> str:
 
 def trace_line(seq: int, plan: Any, grid: tuple[int, ...], block: tuple[int, ...], shmem: int,
                stream: Any, args: tuple[Any, ...], note: str = "") -> str:
-    """The ``KHAL_CUDA_TRACE`` line of one launch."""
+    """The ``KHAL_TRACE`` line of one launch."""
     handle = getattr(stream, "handle", stream)
     h = f"0x{handle:x}" if isinstance(handle, int) else str(handle)
     bk = getattr(getattr(stream, "_bk", None), "name", "cuda")
@@ -427,7 +455,7 @@ class Dispatcher:
                     result = do_launch()
             except CudaError as exc:
                 if cfg.sync:
-                    raise CudaError(f"KHAL_CUDA_TRACE=sync: launch #{seq} of {name} failed: {exc}",
+                    raise CudaError(f"KHAL_TRACE=sync: launch #{seq} of {name} failed: {exc}",
                                     code=exc.code) from exc
                 raise
             if cfg.sync and not capturing:
@@ -442,7 +470,7 @@ class Dispatcher:
             stream._bk.synchronize(stream)
         except KhalError as exc:
             code = getattr(exc, "code", "") or str(exc)
-            msg = (f"KHAL_CUDA_TRACE=sync: kernel {name} (launch #{seq}, grid={_dims(grid)} "
+            msg = (f"KHAL_TRACE=sync: kernel {name} (launch #{seq}, grid={_dims(grid)} "
                    f"block={_dims(block)}) failed: "
                    f"{code}; it is the first launch whose stream synchronisation failed")
             write_line("khal: " + msg, self.cfg.trace_file)
@@ -484,7 +512,8 @@ def _at_exit(path: str | None) -> None:
     try:
         with _profiler.lock:
             has = bool(_profiler.stats or _profiler.pending or _profiler.captured)
-        if not has:
+        # a backend that times its own launches (WebGPU) keeps its table itself
+        if not has and not _backend_tables():
             return
         if path:
             with open(path, "a", encoding="utf-8") as f:
@@ -553,5 +582,5 @@ def install_from_env_once() -> None:
     if _env_read:
         return
     _env_read = True
-    if os.environ.get("KHAL_CUDA_TRACE") or os.environ.get("KHAL_CUDA_PROFILE") or os.environ.get("KHAL_CUDA_NVTX"):
+    if env_asks():
         install_from_env()

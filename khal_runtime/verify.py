@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping
@@ -544,6 +545,17 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
     return out
 
 
+def editable_rebuild_hint(root: str | os.PathLike[str]) -> str:
+    """The commands that rebuild an editable install of the project at ``root``. A plain ``pip
+    install -e .`` builds in an isolated environment, which must find hatch-khal: on an index, or
+    with ``--find-links`` to its wheel; without isolation this environment's build tools are used."""
+    where = shlex.quote(str(root))
+    return (f"rebuild it: pip install --no-build-isolation -e {where} (with hatch-khal[build] installed "
+            f"in this environment), or pip install --find-links DIR -e {where} where DIR holds "
+            "hatch-khal's wheel (until hatch-khal is on PyPI, a plain pip install -e . fails with "
+            "'No matching distribution found for hatch-khal')")
+
+
 def check_sources(manifest: Manifest, package_dir: str | os.PathLike[str] | None = None) -> list[Problem]:
     """Editable installs: crate sources re-hashed against the manifest. Only regular files
     inside the recorded project root are read (at most :data:`MAX_SOURCE_BYTES` each), and only
@@ -586,7 +598,7 @@ def check_sources(manifest: Manifest, package_dir: str | os.PathLike[str] | None
                 problems.append(Problem(
                     "stale", crate.name,
                     f"sources changed since the last build ({src.path} {what}, crate "
-                    f"{crate.name!r}); re-run pip install -e .",
+                    f"{crate.name!r}); {editable_rebuild_hint(root)}",
                     StaleBuildError, src.path,
                 ))
     return problems

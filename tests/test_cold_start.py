@@ -40,7 +40,8 @@ HEAVY = ("torch", "cupy", "nvtx", "wgpu", "hatch_khal", "numpy")
 def _run(code: str, path: Path | None = None, **env_extra: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([str(path)] if path else []) + [env.get("PYTHONPATH", "")])
-    for k in ("KHAL_BACKEND", "KHAL_EAGER_INIT", "KHAL_CUDA_TRACE", "KHAL_CUDA_PROFILE", "KHAL_CUDA_NVTX"):
+    for k in ("KHAL_BACKEND", "KHAL_EAGER_INIT", "KHAL_TRACE", "KHAL_PROFILE", "KHAL_CUDA_TRACE", "KHAL_CUDA_PROFILE",
+              "KHAL_CUDA_NVTX"):
         env.pop(k, None)
     env.update(env_extra)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,

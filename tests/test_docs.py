@@ -13,7 +13,10 @@ What each kind of block gets:
   exist and mention each flag (``scripts/test`` passes its arguments to pytest).
 * ```cpp      a ``KHAL_ENTRY`` block must parse with the hook's entry grammar.
 * ```slang    compiled by the Slang stage (CUDA, WGSL, SPIR-V), where slangpy is installed.
-* ```text     not run: output samples, grammars, diagrams (likewise ```json).
+* ```text     not run: output samples, grammars, diagrams (likewise ```json); but one marked
+  ``<!-- generated: NAME -->`` is what producer NAME of ``tests/doc_outputs.py`` prints (the
+  command of the block above it, run for real; ``scripts/update-docs`` rewrites the block), and one
+  that looks like hatch-khal's output must be generated or say why not (``<!-- sample: WHY -->``).
 
 Markers are HTML comments on the lines just above a block (several per comment, comma-separated,
 or one comment per line):
@@ -40,6 +43,9 @@ or one comment per line):
   of project files). After the merge, remove the marker and the checks must pass; an XPASS before
   says that check already holds on the current code.
 * ``<!-- needs: MODULE -->`` the python block imports MODULE (``torch``, ``cupy``): skipped without it.
+* ``<!-- layout: PATH ... -->`` (on a ```toml block declaring crates) the files (or, ending in
+  ``/``, folders) the page says the project holds: the snippet is planned by the hook, as written,
+  in a project holding them and one file per ``sources`` glob (``test_crate_snippet_plans_as_written``).
 * ``<!-- quote: PATH -->`` the next blockquote is a verbatim quote of the file PATH (whitespace
   aside; `` … `` separates quoted pieces, which must appear in order).
 
@@ -101,7 +107,10 @@ class Block:
 
     @property
     def rel(self) -> str:
-        return self.file.relative_to(ROOT).as_posix()
+        try:
+            return self.file.relative_to(ROOT).as_posix()
+        except ValueError:  # a page outside the repository (the tests of this file's machinery)
+            return self.file.name
 
     @property
     def id(self) -> str:
@@ -784,6 +793,28 @@ def _project_params() -> list[Any]:
     return out
 
 
+_HOOK_TABLE = "[tool.hatch.build.targets.wheel.hooks.khal]"
+
+
+def _pin_nvrtc_to_the_installed_one(pyproject: Path) -> None:
+    """The hatch projects' isolated builds get the NVRTC installed here (as tests/test_wheels.py's
+    do), not the default ``nvrtc-requirement`` (CUDA 13.0's, which a local mirror may not hold):
+    what is tested is the project, not the index."""
+    from importlib.metadata import version
+
+    text = pyproject.read_text()
+    if "nvrtc-requirement" in text or "hooks.khal" not in text:
+        return
+    pin = f'nvrtc-requirement = "nvidia-cuda-nvrtc=={version("nvidia-cuda-nvrtc")}"\n'
+    if f"{_HOOK_TABLE}\n" in text:
+        text = text.replace(f"{_HOOK_TABLE}\n", f"{_HOOK_TABLE}\n{pin}", 1)
+    else:
+        first = text.index("[[tool.hatch.build.targets.wheel.hooks.khal.crates]]")
+        text = f"{text[:first]}{_HOOK_TABLE}\n{pin}\n{text[first:]}"
+    tomllib.loads(text)
+    pyproject.write_text(text)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("project", _project_params())
 def test_quickstart_projects_build(project: str, tmp_path: Path, session_cache: Path, find_links: Path) -> None:
@@ -792,6 +823,7 @@ def test_quickstart_projects_build(project: str, tmp_path: Path, session_cache: 
     promise, its contents, and ``python -m hatch_khal verify``."""
     files = project_files(project)
     src = write_project(tmp_path / project, project)
+    _pin_nvrtc_to_the_installed_one(src / "pyproject.toml")
     out = tmp_path / "dist"
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--find-links", str(find_links), "-w", str(out), str(src)],
         env=build_env(session_cache, KHAL_CUDA_ARCHS="sm_90"))
@@ -807,3 +839,176 @@ def test_quickstart_projects_build(project: str, tmp_path: Path, session_cache: 
     if "from ._khal import" in files.get("my_shaders/__init__.py", ""):
         assert "my_shaders/_khal/__init__.py" in names, f"{project}: the build wrote no my_shaders/_khal/__init__.py"
     run([sys.executable, "-m", "hatch_khal", "verify", str(wheel)])
+
+
+# ------------------------------------------------------------------------------------------
+# output blocks produced by their command (tests/doc_outputs.py)
+# ------------------------------------------------------------------------------------------
+
+#: the first line of a ```text block that shows what hatch-khal prints
+_TOOL_OUTPUT = re.compile(r"^(khal[: ]|package \S+ \(schema|verify: )")
+
+
+def test_tool_output_blocks_are_generated_or_say_why_not() -> None:
+    """A block of hatch-khal's output is produced by its command (``<!-- generated: NAME -->``),
+    or says why it cannot be here (``<!-- sample: needs a GPU -->``): typed output drifts."""
+    from tests.doc_outputs import MARKER, PRODUCERS
+
+    bad = []
+    for b in all_blocks():
+        if b.lang != "text" or b.pending:
+            continue
+        if MARKER in b.markers:
+            unknown = [p for p in b.markers[MARKER].split("+") if p not in PRODUCERS]
+            if unknown:
+                bad.append(f"{b.id}: no producer {unknown} in tests/doc_outputs.py")
+            continue
+        first = b.code.strip().splitlines()[0] if b.code.strip() else ""
+        if _TOOL_OUTPUT.match(first) and "sample" not in b.markers:
+            bad.append(f"{b.id}: hatch-khal's output typed by hand ({first[:60]!r}); mark it "
+                       "<!-- generated: NAME --> with a producer in tests/doc_outputs.py, or <!-- sample: WHY -->")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.fixture(scope="session")
+def doc_outputs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One build per doc page, shared by all of its generated blocks."""
+    from tests.doc_outputs import Context
+
+    return Context(tmp_path_factory.mktemp("doc-outputs"))
+
+
+def _generated_params() -> list[Any]:
+    from tests.doc_outputs import generated_blocks
+
+    return [pytest.param(b, id=b.id, marks=[pytest.mark.needs_nvrtc]) for b in generated_blocks()]
+
+
+@pytest.mark.parametrize("block", _generated_params())
+def test_generated_block(block: Block, doc_outputs: Any) -> None:
+    """The block holds what its command prints now (normalised for times, sizes, sha256 prefixes and
+    the order parallel compiles finish in; entry hashes compared exactly). Stale: run
+    ``scripts/update-docs``."""
+    from tests.doc_outputs import MARKER, diff, produce
+
+    d = diff(block, produce(block.markers[MARKER], doc_outputs))
+    assert not d, (f"{block.id} is stale: it is not what `{block.markers[MARKER]}` prints now; rewrite it "
+                   f"with scripts/update-docs (python -m tests.doc_outputs --update)\n{d}")
+
+
+def test_generated_blocks_compare_hashes_exactly_and_rewrite_in_place(tmp_path: Path) -> None:
+    """What varies between runs (times, sizes, sha256 prefixes, finishing order) is normalised; an
+    entry hash is not (the docs say it is the same on any machine). ``--update`` rewrites only the
+    block, fences and markers kept."""
+    from tests.doc_outputs import diff, rewrite
+
+    doc = tmp_path / "page.md"
+    shown = ("khal: [1/8] compiled crate 'core' for sm_75 in 0.04s\n"
+             "    entry saxpy hash 9f5b516bcc1bcae5 block 256\n"
+             "    cubin sm_75            6832 B  sha256 0511d1206f1e1ad2…  _khal/core/core.sm_75.cubin\n")
+    doc.write_text(f"# T\n\n<!-- generated: x -->\n```text\n{shown}```\n\nafter\n")
+    (block,) = [b for b in read_doc(doc).blocks]
+    same = shown.replace("sm_75 in 0.04s", "compute_75 in 1.2s").replace("6832 B", "16832 B") \
+        .replace("0511d1206f1e1ad2", "aaaaaaaaaaaaaaaa")
+    assert diff(block, same) == ""
+    rehashed = shown.replace("9f5b516bcc1bcae5", "3889dabf996513cd")
+    d = diff(block, rehashed)
+    assert "-    entry saxpy hash 9f5b516bcc1bcae5" in d and "+    entry saxpy hash 3889dabf996513cd" in d
+    assert d.startswith(f"--- {block.id} (the doc)")
+    rewrite(block, rehashed + "one more line\n")
+    assert doc.read_text() == (f"# T\n\n<!-- generated: x -->\n```text\n{rehashed}one more line\n```\n\nafter\n")
+
+
+# ------------------------------------------------------------------------------------------
+# every crate snippet plans, as written, in a project holding what it names
+# ------------------------------------------------------------------------------------------
+
+_SNIPPET_CU = ('#include "khal.h"\nKHAL_ENTRY(docs_k, 64, (KHAL_STORAGE(float, y)))\n'
+               "{ uint64_t i = KHAL_GLOBAL_ID; if (i < y.len) y[i] = 1.0f; }\n")
+_SNIPPET_SLANG = ('[shader("compute")]\n[numthreads(64, 1, 1)]\n'
+                  "void docs_k(uint3 tid : SV_DispatchThreadID, RWStructuredBuffer<float> y) { y[tid.x] = 1.0; }\n")
+
+
+def _hook_table(code: str) -> dict[str, Any] | None:
+    data = tomllib.loads(code)
+    tool = data.get("tool", {})
+    hook = tool.get("hatch", {}).get("build", {}).get("targets", {}).get("wheel", {}).get("hooks", {}).get("khal")
+    if hook is None:
+        hook = tool.get("khal")
+    return hook if isinstance(hook, dict) and hook.get("crates") else None
+
+
+def _crate_snippets() -> list[Any]:
+    out = []
+    for b in all_blocks():
+        if b.lang == "toml" and _hook_table(b.code) is not None:
+            marks = [pytest.mark.xfail(reason=f"pending: {b.pending}", strict=False)] if b.pending else []
+            out.append(pytest.param(b, id=b.id, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("block", _crate_snippets())
+def test_crate_snippet_plans_as_written(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snippet declaring crates is planned by the hook (config, sources, include dirs) in a project
+    holding one source file per ``sources`` glob and what the page says the project holds
+    (``<!-- layout: PATH ... -->``, a trailing ``/`` for a folder): an ``include-dirs`` naming a
+    folder the page never shows fails here as it would for the reader."""
+    from hatch_khal.config import parse_config
+    from hatch_khal.frontend import CallbackReporter
+    from hatch_khal.plan import plan_crates
+
+    _clean_build_env(monkeypatch)
+    hook = _hook_table(block.code)
+    assert hook is not None
+    root = tmp_path / "project"
+    (root / "my_shaders").mkdir(parents=True)
+    (root / "my_shaders/__init__.py").write_text("")
+    for crate in hook["crates"]:
+        for glob in crate.get("sources", []):
+            rel = glob.replace("**/", "").replace("*", f"docs_{crate.get('name', 'c')}")
+            p = root / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(_SNIPPET_SLANG if rel.endswith(".slang") else _SNIPPET_CU)
+    for rel in block.markers.get("layout", "").split():
+        p = root / rel
+        if rel.endswith("/"):
+            p.mkdir(parents=True, exist_ok=True)
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.touch()
+    _, crates = parse_config(dict(hook), default_package="my_shaders", where=block.id)
+    quiet = CallbackReporter(lambda m: None, lambda m: None, lambda m: None)
+    assert plan_crates(root, crates, quiet)
+
+
+def _line_shape(line: str) -> str:
+    """A tool line with what varies from one build to another (numbers, names, targets) blanked."""
+    line = re.sub(r"'[^']*'", "'X'", line.strip())
+    line = re.sub(r"\b(sm|compute)_\d+[af]?\b", "ARCH", line)
+    line = re.sub(r"\d+(\.\d+)?", "N", line)
+    return re.sub(r"\s+", " ", line)
+
+
+#: prose quoting lines no producer prints here (they need a GPU)
+_INLINE_SAMPLES = ("khal: launch #", "khal: graph #")
+
+
+@pytest.mark.needs_nvrtc
+def test_inline_build_lines_have_the_shape_the_build_prints(doc_outputs: Any) -> None:
+    """A `khal: ...` line quoted in prose (troubleshooting's "compiling 3 crate(s) × 8 target(s)
+    with 2 threads") has the shape of a line the build prints now (numbers and names aside)."""
+    from tests.doc_outputs import produce
+
+    produced = produce("quickstart-build", doc_outputs) + produce("compile-error", doc_outputs)
+    shapes = {_line_shape(ln) for ln in produced.splitlines() if ln.startswith("khal: ")}
+    shapes.add(_line_shape("khal: editable install: kernels written to my_shaders/_khal/"))
+    bad = []
+    for f in DOC_FILES:
+        for line, text in read_doc(f).prose:
+            for span in re.findall(r"`(khal: [^`]*)`", text):
+                if span.startswith(_INLINE_SAMPLES) or "…" in span or "..." in span:
+                    continue
+                if _line_shape(span) not in shapes:
+                    bad.append(f"{f.relative_to(ROOT)}:{line}: `{span}` is not a line the build prints "
+                               f"(shapes printed now: {sorted(shapes)})")
+    assert not bad, "\n".join(bad)

@@ -70,6 +70,13 @@ def _fresh_profile():
     ({"KHAL_CUDA_NVTX": "1"}, dict(nvtx=True, trace=False)),
     ({"KHAL_CUDA_TRACE": "1", "KHAL_CUDA_TRACE_FILE": "/x/t.log"}, dict(trace_file="/x/t.log")),
     ({"KHAL_CUDA_PROFILE": "1", "KHAL_CUDA_PROFILE_FILE": "p.txt"}, dict(profile_file="p.txt")),
+    # the backend-neutral names; the KHAL_CUDA_* ones are their aliases, and the name wins
+    ({"KHAL_TRACE": "sync"}, dict(trace=True, sync=True)),
+    ({"KHAL_PROFILE": "1", "KHAL_PROFILE_FILE": "q.txt"}, dict(profile=True, profile_file="q.txt")),
+    ({"KHAL_TRACE": "1", "KHAL_TRACE_FILE": "t2.log"}, dict(trace=True, trace_file="t2.log")),
+    ({"KHAL_TRACE": "0", "KHAL_CUDA_TRACE": "1"}, dict(trace=False)),
+    ({"KHAL_PROFILE": "off", "KHAL_CUDA_PROFILE": "1"}, dict(profile=False)),
+    ({"KHAL_TRACE_FILE": "new.log", "KHAL_CUDA_TRACE_FILE": "old.log", "KHAL_TRACE": "1"}, dict(trace_file="new.log")),
 ])
 def test_parse_env(env: dict, want: dict) -> None:
     cfg = tracing.parse_env(env)
@@ -82,6 +89,26 @@ def test_parse_env_warns_on_nonsense() -> None:
     cfg = tracing.parse_env({"KHAL_CUDA_TRACE": "loud"})
     assert cfg.trace and not cfg.sync
     assert "KHAL_CUDA_TRACE='loud' is not understood" in cfg.warnings[0]
+    cfg = tracing.parse_env({"KHAL_TRACE": "loud"})
+    assert cfg.trace and "KHAL_TRACE='loud' is not understood" in cfg.warnings[0]
+
+
+def test_trace_describes_a_dict_uniform_without_an_error() -> None:
+    """A dict uniform is packed by the launch (into the struct's layout): the trace line says so
+    instead of ``p=<dict: expected a uniform struct ...>`` for a launch that worked."""
+    from tests.fakecuda import uniform as _uniform
+
+    text = tracing.describe_arg(_uniform("p", "AxpbyParams", 8), {"a": 1.0, "b": 2.0})
+    assert text == "p=uniform AxpbyParams (8 B, from a dict)", text
+
+
+def test_write_line_follows_khal_trace_file(tmp_path, monkeypatch) -> None:
+    from khal_runtime.hooks import write_line
+
+    monkeypatch.delenv("KHAL_CUDA_TRACE_FILE", raising=False)
+    monkeypatch.setenv("KHAL_TRACE_FILE", str(tmp_path / "t.log"))
+    write_line("khal: hello")
+    assert (tmp_path / "t.log").read_text() == "khal: hello\n"
 
 
 def test_env_installs_hooks_when_a_package_is_loaded(tmp_path) -> None:
@@ -97,6 +124,8 @@ def test_env_installs_hooks_when_a_package_is_loaded(tmp_path) -> None:
     for value, expect in (("sync", "True Dispatcher True True"), ("", "False NoneType")):
         env = dict(os.environ, KHAL_CUDA_TRACE=value)
         env.pop("KHAL_CUDA_PROFILE", None)
+        env.pop("KHAL_TRACE", None)
+        env.pop("KHAL_PROFILE", None)
         env.pop("KHAL_CUDA_NVTX", None)
         out = subprocess.run([sys.executable, "-c", code], env=env,
                              capture_output=True, text=True, check=True).stdout.strip()
@@ -159,7 +188,7 @@ def test_trace_sync_launch_error_named(fake: FakeDriver) -> None:
     plan = _plan(fake)
     tracing.enable(trace="sync", nvtx=False)
     fake.fail["cuLaunchKernel"] = CUresult.CUDA_ERROR_INVALID_VALUE
-    with pytest.raises(CudaError, match="KHAL_CUDA_TRACE=sync: launch #1 of core.axpby failed"):
+    with pytest.raises(CudaError, match="KHAL_TRACE=sync: launch #1 of core.axpby failed"):
         plan.run(1, 1, 1, 256, 1, 1, 0, _st(), _args())
 
 

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from khal_runtime.errors import BackendUnavailableError
+from khal_runtime.errors import BackendFallbackWarning, BackendUnavailableError
 
 if TYPE_CHECKING:
     from khal_runtime.device import Device, Stream
@@ -133,8 +133,16 @@ _current: Backend | None = None
 _why = ""
 #: (package, crate) of every package loaded under ``auto`` before the choice (:func:`consider`)
 _considered: list[tuple[str, Crate]] = []
-#: where the one line of ``auto``'s fallback goes (tests redirect it)
-_report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+
+
+def _warn(message: str) -> None:
+    # stacklevel 4: past _choose and current(), at the first use that made the choice
+    warnings.warn(message, BackendFallbackWarning, stacklevel=4)
+
+
+#: what ``auto``'s fallback reports, once per process (the choice is made once): a
+#: BackendFallbackWarning, which users filter like any warning (tests redirect it)
+_report: Callable[[str], None] = _warn
 
 
 def backend_mode() -> str:
@@ -180,6 +188,7 @@ def _choose() -> tuple[Backend, str]:
         missing = next((m for p, c in _considered if (m := cuda.missing_binary(c, p)) is not None), None)
         if missing is None:
             return cuda, "CUDA is usable"
+    webgpu: Backend | None = None
     try:
         webgpu = get("webgpu")
         wst = webgpu.status()
@@ -191,16 +200,25 @@ def _choose() -> tuple[Backend, str]:
     if missing is not None:
         # CUDA works, but a loaded package has no binary for the device: WebGPU only where it
         # can run every loaded package (else CUDA, and that crate's load names the missing binary)
-        if not wst.usable or any(webgpu.missing_binary(c, p) is not None for p, c in _considered):
+        if not wst.usable or webgpu is None or any(webgpu.missing_binary(c, p) is not None for p, c in _considered):
             return cuda, f"CUDA is usable (but {missing}, and WebGPU cannot run every loaded package)"
-        _report(f"khal: KHAL_BACKEND=auto: {missing}; using WebGPU ({adapter})")
+        _report(f"KHAL_BACKEND=auto: {missing}; using WebGPU ({adapter})")
         return webgpu, f"{missing}; fell back to WebGPU"
     if not wst.usable:
+        cuda_only = [f"{p!r}" for p, c in _considered if webgpu.missing_binary(c, p) is not None] \
+            if _considered and webgpu is not None else []
+        if cuda_only and len(cuda_only) == len(_considered):
+            # installing wgpu cannot help: nothing loaded has a WebGPU build
+            pkgs = ", ".join(dict.fromkeys(cuda_only))
+            raise BackendUnavailableError(
+                f"{cst.reason}; and no WebGPU fallback: the loaded package(s) {pkgs} ship no WebGPU "
+                "build (CUDA C++ crates run on CUDA only; a Slang crate ships WGSL / SPIR-V too)")
         raise BackendUnavailableError(
             f"{cst.reason}; and no WebGPU fallback: {wst.reason}")
+    assert webgpu is not None  # usable, so imported
     hint = (" An NVIDIA device is visible (/dev/nvidiactl): this probably hides a broken CUDA "
             "setup; set KHAL_BACKEND=cuda to see the error.") if _nvidia_visible() else ""
-    line = (f"khal: KHAL_BACKEND=auto: using WebGPU ({adapter}) because "
+    line = (f"KHAL_BACKEND=auto: using WebGPU ({adapter}) because "
             f"CUDA is not usable: {cst.reason}.{hint}")
     _report(line)
     return webgpu, f"CUDA is not usable ({cst.reason}); fell back to WebGPU"

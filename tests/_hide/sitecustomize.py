@@ -1,7 +1,8 @@
 """The tests' ``KHAL_TEST_HIDE`` switch (tests/conftest.py, docs/internals/testing.md): makes NVRTC
 or cuda-bindings unimportable in this process and in every Python process it starts (this folder
 is put first on ``PYTHONPATH``, so a child imports this module at startup too). ``nvrtc`` hides
-``cuda.bindings.nvrtc``; ``cuda-bindings`` hides ``cuda.bindings`` and ``cuda.core``. Comma
+``cuda.bindings.nvrtc``; ``cuda-bindings`` hides ``cuda.bindings`` and ``cuda.core``; ``editables`` the
+package hatchling's editable wheels need. Comma
 separated: ``KHAL_TEST_HIDE=nvrtc,cuda-bindings``."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import os
 import sys
 from typing import Any
 
-HIDDEN = {"nvrtc": ("cuda.bindings.nvrtc", "cuda.bindings.cynvrtc"), "cuda-bindings": ("cuda.bindings", "cuda.core")}
+HIDDEN = {"nvrtc": ("cuda.bindings.nvrtc", "cuda.bindings.cynvrtc"), "cuda-bindings": ("cuda.bindings", "cuda.core"),
+          "editables": ("editables",)}
 
 
 class Hidden:

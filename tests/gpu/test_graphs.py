@@ -174,7 +174,8 @@ def _run_py(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     import example_shader_pkg
 
     e = dict(os.environ)
-    for k in ("KHAL_CUDA_TRACE", "KHAL_CUDA_PROFILE", "KHAL_CUDA_TRACE_FILE", "KHAL_CUDA_NVTX",
+    for k in ("KHAL_TRACE", "KHAL_PROFILE", "KHAL_TRACE_FILE", "KHAL_PROFILE_FILE",
+              "KHAL_CUDA_TRACE", "KHAL_CUDA_PROFILE", "KHAL_CUDA_TRACE_FILE", "KHAL_CUDA_NVTX",
               "KHAL_TRACE_INDIRECT", "KHAL_CUDA_INDIRECT_SYNC"):
         e.pop(k, None)
     e.update(env)

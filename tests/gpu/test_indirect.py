@@ -133,6 +133,7 @@ print(int(c.to_numpy()[0]))
     env = dict(os.environ, KHAL_CUDA_INDIRECT_SYNC="1", KHAL_TRACE_INDIRECT="1",
                PYTHONPATH=os.pathsep.join([site, root, os.environ.get("PYTHONPATH", "")]))
     env.pop("KHAL_CUDA_TRACE_FILE", None)
+    env.pop("KHAL_TRACE_FILE", None)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     alive = int(r.stdout.strip())

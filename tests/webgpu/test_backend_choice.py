@@ -68,7 +68,7 @@ def pkgs(example_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 @pytest.fixture
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FakeDriver, list[str]]]:
     """The fake CUDA driver (one sm_90 device), no backend chosen yet, ``KHAL_BACKEND=auto``, and
-    auto's stderr lines collected."""
+    auto's fallback reports (BackendFallbackWarning messages) collected."""
     drv = FakeDriver()
     monkeypatch.setenv("KHAL_BACKEND", "auto")
     monkeypatch.setattr(cuda_driver, "_driver", drv)
@@ -95,7 +95,7 @@ def test_auto_without_a_cuda_binary_for_the_device_falls_back_to_webgpu(
     st = khal_runtime.backend_status()
     assert st.backend == "webgpu"
     assert len(lines) == 1
-    assert lines[0].startswith("khal: KHAL_BACKEND=auto: no CUDA binary for sm_90 in package "
+    assert lines[0].startswith("KHAL_BACKEND=auto: no CUDA binary for sm_90 in package "
                                "'other_arch_pkg' crate 'slang' (it ships: cubin sm_100, cubin sm_120); "
                                "using WebGPU (")
     assert st.adapter["name"] in lines[0]
@@ -210,3 +210,61 @@ def test_an_invalid_khal_backend_is_a_named_error_listing_the_valid_values(
         khal_runtime.load(pkgs["sm90"])
     st = khal_runtime.backend_status()
     assert not st.usable and f"KHAL_BACKEND='{value}'" in st.reason
+
+
+def test_auto_fallback_is_a_filterable_warning_once(pkgs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback line is a BackendFallbackWarning (a UserWarning users can filter), not a print
+    to stderr, and it comes once per process (the choice is made once)."""
+    drv = FakeDriver()
+    drv.devices = 0
+    monkeypatch.setenv("KHAL_BACKEND", "auto")
+    monkeypatch.setattr(cuda_driver, "_driver", drv)
+    _reset_runtime()
+    try:
+        ks = khal_runtime.load(pkgs["other_arch"])
+        with pytest.warns(khal_runtime.BackendFallbackWarning, match=r"^KHAL_BACKEND=auto: using WebGPU .*because "
+                          r"CUDA is not usable") as rec:
+            _saxpy_on(ks)
+            _saxpy_on(ks)
+        assert len([w for w in rec if issubclass(w.category, khal_runtime.BackendFallbackWarning)]) == 1
+        assert issubclass(khal_runtime.BackendFallbackWarning, UserWarning)
+    finally:
+        _reset_runtime()
+
+
+def _no_wgpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from khal_runtime.backends import BackendStatus
+
+    wg = backends.get("webgpu")
+    monkeypatch.setattr(type(wg), "status", lambda self: BackendStatus(
+        False, "wgpu-py is not installed: pip install hatch-khal[webgpu] (or pip install wgpu)", "webgpu"))
+
+
+def test_without_gpu_the_wgpu_hint_comes_only_when_a_loaded_package_has_webgpu_artifacts(
+        fake_cuda: tuple[FakeDriver, list[str]], pkgs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CUDA and no wgpu: installing wgpu can help a Slang package (it ships WGSL / SPIR-V), never
+    a CUDA C++ one, so the first error says so instead of naming pip install wgpu."""
+    drv, _ = fake_cuda
+    drv.devices = 0
+    _no_wgpu(monkeypatch)
+    khal_runtime.load(pkgs["cuda_cpp"])
+    with pytest.raises(BackendUnavailableError) as exc:
+        DeviceBuffer.zeros(4)
+    msg = str(exc.value)
+    assert "pip install" not in msg and "wgpu" not in msg, msg
+    assert "'cuda_cpp_pkg' ship no WebGPU build" in msg
+    _reset_runtime()
+    khal_runtime.load(pkgs["other_arch"])
+    with pytest.raises(BackendUnavailableError, match=r"no WebGPU fallback: wgpu-py is not installed: pip install"):
+        DeviceBuffer.zeros(4)
+
+
+def test_webgpu_host_array_hint_names_the_public_api() -> None:
+    """A host array passed for a storage binding on WebGPU: the hint names khal_runtime.DeviceBuffer,
+    the API users have, not the backend's internal WgpuArray."""
+    from khal_runtime.backends.webgpu.kernel import _not_storage
+    from khal_runtime.errors import ArgumentError
+
+    with pytest.raises(ArgumentError) as exc:
+        _not_storage(np.ones(4, np.float32))
+    assert "khal_runtime.DeviceBuffer.from_numpy(a)" in str(exc.value) and "WgpuArray" not in str(exc.value)

@@ -223,12 +223,24 @@ def test_auto_falls_back_with_one_line_and_cuda_fails_at_load(pkg_dir: Path) -> 
     r = _run(code, KHAL_BACKEND="auto")
     assert r.returncode == 0, r.stderr
     assert "BACKEND webgpu" in r.stdout
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("khal:")]
+    lines = [ln for ln in r.stderr.splitlines() if "BackendFallbackWarning" in ln]
     assert len(lines) == 1 and "falls back" not in lines[0]
     assert "using WebGPU" in lines[0] and "because CUDA is not usable" in lines[0]
     r = _run(f"import khal_runtime\nkhal_runtime.load({str(pkg_dir)!r})\n", KHAL_BACKEND="cuda")
     assert r.returncode != 0 and "BackendUnavailableError" in r.stderr
     assert "KHAL_BACKEND=cuda: no CUDA device/driver was found" in r.stderr
+
+
+@pytest.mark.parametrize("var", ["KHAL_PROFILE", "KHAL_CUDA_PROFILE"])
+def test_profile_env_prints_the_webgpu_table_at_exit(pkg_dir: Path, var: str) -> None:
+    """KHAL_PROFILE=1 (or its alias) on WebGPU: the table is printed at exit, as on CUDA (the
+    WebGPU backend keeps its own timings, which the exit hook did not look at)."""
+    code = (f"import khal_runtime, numpy as np\nks = khal_runtime.load({str(pkg_dir)!r})\n"
+            "d, e = khal_runtime.DeviceBuffer.zeros(256), khal_runtime.DeviceBuffer.zeros(256)\n"
+            "ks.saxpy_shared(256, d, e, 1.0)\nd.to_numpy()\n")
+    r = _run(code, KHAL_BACKEND="webgpu", **{var: "1"})
+    assert r.returncode == 0, r.stderr
+    assert "khal WebGPU profile" in r.stderr and "saxpy_shared" in r.stderr, r.stderr
 
 
 @pytest.fixture

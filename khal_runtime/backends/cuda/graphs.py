@@ -117,7 +117,7 @@ class Capture:
                 f"capture {self.label!r} failed at cuStreamEndCapture: {name}. Something inside the "
                 "capture was not capturable (a host synchronisation, an allocation, work on the "
                 "legacy stream, or a call from another thread in global mode); run it with "
-                "KHAL_CUDA_TRACE=1 to see the launches it recorded")
+                "KHAL_TRACE=1 to see the launches it recorded")
         return res[1]
 
     def end(self) -> "Graph":

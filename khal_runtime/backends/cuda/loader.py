@@ -10,7 +10,6 @@ check each kernel's parameter layout (``cuFuncGetParamInfo``) against the manife
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,53 +17,32 @@ from khal_runtime import abi
 from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.errors import CudaError, NoCompatibleBinaryError, ParamLayoutError, PtxTooNewError
 from khal_runtime.manifest import Artifact, Crate, Entry
+from khal_runtime.binaries import (  # noqa: F401 - re-exported: selection's names
+    DRIVER_BRANCH,
+    PTX_ISA_BY_DRIVER,
+    max_ptx_isa,
+    min_driver_for_ptx_isa,
+    ptx_driver_note,
+    ptx_isa_supported,
+)
 from khal_runtime.verify import check_launch_facts, check_symbols
 
 __all__ = [
+    "DRIVER_BRANCH",
     "PTX_ISA_BY_DRIVER",
     "LoadedModule",
     "describe_shipped",
     "expected_param_layout",
     "load_module",
     "max_ptx_isa",
+    "min_driver_for_ptx_isa",
+    "ptx_driver_note",
     "ptx_isa_supported",
     "select_candidates",
 ]
 
-#: Highest PTX ISA each driver (CUDA version) can JIT. Between entries the lower one holds.
-PTX_ISA_BY_DRIVER: dict[tuple[int, int], tuple[int, int]] = {
-    (11, 0): (7, 0), (11, 1): (7, 1), (11, 2): (7, 2), (11, 3): (7, 3), (11, 4): (7, 4),
-    (11, 5): (7, 5), (11, 6): (7, 6), (11, 7): (7, 7), (11, 8): (7, 8),
-    (12, 0): (8, 0), (12, 1): (8, 1), (12, 2): (8, 2), (12, 3): (8, 3), (12, 4): (8, 4),
-    (12, 5): (8, 5), (12, 6): (8, 5), (12, 8): (8, 7), (12, 9): (8, 8),
-    (13, 0): (9, 0), (13, 1): (9, 1), (13, 2): (9, 2),
-}
-
-
-def max_ptx_isa(driver: tuple[int, int]) -> tuple[int, int] | None:
-    """Highest PTX ISA the driver JITs; None when the driver is newer than this table (try)."""
-    if driver > max(PTX_ISA_BY_DRIVER):
-        return None
-    best: tuple[int, int] = (6, 0)
-    for drv, isa in sorted(PTX_ISA_BY_DRIVER.items()):
-        if drv <= driver:
-            best = isa
-    return best
-
-
-def _isa_tuple(isa: str | None) -> tuple[int, int] | None:
-    if not isa:
-        return None
-    m = re.fullmatch(r"(\d+)\.(\d+)", isa.strip())
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def ptx_isa_supported(isa: str | None, driver: tuple[int, int]) -> bool:
-    limit = max_ptx_isa(driver)
-    got = _isa_tuple(isa)
-    return limit is None or got is None or got <= limit
-
-
+# the PTX ISA <-> driver table lives with the binary reader (khal_runtime.binaries), which the
+# build side (python -m hatch_khal inspect) shares; selection here uses it
 def describe_shipped(crate: Crate) -> str:
     parts = []
     for a in crate.artifacts:

@@ -60,7 +60,7 @@ class WgpuArray:
         """Device memory for ``count`` elements (zero-filled: WebGPU zeroes new buffers)."""
         count = int(count)
         if count < 0:
-            raise ValueError(f"WgpuArray.alloc: count must be >= 0, got {count}")
+            raise ValueError(f"DeviceBuffer.alloc: count must be >= 0, got {count}")
         dev = as_device(device)
         a = memory.alloc(dev, count * np.dtype(dtype).itemsize, indirect=indirect)
         return cls(a, 0, count, dtype)
@@ -130,10 +130,10 @@ class WgpuArray:
     # -- views ------------------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> WgpuArray:
         if not isinstance(key, slice):
-            raise TypeError("WgpuArray supports slicing only (a[i:j])")
+            raise TypeError("a WebGPU DeviceBuffer supports slicing only (a[i:j])")
         start, stop, step = key.indices(self.size)
         if step != 1:
-            raise ValueError("WgpuArray slices must be contiguous (step 1)")
+            raise ValueError("DeviceBuffer slices must be contiguous (step 1)")
         root = self._base if self._base is not None else self
         return WgpuArray(self.allocation, self.offset + start * self.dtype.itemsize, max(stop - start, 0),
                          self.dtype, base=root)

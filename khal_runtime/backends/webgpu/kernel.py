@@ -68,7 +68,7 @@ def _not_storage(obj: Any) -> StorageInfo:
     tp = type(obj)
     if hasattr(obj, "__array_interface__") or isinstance(obj, (bytes, bytearray, memoryview, list, tuple)):
         raise ArgumentError(f"is host memory ({tp.__module__}.{tp.__qualname__}); copy it to the device "
-                            "first, e.g. WgpuArray.from_numpy(a)")
+                            "first, e.g. khal_runtime.DeviceBuffer.from_numpy(a)")
     raise ArgumentError(f"expected a WebGPU device array, got {tp.__module__}.{tp.__qualname__}")
 
 
