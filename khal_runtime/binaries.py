@@ -132,6 +132,33 @@ def scan_ptx(data: bytes | str, source: str = "PTX") -> BinaryInfo:
     )
 
 
+_MODULE_GLOBAL_RE = re.compile(
+    rb"^[ \t]*\.visible[ \t]+\.(const|global)[ \t]+(?:\.align[ \t]+\d+[ \t]+)?\.([bfsu])(8|16|32|64)[ \t]+"
+    rb"([A-Za-z_][A-Za-z0-9_]*)[ \t]*((?:\[[ \t]*\d+[ \t]*\][ \t]*)*)[ \t]*[=;]",
+    re.M,
+)
+
+
+def ptx_module_globals(data: bytes) -> list[tuple[str, str, str, int, int]]:
+    """The module globals a PTX declares that a host may read and write: (name, "constant" /
+    "device", PTX type, element bytes, bytes in all) of every ``.visible .const`` / ``.global``
+    variable with a C name (not mangled, not a hatch-khal probe: no ``khal`` in it)."""
+    out = []
+    for m in _MODULE_GLOBAL_RE.finditer(strip_ptx_comments(data)):
+        name = m.group(4).decode("ascii")
+        if name.startswith("_Z") or "khal" in name.lower() or name.startswith("__"):
+            continue
+        elem = int(m.group(3)) // 8
+        count = 1
+        for d in re.findall(rb"\d+", m.group(5)):
+            count *= int(d)
+        if count < 1:
+            continue
+        space = "constant" if m.group(1) == b"const" else "device"
+        out.append((name, space, (m.group(2) + m.group(3)).decode("ascii"), elem, elem * count))
+    return out
+
+
 _FUNC_HEAD_RE = re.compile(
     rb"^[ \t]*(?:\.visible[ \t]+|\.weak[ \t]+|\.extern[ \t]+)?\.(entry|func)[ \t]+(?:\([^)]*\)[ \t]*)?"
     rb"([A-Za-z_$][A-Za-z0-9_$]*)", re.M)
