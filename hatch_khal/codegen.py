@@ -105,7 +105,7 @@ def _launch_bounds(entry: EntryDecl) -> str:
     """``__launch_bounds__`` of the generated kernels, and ``__cluster_dims__`` of a clustered entry
     (``KHAL_CLUSTER``: compiled in, so the driver launches it in clusters with no attribute)."""
     cluster = entry.attributes.get("cluster_dims")
-    cd = " __cluster_dims__({}, {}, {})".format(*cluster) if isinstance(cluster, tuple) else ""  # type: ignore[str-format]
+    cd = " __cluster_dims__({}, {}, {})".format(*cluster) if isinstance(cluster, tuple) else ""
     if entry.fixed_block:
         return f" __launch_bounds__({entry.threads}){cd}"
     return (f" __launch_bounds__({entry.launch_bounds})" if entry.launch_bounds else "") + cd

@@ -22,7 +22,8 @@ from khal_runtime.arguments import (check_block, check_block_within, check_grid,
                                     grid_for_threads, thread_count)
 from khal_runtime.arguments import shared_mem as check_shared_mem
 from khal_runtime.device import Stream, _tls, as_stream, current_device_id, default_stream, ensure_current
-from khal_runtime.errors import BackendUnavailableError, KhalError, StaleBuildError
+from khal_runtime.abi import DEFAULT_DYNAMIC_SHARED
+from khal_runtime.errors import BackendUnavailableError, KhalError, LaunchAttributeError, StaleBuildError
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
 from khal_runtime.verify import check_manifest, check_sources, read_artifact
 
@@ -74,7 +75,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     attributes (``func``, ``args``) are that machinery, not part of the API."""
 
     __slots__ = ("entry", "name", "crate", "_crate", "_plans", "_bx", "_by", "_bz", "_flat", "_dims", "_ldims",
-                 "_lfixed", "_lock")
+                 "_lfixed", "_lock", "_shared", "_shmax")
 
     entry: Entry
     name: str
@@ -89,6 +90,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     _ldims: int
     _lfixed: bool
     _lock: threading.Lock
+    _shared: int
+    _shmax: int
 
     def __new__(cls, crate: CrateKernels, entry: Entry) -> Kernel:
         self = super().__new__(cls, _generic_call)
@@ -104,6 +107,11 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         # the compiled kernel's launch facts (re-derived from the shipped PTX when the crate loads,
         # before any launch): grid axes an explicit launch may use, whether it must use the block
         self._ldims, self._lfixed = entry.launch_dims, entry.launch_block_fixed
+        # launch attributes (KHAL_SHARED_MEM): the typed call's dynamic shared memory, and the most
+        # an explicit launch may ask for (beyond 48 KB only what the entry declared)
+        a = entry.attributes
+        self._shared = int(a.max_dynamic_shared or 0) if a is not None else 0
+        self._shmax = max(self._shared, DEFAULT_DYNAMIC_SHARED)
         self._lock = threading.Lock()
         return self
 
@@ -186,6 +194,11 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
                 bx, by, bz = b
         shmem = shared_mem if type(shared_mem) is int and 0 <= shared_mem < 2**32 else \
             check_shared_mem(self.name, shared_mem)
+        if shmem > self._shmax:
+            raise LaunchAttributeError(
+                f"{self.name}.launch(): shared_mem={shmem} bytes is more than the entry declares ({self._shmax} bytes"
+                f"{'' if self._shared else ': the limit without a declaration'}); declare KHAL_SHARED_MEM({shmem}) in its "
+                "KHAL_ENTRY marker (above 48 KB the function is opted in once, at load)")
         plan.run(gx, gy, gz, bx, by, bz, shmem, st, args)
 
     def bind(self, *args: Any, stream: Any = None) -> Any:
@@ -227,14 +240,14 @@ def _slow_call(self: Kernel, n: Any, args: tuple[Any, ...], st: Stream) -> None:
         plan = self._ready(st.device_id)
         if n > 0:
             bx = self._bx
-            plan.run(grid_for(self.name, n, bx), 1, 1, bx, self._by, self._bz, 0, st, args)
+            plan.run(grid_for(self.name, n, bx), 1, 1, bx, self._by, self._bz, self._shared, st, args)
             return
         diagnose_args(plan.entry, args)
         return
     gx, gy, gz = grid_for_threads(self.name, n, (self._bx, self._by, self._bz), self._dims)
     plan = self._ready(st.device_id)
     if gx and gy and gz:
-        plan.run(gx, gy, gz, self._bx, self._by, self._bz, 0, st, args)
+        plan.run(gx, gy, gz, self._bx, self._by, self._bz, self._shared, st, args)
         return
     diagnose_args(plan.entry, args)
 
