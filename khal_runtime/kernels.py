@@ -27,7 +27,8 @@ from khal_runtime.errors import BackendUnavailableError, KhalError, LaunchAttrib
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
 from khal_runtime.verify import check_manifest, check_sources, read_artifact
 
-__all__ = ["CrateKernels", "Kernel", "KernelSet", "LaunchConfig", "find_package_dir", "launch", "load"]
+__all__ = ["CrateKernels", "Kernel", "KernelSet", "LaunchConfig", "ModuleGlobal", "ModuleGlobals", "find_package_dir",
+           "launch", "load"]
 
 
 @dataclass(frozen=True)
@@ -252,9 +253,127 @@ def _slow_call(self: Kernel, n: Any, args: tuple[Any, ...], st: Stream) -> None:
     diagnose_args(plan.entry, args)
 
 
+class ModuleGlobal:
+    """A crate's module global (a ``__constant__`` or ``__device__`` variable, ``Crate.globals``) on
+    one device: ``kernels.crates["core"].globals["table"]``. Its address and size come from the
+    driver when the crate loads there (``cuLibraryGetGlobal``), checked against the manifest.
+
+    ``copy_from_numpy(a)`` writes it from a host array of exactly its size in bytes (any dtype: the
+    PTX declares most arrays as bytes), ``to_numpy(dtype)`` reads it back, ``fill_zero()`` resets it,
+    ``copy_from(buffer)`` copies from device memory (a ``DeviceBuffer``, CuPy / torch array) on the
+    stream: that one is capturable, so a graph can refill a table or reset a counter on replay.
+    ``as_buffer(dtype)`` is a ``DeviceBuffer`` view of it (not owning), for a storage argument."""
+
+    __slots__ = ("crate", "var", "name", "space", "size", "_kernels", "_device")
+
+    def __init__(self, kernels: CrateKernels, var: Any, device: int | None = None) -> None:
+        self._kernels = kernels
+        self.crate = kernels.name
+        self.var = var
+        self.name, self.space, self.size = var.name, var.space, int(var.size)
+        self._device = device
+
+    @property
+    def device_id(self) -> int:
+        return current_device_id() if self._device is None else self._device
+
+    def on(self, device: int) -> ModuleGlobal:
+        """The same global on ``device`` (loads the crate there)."""
+        return ModuleGlobal(self._kernels, self.var, int(device))
+
+    @property
+    def ptr(self) -> int:
+        """Its device address on this device (the crate loaded there first)."""
+        dev = self.device_id
+        module = self._kernels.module(dev)
+        found = getattr(module, "globals", {}).get(self.name)
+        if found is None:
+            raise KhalError(f"crate {self.crate!r}: the {self._kernels.backend.name} backend has no module global "
+                            f"{self.name!r} (module globals are CUDA's)")
+        return int(found[0])
+
+    def as_buffer(self, dtype: Any = "uint8") -> Any:
+        """A ``DeviceBuffer`` view of its bytes as ``dtype`` (it does not own them: never freed)."""
+        from khal_runtime.buffers import DeviceBuffer  # lazy: numpy, only when a global is used
+        import numpy as np
+
+        itemsize = np.dtype(dtype).itemsize
+        if self.size % itemsize:
+            raise KhalError(f"global {self.name!r} ({self.size} bytes) is not a whole number of {np.dtype(dtype)}")
+        ptr = self.ptr
+        return DeviceBuffer(ptr, self.size // itemsize, dtype, self.device_id, backend=self._kernels.backend)
+
+    def _host(self, array: Any) -> Any:
+        import numpy as np  # lazy: numpy, only when a global is used
+
+        a = np.ascontiguousarray(array)
+        if a.nbytes != self.size:
+            raise KhalError(f"global {self.crate}.{self.name} is {self.size} bytes ({self.var.type} x "
+                            f"{self.size // self.var.element_size}); the array is {a.nbytes} bytes ({a.dtype} x {a.size})")
+        return a.view(np.uint8).reshape(-1)
+
+    def copy_from_numpy(self, array: Any, stream: Any = None) -> ModuleGlobal:
+        """Write it from a host array of exactly its size in bytes, ordered on ``stream``."""
+        self.as_buffer("uint8").copy_from_numpy(self._host(array), stream)
+        return self
+
+    def to_numpy(self, dtype: Any = None, stream: Any = None) -> Any:
+        """Its bytes as a new host array of ``dtype`` (default: the PTX element type's, bytes for ``b8``)."""
+        out = self.as_buffer("uint8").to_numpy(stream)
+        return out.view(dtype if dtype is not None else _PTX_DTYPES.get(self.var.type, "uint8"))
+
+    def fill_zero(self, stream: Any = None) -> ModuleGlobal:
+        self.as_buffer("uint8").fill_zero(stream)
+        return self
+
+    def copy_from(self, source: Any, stream: Any = None) -> ModuleGlobal:
+        """Copy its bytes from device memory (``source``: any storage argument of exactly its size in
+        bytes), on ``stream``: device to device, so it can be captured in a graph."""
+        from khal_runtime import interop  # lazy: as the launch path
+
+        st = _stream_of(stream)
+        ptr, count, key = interop.extract(source)
+        nbytes = count * _itemsize(key)
+        if nbytes != self.size:
+            raise KhalError(f"global {self.crate}.{self.name} is {self.size} bytes; the source is {nbytes}")
+        ensure_current(self.device_id)
+        self._kernels.backend.copy_device(self.ptr, ptr, self.size, st)
+        return self
+
+    def __repr__(self) -> str:
+        return f"<ModuleGlobal {self.crate}.{self.name} ({self.space} {self.var.type}, {self.size} bytes)>"
+
+
+#: numpy dtype of a PTX element type (b8 arrays: bytes)
+_PTX_DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "u8": "uint8", "u16": "uint16",
+               "u32": "uint32", "u64": "uint64", "s8": "int8", "s16": "int16", "s32": "int32", "s64": "int64",
+               "b8": "uint8", "b16": "uint16", "b32": "uint32", "b64": "uint64"}
+
+
+def _itemsize(key: Any) -> int:
+    from khal_runtime.dtypes import ReadOnly, dtype_info  # lazy: as the launch path
+
+    if type(key) is ReadOnly:
+        key = key.dtype
+    name, size = dtype_info(key)
+    return int(size)
+
+
+class ModuleGlobals(dict):  # type: ignore[type-arg]
+    """name -> :class:`ModuleGlobal` of a crate; a name the crate does not have is a KeyError naming those it has."""
+
+    def __init__(self, kernels: CrateKernels) -> None:
+        super().__init__({g.name: ModuleGlobal(kernels, g) for g in kernels.crate.globals})
+        self._crate = kernels.name
+
+    def __missing__(self, name: str) -> ModuleGlobal:
+        raise KeyError(f"crate {self._crate!r} has no module global {name!r}; it has {', '.join(self) or 'none'} "
+                       "(the build lists the .visible __constant__ / __device__ variables of its PTX)")
+
+
 class CrateKernels:
     """One crate: its manifest record, its verified binaries, its modules per device, and its
-    entries as attributes (``kernels.crates["core"].saxpy``)."""
+    entries as attributes (``kernels.crates["core"].saxpy``); its module globals in ``globals``."""
 
     def __init__(self, package: str, package_dir: Path, crate: Crate) -> None:
         self.package = package
@@ -266,6 +385,8 @@ class CrateKernels:
         self._blobs: dict[str, bytes] | None = None
         self._backend: Any = None
         self._kernels = {e.name: Kernel(self, e) for e in crate.entries}
+        #: the crate's ``__constant__`` / ``__device__`` variables (:class:`ModuleGlobal`)
+        self.globals = ModuleGlobals(self)
         for n, k in self._kernels.items():
             if not hasattr(type(self), n):
                 self.__dict__[n] = k

@@ -209,8 +209,8 @@ def check_manifest(manifest: Manifest) -> list[Problem]:
                     "manifest", crate.name,
                     f"entry {e.name!r} (crate {crate.name!r}): the manifest records hash {e.hash}, but "
                     f"the entry's own signature and its crate's content hash give {want}: the manifest "
-                    "was edited after the build (the hash covers the entry's name, block size and launch "
-                    "shape, and its parameters' names, kinds, element types, shapes, lengths, writability "
+                    "was edited after the build (the hash covers the entry's name, block size, launch "
+                    "shape and launch attributes, and its parameters' names, kinds, element types, shapes, lengths, writability "
                     "and uniforms' CUDA layouts); rebuild the package",
                     ManifestError, None, e.name, e.hash, want))
     return problems
