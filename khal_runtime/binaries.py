@@ -133,7 +133,7 @@ def scan_ptx(data: bytes | str, source: str = "PTX") -> BinaryInfo:
 
 
 _MODULE_GLOBAL_RE = re.compile(
-    rb"^[ \t]*\.visible[ \t]+\.(const|global)[ \t]+(?:\.align[ \t]+\d+[ \t]+)?\.([bfsu])(8|16|32|64)[ \t]+"
+    rb"^[ \t]*(?:\.visible[ \t]+)?\.(const|global)[ \t]+(?:\.align[ \t]+\d+[ \t]+)?\.([bfsu])(8|16|32|64)[ \t]+"
     rb"([A-Za-z_][A-Za-z0-9_]*)[ \t]*((?:\[[ \t]*\d+[ \t]*\][ \t]*)*)[ \t]*[=;]",
     re.M,
 )
@@ -141,8 +141,10 @@ _MODULE_GLOBAL_RE = re.compile(
 
 def ptx_module_globals(data: bytes) -> list[tuple[str, str, str, int, int]]:
     """The module globals a PTX declares that a host may read and write: (name, "constant" /
-    "device", PTX type, element bytes, bytes in all) of every ``.visible .const`` / ``.global``
-    variable with a C name (not mangled, not a hatch-khal probe: no ``khal`` in it)."""
+    "device", PTX type, element bytes, bytes in all) of every module-scope ``.const`` / ``.global``
+    variable with a C name (not mangled, not a hatch-khal probe: no ``khal`` in it; not ``__``-reserved).
+    NVRTC declares a whole-program ``__constant__`` / ``__device__`` variable without ``.visible``;
+    the driver finds it by name all the same (``cuLibraryGetGlobal``, checked at load)."""
     out = []
     for m in _MODULE_GLOBAL_RE.finditer(strip_ptx_comments(data)):
         name = m.group(4).decode("ascii")

@@ -251,7 +251,7 @@ PTX_GLOBALS = b"""
 .visible .const .align 4 .b8 table[1024];
 .visible .global .align 4 .u32 counter;
 .visible .global .align 8 .u64 khal_probe_size_0 = 8;
-.global .align 4 .u32 hidden;
+.global .align 4 .u32 whole_program;
 .visible .global .align 4 .f32 grid2[4][8] = {0f00000000};
 .visible .const .align 4 .b8 _ZN2ns5tableE[16];
 // .visible .const .align 4 .b8 commented[16];
@@ -261,6 +261,7 @@ PTX_GLOBALS = b"""
 def test_the_build_finds_module_globals_in_the_ptx() -> None:
     assert ptx_module_globals(PTX_GLOBALS) == [("table", "constant", "b8", 1, 1024),
                                                ("counter", "device", "u32", 4, 4),
+                                               ("whole_program", "device", "u32", 4, 4),
                                                ("grid2", "device", "f32", 4, 128)]
 
 
@@ -304,3 +305,63 @@ def test_a_stale_global_is_an_error_at_load(fake: FakeDriver) -> None:
     ks = _kernels(fake, None, name="j", globals=GLOBALS)
     with pytest.raises(ArtifactError, match="'table' is 512 bytes in .*the manifest says 1024"):
         ks.j(128, _buf(), 7)
+
+
+# -- a real build (NVRTC, sm_90): tests/attrs_kernels_pkg --------------------------------------
+ATTRS_PKG = Path(__file__).parent / "attrs_kernels_pkg"
+
+
+@pytest.fixture(scope="module")
+def attrs_build(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> Any:
+    import shutil
+
+    from hatch_khal.builder import build_packages
+    from hatch_khal.cache import Cache
+    from hatch_khal.config import parse_config
+    from khal_runtime.manifest import parse_manifest
+
+    from ._build import Recorder, tomllib
+
+    root = tmp_path_factory.mktemp("attrs") / "proj"
+    shutil.copytree(ATTRS_PKG, root)
+    raw = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    rep = Recorder()
+    result = build_packages(root, parse_config(raw["hooks"]["khal"], default_package="khal_attrs_kernels")[1], rep,
+                            cache=Cache(session_cache, rep.warn))
+    (pkg,) = result.packages
+    out = root / "khal_attrs_kernels"
+    for rel, data in pkg.files.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    return parse_manifest(pkg.files["_khal/manifest.json"]), out
+
+
+def test_the_build_records_attributes_and_globals(attrs_build: Any) -> None:
+    m, _ = attrs_build
+    (crate,) = m.crates
+    got = {e.name: e.attributes.describe() if e.attributes else "" for e in crate.entries}
+    assert got == {"gemm_tile": "dynamic shared 65536 B", "reduce_coop": "cooperative", "cluster_pair_sum": "cluster 2x1x1",
+                   "pdl_producer": "PDL", "pdl_consumer": "PDL", "plain_producer": "", "plain_consumer": "",
+                   "reduce_pass1": "", "reduce_pass2": "", "table_lookup": ""}
+    by = {e.name: e for e in crate.entries}
+    assert by["reduce_coop"].indirect_symbol is None and "cooperative" in (by["reduce_coop"].indirect_reason or "")
+    assert by["cluster_pair_sum"].indirect_symbol is None and by["pdl_producer"].indirect_symbol is not None
+    assert [(g.name, g.space, g.size) for g in crate.globals] == [("lut", "constant", 1024), ("hits", "device", 4)]
+
+
+def test_the_built_package_loads_and_launches_with_its_attributes(attrs_build: Any, fake: FakeDriver) -> None:
+    import khal_runtime
+
+    _, out = attrs_build
+    fake.globals = {"lut": (0x7700000, 1024), "hits": (0x7800000, 4)}
+    ks = khal_runtime.load(out)
+    x = DeviceBuffer(0x10000, 1 << 16, "float16", 0)
+    c = DeviceBuffer(0x90000, 1 << 16, "float32", 0)
+    ks.gemm_tile.launch(4, None, x, x, c, 256, 256, 64, shared_mem=65536)
+    assert fake.launches[-1]["shmem"] == 65536
+    assert [v for _, a, v in fake.func_attributes if int(a) == 8] == [65536, 65536]  # the kernel and its indirect variant
+    y = DeviceBuffer(0x20000, 1 << 16, "float32", 0)
+    ks.pdl_consumer(1 << 16, y, y, 1 << 16)
+    assert fake.launches[-1]["attrs"] == PDL_ATTR
+    ks.crates["whole"].globals["lut"].copy_from_numpy(np.arange(256, dtype=np.float32))
+    assert fake.memory[0x7700000] == np.arange(256, dtype=np.float32).tobytes()
