@@ -161,6 +161,22 @@ def ptx_module_globals(data: bytes) -> list[tuple[str, str, str, int, int]]:
     return out
 
 
+_CLUSTER_RE = re.compile(
+    rb"\.entry[ \t]+([A-Za-z_$][\w$]*)[ \t]*\([^)]*\)([^{]*)\{", re.S)
+_REQ_CLUSTER_RE = re.compile(rb"\.reqnctapercluster[ \t]+(\d+)(?:[ \t]*,[ \t]*(\d+))?(?:[ \t]*,[ \t]*(\d+))?")
+
+
+def ptx_cluster_dims(data: bytes) -> dict[str, tuple[int, int, int]]:
+    """Kernel name -> its compiled cluster dims (``.reqnctapercluster``, what ``__cluster_dims__``
+    compiles to), for the kernels of a PTX that have them."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for m in _CLUSTER_RE.finditer(strip_ptx_comments(data)):
+        r = _REQ_CLUSTER_RE.search(m.group(2))
+        if r is not None:
+            out[m.group(1).decode("ascii")] = (int(r.group(1)), int(r.group(2) or 1), int(r.group(3) or 1))
+    return out
+
+
 _FUNC_HEAD_RE = re.compile(
     rb"^[ \t]*(?:\.visible[ \t]+|\.weak[ \t]+|\.extern[ \t]+)?\.(entry|func)[ \t]+(?:\([^)]*\)[ \t]*)?"
     rb"([A-Za-z_$][A-Za-z0-9_$]*)", re.M)

@@ -691,7 +691,12 @@ def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package
             if sym:
                 lines.append(f".visible .entry {sym}(")
                 lines.append(",\n".join(f"\t{d}" for d in entry_params(e, indirect=sym != e.symbol)))
-                lines.append(")\n{\n    ret;\n}")
+                cluster = e.attributes.cluster_dims if e.attributes is not None else None
+                if cluster:  # what __cluster_dims__ compiles to
+                    lines.append(")\n.explicitcluster\n.reqnctapercluster {}, {}, {}".format(*cluster))
+                    lines.append("{\n    ret;\n}")
+                else:
+                    lines.append(")\n{\n    ret;\n}")
     if ptx is None:
         ptx = ("\n".join(lines) + "\n").encode()
     rel = f"_khal/{crate}/{crate}.compute_90.ptx"

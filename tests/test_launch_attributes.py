@@ -221,6 +221,18 @@ def test_tampered_attributes_are_a_hash_mismatch(tmp_path: Path) -> None:
         khal_runtime.load(pkg)
 
 
+def test_cluster_dims_are_re_derived_from_the_shipped_ptx_at_load(fake: FakeDriver, tmp_path: Path) -> None:
+    import khal_runtime
+
+    e = make_entry("k", PARAMS, attributes=CLUSTER, indirect=False, indirect_reason="clustered")
+    plain = make_entry("k", PARAMS, indirect=False, indirect_reason="clustered")
+    ptx = write_package(tmp_path / "other", [plain]).joinpath("_khal/c/c.compute_90.ptx").read_bytes()
+    ptx = ptx.replace(plain.symbol.encode(), e.symbol.encode())  # the right symbol, compiled without clusters
+    ks = khal_runtime.load(write_package(tmp_path, [e], ptx=ptx))
+    with pytest.raises(ManifestError, match=r"cluster dims \(2, 1, 1\) are not the shipped PTX's \(None"):
+        ks.k.launch(2, None, _buf(), 7)
+
+
 def test_inspect_shows_attributes_and_globals(tmp_path: Path) -> None:
     from hatch_khal.__main__ import _describe
     from khal_runtime.manifest import load_manifest
@@ -347,6 +359,10 @@ def test_the_build_records_attributes_and_globals(attrs_build: Any) -> None:
     assert by["reduce_coop"].indirect_symbol is None and "cooperative" in (by["reduce_coop"].indirect_reason or "")
     assert by["cluster_pair_sum"].indirect_symbol is None and by["pdl_producer"].indirect_symbol is not None
     assert [(g.name, g.space, g.size) for g in crate.globals] == [("lut", "constant", 1024), ("hits", "device", 4)]
+    from khal_runtime.binaries import ptx_cluster_dims
+
+    (ptx,) = [a for a in crate.artifacts if a.kind == "ptx"]
+    assert ptx_cluster_dims((attrs_build[1] / ptx.path).read_bytes()) == {by["cluster_pair_sum"].symbol: (2, 1, 1)}
 
 
 def test_the_built_package_loads_and_launches_with_its_attributes(attrs_build: Any, fake: FakeDriver) -> None:
