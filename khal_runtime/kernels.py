@@ -385,11 +385,12 @@ class CrateKernels:
         self._blobs: dict[str, bytes] | None = None
         self._backend: Any = None
         self._kernels = {e.name: Kernel(self, e) for e in crate.entries}
-        #: the crate's ``__constant__`` / ``__device__`` variables (:class:`ModuleGlobal`)
-        self.globals = ModuleGlobals(self)
         for n, k in self._kernels.items():
             if not hasattr(type(self), n):
                 self.__dict__[n] = k
+        #: the crate's ``__constant__`` / ``__device__`` variables (:class:`ModuleGlobal`); an entry
+        #: named ``globals`` stays reachable as ``crate["globals"]``
+        self.globals = ModuleGlobals(self)
 
     @property
     def backend(self) -> Any:

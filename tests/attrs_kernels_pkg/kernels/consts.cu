@@ -12,7 +12,7 @@ KHAL_ENTRY(table_lookup, 256, (KHAL_STORAGE(const unsigned int, idx), KHAL_STORA
     const unsigned long long i = KHAL_GLOBAL_ID;
     if (i < n) {
         const unsigned int j = idx[i] & 255u;
-        out[i] = lut[j] + 0.0f * khal_free_table_lut[j];
+        out[i] = lut[j];
         if (j == 0) atomicAdd(&hits, 1u);
     }
 }
