@@ -62,7 +62,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     """One entry point. ``k(n, *args, stream=None)`` runs ``n`` threads (grid = ceil(n / block.x));
     a 2-D / 3-D entry (``entry.grid_dims``) takes ``k((nx, ny), ...)`` / ``k((nx, ny, nz), ...)``,
     each axis rounded up to whole blocks. ``k.launch(grid, block, *args, stream=None,
-    shared_mem=0)`` takes explicit dimensions: as many grid axes as the compiled kernel reads
+    shared_mem=None)`` takes explicit dimensions: as many grid axes as the compiled kernel reads
     block ids along (``entry.launch_dims``), and ``block`` the compiled one or None, unless the
     kernel's ids do not fold it in (``entry.launch_block_fixed``): then any block within its
     launch bounds.
@@ -176,8 +176,12 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
             self._crate.backend  # noqa: B018
         return _stream_of(stream)
 
-    def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int = 0) -> None:
-        """Launch ``grid`` blocks of the compiled block size (``block``: None, or that size)."""
+    def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int | None = None) -> None:
+        """Launch ``grid`` blocks of the compiled block size (``block``: None, or that size);
+        ``shared_mem``: bytes of dynamic shared memory (None: what the entry declares with
+        ``KHAL_SHARED_MEM``, else 0)."""
+        if shared_mem is None:
+            shared_mem = self._shared
         st = self._stream(stream)
         plan = self._ready(st.device_id)
         if type(grid) is int and 0 < grid <= 2**31 - 1:

@@ -381,3 +381,21 @@ def test_the_built_package_loads_and_launches_with_its_attributes(attrs_build: A
     assert fake.launches[-1]["attrs"] == PDL_ATTR
     ks.crates["whole"].globals["lut"].copy_from_numpy(np.arange(256, dtype=np.float32))
     assert fake.memory[0x7700000] == np.arange(256, dtype=np.float32).tobytes()
+
+
+def test_traced_launches_carry_the_attributes_too(fake: FakeDriver, capsys: pytest.CaptureFixture[str]) -> None:
+    from khal_runtime import tracing
+
+    ks = _kernels(fake, LaunchAttributes(max_dynamic_shared=65536, pdl=True))
+    x = _buf()
+    tracing.enable(trace=True)
+    try:
+        for _ in range(12):
+            ks.k(4096, x, 7)
+        ks.k.launch(2, None, x, 7)
+        ks.k.bind(x, 7)(128)
+    finally:
+        tracing.disable()
+    assert len(fake.launches) == 14
+    assert [(rec["attrs"], rec["shmem"]) for rec in fake.launches] == [(PDL_ATTR, 65536)] * 14
+    assert "k" in capsys.readouterr().err
