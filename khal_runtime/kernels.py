@@ -206,6 +206,23 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
                 "KHAL_ENTRY marker (above 48 KB the function is opted in once, at load)")
         plan.run(gx, gy, gz, bx, by, bz, shmem, st, args)
 
+    def max_cooperative_grid(self, block: Any = None, shared_mem: int | None = None, *, device: int | None = None) -> int:
+        """The most blocks of ``block`` threads (None: the compiled block) and ``shared_mem`` bytes
+        (None: the declared) that can be co-resident on the device: the largest grid a cooperative
+        entry (``KHAL_COOPERATIVE``) may be launched with (occupancy per SM x SMs, computed once)."""
+        dev = current_device_id() if device is None else int(device)
+        plan = self._ready(dev)
+        fa = getattr(plan, "fattrs", None)
+        if fa is None or not getattr(fa, "cooperative", False):
+            raise LaunchAttributeError(f"{self.name}: not a cooperative entry (KHAL_COOPERATIVE)"
+                                       + ("" if fa is not None else f" on the {self._crate.backend.name} backend"))
+        if block is None:
+            threads = self._bx * self._by * self._bz
+        else:
+            bx, by, bz = dim3(block, f"{self.name}.max_cooperative_grid(): block")
+            threads = bx * by * bz
+        return int(fa.coresident(threads, self._shared if shared_mem is None else int(shared_mem)))
+
     def bind(self, *args: Any, stream: Any = None) -> Any:
         """A bound launch: ``args`` checked and packed once, then ``b(n)`` launches ``n``
         threads at about the cost of a raw launch (see :mod:`khal_runtime.backends.cuda.bound`)."""

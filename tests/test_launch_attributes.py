@@ -142,6 +142,7 @@ def test_a_cooperative_grid_that_cannot_be_co_resident_is_refused_with_the_figur
     fake.occupancy = 2  # 2 per SM x 132 SMs = 264 blocks
     ks = _kernels(fake, COOP, indirect=False)
     x = _buf(1 << 20)
+    assert ks.k.max_cooperative_grid() == 264
     ks.k.launch(264, None, x, 7)
     with pytest.raises(LaunchAttributeError, match=r"265 blocks cannot be co-resident.*at most 264 \(2 per SM.*132 SMs"):
         ks.k.launch(265, None, x, 7)
@@ -154,6 +155,8 @@ def test_a_cooperative_grid_that_cannot_be_co_resident_is_refused_with_the_figur
 
 def test_cooperative_indirect_dispatch_is_refused_by_name(fake: FakeDriver) -> None:
     ks = _kernels(fake, COOP, indirect=False)
+    with pytest.raises(LaunchAttributeError, match="not a cooperative entry"):
+        _kernels(fake, None, name="p").p.max_cooperative_grid()
     count = DeviceBuffer(0x20000, 1, "uint32", 0)
     with pytest.raises(KhalError, match="no indirect .*cooperative"):
         ks.k.dispatch_indirect(count, _buf(), 7)

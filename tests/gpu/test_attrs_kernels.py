@@ -118,6 +118,8 @@ def test_cooperative_grid_sync_reduction(rt: Any, K: Any) -> None:
     x = np.random.default_rng(7).uniform(-1, 1, n).astype(np.float32)
     dx = _dev(rt, x)
     sms = rt.Device(0).sm_count
+    most = K.reduce_coop.max_cooperative_grid()
+    assert most >= sms and most % sms == 0
     grid = sms * 2  # 256-thread blocks: at least 2 per SM co-resident on sm_90
     partial = _poisoned(rt, grid, np.float32)
     out = _poisoned(rt, 1, np.float32)
