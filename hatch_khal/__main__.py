@@ -222,7 +222,7 @@ def _describe(manifest: Manifest) -> list[str]:
                 scalars = f", scalars in {t.scalars.replace('_', ' ')}" if t.scalars else ""
                 lines.append(f"      {t.target:5} entry point {t.entry_point}  {len(t.bindings)} binding(s)"
                              f"{scalars}  {t.path}")
-        for g in crate.globals:
+        for g in crate.globals or ():
             lines.append(f"    global {g.name}: {g.space} {g.type} x {g.size // g.element_size} ({g.size} B)")
         for a in crate.artifacts:
             isa = f"PTX ISA {a.ptx_isa or '-'}  " if a.kind in ("ptx", "cubin") else ""

@@ -384,7 +384,7 @@ class ModuleGlobals(dict):  # type: ignore[type-arg]
     """name -> :class:`ModuleGlobal` of a crate; a name the crate does not have is a KeyError naming those it has."""
 
     def __init__(self, kernels: CrateKernels) -> None:
-        super().__init__({g.name: ModuleGlobal(kernels, g) for g in kernels.crate.globals})
+        super().__init__({g.name: ModuleGlobal(kernels, g) for g in kernels.crate.globals or ()})
         self._crate = kernels.name
 
     def __missing__(self, name: str) -> ModuleGlobal:

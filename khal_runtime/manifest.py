@@ -593,11 +593,11 @@ class Crate(_Model):
     #: validator when this module is imported, see ``_Model``)
     spirv: SpirvStatus = SpirvStatus.model_construct(status="not_configured", reason="")
     #: module globals the host may read and write (``kernels.crates[name].globals``)
-    globals: tuple[GlobalVar, ...] = ()
+    globals: Optional[tuple[GlobalVar, ...]] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Crate:
-        gnames = [g.name for g in self.globals]
+        gnames = [g.name for g in self.globals or ()]
         if len(set(gnames)) != len(gnames):
             raise ValueError(f"crate {self.name!r}: a global is listed twice")
         names = [e.name for e in self.entries]

@@ -214,7 +214,7 @@ def _load_artifact(crate: Crate, device: Any, art: Artifact, data: bytes, packag
                 if entry.attributes is not None:
                     mod.indirect_attributes[entry.name] = prepare_function(entry, mod.indirect[entry.name], device,
                                                                            where)
-        for g in crate.globals:
+        for g in crate.globals or ():
             mod.globals[g.name] = _global(lib, g, where, art)
     except Exception:
         drv.cuLibraryUnload(lib)
