@@ -213,6 +213,8 @@ def _describe(manifest: Manifest) -> list[str]:
                 shape += f" (launch() up to {e.launch_dims}-D grids)"
             tmpl = f" = {e.template}<{', '.join(e.template_args or ())}>" if e.template else ""
             lines.append(f"    entry {e.name}{tmpl} hash {e.hash} block {block}{shape}  ({params})")
+            if e.attributes is not None and e.attributes.describe():
+                lines.append(f"      launch attributes: {e.attributes.describe()}")
             if e.indirect_reason:
                 lines.append(f"      no indirect variant: {e.indirect_reason}")
             if e.launch is not None and e.launch.reads:
@@ -221,6 +223,8 @@ def _describe(manifest: Manifest) -> list[str]:
                 scalars = f", scalars in {t.scalars.replace('_', ' ')}" if t.scalars else ""
                 lines.append(f"      {t.target:5} entry point {t.entry_point}  {len(t.bindings)} binding(s)"
                              f"{scalars}  {t.path}")
+        for g in crate.globals or ():
+            lines.append(f"    global {g.name}: {g.space} {g.type} x {g.size // g.element_size} ({g.size} B)")
         for a in crate.artifacts:
             isa = f"PTX ISA {a.ptx_isa or '-'}  " if a.kind in ("ptx", "cubin") else ""
             lines.append(f"    {a.kind:5} {a.arch or '-':11} {a.size:>9} B  sha256 {a.sha256[:16]}…  {isa}{a.path}")

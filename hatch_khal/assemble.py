@@ -174,6 +174,7 @@ def _finish_crate(plan: CratePlan, root: Path, outputs: dict[tuple[str, str], Co
         entries=parts.entries,
         prebuilt=prebuilt,
         spirv=plan.spirv,
+        globals=parts.globals or None,  # absent when none: manifests without globals read as before
     )
     return crate, files
 

@@ -102,9 +102,13 @@ def _callee(entry: EntryDecl) -> str:
 
 
 def _launch_bounds(entry: EntryDecl) -> str:
+    """``__launch_bounds__`` of the generated kernels, and ``__cluster_dims__`` of a clustered entry
+    (``KHAL_CLUSTER``: compiled in, so the driver launches it in clusters with no attribute)."""
+    cluster = entry.attributes.get("cluster_dims")
+    cd = " __cluster_dims__({}, {}, {})".format(*cluster) if isinstance(cluster, tuple) else ""
     if entry.fixed_block:
-        return f" __launch_bounds__({entry.threads})"
-    return f" __launch_bounds__({entry.launch_bounds})" if entry.launch_bounds else ""
+        return f" __launch_bounds__({entry.threads}){cd}"
+    return (f" __launch_bounds__({entry.launch_bounds})" if entry.launch_bounds else "") + cd
 
 
 def _fold(axis: str, block: int, target: str, group: str, wide: bool = True) -> list[str]:
@@ -196,8 +200,10 @@ def _entry_code(entry: EntryDecl, entry_hash: str, indirect: bool = True) -> str
 
 def has_indirect(entry: EntryDecl) -> bool:
     """Whether the entry gets a persistent-grid variant: 1-D entries (the device-side count
-    is one number of groups along x)."""
-    return entry.grid_dims == 1
+    is one number of groups along x), neither cooperative nor clustered (a grid or cluster sync in
+    a loop whose trip count differs between blocks would deadlock)."""
+    a = entry.attributes
+    return entry.grid_dims == 1 and not a.get("cooperative") and not a.get("cluster_dims")
 
 
 #: what ``khal::type_id`` says of the CUDA half types, when the sources included them

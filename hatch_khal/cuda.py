@@ -16,8 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from khal_runtime.binaries import ptx_grid_reads
-from khal_runtime.manifest import SpirvStatus
+from khal_runtime.binaries import ptx_grid_reads, ptx_module_globals
+from khal_runtime.manifest import GlobalVar, SpirvStatus
 
 from hatch_khal.__about__ import __version__
 from hatch_khal.codegen import explain_entry_error, generate_unit, has_indirect
@@ -204,7 +204,11 @@ class CudaLanguage:
         plan = _cuda_plan(plan)
         entries, warnings = manifest_entries(plan.cfg.name, plan.decls, binary, plan.without_indirect,
                                              trust_ptx=not _debug_build(plan.cfg.options))
-        return CrateParts(entries=entries, warnings=tuple(warnings))
+        ptx = binary.text if binary.kind == "ptx" and binary.text is not None else None
+        found = ptx_module_globals(ptx) if ptx is not None else []
+        module_globals = tuple(GlobalVar(name=n, space=sp, type=t, element_size=es, size=sz)  # type: ignore[arg-type]
+                               for n, sp, t, es, sz in found)
+        return CrateParts(entries=entries, warnings=tuple(warnings), globals=module_globals)
 
 
 CUDA = CudaLanguage()

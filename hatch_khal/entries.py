@@ -2,9 +2,14 @@
 
 The grammar is deliberately small so it can be read without a C++ parser::
 
-    entry    := [ template < tparams > ] KHAL_ENTRY ( IDENT , block , ( param { , param } ) [ , bounds ] )
+    entry    := [ template < tparams > ] KHAL_ENTRY ( IDENT , block , ( param { , param } ) { , option } )
     block    := INT | ( INT , INT [ , INT ] )
-    bounds   := KHAL_LAUNCH_BOUNDS ( INT | none )
+    option   := KHAL_LAUNCH_BOUNDS ( INT | none )      any block within the bounds
+              | KHAL_SHARED_MEM ( INT )                dynamic shared memory, bytes (above 48 KB too)
+              | KHAL_COOPERATIVE                       a cooperative grid (grid.sync())
+              | KHAL_CLUSTER ( INT [ , INT [ , INT ] ] )  thread-block cluster dims (sm_90+)
+              | KHAL_PDL                               programmatic dependent launch
+    (each option at most once, in any order; the launch attributes: khal_runtime.abi.LAUNCH_ATTRIBUTES)
     instance := KHAL_INSTANTIATE ( IDENT , IDENT { , targ } )
     param    := KHAL_STORAGE ( type , IDENT )
               | KHAL_STORAGE_ARRAY ( type , INT , IDENT )
@@ -140,6 +145,14 @@ class EntryDecl:
     #: headers known to: ``<cooperative_groups.h>``): the text check of the indirect variant,
     #: used when the build has no PTX to check
     grid_reads_elsewhere: tuple[str, ...] = ()
+    #: launch attributes (``KHAL_SHARED_MEM`` / ``KHAL_COOPERATIVE`` / ``KHAL_CLUSTER`` / ``KHAL_PDL``):
+    #: (manifest field, value) pairs of those given, in LAUNCH_ATTRIBUTES order
+    launch_attributes: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def attributes(self) -> dict[str, object]:
+        """The launch attributes given (manifest ``LaunchAttributes`` fields), empty if none."""
+        return dict(self.launch_attributes)
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -173,7 +186,7 @@ class EntryDecl:
         return abi.entry_signature(self.name, self.block, [p.signature() for p in self.params],
                                    grid_dims=self.grid_dims, fixed_block=self.fixed_block,
                                    launch_bounds=self.launch_bounds, template=self.template,
-                                   template_args=self.template_args)
+                                   template_args=self.template_args, attributes=self.attributes or None)
 
 
 @dataclass(frozen=True)
@@ -800,6 +813,60 @@ def _parse_bounds(raw: str, where: str, name: str, threads: int) -> int | None:
     return n
 
 
+#: the largest dynamic shared memory a marker may ask for (the device's opt-in maximum is checked
+#: at load: 227 KB on sm_90)
+_MAX_SHARED = 1 << 20
+
+
+def _parse_options(raw: list[str], where: str, name: str, threads: int
+                   ) -> tuple[bool, int | None, tuple[tuple[str, object], ...]]:
+    """(fixed block, launch bounds, launch attributes) from the markers after the parameters."""
+    fixed, bounds = True, None
+    attrs: dict[str, object] = {}
+    seen: set[str] = set()
+    for opt in raw:
+        head = re.match(r"\s*(\w+)", opt)
+        word = head.group(1) if head else opt
+        if word in seen:
+            raise EntryParseError(f"{where}: entry {name!r}: {word} is given twice")
+        seen.add(word)
+        if word == "KHAL_LAUNCH_BOUNDS":
+            fixed, bounds = False, _parse_bounds(opt, where, name, threads)
+            continue
+        if word in ("KHAL_COOPERATIVE", "KHAL_PDL"):
+            if opt.strip() != word:
+                raise EntryParseError(f"{where}: entry {name!r}: {word} takes no arguments, got {opt!r}")
+            attrs["cooperative" if word == "KHAL_COOPERATIVE" else "pdl"] = True
+            continue
+        m = re.fullmatch(r"\s*(KHAL_SHARED_MEM|KHAL_CLUSTER)\s*\(([^()]*)\)\s*", opt)
+        nums = [x.strip() for x in m.group(2).split(",")] if m else []
+        if m and m.group(1) == "KHAL_SHARED_MEM":
+            if len(nums) != 1 or not _INT_RE.fullmatch(nums[0]) or not 1 <= int(nums[0]) <= _MAX_SHARED:
+                raise EntryParseError(f"{where}: entry {name!r}: {opt.strip()!r} must be KHAL_SHARED_MEM(bytes) "
+                                      f"with 1 <= bytes <= {_MAX_SHARED}")
+            attrs["max_dynamic_shared"] = int(nums[0])
+            continue
+        if m and m.group(1) == "KHAL_CLUSTER":
+            if not 1 <= len(nums) <= 3 or not all(_INT_RE.fullmatch(x) for x in nums):
+                raise EntryParseError(f"{where}: entry {name!r}: {opt.strip()!r} must be KHAL_CLUSTER(x[, y[, z]])")
+            dims = tuple(int(x) for x in nums) + (1,) * (3 - len(nums))
+            if any(d < 1 for d in dims) or dims[0] * dims[1] * dims[2] > 32:
+                raise EntryParseError(f"{where}: entry {name!r}: cluster {dims} must be positive with at most "
+                                      "32 blocks (8 portable)")
+            attrs["cluster_dims"] = dims
+            continue
+        raise EntryParseError(
+            f"{where}: entry {name!r}: KHAL_ENTRY takes 3 arguments (name, block_size, (params...)), then "
+            f"options, and {opt.strip()!r} is none of KHAL_LAUNCH_BOUNDS(n | none), KHAL_SHARED_MEM(bytes), "
+            "KHAL_COOPERATIVE, KHAL_CLUSTER(x, y, z), KHAL_PDL"
+        )
+    if attrs.get("cooperative") and attrs.get("cluster_dims"):
+        raise EntryParseError(f"{where}: entry {name!r}: KHAL_COOPERATIVE and KHAL_CLUSTER cannot be combined "
+                              "(the driver launches a cooperative grid without clusters)")
+    order = list(abi.LAUNCH_ATTRIBUTES)
+    return fixed, bounds, tuple(sorted(attrs.items(), key=lambda kv: order.index(kv[0])))
+
+
 _AXIS_RE = re.compile(r"\bKHAL_(?:GLOBAL_ID|LOCAL_ID|GROUP_ID|NUM_GROUPS)_([XYZ])\b|\b(?:blockIdx|gridDim)\s*\.\s*([xyz])\b")
 
 
@@ -915,19 +982,17 @@ def scan_source(text: str, display_path: str, env: MacroEnv | None = None) -> So
             out.instances.append(InstanceDecl(args[0], args[1], targs, display_path, line, state, conds))
             continue
         args = _split_top(clean[open_at + 1 : end - 1])
-        if len(args) not in (3, 4):
+        if not 3 <= len(args) <= 8:
             raise EntryParseError(
                 f"{where}: KHAL_ENTRY takes 3 arguments (name, block_size, (params...)) and optionally "
-                f"KHAL_LAUNCH_BOUNDS(...), got {len(args)}"
+                f"KHAL_LAUNCH_BOUNDS(...) and launch attributes, got {len(args)}"
             )
         name, block_raw, params = args[:3]
         _check_name(name, where)
         block = _parse_block(block_raw, where, name)
         bx, by, bz = (block, 1, 1) if isinstance(block, int) else block
         threads = bx * by * bz
-        fixed, bounds = True, None
-        if len(args) == 4:
-            fixed, bounds = False, _parse_bounds(args[3], where, name, threads)
+        fixed, bounds, attrs = _parse_options(args[3:], where, name, threads)
         if not (params.startswith("(") and params.endswith(")") and _balanced(params, 0) == len(params)):
             raise EntryParseError(f"{where}: entry {name!r}: parameters must be one parenthesised list")
         inner = params[1:-1].strip()
@@ -950,7 +1015,8 @@ def scan_source(text: str, display_path: str, env: MacroEnv | None = None) -> So
                 axis = (a.group(1) or a.group(2)).lower()
                 dims = max(dims, {"x": 1, "y": 2, "z": 3}[axis])
         decl = EntryDecl(name, block, decls, display_path, line, grid_dims=dims, fixed_block=fixed,
-                         launch_bounds=bounds, reads_grid=reads, compiled=state, conds=conds)
+                         launch_bounds=bounds, reads_grid=reads, compiled=state, conds=conds,
+                         launch_attributes=attrs)
         header = _template_header(clean, m.start())
         if header is not None:
             tparams, required = _template_params(header[0], where, name)

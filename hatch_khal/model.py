@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from khal_runtime.manifest import Artifact, Entry, Manifest, SpirvStatus
+    from khal_runtime.manifest import Artifact, Entry, GlobalVar, Manifest, SpirvStatus
 
     from hatch_khal.config import ResolvedCrate
     from hatch_khal.sources import SourceFile
@@ -170,6 +170,8 @@ class CrateParts:
     files: dict[str, bytes] = field(default_factory=dict)
     #: what is worth saying about them (shown by the builder)
     warnings: tuple[str, ...] = ()
+    #: the crate's module globals (``__constant__`` / ``__device__`` variables, from its PTX)
+    globals: tuple[GlobalVar, ...] = ()
 
 
 @dataclass

@@ -567,6 +567,46 @@ def prebuilt_env_var(crate: str) -> str:
     return PREBUILT_ENV_PREFIX + crate.upper().replace("-", "_")
 
 
+#: Launch attributes an entry may need (DESIGN.md, Kernel ABI): the manifest field of each, its
+#: marker in CUDA C++ sources (a 4th / later ``KHAL_ENTRY`` argument) and its default. An entry
+#: whose attributes are all defaults hashes as one built before attributes existed.
+#:
+#: - ``max_dynamic_shared``: bytes of dynamic shared memory the entry needs at most
+#:   (``KHAL_SHARED_MEM(n)``); above 48 KB the runtime opts the function in once at load
+#:   (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``), checked against the device's opt-in
+#:   maximum; the typed call launches with this many bytes
+#: - ``cooperative``: launched as a cooperative grid (``KHAL_COOPERATIVE``; ``grid.sync()``); a
+#:   grid larger than the co-resident maximum is refused
+#: - ``cluster_dims``: thread-block cluster dims (``KHAL_CLUSTER(x, y, z)``, compiled in as
+#:   ``__cluster_dims__``; sm_90+)
+#: - ``pdl``: programmatic dependent launch (``KHAL_PDL``): the launch may start before the
+#:   previous kernel on the stream ends (it waits in ``cudaGridDependencySynchronize``)
+LAUNCH_ATTRIBUTES: dict[str, tuple[str, Any]] = {
+    "max_dynamic_shared": ("KHAL_SHARED_MEM", None),
+    "cooperative": ("KHAL_COOPERATIVE", False),
+    "cluster_dims": ("KHAL_CLUSTER", None),
+    "pdl": ("KHAL_PDL", False),
+}
+#: dynamic shared memory a function may use without opting in
+DEFAULT_DYNAMIC_SHARED = 48 * 1024
+#: blocks in a cluster every sm_90 device supports (more needs a non-portable opt-in)
+MAX_PORTABLE_CLUSTER = 8
+
+
+def attributes_signature(attributes: Any) -> dict[str, Any]:
+    """The attributes (a manifest ``LaunchAttributes``, a mapping or None) that differ from their
+    defaults, as the entry hash sees them (empty: hashed as no attributes at all)."""
+    out: dict[str, Any] = {}
+    if attributes is None:
+        return out
+    for name, (_, default) in LAUNCH_ATTRIBUTES.items():
+        v = _field(attributes, name)
+        if v is None or v == default:
+            continue
+        out[name] = [int(x) for x in v] if name == "cluster_dims" else (v if isinstance(v, bool) else int(v))
+    return out
+
+
 def _field(p: Any, key: str) -> Any:
     return p.get(key) if isinstance(p, Mapping) else getattr(p, key, None)
 
@@ -593,7 +633,7 @@ def _layout(layout: Any) -> dict[str, Any]:
 def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mapping[str, Any] | Any], *,
                     grid_dims: int = 1, fixed_block: bool = True, launch_bounds: int | None = None,
                     template: str | None = None, template_args: Iterable[str] = (),
-                    layouts: bool = True) -> dict[str, Any]:
+                    layouts: bool = True, attributes: Any = None) -> dict[str, Any]:
     """What of an entry its hash covers besides the crate's content: the name, the block size
     and, per parameter, what the manifest records of it (name, kind, element type, shape,
     length, writability). Computable from a manifest alone, so that a loader can check that
@@ -604,7 +644,8 @@ def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mappi
     the spelling, known only once the binary (whose symbols carry the hash) exists; the build
     and the loader check it against the binary's own type probes instead. The launch shape
     (``grid_dims``, a block that is not fixed, its launch bounds) and a template instantiation
-    are hashed when they differ from the defaults, so entries without them hash as before.
+    are hashed when they differ from the defaults, so entries without them hash as before; so are
+    the launch attributes (:data:`LAUNCH_ATTRIBUTES`).
 
     A uniform's CUDA struct layout (``layouts["cuda"]``, Slang crates: how the host packs a dict or
     reads a C struct's bytes on every backend) is hashed too (Slang reflects it before the entry
@@ -632,6 +673,9 @@ def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mappi
         sig["launch_bounds"] = launch_bounds
     if template is not None:
         sig["template"] = [template, list(template_args)]
+    attrs = attributes_signature(attributes)
+    if attrs:  # launch attributes (LAUNCH_ATTRIBUTES): only those that are not defaults
+        sig["attributes"] = attrs
     return sig
 
 

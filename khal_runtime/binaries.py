@@ -138,6 +138,51 @@ def scan_ptx(data: bytes | str, source: str = "PTX") -> BinaryInfo:
     )
 
 
+_MODULE_GLOBAL_RE = re.compile(
+    rb"^[ \t]*(?:\.visible[ \t]+)?\.(const|global)[ \t]+(?:\.align[ \t]+\d+[ \t]+)?\.([bfsu])(8|16|32|64)[ \t]+"
+    rb"([A-Za-z_][A-Za-z0-9_]*)[ \t]*((?:\[[ \t]*\d+[ \t]*\][ \t]*)*)[ \t]*[=;]",
+    re.M,
+)
+
+
+def ptx_module_globals(data: bytes) -> list[tuple[str, str, str, int, int]]:
+    """The module globals a PTX declares that a host may read and write: (name, "constant" /
+    "device", PTX type, element bytes, bytes in all) of every module-scope ``.const`` / ``.global``
+    variable with a C name (not mangled, not a hatch-khal probe: no ``khal`` in it; not ``__``-reserved).
+    NVRTC declares a whole-program ``__constant__`` / ``__device__`` variable without ``.visible``;
+    the driver finds it by name all the same (``cuLibraryGetGlobal``, checked at load)."""
+    out = []
+    for m in _MODULE_GLOBAL_RE.finditer(strip_ptx_comments(data)):
+        name = m.group(4).decode("ascii")
+        if name.startswith("_Z") or "khal" in name.lower() or name.startswith("__"):
+            continue
+        elem = int(m.group(3)) // 8
+        count = 1
+        for d in re.findall(rb"\d+", m.group(5)):
+            count *= int(d)
+        if count < 1:
+            continue
+        space = "constant" if m.group(1) == b"const" else "device"
+        out.append((name, space, (m.group(2) + m.group(3)).decode("ascii"), elem, elem * count))
+    return out
+
+
+_CLUSTER_RE = re.compile(
+    rb"\.entry[ \t]+([A-Za-z_$][\w$]*)[ \t]*\([^)]*\)([^{]*)\{", re.S)
+_REQ_CLUSTER_RE = re.compile(rb"\.reqnctapercluster[ \t]+(\d+)(?:[ \t]*,[ \t]*(\d+))?(?:[ \t]*,[ \t]*(\d+))?")
+
+
+def ptx_cluster_dims(data: bytes) -> dict[str, tuple[int, int, int]]:
+    """Kernel name -> its compiled cluster dims (``.reqnctapercluster``, what ``__cluster_dims__``
+    compiles to), for the kernels of a PTX that have them."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for m in _CLUSTER_RE.finditer(strip_ptx_comments(data)):
+        r = _REQ_CLUSTER_RE.search(m.group(2))
+        if r is not None:
+            out[m.group(1).decode("ascii")] = (int(r.group(1)), int(r.group(2) or 1), int(r.group(3) or 1))
+    return out
+
+
 _FUNC_HEAD_RE = re.compile(
     rb"^[ \t]*(?:\.visible[ \t]+|\.weak[ \t]+|\.extern[ \t]+)?\.(entry|func)[ \t]+(?:\([^)]*\)[ \t]*)?"
     rb"([A-Za-z_$][A-Za-z0-9_$]*)", re.M)

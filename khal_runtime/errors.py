@@ -16,6 +16,7 @@ __all__ = [
     "CudaError",
     "HashMismatchError",
     "KhalError",
+    "LaunchAttributeError",
     "ManifestError",
     "NoCompatibleBinaryError",
     "ParamLayoutError",
@@ -91,6 +92,12 @@ class ArgumentError(KhalError, TypeError):
 
 class ArgumentValueError(KhalError, ValueError):
     """A launch argument has the right type but a wrong size/shape/value (raised before launch)."""
+
+
+class LaunchAttributeError(KhalError, ValueError):
+    """An entry's launch attributes (dynamic shared memory, cooperative grid, clusters, PDL) cannot be
+    honoured: the device lacks what they need, a launch asks for more than the entry declared or the
+    device can hold co-resident, or the path (indirect dispatch, WebGPU) has no such launch."""
 
 
 class CaptureError(KhalError, RuntimeError):

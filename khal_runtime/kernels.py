@@ -22,11 +22,13 @@ from khal_runtime.arguments import (check_block, check_block_within, check_grid,
                                     grid_for_threads, thread_count)
 from khal_runtime.arguments import shared_mem as check_shared_mem
 from khal_runtime.device import Stream, _tls, as_stream, current_device_id, default_stream, ensure_current
-from khal_runtime.errors import BackendUnavailableError, KhalError, StaleBuildError
+from khal_runtime.abi import DEFAULT_DYNAMIC_SHARED
+from khal_runtime.errors import BackendUnavailableError, KhalError, LaunchAttributeError, StaleBuildError
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
 from khal_runtime.verify import check_manifest, check_sources, read_artifact
 
-__all__ = ["CrateKernels", "Kernel", "KernelSet", "LaunchConfig", "find_package_dir", "launch", "load"]
+__all__ = ["CrateKernels", "Kernel", "KernelSet", "LaunchConfig", "ModuleGlobal", "ModuleGlobals", "find_package_dir",
+           "launch", "load"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     """One entry point. ``k(n, *args, stream=None)`` runs ``n`` threads (grid = ceil(n / block.x));
     a 2-D / 3-D entry (``entry.grid_dims``) takes ``k((nx, ny), ...)`` / ``k((nx, ny, nz), ...)``,
     each axis rounded up to whole blocks. ``k.launch(grid, block, *args, stream=None,
-    shared_mem=0)`` takes explicit dimensions: as many grid axes as the compiled kernel reads
+    shared_mem=None)`` takes explicit dimensions: as many grid axes as the compiled kernel reads
     block ids along (``entry.launch_dims``), and ``block`` the compiled one or None, unless the
     kernel's ids do not fold it in (``entry.launch_block_fixed``): then any block within its
     launch bounds.
@@ -74,7 +76,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     attributes (``func``, ``args``) are that machinery, not part of the API."""
 
     __slots__ = ("entry", "name", "crate", "_crate", "_plans", "_bx", "_by", "_bz", "_flat", "_dims", "_ldims",
-                 "_lfixed", "_lock")
+                 "_lfixed", "_lock", "_shared", "_shmax")
 
     entry: Entry
     name: str
@@ -89,6 +91,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     _ldims: int
     _lfixed: bool
     _lock: threading.Lock
+    _shared: int
+    _shmax: int
 
     def __new__(cls, crate: CrateKernels, entry: Entry) -> Kernel:
         self = super().__new__(cls, _generic_call)
@@ -104,6 +108,11 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         # the compiled kernel's launch facts (re-derived from the shipped PTX when the crate loads,
         # before any launch): grid axes an explicit launch may use, whether it must use the block
         self._ldims, self._lfixed = entry.launch_dims, entry.launch_block_fixed
+        # launch attributes (KHAL_SHARED_MEM): the typed call's dynamic shared memory, and the most
+        # an explicit launch may ask for (beyond 48 KB only what the entry declared)
+        a = entry.attributes
+        self._shared = int(a.max_dynamic_shared or 0) if a is not None else 0
+        self._shmax = max(self._shared, DEFAULT_DYNAMIC_SHARED)
         self._lock = threading.Lock()
         return self
 
@@ -167,8 +176,12 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
             self._crate.backend  # noqa: B018
         return _stream_of(stream)
 
-    def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int = 0) -> None:
-        """Launch ``grid`` blocks of the compiled block size (``block``: None, or that size)."""
+    def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int | None = None) -> None:
+        """Launch ``grid`` blocks of the compiled block size (``block``: None, or that size);
+        ``shared_mem``: bytes of dynamic shared memory (None: what the entry declares with
+        ``KHAL_SHARED_MEM``, else 0)."""
+        if shared_mem is None:
+            shared_mem = self._shared
         st = self._stream(stream)
         plan = self._ready(st.device_id)
         if type(grid) is int and 0 < grid <= 2**31 - 1:
@@ -186,7 +199,29 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
                 bx, by, bz = b
         shmem = shared_mem if type(shared_mem) is int and 0 <= shared_mem < 2**32 else \
             check_shared_mem(self.name, shared_mem)
+        if shmem > self._shmax:
+            raise LaunchAttributeError(
+                f"{self.name}.launch(): shared_mem={shmem} bytes is more than the entry declares ({self._shmax} bytes"
+                f"{'' if self._shared else ': the limit without a declaration'}); declare KHAL_SHARED_MEM({shmem}) in its "
+                "KHAL_ENTRY marker (above 48 KB the function is opted in once, at load)")
         plan.run(gx, gy, gz, bx, by, bz, shmem, st, args)
+
+    def max_cooperative_grid(self, block: Any = None, shared_mem: int | None = None, *, device: int | None = None) -> int:
+        """The most blocks of ``block`` threads (None: the compiled block) and ``shared_mem`` bytes
+        (None: the declared) that can be co-resident on the device: the largest grid a cooperative
+        entry (``KHAL_COOPERATIVE``) may be launched with (occupancy per SM x SMs, computed once)."""
+        dev = current_device_id() if device is None else int(device)
+        plan = self._ready(dev)
+        fa = getattr(plan, "fattrs", None)
+        if fa is None or not getattr(fa, "cooperative", False):
+            raise LaunchAttributeError(f"{self.name}: not a cooperative entry (KHAL_COOPERATIVE)"
+                                       + ("" if fa is not None else f" on the {self._crate.backend.name} backend"))
+        if block is None:
+            threads = self._bx * self._by * self._bz
+        else:
+            bx, by, bz = dim3(block, f"{self.name}.max_cooperative_grid(): block")
+            threads = bx * by * bz
+        return int(fa.coresident(threads, self._shared if shared_mem is None else int(shared_mem)))
 
     def bind(self, *args: Any, stream: Any = None) -> Any:
         """A bound launch: ``args`` checked and packed once, then ``b(n)`` launches ``n``
@@ -227,21 +262,139 @@ def _slow_call(self: Kernel, n: Any, args: tuple[Any, ...], st: Stream) -> None:
         plan = self._ready(st.device_id)
         if n > 0:
             bx = self._bx
-            plan.run(grid_for(self.name, n, bx), 1, 1, bx, self._by, self._bz, 0, st, args)
+            plan.run(grid_for(self.name, n, bx), 1, 1, bx, self._by, self._bz, self._shared, st, args)
             return
         diagnose_args(plan.entry, args)
         return
     gx, gy, gz = grid_for_threads(self.name, n, (self._bx, self._by, self._bz), self._dims)
     plan = self._ready(st.device_id)
     if gx and gy and gz:
-        plan.run(gx, gy, gz, self._bx, self._by, self._bz, 0, st, args)
+        plan.run(gx, gy, gz, self._bx, self._by, self._bz, self._shared, st, args)
         return
     diagnose_args(plan.entry, args)
 
 
+class ModuleGlobal:
+    """A crate's module global (a ``__constant__`` or ``__device__`` variable, ``Crate.globals``) on
+    one device: ``kernels.crates["core"].globals["table"]``. Its address and size come from the
+    driver when the crate loads there (``cuLibraryGetGlobal``), checked against the manifest.
+
+    ``copy_from_numpy(a)`` writes it from a host array of exactly its size in bytes (any dtype: the
+    PTX declares most arrays as bytes), ``to_numpy(dtype)`` reads it back, ``fill_zero()`` resets it,
+    ``copy_from(buffer)`` copies from device memory (a ``DeviceBuffer``, CuPy / torch array) on the
+    stream: that one is capturable, so a graph can refill a table or reset a counter on replay.
+    ``as_buffer(dtype)`` is a ``DeviceBuffer`` view of it (not owning), for a storage argument."""
+
+    __slots__ = ("crate", "var", "name", "space", "size", "_kernels", "_device")
+
+    def __init__(self, kernels: CrateKernels, var: Any, device: int | None = None) -> None:
+        self._kernels = kernels
+        self.crate = kernels.name
+        self.var = var
+        self.name, self.space, self.size = var.name, var.space, int(var.size)
+        self._device = device
+
+    @property
+    def device_id(self) -> int:
+        return current_device_id() if self._device is None else self._device
+
+    def on(self, device: int) -> ModuleGlobal:
+        """The same global on ``device`` (loads the crate there)."""
+        return ModuleGlobal(self._kernels, self.var, int(device))
+
+    @property
+    def ptr(self) -> int:
+        """Its device address on this device (the crate loaded there first)."""
+        dev = self.device_id
+        module = self._kernels.module(dev)
+        found = getattr(module, "globals", {}).get(self.name)
+        if found is None:
+            raise KhalError(f"crate {self.crate!r}: the {self._kernels.backend.name} backend has no module global "
+                            f"{self.name!r} (module globals are CUDA's)")
+        return int(found[0])
+
+    def as_buffer(self, dtype: Any = "uint8") -> Any:
+        """A ``DeviceBuffer`` view of its bytes as ``dtype`` (it does not own them: never freed)."""
+        from khal_runtime.buffers import DeviceBuffer  # lazy: numpy, only when a global is used
+        import numpy as np
+
+        itemsize = np.dtype(dtype).itemsize
+        if self.size % itemsize:
+            raise KhalError(f"global {self.name!r} ({self.size} bytes) is not a whole number of {np.dtype(dtype)}")
+        ptr = self.ptr
+        return DeviceBuffer(ptr, self.size // itemsize, dtype, self.device_id, backend=self._kernels.backend)
+
+    def _host(self, array: Any) -> Any:
+        import numpy as np  # lazy: numpy, only when a global is used
+
+        a = np.ascontiguousarray(array)
+        if a.nbytes != self.size:
+            raise KhalError(f"global {self.crate}.{self.name} is {self.size} bytes ({self.var.type} x "
+                            f"{self.size // self.var.element_size}); the array is {a.nbytes} bytes ({a.dtype} x {a.size})")
+        return a.view(np.uint8).reshape(-1)
+
+    def copy_from_numpy(self, array: Any, stream: Any = None) -> ModuleGlobal:
+        """Write it from a host array of exactly its size in bytes, ordered on ``stream``."""
+        self.as_buffer("uint8").copy_from_numpy(self._host(array), stream)
+        return self
+
+    def to_numpy(self, dtype: Any = None, stream: Any = None) -> Any:
+        """Its bytes as a new host array of ``dtype`` (default: the PTX element type's, bytes for ``b8``)."""
+        out = self.as_buffer("uint8").to_numpy(stream)
+        return out.view(dtype if dtype is not None else _PTX_DTYPES.get(self.var.type, "uint8"))
+
+    def fill_zero(self, stream: Any = None) -> ModuleGlobal:
+        self.as_buffer("uint8").fill_zero(stream)
+        return self
+
+    def copy_from(self, source: Any, stream: Any = None) -> ModuleGlobal:
+        """Copy its bytes from device memory (``source``: any storage argument of exactly its size in
+        bytes), on ``stream``: device to device, so it can be captured in a graph."""
+        from khal_runtime import interop  # lazy: as the launch path
+
+        st = _stream_of(stream)
+        ptr, count, key = interop.extract(source)
+        nbytes = count * _itemsize(key)
+        if nbytes != self.size:
+            raise KhalError(f"global {self.crate}.{self.name} is {self.size} bytes; the source is {nbytes}")
+        ensure_current(self.device_id)
+        self._kernels.backend.copy_device(self.ptr, ptr, self.size, st)
+        return self
+
+    def __repr__(self) -> str:
+        return f"<ModuleGlobal {self.crate}.{self.name} ({self.space} {self.var.type}, {self.size} bytes)>"
+
+
+#: numpy dtype of a PTX element type (b8 arrays: bytes)
+_PTX_DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "u8": "uint8", "u16": "uint16",
+               "u32": "uint32", "u64": "uint64", "s8": "int8", "s16": "int16", "s32": "int32", "s64": "int64",
+               "b8": "uint8", "b16": "uint16", "b32": "uint32", "b64": "uint64"}
+
+
+def _itemsize(key: Any) -> int:
+    from khal_runtime.dtypes import ReadOnly, dtype_info  # lazy: as the launch path
+
+    if type(key) is ReadOnly:
+        key = key.dtype
+    name, size = dtype_info(key)
+    return int(size)
+
+
+class ModuleGlobals(dict):  # type: ignore[type-arg]
+    """name -> :class:`ModuleGlobal` of a crate; a name the crate does not have is a KeyError naming those it has."""
+
+    def __init__(self, kernels: CrateKernels) -> None:
+        super().__init__({g.name: ModuleGlobal(kernels, g) for g in kernels.crate.globals or ()})
+        self._crate = kernels.name
+
+    def __missing__(self, name: str) -> ModuleGlobal:
+        raise KeyError(f"crate {self._crate!r} has no module global {name!r}; it has {', '.join(self) or 'none'} "
+                       "(the build lists the .visible __constant__ / __device__ variables of its PTX)")
+
+
 class CrateKernels:
     """One crate: its manifest record, its verified binaries, its modules per device, and its
-    entries as attributes (``kernels.crates["core"].saxpy``)."""
+    entries as attributes (``kernels.crates["core"].saxpy``); its module globals in ``globals``."""
 
     def __init__(self, package: str, package_dir: Path, crate: Crate) -> None:
         self.package = package
@@ -256,6 +409,9 @@ class CrateKernels:
         for n, k in self._kernels.items():
             if not hasattr(type(self), n):
                 self.__dict__[n] = k
+        #: the crate's ``__constant__`` / ``__device__`` variables (:class:`ModuleGlobal`); an entry
+        #: named ``globals`` stays reachable as ``crate["globals"]``
+        self.globals = ModuleGlobals(self)
 
     @property
     def backend(self) -> Any:

@@ -17,7 +17,9 @@ what the compiler made of it), template instantiations, 2-D / 3-D launch shapes
 (``grid_dims``), blocks that are not fixed (``fixed_block``, ``launch_bounds``) and why an
 entry has no indirect variant (``indirect_reason``). Version 4 added the launch facts of the
 compiled kernel (``launch``: the grid axes it reads, whether its ids fold the compiled block, where
-those facts come from), re-derived from the shipped PTX at load.
+those facts come from), re-derived from the shipped PTX at load. Entries' launch attributes
+(``attributes``) and crates' module globals (``globals``) are optional fields of version 4: a
+manifest without them reads as before, and an older runtime refuses one with them (unknown field).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ __all__ = [
     "Crate",
     "Editable",
     "Entry",
+    "GlobalVar",
+    "LaunchAttributes",
     "LaunchFacts",
     "Manifest",
     "Param",
@@ -331,6 +335,47 @@ class LaunchFacts(_Model):
         return v
 
 
+class LaunchAttributes(_Model):
+    """Launch attributes an entry needs (:data:`khal_runtime.abi.LAUNCH_ATTRIBUTES`; hashed), set
+    once per function at load and prebuilt into its launch configuration."""
+
+    #: bytes of dynamic shared memory the entry needs at most (above 48 KB: opted in at load,
+    #: checked against the device's CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN); the
+    #: typed call's dynamic shared memory
+    max_dynamic_shared: Optional[int] = Field(default=None, ge=0, le=1 << 24)
+    #: a cooperative launch (grid-wide sync): the grid must be co-resident
+    cooperative: bool = False
+    #: thread-block cluster dims, compiled in (``__cluster_dims__``)
+    cluster_dims: Optional[tuple[int, int, int]] = None
+    #: programmatic dependent launch (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    pdl: bool = False
+
+    @field_validator("cluster_dims")
+    @classmethod
+    def _cluster(cls, v: Optional[tuple[int, int, int]]) -> Optional[tuple[int, int, int]]:
+        if v is not None and (any(d < 1 for d in v) or v[0] * v[1] * v[2] > 32):
+            raise ValueError(f"cluster dims {v} must be positive with at most 32 blocks in all")
+        return v
+
+    @property
+    def cluster_size(self) -> int:
+        c = self.cluster_dims or (1, 1, 1)
+        return c[0] * c[1] * c[2]
+
+    def describe(self) -> str:
+        """``shared 65536 B, cooperative, cluster 2x1x1, PDL`` (empty: none)."""
+        parts = []
+        if self.max_dynamic_shared:
+            parts.append(f"dynamic shared {self.max_dynamic_shared} B")
+        if self.cooperative:
+            parts.append("cooperative")
+        if self.cluster_dims:
+            parts.append("cluster " + "x".join(str(d) for d in self.cluster_dims))
+        if self.pdl:
+            parts.append("PDL")
+        return ", ".join(parts)
+
+
 class Entry(_Model):
     name: str
     symbol: str
@@ -359,6 +404,8 @@ class Entry(_Model):
     #: what the compiled kernel does with the launch geometry (None: a manifest older than
     #: schema 4, whose launches follow ``grid_dims`` / ``fixed_block``)
     launch: Optional[LaunchFacts] = None
+    #: launch attributes the entry needs (None: none; hashed, :func:`abi.entry_signature`)
+    attributes: Optional[LaunchAttributes] = None
 
     @field_validator("hash")
     @classmethod
@@ -403,6 +450,9 @@ class Entry(_Model):
                                  f"parameter(s) {sorted(unknown)}")
         if self.webgpu and len({t.target for t in self.webgpu}) != len(self.webgpu):
             raise ValueError(f"entry {self.name!r}: a WebGPU target is listed twice")
+        a = self.attributes
+        if a is not None and (a.cooperative or a.cluster_dims) and self.indirect_symbol is not None:
+            raise ValueError(f"entry {self.name!r}: a cooperative or clustered entry has no indirect variant")
         if self.fixed_block and self.launch_bounds is not None:
             raise ValueError(f"entry {self.name!r}: launch bounds are for blocks that are not fixed")
         threads = self.block_size[0] * self.block_size[1] * self.block_size[2]
@@ -443,7 +493,7 @@ class Entry(_Model):
         return abi.entry_signature(self.name, self.block_size, self.params, grid_dims=self.grid_dims,
                                    fixed_block=self.fixed_block, launch_bounds=self.launch_bounds,
                                    template=self.template, template_args=self.template_args or (),
-                                   layouts=layouts)
+                                   layouts=layouts, attributes=self.attributes)
 
     @property
     def max_block_threads(self) -> int:
@@ -534,6 +584,29 @@ class SpirvStatus(_Model):
     reason: str = ""
 
 
+class GlobalVar(_Model):
+    """A module global of a crate (a ``__constant__`` or ``__device__`` variable the kernels do not
+    take as a parameter), found in the crate's PTX; its address and size come from the driver at
+    load (``cuLibraryGetGlobal``), which must agree with ``size``."""
+
+    name: str
+    #: "constant" (``__constant__``, PTX ``.const``) or "device" (``__device__``, PTX ``.global``)
+    space: Literal["constant", "device"]
+    #: the PTX element type (``f32``, ``u32``, ``b8``, ...)
+    type: str = Field(min_length=1, max_length=8)
+    #: bytes of one element, and in all
+    element_size: int = Field(gt=0, le=16)
+    size: int = Field(gt=0, le=1 << 34)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GlobalVar:
+        _ident(self.name, "global name")
+        if self.size % self.element_size:
+            raise ValueError(f"global {self.name!r}: {self.size} bytes is not a whole number of "
+                             f"{self.element_size}-byte elements")
+        return self
+
+
 class Crate(_Model):
     name: str
     #: the source language: CUDA C++ (CUDA only) or Slang (CUDA and WebGPU)
@@ -549,9 +622,14 @@ class Crate(_Model):
     #: (the default is made without validation: validating it here would build SpirvStatus's
     #: validator when this module is imported, see ``_Model``)
     spirv: SpirvStatus = SpirvStatus.model_construct(status="not_configured", reason="")
+    #: module globals the host may read and write (``kernels.crates[name].globals``)
+    globals: Optional[tuple[GlobalVar, ...]] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Crate:
+        gnames = [g.name for g in self.globals or ()]
+        if len(set(gnames)) != len(gnames):
+            raise ValueError(f"crate {self.name!r}: a global is listed twice")
         names = [e.name for e in self.entries]
         if len(set(names)) != len(names):
             raise ValueError(f"crate {self.name!r}: an entry is listed twice")

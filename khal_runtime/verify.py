@@ -32,8 +32,8 @@ from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from khal_runtime import abi
-from khal_runtime.binaries import (FOLD_TAGGED_GLOBAL, BinaryFormatError, KernelReads, khal_symbols, ptx_kernel_reads,
-                                   read_binary, webgpu_entry_points)
+from khal_runtime.binaries import (FOLD_TAGGED_GLOBAL, BinaryFormatError, KernelReads, khal_symbols, ptx_cluster_dims,
+                                   ptx_kernel_reads, read_binary, webgpu_entry_points)
 from khal_runtime.errors import ArtifactError, HashMismatchError, KhalError, ManifestError, StaleBuildError
 from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Crate, Entry, LaunchFacts, Manifest, Param,
                                    StructLayout, WebGpuTarget, load_manifest, package_path, prebuilt_env_var,
@@ -210,8 +210,8 @@ def check_manifest(manifest: Manifest) -> list[Problem]:
                     "manifest", crate.name,
                     f"entry {e.name!r} (crate {crate.name!r}): the manifest records hash {e.hash}, but "
                     f"the entry's own signature and its crate's content hash give {want}: the manifest "
-                    "was edited after the build (the hash covers the entry's name, block size and launch "
-                    "shape, and its parameters' names, kinds, element types, shapes, lengths, writability "
+                    "was edited after the build (the hash covers the entry's name, block size, launch "
+                    "shape and launch attributes, and its parameters' names, kinds, element types, shapes, lengths, writability "
                     "and uniforms' CUDA layouts); rebuild the package",
                     ManifestError, None, e.name, e.hash, want))
     return problems
@@ -295,6 +295,16 @@ def check_launch_facts(crate: Crate, blobs: Mapping[str, bytes]) -> list[Problem
         if info.text is not None:
             kernels = ptx_kernel_reads(info.text)
             tagged = FOLD_TAGGED_GLOBAL in dict(info.globals_u64)
+            clusters = ptx_cluster_dims(info.text)
+            for e in crate.entries:  # the cluster dims the kernel was compiled with (__cluster_dims__)
+                if e.symbol not in kernels:
+                    continue  # check_symbols names the missing kernel
+                said = e.attributes.cluster_dims if e.attributes is not None else None
+                if clusters.get(e.symbol) != (tuple(said) if said else None):
+                    problems.append(Problem(
+                        "manifest", crate.name, f"entry {e.name!r} (crate {crate.name!r}): the manifest's cluster dims "
+                        f"{said} are not the shipped PTX's ({clusters.get(e.symbol)}, .reqnctapercluster); the manifest "
+                        f"was edited after the build; {rebuild_hint(crate)}", ManifestError, ptx[0].path, e.name))
     for e in crate.entries:
         f = e.launch
         if f is None or f.source != "ptx":

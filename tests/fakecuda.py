@@ -89,6 +89,28 @@ class CUdevice_attribute(enum.IntEnum):  # noqa: N801
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+    CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95
+    CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH = 120
+
+
+class CUfunction_attribute(enum.IntEnum):  # noqa: N801
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+class CUlaunchAttributeID(enum.IntEnum):  # noqa: N801
+    CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
+    CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class CUlaunchAttribute:  # noqa: N801 - the bindings' name
+    """What cuda.bindings' CUlaunchAttribute holds: an id and a value union (the fields used)."""
+
+    def __init__(self) -> None:
+        self.id: Any = 0
+        self.value = SimpleNamespace(cooperative=0, programmaticStreamSerializationAllowed=0,
+                                     clusterDim=SimpleNamespace(x=0, y=0, z=0))
 
 
 #: (parameter name, offset, size) of each kernel parameter, in order
@@ -271,6 +293,9 @@ class FakeDriver:
     CUevent_flags = CUevent_flags
     CUstream_flags = CUstream_flags
     CUdevice_attribute = CUdevice_attribute
+    CUfunction_attribute = CUfunction_attribute
+    CUlaunchAttributeID = CUlaunchAttributeID
+    CUlaunchAttribute = CUlaunchAttribute
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
@@ -281,7 +306,16 @@ class FakeDriver:
         self.layout: list[tuple[str, int, int]] = []
         self.attributes = {CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9,
                            CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0,
-                           CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 132}
+                           CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 132,
+                           CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 232448,
+                           CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: 1,
+                           CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: 1}
+        #: (function, attribute, value) of every cuFuncSetAttribute
+        self.func_attributes: list[tuple[Any, Any, int]] = []
+        #: (library, global name) -> (device pointer, bytes) that cuLibraryGetGlobal answers
+        self.globals: dict[str, tuple[int, int]] = {}
+        #: (function, threads, shared) of every occupancy query
+        self.occupancy_calls: list[tuple[Any, int, int]] = []
         self.devices = 1
         self.version = 13000
         self.freed: list[int] = []
@@ -441,7 +475,7 @@ class FakeDriver:
         if layout:
             ptrs = (ctypes.c_void_p * len(layout)).from_address(params)
             slots = [ctypes.string_at(ptrs[i] or 0, size) for i, (_, _, size) in enumerate(layout)]
-        rec = dict(f=f, grid=(gx, gy, gz), block=(bx, by, bz), shmem=shmem, stream=stream, slots=slots)
+        rec = dict(f=f, grid=(gx, gy, gz), block=(bx, by, bz), shmem=shmem, stream=stream, slots=slots, attrs=[])
         self.launches.append(rec)
         self._log("cuLaunchKernel", f, stream)
         if stream in self.capturing:
@@ -458,13 +492,39 @@ class FakeDriver:
     ex_calls = 0
 
     def cuLaunchKernelEx(self, cfg: Any, f: Any, params: int, extra: Any) -> tuple[Any, ...]:  # noqa: N802
-        """Recorded as the cuLaunchKernel it is equivalent to (the runtime uses either)."""
+        """Recorded as the cuLaunchKernel it is equivalent to (the runtime uses either), with the
+        launch attributes it carried (``attrs``: (id, value) pairs, the first ``numAttrs``)."""
         self.ex_calls += 1
-        return self.cuLaunchKernel(f, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX,
-                                   cfg.blockDimY, cfg.blockDimZ, cfg.sharedMemBytes, cfg.hStream,
-                                   params, extra)
+        r = self.cuLaunchKernel(f, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX,
+                                cfg.blockDimY, cfg.blockDimZ, cfg.sharedMemBytes, cfg.hStream,
+                                params, extra)
+        attrs = []
+        for a in list(getattr(cfg, "attrs", []) or [])[: cfg.numAttrs]:
+            v = a.value
+            val: Any = {2: v.cooperative, 6: v.programmaticStreamSerializationAllowed,
+                        4: (v.clusterDim.x, v.clusterDim.y, v.clusterDim.z)}.get(int(a.id))
+            attrs.append((CUlaunchAttributeID(int(a.id)).name, val))
+        assert len(attrs) == cfg.numAttrs, "numAttrs counts more attributes than the configuration holds"
+        self.launches[-1]["attrs"] = attrs
+        return r
+
+    def cuFuncSetAttribute(self, f: Any, attr: Any, value: int) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuFuncSetAttribute", f, attr, value)
+        self.func_attributes.append((f, attr, int(value)))
+        return self._r("cuFuncSetAttribute")
+
+    def cuLibraryGetGlobal(self, lib: Any, name: bytes) -> tuple[Any, ...]:  # noqa: N802
+        g = self.globals.get(name.decode())
+        return (CUresult.CUDA_SUCCESS, *g) if g else (CUresult.CUDA_ERROR_NOT_FOUND, None, None)
+
+    def cuMemcpyDtoDAsync(self, dst: int, src: int, n: int, s: Any) -> tuple[Any, ...]:  # noqa: N802
+        self._log("cuMemcpyDtoDAsync", int(dst), int(src), n, s)
+        if s in self.capturing:
+            self.captured[s].append(dict(copy=(int(dst), int(src), n)))
+        return (CUresult.CUDA_SUCCESS,)
 
     def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, f: Any, block: int, smem: int) -> tuple[Any, ...]:  # noqa: N802
+        self.occupancy_calls.append((f, block, smem))
         return (CUresult.CUDA_SUCCESS, self.occupancy)
 
     def cuModuleLoadData(self, image: bytes) -> tuple[Any, ...]:  # noqa: N802
@@ -558,7 +618,7 @@ def make_entry(name: str, params: tuple[Param, ...], block: int | tuple[int, int
     proto = Entry.model_construct(name=name, block_size=bs, params=params, grid_dims=grid_dims,
                                   fixed_block=extra.get("fixed_block", True),
                                   launch_bounds=extra.get("launch_bounds"), template=extra.get("template"),
-                                  template_args=extra.get("template_args"))
+                                  template_args=extra.get("template_args"), attributes=extra.get("attributes"))
     h = abi.entry_hash(content, proto.signature())
     return Entry(name=name, symbol=symbol_for(name, h), hash=h, block_size=bs, params=params,
                  indirect_symbol=abi.indirect_symbol_for(name, h) if indirect else None,
@@ -615,7 +675,8 @@ def stream(handle: int = 7, native: Any = "STREAM", device_id: int = 0) -> devic
 
 
 def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package: str = "fakepkg",
-                  language: str = "cuda", content: str = CONTENT, ptx: bytes | None = None) -> Path:
+                  language: str = "cuda", content: str = CONTENT, ptx: bytes | None = None,
+                  globals: list[dict[str, Any]] | None = None) -> Path:
     """Write ``root/<package>/``: a manifest and one PTX artifact naming ``entries``' kernels
     (and their indirect variants), each with the ``.param`` declarations NVRTC gives its
     parameters (:func:`entry_params`). ``ptx`` / ``content``: a real build's PTX and content hash
@@ -630,7 +691,12 @@ def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package
             if sym:
                 lines.append(f".visible .entry {sym}(")
                 lines.append(",\n".join(f"\t{d}" for d in entry_params(e, indirect=sym != e.symbol)))
-                lines.append(")\n{\n    ret;\n}")
+                cluster = e.attributes.cluster_dims if e.attributes is not None else None
+                if cluster:  # what __cluster_dims__ compiles to
+                    lines.append(")\n.explicitcluster\n.reqnctapercluster {}, {}, {}".format(*cluster))
+                    lines.append("{\n    ret;\n}")
+                else:
+                    lines.append(")\n{\n    ret;\n}")
     if ptx is None:
         ptx = ("\n".join(lines) + "\n").encode()
     # a real build's PTX (NVRTC 13.5: ISA 9.5) is declared ISA 9.0, which the fake driver (CUDA 13.0)
@@ -648,6 +714,7 @@ def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package
             "artifacts": [{"kind": "ptx", "arch": "compute_90", "path": rel, "ptx_isa": isa,
                            "sha256": hashlib.sha256(ptx).hexdigest(), "size": len(ptx)}],
             "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries],
+            **({"globals": globals} if globals else {}),
         }],
     }
     (pkg / "_khal" / "manifest.json").write_text(json.dumps(manifest))
@@ -656,13 +723,14 @@ def write_package(root: Path, entries: list[Entry], *, crate: str = "c", package
 
 def fake_kernels(drv: FakeDriver, root: Path, entries: list[Entry], *, crate: str = "c",
                  package: str = "fakepkg", language: str = "cuda", content: str = CONTENT,
-                 ptx: bytes | None = None) -> Any:
+                 ptx: bytes | None = None, globals: list[dict[str, Any]] | None = None) -> Any:
     """Write a package of PTX for ``entries`` (:func:`write_package`), register the parameter
     layouts its PTX declares with the fake driver (a test may change them before the first
     launch: the binary then disagrees with the manifest), and load it through ``khal_runtime.load``."""
     import khal_runtime
 
-    pkg = write_package(root, entries, crate=crate, package=package, language=language, content=content, ptx=ptx)
+    pkg = write_package(root, entries, crate=crate, package=package, language=language, content=content, ptx=ptx,
+                        globals=globals)
     for ptx in (pkg / "_khal" / crate).glob("*.ptx"):
         drv.layouts.update({f"FUNC:{name}": layout for name, layout in ptx_param_layouts(ptx.read_bytes()).items()})
     return khal_runtime.load(pkg)

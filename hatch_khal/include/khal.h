@@ -156,8 +156,12 @@ namespace khal { template <bool> struct scanned_ { typedef void type; }; }
 #define KHAL_CHECK_INSTANCE_(name)
 #endif
 
-// Entry marker: KHAL_ENTRY(name, block_size, (params...) [, KHAL_LAUNCH_BOUNDS(n | none)]) { body }
-// block_size: 256, (16, 16) or (8, 8, 4). Inside the body, `blockIdx` and `gridDim` are
+// Entry marker: KHAL_ENTRY(name, block_size, (params...) [, option...]) { body }
+// block_size: 256, (16, 16) or (8, 8, 4). Options, any order, each once (read by the hook, not
+// the compiler): KHAL_LAUNCH_BOUNDS(n | none); and the launch attributes, set once per function
+// at load: KHAL_SHARED_MEM(bytes) (dynamic shared memory, above 48 KB too; the typed call launches
+// with it), KHAL_COOPERATIVE (a co-resident grid: grid.sync()), KHAL_CLUSTER(x[, y[, z]])
+// (compiled in as __cluster_dims__, sm_90+), KHAL_PDL (programmatic dependent launch). Inside the body, `blockIdx` and `gridDim` are
 // parameters: the indirect (persistent-grid) variant passes the group it runs, so bodies
 // that read them directly stay correct there.
 #define KHAL_ENTRY(name, block_size, params, ...) \

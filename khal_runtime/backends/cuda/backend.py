@@ -167,6 +167,10 @@ class CudaBackend:
         _drv.check(_drv.driver().cuMemcpyDtoHAsync(host.ctypes.data, buf.ptr, host.nbytes, stream._cu),
               "cuMemcpyDtoHAsync")
 
+    def copy_device(self, dst: int, src: int, nbytes: int, stream: Stream) -> None:
+        """Device-to-device copy on ``stream`` (capturable: a module global refilled in a graph)."""
+        _drv.check(_drv.driver().cuMemcpyDtoDAsync(dst, src, nbytes, stream._cu), "cuMemcpyDtoDAsync")
+
     def fill_zero(self, buf: Any, stream: Stream) -> None:
         _drv.check(_drv.driver().cuMemsetD8Async(buf.ptr, 0, buf.nbytes, stream._cu), "cuMemsetD8Async")
 
@@ -201,7 +205,8 @@ class CudaBackend:
 
     def plan(self, kernel: Any, module: loader.LoadedModule, device_id: int) -> LaunchPlan:
         return LaunchPlan(kernel.entry, kernel.crate, device_id, module.functions[kernel.name],
-                          cache_for(device_id), module.indirect.get(kernel.name))
+                          cache_for(device_id), module.indirect.get(kernel.name),
+                          module.attributes.get(kernel.name), module.indirect_attributes.get(kernel.name))
 
     def unload(self, module: loader.LoadedModule) -> None:
         loader.unload(module)

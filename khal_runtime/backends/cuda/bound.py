@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from khal_runtime import abi, interop
 from khal_runtime.arguments import diagnose_args, grid_for, grid_for_threads, struct_bytes, thread_count
+from khal_runtime.backends.cuda.attributes import make_launch_ex
 from khal_runtime.backends.cuda.driver import driver
 from khal_runtime.backends.cuda.launch import READERS, LaunchPlan, launch_call
 from khal_runtime.buffers import DeviceBuffer
@@ -110,7 +111,9 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
     2-D / 3-D entry takes ``(nx, ny[, nz])``."""
     drv = driver()
     launch, f, cu, dev = drv.cuLaunchKernel, plan.function, stream._cu, stream.device_id
-    fast, call_args = launch_call(drv)
+    fast, call_args = launch_call(drv, plan.fattrs)  # the entry's launch attributes, prebuilt
+    shared, check_attrs = plan.shared, plan.check_attrs
+    slow_launch = make_launch_ex(drv, plan.fattrs) if plan.fattrs.needs_ex else None  # (traced launches)
     bx, by, bz = plan.block
     dims = kernel.entry.grid_dims
     failed, name, E = plan.launch_failed, kernel.name, EPOCH
@@ -132,7 +135,9 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
             g = grid_for_threads(name, n, (bx, by, bz), dims)
             if not (g[0] and g[1] and g[2]):
                 return None
-        state[1] = (n, call_args(f, g, (bx, by, bz), 0, cu, addr), g)
+        if check_attrs is not None:  # cooperative / clustered: the grid checked once per thread count
+            check_attrs(*g, bx * by * bz, shared)
+        state[1] = (n, call_args(f, g, (bx, by, bz), shared, cu, addr), g)
         return g
 
     def call(n: int) -> None:
@@ -152,8 +157,12 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
         if cur != dev:
             ensure_current(dev)
         if hooks.active and hooks.dispatch is not None:
-            hooks.dispatch(plan, g, (bx, by, bz), 0, stream, args,
-                           lambda: failed(launch(f, *g, bx, by, bz, 0, cu, addr, 0)[0], *g, bx, by, bz))
+            if slow_launch is not None:
+                hooks.dispatch(plan, g, (bx, by, bz), shared, stream, args,
+                               lambda: failed(slow_launch(f, *g, bx, by, bz, shared, cu, addr)[0], *g, bx, by, bz))
+                return
+            hooks.dispatch(plan, g, (bx, by, bz), shared, stream, args,
+                           lambda: failed(launch(f, *g, bx, by, bz, shared, cu, addr, 0)[0], *g, bx, by, bz))
             return
         r = fast(*last[1])
         if r[0]:

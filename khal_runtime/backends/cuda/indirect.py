@@ -135,12 +135,13 @@ def _indirect_plan(kernel: Any, plan: LaunchPlan) -> LaunchPlan:
                 "host_read=True to read the count on the host and launch that many groups directly")
         entry = Entry.model_construct(
             name=f"{e.name}_indirect", symbol=e.indirect_symbol, hash=e.hash,
-            block_size=e.block_size, indirect_symbol=None, grid_dims=1, webgpu=None,
+            block_size=e.block_size, indirect_symbol=None, grid_dims=1, webgpu=None, attributes=e.attributes,
             params=tuple(e.params) + (Param(name="khal_group_count", kind="uniform",
                                             element_type="uint32", element_size=4,
                                             element_align=4),),
         )
-        ip = LaunchPlan(entry, plan.crate, plan.device_id, plan.indirect_function, plan.uniforms)
+        ip = LaunchPlan(entry, plan.crate, plan.device_id, plan.indirect_function, plan.uniforms,
+                        attributes=plan.indirect_attributes)
         with _lock:
             ip = _iplans.setdefault(plan, ip)
     return ip  # type: ignore[no-any-return]
@@ -167,7 +168,7 @@ def persistent_grid(kernel: Any, plan: LaunchPlan) -> int:
             bx, by, bz = kernel.block_size
             fn = plan.indirect_function if plan.indirect_function is not None else plan.function
             try:
-                res = driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, bx * by * bz, 0)
+                res = driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, bx * by * bz, plan.shared)
                 per_sm = int(res[1]) if not res[0] else 0
             except Exception:
                 per_sm = 0
@@ -269,12 +270,12 @@ def dispatch_indirect(kernel: Any, plan: LaunchPlan, count: Any, args: tuple[Any
     if host_read:
         _dispatch_host_read(kernel, count, args, st, threads)
         return
-    ip = _indirect_plan(kernel, plan)
+    ip = _indirect_plan(kernel, plan)  # (cooperative / clustered entries have none: refused by name)
     _count_ptr(count)
     groups = threads_to_groups(count, kernel.block_size[0], stream=st) if threads else count
     gx = persistent_grid(kernel, plan) if grid is None else dim3(grid, "grid")[0]
     bx, by, bz = kernel.block_size
-    ip.run(gx, 1, 1, bx, by, bz, 0, st, args + (groups,))
+    ip.run(gx, 1, 1, bx, by, bz, plan.shared, st, args + (groups,))
 
 
 def _dispatch_host_read(kernel: Any, count: Any, args: tuple[Any, ...], st: Stream, threads: bool) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from khal_runtime import abi, interop
 from khal_runtime.arguments import Short, diagnose_args, dtype_ok, struct_bytes
+from khal_runtime.backends.cuda.attributes import FunctionAttributes, make_launch_ex
 from khal_runtime.backends.cuda.driver import driver
 from khal_runtime.backends.cuda.launchgen import SLOTS, MemoLayout, ThreadSlots, call_source, run_source
 from khal_runtime.backends.cuda.loader import expected_param_layout
@@ -91,8 +92,17 @@ class LaunchPlan:
     """Everything needed to launch one entry on one device, precomputed."""
 
     def __init__(self, entry: Entry, crate: str, device_id: int, function: Any,
-                 uniforms: UniformCache, indirect_function: Any = None) -> None:
+                 uniforms: UniformCache, indirect_function: Any = None,
+                 attributes: FunctionAttributes | None = None,
+                 indirect_attributes: FunctionAttributes | None = None) -> None:
         self.entry = entry
+        self.indirect_attributes = indirect_attributes
+        #: the entry's launch attributes on this function (.attributes: checked and set at load): the
+        #: typed call's dynamic shared memory, the attribute list every launch configuration carries,
+        #: the cooperative / cluster grid check (None when nothing can fail)
+        self.fattrs = attributes if attributes is not None else FunctionAttributes(entry, function)
+        self.shared = self.fattrs.shared
+        self.check_attrs = self.fattrs.checker()
         self.crate = crate
         self.device_id = device_id
         self.function = function
@@ -251,7 +261,10 @@ class LaunchPlan:
             "tensor_memo": interop.tensor_memo, "FREED": FREED,
             "IMMUTABLE_SCALAR": IMMUTABLE_SCALAR, "uniform_reader": uniform_reader,
             "ready_stream": ready_stream, "pack_u64": _PACK_U64, "storage_seen": self._storage_seen,
+            "check_attrs": self.check_attrs,
         }
+        if self.fattrs.needs_ex:  # attributes on every launch: cuLaunchKernelEx, its list prebuilt
+            ns["launch_ex"] = make_launch_ex(drv, self.fattrs)
         for i, reader in enumerate(self.readers):
             if reader == "array":
                 ns[f"accepted_{i}"] = self.accepted[i]
@@ -328,8 +341,8 @@ class LaunchPlan:
         ptrs = (ctypes.c_void_p * len(self._offsets))(*[base + off for off in self._offsets])
         addr = ctypes.addressof(ptrs)
         fields = {name: getattr(m, name) for name in lo.snapshot_fields if name in lo.slot_fields}
-        fields.update(stream=st, call=launch_call(driver())[1](self.function, (m.gx, 1, 1), self.block, 0,
-                                                                  st._cu, addr),
+        fields.update(stream=st, call=launch_call(driver(), self.fattrs)[1](self.function, (m.gx, 1, 1), self.block,
+                                                                               self.shared, st._cu, addr),
                       addr=addr, keep=(blk, ptrs))
         snap = lo.snapshot(**fields)
         if m.stream is st and EPOCH[0] == ep:  # nothing freed or flushed meanwhile
@@ -358,10 +371,12 @@ class LaunchPlan:
         diagnose_args(self.entry, args, exc, device=self.device_id)
 
 
-def launch_call(drv: Any) -> tuple[Callable[..., Any], Callable[..., tuple[Any, ...]]]:
+def launch_call(drv: Any, attributes: FunctionAttributes | None = None
+                ) -> tuple[Callable[..., Any], Callable[..., tuple[Any, ...]]]:
     """(launch function, ``args(f, grid, block, shmem, cu_stream, params_addr)``) for launches
     whose grid and stream are known ahead (the shared snapshot, a bound launch): the argument
-    tuple is built once and each launch is ``fn(*args)``.
+    tuple is built once and each launch is ``fn(*args)``. ``attributes``: the entry's launch
+    attributes, whose prebuilt list the configuration carries.
 
     ``cuLaunchKernelEx`` with a ``CUlaunchConfig`` built once, where the bindings have it: it
     measured faster per launch than ``cuLaunchKernel`` through cuda-bindings (fewer arguments
@@ -370,6 +385,8 @@ def launch_call(drv: Any) -> tuple[Callable[..., Any], Callable[..., tuple[Any, 
     ex = getattr(drv, "cuLaunchKernelEx", None)
     config = getattr(drv, "CUlaunchConfig", None)
     if ex is None or config is None:
+        if attributes is not None and attributes.needs_ex:
+            make_launch_ex(drv, attributes)  # raises: the attributes need cuLaunchKernelEx
         launch = drv.cuLaunchKernel
         return launch, lambda f, g, b, shmem, cu, addr: (f, *g, *b, shmem, cu, addr, 0)
 
@@ -378,7 +395,11 @@ def launch_call(drv: Any) -> tuple[Callable[..., Any], Callable[..., tuple[Any, 
         cfg = config()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
-        cfg.sharedMemBytes, cfg.hStream, cfg.numAttrs = shmem, cu, 0
+        cfg.sharedMemBytes, cfg.hStream = shmem, cu
+        if attributes is not None and attributes.needs_ex:
+            attributes.configure(cfg)
+        else:
+            cfg.numAttrs = 0
         return (cfg, f, addr, 0)
 
     return ex, args

@@ -312,18 +312,27 @@ def guarded_chain(plan: LaunchPlan, I: str, chain: list[str], on_error: list[str
 
 
 # -- the two functions ---------------------------------------------------------------------------
-def launch_lines(g: str, b: str, shmem: str, args: str, hooked: bool) -> list[str]:
+def launch_lines(g: str, b: str, shmem: str, args: str, hooked: bool, ex: bool = False) -> list[str]:
+    """The driver call; ``ex``: the entry has launch attributes (``launch_ex``: cuLaunchKernelEx with
+    a per-thread configuration already holding their list, :func:`.attributes.make_launch_ex`)."""
+    call = (f"launch_ex(function, {g}, {b}, {shmem}, st._cu, addr)" if ex
+            else f"cuLaunchKernel(function, {g}, {b}, {shmem}, st._cu, addr, 0)")
     if hooked:  # regenerated when hooks are installed or removed
         return [
             f"    return hooks.dispatch(plan, ({g}), ({b}), {shmem}, st, {args},",
-            f"                          lambda: launch_failed(cuLaunchKernel(function, {g}, {b}, {shmem}, "
-            f"st._cu, addr, 0)[0], {g}, {b}))",
+            f"                          lambda: launch_failed({call}[0], {g}, {b}))",
         ]
     return [
-        f"    r = cuLaunchKernel(function, {g}, {b}, {shmem}, st._cu, addr, 0)",
+        f"    r = {call}",
         "    if r[0]:",
         f"        launch_failed(r[0], {g}, {b})",
     ]
+
+
+def attrs_check_line(plan: LaunchPlan, I: str, g: str, threads: str, shmem: str) -> list[str]:  # noqa: E741, N803
+    """The cooperative / cluster grid check (:meth:`.attributes.FunctionAttributes.check_launch`),
+    only for entries that have one."""
+    return [f"{I}check_attrs({g}, {threads}, {shmem})"] if plan.check_attrs is not None else []
 
 
 def run_source(plan: LaunchPlan, hooked: bool) -> str:
@@ -342,7 +351,8 @@ def run_source(plan: LaunchPlan, hooked: bool) -> str:
     else:
         lines += [f"{I}if args: raise Short()", f"{I}addr = 0"]
     lines += ["    except Exception as exc:", "        diagnose(args, exc)", "        raise"]
-    lines += launch_lines("gx, gy, gz", "bx, by, bz", "shmem", "args", hooked)
+    lines += attrs_check_line(plan, "    ", "gx, gy, gz", "bx * by * bz", "shmem")
+    lines += launch_lines("gx, gy, gz", "bx, by, bz", "shmem", "args", hooked, plan.fattrs.needs_ex)
     return "\n".join(lines) + "\n"
 
 
@@ -378,9 +388,16 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
     guard = (f"st.device_id != {D} or type(n) is not int or n <= 0 or n > {MAX_FAST_THREADS} or _more"
              + (f" or {names[-1]} is MISSING" if names else ""))
     to_slow = f"return slow_call(kernel, n, tuple(a for a in {tup} if a is not MISSING) + _more, st)"
+    sh = int(plan.shared)  # the entry's dynamic shared memory (KHAL_SHARED_MEM), else 0
+    threads = bx * by * bz
+    ex = plan.fattrs.needs_ex
+    # the cooperative / cluster grid check, for entries that have one (no comprehension: frame budget)
+    chk = f"check_attrs(gx, 1, 1, {threads}, {sh})" if plan.check_attrs is not None else ""
     if not P:
         lines += [f"    if {guard}:", f"        {to_slow}", "    addr = 0", f"    gx = {blocks_source('n', bx)}"]
-        lines += launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0", tup, hooked)
+        if chk:
+            lines.append("    " + chk)
+        lines += launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", str(sh), tup, hooked, ex)
         return "\n".join(lines) + "\n"
 
     # arguments no memo can hold (a host array first) skip the memos after one failed check
@@ -422,6 +439,7 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         f"{J}        gx = m.gx",
         f"{J}    elif type(n) is int and 0 < n <= {MAX_FAST_THREADS}:",
         f"{J}        gx = {blocks_source('n', bx)}",
+        *([J + "        " + chk] if chk else []),
         f"{J}        m.n = n; m.gx = gx",
         f"{J}    else:",
         f"{J}        {to_slow}",
@@ -442,6 +460,7 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         f"{J}    if {guard}:",
         f"{J}        {to_slow}",
         f"{J}    gx = {blocks_source('n', bx)}",
+        *([J + "    " + chk] if chk else []),
         f"{J}    v = ms.victim",
         f"{J}    ms.victim = v + 1 if v < {SLOTS - 1} else 0",
         f"{J}    m = ms.all[v]",
@@ -453,5 +472,5 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
     lines += memo_store_lines(plan, I)
     lines += [f"{J}    except Exception as exc:", f"{J}        diagnose({tup}, exc)", f"{J}        raise"]
     lines.append(f"{J}addr = m.addr")
-    lines += launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", "0", tup, hooked)
+    lines += launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", str(sh), tup, hooked, ex)
     return "\n".join(lines) + "\n"

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from khal_runtime import abi
+from khal_runtime.backends.cuda.attributes import FunctionAttributes, prepare_function
 from khal_runtime.backends.cuda.driver import check, driver
-from khal_runtime.errors import CudaError, NoCompatibleBinaryError, ParamLayoutError, PtxTooNewError
+from khal_runtime.errors import ArtifactError, CudaError, NoCompatibleBinaryError, ParamLayoutError, PtxTooNewError
 from khal_runtime.manifest import Artifact, Crate, Entry
 from khal_runtime.binaries import (  # noqa: F401 - re-exported: selection's names
     DRIVER_BRANCH,
@@ -125,6 +126,12 @@ class LoadedModule:
     functions: dict[str, Any] = field(default_factory=dict)
     #: entry name -> CUfunction of its indirect (persistent-grid) variant
     indirect: dict[str, Any] = field(default_factory=dict)
+    #: entry name -> its launch attributes, checked and set on its function(s) at load
+    attributes: dict[str, FunctionAttributes] = field(default_factory=dict)
+    #: entry name -> the same for its indirect variant's function
+    indirect_attributes: dict[str, FunctionAttributes] = field(default_factory=dict)
+    #: global name -> (device pointer, bytes), from cuLibraryGetGlobal at load
+    globals: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def load_module(crate: Crate, package: str, blobs: dict[str, bytes], device: Any,
@@ -143,7 +150,7 @@ def load_module(crate: Crate, package: str, blobs: dict[str, bytes], device: Any
         if problems:
             raise problems[0].exception()
         try:
-            return _load_artifact(crate, device.device_id, art, blobs[art.path])
+            return _load_artifact(crate, device, art, blobs[art.path], package)
         except CudaError as exc:
             failures.append((art, exc))
     first = failures[0][1]
@@ -167,21 +174,43 @@ def load_module(crate: Crate, package: str, blobs: dict[str, bytes], device: Any
     raise first
 
 
-def _load_artifact(crate: Crate, device_id: int, art: Artifact, data: bytes) -> LoadedModule:
+def _load_artifact(crate: Crate, device: Any, art: Artifact, data: bytes, package: str = "") -> LoadedModule:
     drv = driver()
     image = data if art.kind == "cubin" or data.endswith(b"\0") else data + b"\0"
     lib = check(drv.cuLibraryLoadData(image, None, None, 0, None, None, 0), "cuLibraryLoadData")
-    mod = LoadedModule(device_id, art, lib)
+    mod = LoadedModule(device.device_id, art, lib)
+    where = f"crate {crate.name!r}" + (f" of package {package!r}" if package else "")
     try:
         for entry in crate.entries:
             mod.functions[entry.name] = _resolve(lib, entry.symbol)
             _check_layout(crate, entry, mod.functions[entry.name], art)
+            # launch attributes: checked against the device and set on the function once, here
+            if entry.attributes is not None:
+                mod.attributes[entry.name] = prepare_function(entry, mod.functions[entry.name], device, where)
             if entry.indirect_symbol:
                 mod.indirect[entry.name] = _resolve(lib, entry.indirect_symbol)
+                if entry.attributes is not None:
+                    mod.indirect_attributes[entry.name] = prepare_function(entry, mod.indirect[entry.name], device,
+                                                                           where)
+        for g in crate.globals or ():
+            mod.globals[g.name] = _global(lib, g, where, art)
     except Exception:
         drv.cuLibraryUnload(lib)
         raise
     return mod
+
+
+def _global(lib: Any, g: Any, where: str, art: Artifact) -> tuple[int, int]:
+    """(device pointer, bytes) of module global ``g``: the binary must define it with the manifest's size."""
+    res = driver().cuLibraryGetGlobal(lib, g.name.encode())
+    if res[0]:
+        raise ArtifactError(f"{where}: the manifest lists the global {g.name!r} ({g.space}, {g.size} bytes), which "
+                            f"{art.path} does not define ({getattr(res[0], 'name', res[0])}); rebuild the package")
+    ptr, size = int(res[1]), int(res[2])
+    if size != g.size:
+        raise ArtifactError(f"{where}: the global {g.name!r} is {size} bytes in {art.path}, the manifest says "
+                            f"{g.size}; rebuild the package")
+    return ptr, size
 
 
 def _resolve(lib: Any, symbol: str) -> Any:

@@ -29,7 +29,7 @@ from khal_runtime.backends.webgpu.artifacts import entry_code
 from khal_runtime.backends.webgpu.pipeline import select_target
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import Device, Stream, as_stream
-from khal_runtime.errors import ArgumentError, BackendUnavailableError, CaptureError, KhalError
+from khal_runtime.errors import ArgumentError, BackendUnavailableError, CaptureError, KhalError, LaunchAttributeError
 from khal_runtime.graphs import Graph
 from khal_runtime.hooks import hooks
 from khal_runtime.manifest import Crate
@@ -349,6 +349,15 @@ class WebGpuBackend:
     def plan(self, kernel: Any, module: _Module, device_id: int) -> WebGpuPlan:
         crate = module.crate
         entry = kernel.entry
+        attrs = entry.attributes.describe() if entry.attributes is not None else ""
+        if attrs:  # launch attributes are CUDA's: WebGPU has no such launch (refused, never ignored)
+            raise LaunchAttributeError(
+                f"entry {crate.name}.{entry.name} needs launch attributes ({attrs}) that WebGPU has no launch "
+                "for; run it on CUDA (KHAL_BACKEND=cuda)")
+        if crate.crate.globals:
+            raise LaunchAttributeError(
+                f"crate {crate.name!r} has module globals ({', '.join(g.name for g in crate.crate.globals)}), which "
+                "WebGPU does not have; run it on CUDA (KHAL_BACKEND=cuda)")
         target = select_target(entry, crate.name)
         # read and checked now (sha256, the entry point's hash), as a CUDA binary is at load: a
         # pipeline cached for the same symbol must never hide a tampered artifact

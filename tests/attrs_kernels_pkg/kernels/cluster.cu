@@ -1,0 +1,20 @@
+// Thread-block clusters and distributed shared memory (sm_90): clusters of 2 blocks; each block
+// writes its 128 inputs to its own shared memory, the cluster syncs, and each block reads its
+// partner's shared memory (cluster.map_shared_rank) to write out[i] = x[i] + x[partner's i].
+#include "khal.h"
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
+
+KHAL_ENTRY(cluster_pair_sum, 128, (KHAL_STORAGE(const float, x), KHAL_STORAGE(float, out)), KHAL_CLUSTER(2, 1, 1))
+{
+    __shared__ float s[128];
+    cg::cluster_group cluster = cg::this_cluster();
+    const unsigned rank = cluster.block_rank();
+    const unsigned long long i = (unsigned long long)blockIdx.x * 128 + threadIdx.x;
+    s[threadIdx.x] = x[i];
+    cluster.sync();
+    const float* other = cluster.map_shared_rank(s, rank ^ 1u);
+    out[i] = s[threadIdx.x] + other[threadIdx.x];
+    cluster.sync();  // the partner's shared memory must outlive its readers
+}
