@@ -32,6 +32,7 @@ from hatch_khal.model import BuildResult
 from hatch_khal.nvrtc import requirement as nvrtc_requirement
 from hatch_khal.output import remove_output, write_package_output
 from hatch_khal.slang.library import SLANGPY_REQUIREMENT
+from hatch_khal.triton import TRITON_REQUIREMENT
 
 __all__ = ["KhalBuildHook"]
 
@@ -83,6 +84,8 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         # Slang runs for a prebuilt Slang crate too (its entries, its WGSL / SPIR-V).
         if any(c.language == "slang" for c in crates):
             deps.append(SLANGPY_REQUIREMENT)
+        if any(c.language == "triton" for c in crates):
+            deps.append(TRITON_REQUIREMENT)
         return deps
 
     def clean(self, versions: list[str]) -> None:  # noqa: ARG002

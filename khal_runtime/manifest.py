@@ -27,7 +27,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -301,6 +301,38 @@ class LaunchFacts(_Model):
         return v
 
 
+class TritonFacts(_Model):
+    """A Triton entry: one compiled instance of a ``@triton.jit`` kernel (docs/guide/triton.md).
+
+    Every field is inside the entry hash (:func:`abi.entry_signature`), ``shared`` included: the
+    build names the kernel after its compiles, so the hash covers what they found."""
+
+    #: the ``@triton.jit`` function, as the crate's sources name it
+    kernel: str
+    #: the entry the launcher is called by: the as-written instance's name (its ``__base`` twin
+    #: carries the same family)
+    family: str
+    #: the conservative twin of ``family`` (no alignment / divisibility assumptions)
+    base: bool = False
+    num_warps: int = Field(ge=1, le=32)
+    num_stages: int = Field(ge=1, le=32)
+    #: dynamic shared memory per block in bytes (``metadata.shared``, the largest over the crate's
+    #: targets): passed at every launch; above 48 KB the build refuses the instance for now
+    shared: int = Field(ge=0, le=48 * 1024)
+    #: the runtime arguments' Triton types, in order (``*fp32``, ``i32``)
+    types: tuple[str, ...]
+    #: arguments the binary assumes 16-byte aligned (pointers) or divisible by 16 (integers)
+    divisible: tuple[str, ...] = ()
+    #: the constexprs the instance was compiled with, as the crate gives them
+    constexprs: dict[str, Union[bool, int, float]] = Field(default_factory=dict)
+    #: Triton's ``JITFunction.cache_key`` (the kernel and every @triton.jit function it calls)
+    cache_key: str
+    triton_version: str
+
+    def record(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
 class Entry(_Model):
     name: str
     symbol: str
@@ -329,6 +361,8 @@ class Entry(_Model):
     #: what the compiled kernel does with the launch geometry (None: a manifest older than
     #: schema 4, whose launches follow ``grid_dims`` / ``fixed_block``)
     launch: Optional[LaunchFacts] = None
+    #: Triton entries: the instance (None for CUDA C++ and Slang)
+    triton: Optional[TritonFacts] = None
 
     @field_validator("hash")
     @classmethod
@@ -413,7 +447,8 @@ class Entry(_Model):
         return abi.entry_signature(self.name, self.block_size, self.params, grid_dims=self.grid_dims,
                                    fixed_block=self.fixed_block, launch_bounds=self.launch_bounds,
                                    template=self.template, template_args=self.template_args or (),
-                                   layouts=layouts)
+                                   layouts=layouts,
+                                   triton=None if self.triton is None else self.triton.record())
 
     @property
     def max_block_threads(self) -> int:
@@ -507,7 +542,7 @@ class SpirvStatus(_Model):
 class Crate(_Model):
     name: str
     #: the source language: CUDA C++ (CUDA only) or Slang (CUDA and WebGPU)
-    language: Literal["cuda", "slang"] = "cuda"
+    language: Literal["cuda", "slang", "triton"] = "cuda"
     #: Package-relative directory holding this crate's artifacts.
     package_dir: str
     sources: tuple[SourceFile, ...]
@@ -559,6 +594,7 @@ class Crate(_Model):
 class Toolchain(_Model):
     nvrtc_version: Optional[str] = None
     slang_version: Optional[str] = None
+    triton_version: Optional[str] = None
     hatch_khal_version: str
     abi_version: int = ABI_VERSION
 
