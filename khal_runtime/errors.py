@@ -19,6 +19,7 @@ __all__ = [
     "NoCompatibleBinaryError",
     "ParamLayoutError",
     "PtxTooNewError",
+    "TritonAssumptionError",
     "StaleBuildError",
 ]
 
@@ -83,6 +84,12 @@ class ArgumentError(KhalError, TypeError):
 
 class ArgumentValueError(KhalError, ValueError):
     """A launch argument has the right type but a wrong size/shape/value (raised before launch)."""
+
+
+class TritonAssumptionError(ArgumentValueError):
+    """A Triton entry's call breaks an assumption every binary the crate ships for it was compiled
+    with (a pointer not 16-byte aligned, an integer not divisible by 16), and the crate has no
+    conservative instance (``fallback = false``)."""
 
 
 class CaptureError(KhalError, RuntimeError):

@@ -347,11 +347,12 @@ class TritonLanguage:
                                 cache_key=got["cache_key"], triton_version=answer["triton"])
             params = _params(inst)
             block = (inst.num_warps * 32, 1, 1)
-            sig = abi.entry_signature(inst.name, block, params, triton=facts.record())
+            # Triton grids have up to three axes of programs (tl.program_id(0..2))
+            sig = abi.entry_signature(inst.name, block, params, grid_dims=3, triton=facts.record())
             h = abi.entry_hash(p.content_hash, sig)
             symbol = abi.symbol_for(inst.name, h)
             entries.append(Entry(name=inst.name, symbol=symbol, hash=h, block_size=block, params=params,
-                                 triton=facts))
+                                 grid_dims=3, triton=facts))
             for target, md in got["targets"].items():
                 per_target[target].append(rename_kernel(md["ptx"], md["name"], symbol))
         p.final = entries

@@ -1,0 +1,137 @@
+"""Triton entries at run time: a launcher per instance family, with no Triton in the process.
+
+A Triton crate's instance is built as written and, when it assumes anything of its arguments
+(``*fp32:16``: a 16-byte aligned pointer; ``i32:16``: an integer divisible by 16), also as a
+conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKernel` over both:
+
+* ``k[grid](*args, stream=None)`` (Triton's spelling) or ``k.launch(grid, *args, stream=None)``:
+  ``grid`` is the number of programs (an int, or up to three), or a callable given the
+  instance's constexprs (``lambda meta: (triton.cdiv(n, meta["BLOCK_SIZE"]),)``); ``args`` are
+  the kernel's runtime arguments in order (its constexprs are compiled in): a pointer is a torch
+  tensor, a CuPy array, anything with ``__cuda_array_interface__`` (a
+  :class:`~khal_runtime.buffers.DeviceBuffer`), or an int address; scalars are Python numbers.
+* Each call checks the assumptions of the variants (alignment of each pointer, divisibility of
+  each integer, one ``& 15`` each) and launches the most specialised variant whose assumptions
+  hold; the choice is cached by the bits of which assumptions held. With no variant left it raises
+  :class:`~khal_runtime.errors.TritonAssumptionError` naming the argument and the assumption.
+* The launch is khal's explicit launch of that entry (:meth:`khal_runtime.kernels.Kernel.launch`):
+  block ``num_warps * 32``, the instance's dynamic shared memory, the two scratch pointers null
+  (an instance needing scratch memory is refused at build for now).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from khal_runtime.errors import ArgumentError, TritonAssumptionError
+
+__all__ = ["TritonKernel", "device_pointer"]
+
+
+def device_pointer(obj: Any, where: str) -> int:
+    """The device address of a pointer argument: torch's ``data_ptr()``, CuPy's ``.data.ptr``, the
+    ``__cuda_array_interface__``'s, or an int."""
+    if type(obj) is int:
+        return obj
+    data_ptr = getattr(obj, "data_ptr", None)
+    if callable(data_ptr):
+        if getattr(obj, "is_cuda", True) is False:
+            raise ArgumentError(f"{where}: a tensor on {getattr(obj, 'device', 'the CPU')}, not on a CUDA device")
+        return int(data_ptr())
+    data = getattr(obj, "data", None)
+    ptr = getattr(data, "ptr", None)
+    if type(ptr) is int and hasattr(obj, "__cuda_array_interface__"):
+        return ptr
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if isinstance(cai, dict):
+        return int(cai["data"][0])
+    if isinstance(obj, bool) or not isinstance(obj, int):
+        raise ArgumentError(f"{where}: {type(obj).__name__} is not a device pointer (a torch tensor, a CuPy array, "
+                            "anything with __cuda_array_interface__, or an int address)")
+    return int(obj)
+
+
+class TritonKernel:
+    """The entries of one Triton instance family (the instance as written and its ``__base`` twin),
+    launched as Triton launches a kernel. ``name`` and ``crate`` as a :class:`Kernel` has them;
+    ``variants`` the entries' kernels, most specialised first."""
+
+    def __init__(self, name: str, crate: str, variants: list[Any]) -> None:
+        self.name = name
+        self.crate = crate
+        #: most assumptions first: the as-written instance, then its conservative twin
+        self.variants = sorted(variants, key=lambda k: -len(k.entry.triton.divisible))
+        first = self.variants[0].entry
+        self.entry = first
+        facts = first.triton
+        self.kernel = facts.kernel
+        self.constexprs: dict[str, Any] = dict(facts.constexprs)
+        self.arg_names = tuple(p.name for p in first.params[:-2])
+        self.types = tuple(facts.types)
+        self._pointer = tuple(t.startswith("*") for t in self.types)
+        for k in self.variants[1:]:
+            if tuple(k.entry.triton.types) != self.types:
+                raise ValueError(f"Triton entry {k.entry.name!r} does not take {name!r}'s arguments")
+        #: every argument some variant assumes something of, and each variant's mask over them
+        checked = sorted({n for k in self.variants for n in k.entry.triton.divisible}, key=self.arg_names.index)
+        self._checked = tuple(self.arg_names.index(n) for n in checked)
+        self._masks = [(sum(1 << checked.index(n) for n in k.entry.triton.divisible), k) for k in self.variants]
+        self._chosen: dict[int, Any] = {}
+
+    def __repr__(self) -> str:
+        return (f"<Triton kernel {self.crate}.{self.name} ({self.kernel}): "
+                f"{', '.join(f'{n}: {t}' for n, t in zip(self.arg_names, self.types))}>")
+
+    def _choose(self, bits: int, values: list[Any]) -> Any:
+        for mask, k in self._masks:
+            if mask & bits == mask:
+                self._chosen[bits] = k
+                return k
+        broken = []
+        for i, arg in enumerate(self._checked):
+            if not bits >> i & 1:
+                what = "16-byte aligned" if self._pointer[arg] else "divisible by 16"
+                broken.append(f"{self.arg_names[arg]} = {values[arg]:#x} is not {what}" if self._pointer[arg]
+                              else f"{self.arg_names[arg]} = {values[arg]} is not {what}")
+        raise TritonAssumptionError(
+            f"{self.name}: every binary the crate ships assumes what this call breaks: {'; '.join(broken)} "
+            "(build the instance with its conservative twin: leave 'fallback' on)")
+
+    def _values(self, args: tuple[Any, ...]) -> list[Any]:
+        if len(args) != len(self.types):
+            raise ArgumentError(f"{self.name}() takes {len(self.types)} argument(s) "
+                                f"({', '.join(self.arg_names)}), got {len(args)}")
+        out = list(args)
+        for i, is_ptr in enumerate(self._pointer):
+            if is_ptr:
+                out[i] = device_pointer(args[i], f"{self.name}(): argument {self.arg_names[i]!r}")
+        return out
+
+    def launch(self, grid: Any, *args: Any, stream: Any = None) -> None:
+        """Launch ``grid`` programs with the kernel's runtime arguments ``args``."""
+        values = self._values(args)
+        bits = 0
+        for i, arg in enumerate(self._checked):
+            v = values[arg]
+            if type(v) is int and not v & 15:
+                bits |= 1 << i
+        k = self._chosen.get(bits)
+        if k is None:
+            k = self._choose(bits, values)
+        if callable(grid):
+            grid = grid(self.constexprs)
+        if type(grid) in (tuple, list) and len(grid) == 1:
+            grid = grid[0]
+        k.launch(grid, None, *values, 0, 0, stream=stream, shared_mem=k.entry.triton.shared)
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        """``k[grid](*args, stream=None)``, as a Triton kernel is called."""
+        def run(*args: Any, stream: Any = None) -> None:
+            self.launch(grid, *args, stream=stream)
+        return run
+
+    def chosen(self, *args: Any) -> str:
+        """The entry a call with ``args`` would launch (no launch)."""
+        values = self._values(args)
+        bits = sum(1 << i for i, a in enumerate(self._checked) if type(values[a]) is int and not values[a] & 15)
+        return str((self._chosen.get(bits) or self._choose(bits, values)).entry.name)
