@@ -63,10 +63,11 @@ def _deps(fn: Any, jit: type, seen: dict[int, str]) -> None:
 
 def _compile(req: dict[str, Any]) -> dict[str, Any]:
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+    # lazy: Triton is imported only here, in the worker process, after its knobs are set
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
+    from triton.backends.compiler import GPUTarget  # lazy (as above)
+    from triton.compiler import ASTSource  # lazy (as above)
+    from triton.runtime.jit import JITFunction  # lazy (as above)
 
     modules: dict[str, Any] = {}
     for i, path in enumerate(req["files"]):
