@@ -10,6 +10,8 @@ conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKerne
   the kernel's runtime arguments in order (its constexprs are compiled in): a pointer is a torch
   tensor, a CuPy array, anything with ``__cuda_array_interface__`` (a
   :class:`~khal_runtime.buffers.DeviceBuffer`), or an int address; scalars are Python numbers.
+* A pointer must be a multiple of its elements' size (``*fp32``: 4 bytes), else
+  :class:`~khal_runtime.errors.ArgumentValueError` (on the GPU: a sticky misaligned-address error).
 * Each call checks the assumptions of the variants (alignment of each pointer, divisibility of
   each integer, one ``& 15`` each) and launches the most specialised variant whose assumptions
   hold; the choice is cached by the bits of which assumptions held. With no variant left it raises
@@ -23,7 +25,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from khal_runtime.errors import ArgumentError, TritonAssumptionError
+from khal_runtime.errors import ArgumentError, ArgumentValueError, TritonAssumptionError
+
+#: bytes of a pointee (``*fp32`` -> 4): a pointer must be a multiple of it
+_POINTEE_SIZE = {"i1": 1, "i8": 1, "u8": 1, "fp8e4nv": 1, "fp8e5": 1, "i16": 2, "u16": 2, "fp16": 2, "bf16": 2,
+                 "i32": 4, "u32": 4, "fp32": 4, "i64": 8, "u64": 8, "fp64": 8}
 
 __all__ = ["TritonKernel", "device_pointer"]
 
@@ -69,6 +75,9 @@ class TritonKernel:
         self.arg_names = tuple(p.name for p in first.params[:-2])
         self.types = tuple(facts.types)
         self._pointer = tuple(t.startswith("*") for t in self.types)
+        #: (index, element size - 1) of each pointer to elements wider than a byte
+        self._align = tuple((i, _POINTEE_SIZE.get(t[1:], 1) - 1) for i, t in enumerate(self.types)
+                            if t.startswith("*") and _POINTEE_SIZE.get(t[1:], 1) > 1)
         for k in self.variants[1:]:
             if tuple(k.entry.triton.types) != self.types:
                 raise ValueError(f"Triton entry {k.entry.name!r} does not take {name!r}'s arguments")
@@ -105,6 +114,11 @@ class TritonKernel:
         for i, is_ptr in enumerate(self._pointer):
             if is_ptr:
                 out[i] = device_pointer(args[i], f"{self.name}(): argument {self.arg_names[i]!r}")
+        for i, mask in self._align:
+            if out[i] & mask:
+                raise ArgumentValueError(
+                    f"{self.name}(): argument {self.arg_names[i]!r} ({self.types[i]}) points at {out[i]:#x}, not a "
+                    f"multiple of {mask + 1} bytes (its elements' size): the kernel's loads would fault")
         return out
 
     def launch(self, grid: Any, *args: Any, stream: Any = None) -> None:

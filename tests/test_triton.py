@@ -158,6 +158,8 @@ def test_a_call_breaking_every_shipped_variant_names_the_argument_and_the_assump
         k.launch(1, 0x1000, 0x2000)
     with pytest.raises(TypeError, match=r"argument 'x'.*not a device pointer"):
         k.launch(1, "x", 0x2000, 16)
+    with pytest.raises(ValueError, match=r"add\(\): argument 'out' \(\*fp32\) points at 0x2002, not a multiple of 4"):
+        k.launch(1, 0x1000, 0x2002, 16)
 
 
 # -- one real build --------------------------------------------------------------------------------
