@@ -346,3 +346,28 @@ def test_the_runtime_loads_and_chooses_with_triton_unimportable(built: tuple[Pat
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["add_fp16", "add_fp16__base"]
+
+
+@pytest.mark.needs_triton
+def test_the_typed_stub_names_each_family_a_triton_kernel_and_type_checks(built: tuple[Path, Any],
+                                                                           tmp_path: Path) -> None:
+    import importlib.util
+
+    from hatch_khal.stubs import kernels_stub
+
+    _, result = built
+    stub = kernels_stub(result.packages[0].manifest, module_name="trik._khal")
+    assert "    add_fp32: TritonKernel" in stub and "    softmax_1024: TritonKernel" in stub
+    assert "__base" not in stub  # the conservative twins are the launcher's, not attributes
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed (test extra)")
+    pkg = tmp_path / "trik" / "_khal"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__init__.pyi").write_text(stub)
+    (tmp_path / "use.py").write_text("from trik._khal import kernels\nkernels.add_fp32[(4,)](1, 2, 3, 4)\n"
+                                     "kernels['softmax_1024'].launch(1, 1, 2, 3, 4, 5, 6)\n")
+    run = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", "use.py", "trik"],
+                         cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
