@@ -76,10 +76,12 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     def dependencies(self) -> list[str]:
         crates = self._parsed[1]
         deps: list[str] = []
-        # NVRTC is needed only to compile: a build whose crates are all prebuilt needs none.
-        if not all_prebuilt(crates):
+        # NVRTC is needed only to compile: a build whose crates are all prebuilt needs none, and
+        # Triton crates compile with Triton (its own ptxas)
+        nvrtc_crates = [c for c in crates if c.language != "triton"]
+        if nvrtc_crates and not all_prebuilt(nvrtc_crates):
             deps.append(self.hook_config.nvrtc_requirement)
-            if any(c.cuda_headers == "wheels" for c in crates):
+            if any(c.cuda_headers == "wheels" for c in nvrtc_crates):
                 deps += header_requirements(self.hook_config.nvrtc_requirement)
         # Slang runs for a prebuilt Slang crate too (its entries, its WGSL / SPIR-V).
         if any(c.language == "slang" for c in crates):

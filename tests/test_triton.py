@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -371,3 +372,53 @@ def test_the_typed_stub_names_each_family_a_triton_kernel_and_type_checks(built:
     run = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", "use.py", "trik"],
                          cwd=tmp_path, capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_an_isolated_build_gets_triton_and_no_nvrtc_for_triton_crates(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from hatch_khal.plugin import KhalBuildHook
+    from hatch_khal.triton import TRITON_REQUIREMENT
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").touch()
+    meta = SimpleNamespace(core=SimpleNamespace(raw_name="pkg"))
+    tri = {"name": "t", "sources": ["k/*.py"], "instances": [{"kernel": "k", "signature": {"x": "*fp32"}}]}
+    hook = KhalBuildHook(str(tmp_path), {"crates": [tri]}, None, meta, str(tmp_path), "wheel")
+    assert hook.dependencies() == [TRITON_REQUIREMENT] == ["triton==3.6.0"]
+    both = KhalBuildHook(str(tmp_path), {"crates": [tri, {"name": "c", "sources": ["k/*.cu"]}]}, None, meta,
+                         str(tmp_path), "wheel")
+    deps = both.dependencies()
+    assert TRITON_REQUIREMENT in deps and any(d.startswith("nvidia-cuda-nvrtc") for d in deps)
+
+
+def test_launch_attributes_and_scratch_memory_are_refused_at_build_naming_what_is_missing() -> None:
+    from hatch_khal.triton.language import _refusal
+
+    (inst,) = parse_instances("k", [{"kernel": "mm", "name": "mm", "signature": {"a": "*fp16"}}])
+    ok = {"shared": 1024, "num_ctas": 1, "launch_pdl": False, "launch_cooperative_grid": False,
+          "global_scratch_size": 0, "profile_scratch_size": 0, "num_warps": 4}
+    assert _refusal("k", inst, "sm_90", ok) is None
+    for change, match in (({"shared": 65536}, r"65536 bytes of dynamic shared memory, above 48 KB: that needs "
+                                              r"launch attributes"),
+                          ({"num_ctas": 2}, r"num_ctas=2: clusters need launch attributes"),
+                          ({"launch_pdl": True}, r"programmatic dependent launch.*launch attributes"),
+                          ({"launch_cooperative_grid": True}, r"cooperative grid: that needs launch attributes"),
+                          ({"global_scratch_size": 64}, r"needs scratch memory \(global 64 B")):
+        why = _refusal("k", inst, "sm_90", {**ok, **change})
+        assert why is not None and why.startswith("crate 'k': instance 'mm' (mm) for sm_90")
+        assert re.search(match, why), why
+
+
+@pytest.mark.needs_triton
+def test_the_built_package_verifies_and_a_prebuilt_binary_is_refused(built: tuple[Path, Any], tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from khal_runtime.verify import verify_package
+
+    root, _ = built
+    assert verify_package(root / "khal_triton_kernels") == []
+    monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_TUTORIALS", str(tmp_path / "x.ptx"))
+    (tmp_path / "x.ptx").write_text(".version 8.0\n.target sm_80\n.address_size 64\n")
+    with pytest.raises(ConfigError, match=r"CUDA_OXIDE_SHADERS_PTX_TUTORIALS gives a prebuilt binary, which Triton "
+                                          r"crates do not take"):
+        _build(root, "khal_triton_kernels", tmp_path / "cache")
