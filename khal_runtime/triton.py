@@ -9,7 +9,9 @@ conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKerne
   instance's constexprs (``lambda meta: (triton.cdiv(n, meta["BLOCK_SIZE"]),)``); ``args`` are
   the kernel's runtime arguments in order (its constexprs are compiled in): a pointer is a torch
   tensor, a CuPy array, anything with ``__cuda_array_interface__`` (a
-  :class:`~khal_runtime.buffers.DeviceBuffer`), or an int address; scalars are Python numbers.
+  :class:`~khal_runtime.buffers.DeviceBuffer`), or an int address; an array's dtype must be the
+  pointee's (``*fp32``: float32), else :class:`~khal_runtime.errors.ArgumentError`; scalars are
+  Python numbers.
 * A pointer must be a multiple of its elements' size (``*fp32``: 4 bytes), else
   :class:`~khal_runtime.errors.ArgumentValueError` (on the GPU: a sticky misaligned-address error).
 * Each call checks the assumptions of the variants (alignment of each pointer, divisibility of
@@ -55,6 +57,22 @@ def device_pointer(obj: Any, where: str) -> int:
         raise ArgumentError(f"{where}: {type(obj).__name__} is not a device pointer (a torch tensor, a CuPy array, "
                             "anything with __cuda_array_interface__, or an int address)")
     return int(obj)
+
+
+#: Triton pointee -> the dtype names an array of it has (torch's without ``torch.``, NumPy's / CuPy's)
+_DTYPE_NAMES = {"fp16": ("float16", "half"), "bf16": ("bfloat16",), "fp32": ("float32", "float"),
+                "fp64": ("float64", "double"), "i8": ("int8",), "i16": ("int16", "short"), "i32": ("int32", "int"),
+                "i64": ("int64", "long"), "u8": ("uint8",), "u16": ("uint16",), "u32": ("uint32",),
+                "u64": ("uint64",), "i1": ("bool",)}
+#: a dtype object -> its name (torch's without ``torch.``): one str() per dtype, not per call
+_dtype_names: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 class TritonKernel:
@@ -113,7 +131,16 @@ class TritonKernel:
         out = list(args)
         for i, is_ptr in enumerate(self._pointer):
             if is_ptr:
-                out[i] = device_pointer(args[i], f"{self.name}(): argument {self.arg_names[i]!r}")
+                a = args[i]
+                if type(a) is not int:
+                    dtype = getattr(a, "dtype", None)
+                    names = _DTYPE_NAMES.get(self.types[i][1:])
+                    if dtype is not None and names is not None and _dtype_name(dtype) not in names:
+                        raise ArgumentError(
+                            f"{self.name}(): argument {self.arg_names[i]!r} is an array of {_dtype_name(dtype)}, "
+                            f"the kernel was built for {self.types[i]} ({names[0]}): build an instance for it "
+                            "(a 'matrix' over the type)")
+                out[i] = device_pointer(a, f"{self.name}(): argument {self.arg_names[i]!r}")
         for i, mask in self._align:
             if out[i] & mask:
                 raise ArgumentValueError(

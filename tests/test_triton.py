@@ -149,6 +149,13 @@ def test_the_most_specialised_variant_whose_assumptions_hold_is_launched() -> No
 
     assert k.chosen(Tensor(), Tensor(), 16) == "add"
 
+    class Half(Tensor):
+        dtype = "torch.float16"
+
+    with pytest.raises(TypeError, match=r"add\(\): argument 'x' is an array of float16, the kernel was built for "
+                                        r"\*fp32 \(float32\)"):
+        k.chosen(Half(), Tensor(), 16)
+
 
 def test_a_call_breaking_every_shipped_variant_names_the_argument_and_the_assumption() -> None:
     k = TritonKernel("add", "c", [_variant("add", ("x", "out", "n"), [])])
