@@ -103,17 +103,21 @@ class TritonKernel:
         checked = sorted({n for k in self.variants for n in k.entry.triton.divisible}, key=self.arg_names.index)
         self._checked = tuple(self.arg_names.index(n) for n in checked)
         self._masks = [(sum(1 << checked.index(n) for n in k.entry.triton.divisible), k) for k in self.variants]
-        self._chosen: dict[int, Any] = {}
+        self._bits = tuple((1 << i, arg) for i, arg in enumerate(self._checked))
+        self._pointers = tuple(i for i, p in enumerate(self._pointer) if p)
+        self._count = len(self.types)
+        #: assumption bits -> (the variant's launch, its dynamic shared memory, the variant)
+        self._chosen: dict[int, tuple[Any, int, Any]] = {}
 
     def __repr__(self) -> str:
         return (f"<Triton kernel {self.crate}.{self.name} ({self.kernel}): "
                 f"{', '.join(f'{n}: {t}' for n, t in zip(self.arg_names, self.types))}>")
 
-    def _choose(self, bits: int, values: list[Any]) -> Any:
+    def _choose(self, bits: int, values: list[Any]) -> tuple[Any, int, Any]:
         for mask, k in self._masks:
             if mask & bits == mask:
-                self._chosen[bits] = k
-                return k
+                self._chosen[bits] = (k.launch, k.entry.triton.shared, k)
+                return self._chosen[bits]
         broken = []
         for i, arg in enumerate(self._checked):
             if not bits >> i & 1:
@@ -124,23 +128,28 @@ class TritonKernel:
             f"{self.name}: every binary the crate ships assumes what this call breaks: {'; '.join(broken)} "
             "(build the instance with its conservative twin: leave 'fallback' on)")
 
+    def _pointer_of(self, i: int, a: Any) -> int:
+        """Argument ``i`` (a pointer, not an int) as a device address, its dtype checked."""
+        dtype = getattr(a, "dtype", None)
+        names = _DTYPE_NAMES.get(self.types[i][1:])
+        if dtype is not None and names is not None and _dtype_name(dtype) not in names:
+            raise ArgumentError(
+                f"{self.name}(): argument {self.arg_names[i]!r} is an array of {_dtype_name(dtype)}, "
+                f"the kernel was built for {self.types[i]} ({names[0]}): build an instance for it "
+                "(a 'matrix' over the type)")
+        return device_pointer(a, f"{self.name}(): argument {self.arg_names[i]!r}")
+
     def _values(self, args: tuple[Any, ...]) -> list[Any]:
-        if len(args) != len(self.types):
+        """The kernel's parameters: ``args`` with pointers as addresses, then the two null scratch
+        pointers; each pointer checked against its elements' size."""
+        if len(args) != self._count:
             raise ArgumentError(f"{self.name}() takes {len(self.types)} argument(s) "
                                 f"({', '.join(self.arg_names)}), got {len(args)}")
-        out = list(args)
-        for i, is_ptr in enumerate(self._pointer):
-            if is_ptr:
-                a = args[i]
-                if type(a) is not int:
-                    dtype = getattr(a, "dtype", None)
-                    names = _DTYPE_NAMES.get(self.types[i][1:])
-                    if dtype is not None and names is not None and _dtype_name(dtype) not in names:
-                        raise ArgumentError(
-                            f"{self.name}(): argument {self.arg_names[i]!r} is an array of {_dtype_name(dtype)}, "
-                            f"the kernel was built for {self.types[i]} ({names[0]}): build an instance for it "
-                            "(a 'matrix' over the type)")
-                out[i] = device_pointer(a, f"{self.name}(): argument {self.arg_names[i]!r}")
+        out = [*args, 0, 0]
+        for i in self._pointers:
+            a = out[i]
+            if type(a) is not int:
+                out[i] = self._pointer_of(i, a)
         for i, mask in self._align:
             if out[i] & mask:
                 raise ArgumentValueError(
@@ -152,18 +161,19 @@ class TritonKernel:
         """Launch ``grid`` programs with the kernel's runtime arguments ``args``."""
         values = self._values(args)
         bits = 0
-        for i, arg in enumerate(self._checked):
+        for bit, arg in self._bits:
             v = values[arg]
             if type(v) is int and not v & 15:
-                bits |= 1 << i
-        k = self._chosen.get(bits)
-        if k is None:
-            k = self._choose(bits, values)
-        if callable(grid):
-            grid = grid(self.constexprs)
-        if type(grid) in (tuple, list) and len(grid) == 1:
-            grid = grid[0]
-        k.launch(grid, None, *values, 0, 0, stream=stream, shared_mem=k.entry.triton.shared)
+                bits |= bit
+        chosen = self._chosen.get(bits)
+        if chosen is None:
+            chosen = self._choose(bits, values)
+        if type(grid) is not int:
+            if callable(grid):
+                grid = grid(self.constexprs)
+            if type(grid) in (tuple, list) and len(grid) == 1:
+                grid = grid[0]
+        chosen[0](grid, None, *values, stream=stream, shared_mem=chosen[1])
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
         """``k[grid](*args, stream=None)``, as a Triton kernel is called."""
@@ -174,5 +184,5 @@ class TritonKernel:
     def chosen(self, *args: Any) -> str:
         """The entry a call with ``args`` would launch (no launch)."""
         values = self._values(args)
-        bits = sum(1 << i for i, a in enumerate(self._checked) if type(values[a]) is int and not values[a] & 15)
-        return str((self._chosen.get(bits) or self._choose(bits, values)).entry.name)
+        bits = sum(bit for bit, a in self._bits if type(values[a]) is int and not values[a] & 15)
+        return str((self._chosen.get(bits) or self._choose(bits, values))[2].entry.name)
