@@ -3,8 +3,9 @@
 * :meth:`TritonLanguage.plan`: the crate's ``.py`` sources (and every file under their folders)
   hashed with its instances (:mod:`hatch_khal.triton.instances`) and the Triton version; no
   Triton run, no import of the author's code;
-* :meth:`TritonLanguage.prepare`: every instance compiled for every target by Triton in a worker
-  process (:mod:`hatch_khal.triton.worker`), through the content-addressed cache; then each
+* :meth:`TritonLanguage.prepare`: every instance compiled for every target by Triton in worker
+  processes (:mod:`hatch_khal.triton.worker`; the targets split among ``KHAL_JOBS`` of them),
+  through the content-addressed cache; then each
   entry's hash (over its instance, Triton's ``cache_key`` of the kernel and every @triton.jit
   function it calls, and what the compiles found: shared memory), and the kernels renamed
   ``<entry>_khal_<hash>`` in each target's PTX, the instances' PTX merged into one module;
@@ -38,7 +39,7 @@ from khal_runtime.manifest import Entry, Param, SpirvStatus, TritonFacts
 
 from hatch_khal import _worker
 from hatch_khal.__about__ import __version__
-from hatch_khal.config import ResolvedCrate
+from hatch_khal.config import ResolvedCrate, jobs_from_env
 from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, SourceChangedError, SourceError, from_name
 from hatch_khal.hashing import canonical, crate_content_hash, sha256_bytes
 from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity, CrateParts, CratePlan, PlannedEntry, Reporter
@@ -253,25 +254,48 @@ def _params(inst: TritonInstance) -> tuple[Param, ...]:
     return tuple(out)
 
 
-def _run_worker(plan: TritonPlan) -> dict[str, Any]:
+def _run_worker(plan: TritonPlan, jobs: int | None = None) -> dict[str, Any]:
+    """Every instance for every target, by Triton in worker processes: the targets split among
+    up to ``KHAL_JOBS`` (default: the CPUs) workers, each compiling every instance for its share.
+    The first failure kills the other workers."""
     files = [str(f.path) for f in plan.sources.sources]
-    request = {"files": files, "targets": [[t, cap, ptx] for t, (cap, ptx) in plan.targets.items()],
-               "instances": [{"name": i.name, "kernel": i.kernel, "signature": i.triton_signature(),
-                              "constexprs": i.constexprs(), "divisible": i.divisible(),
-                              "num_warps": i.num_warps, "num_stages": i.num_stages} for i in plan.instances]}
+    targets = [[t, cap, ptx] for t, (cap, ptx) in plan.targets.items()]
+    workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(targets)))
+    instances = [{"name": i.name, "kernel": i.kernel, "signature": i.triton_signature(),
+                  "constexprs": i.constexprs(), "divisible": i.divisible(),
+                  "num_warps": i.num_warps, "num_stages": i.num_stages} for i in plan.instances]
     env = _worker.environment()
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the author's sources
-    run = subprocess.run([sys.executable, "-m", "hatch_khal.triton.worker"], input=json.dumps(request).encode(),
-                         capture_output=True, env=env, check=False)
+    procs = []
     try:
-        answer: dict[str, Any] = json.loads(run.stdout)
-    except ValueError:
-        tail = run.stderr.decode("utf-8", "replace")[-3000:]
-        raise KhalBuildError(f"crate {plan.cfg.name!r}: the Triton worker failed (exit {run.returncode}):\n{tail}") \
-            from None
-    if not answer.get("ok"):
-        raise from_name(str(answer.get("kind")), f"crate {plan.cfg.name!r}: {answer.get('message')}")
-    return answer
+        for n in range(workers):
+            request = {"files": files, "targets": targets[n::workers], "instances": instances}
+            proc = subprocess.Popen([sys.executable, "-m", "hatch_khal.triton.worker"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            procs.append((proc, json.dumps(request).encode()))
+        answers = []
+        for proc, request in procs:
+            out, err = proc.communicate(request)
+            try:
+                answer: dict[str, Any] = json.loads(out)
+            except ValueError:
+                tail = err.decode("utf-8", "replace")[-3000:]
+                raise KhalBuildError(f"crate {plan.cfg.name!r}: the Triton worker failed (exit {proc.returncode}):"
+                                     f"\n{tail}") from None
+            if not answer.get("ok"):
+                raise from_name(str(answer.get("kind")), f"crate {plan.cfg.name!r}: {answer.get('message')}")
+            answers.append(answer)
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    merged = answers[0]
+    for other in answers[1:]:
+        for mine, theirs in zip(merged["instances"], other["instances"]):
+            assert mine["name"] == theirs["name"] and mine["cache_key"] == theirs["cache_key"]
+            mine["targets"].update(theirs["targets"])
+    return merged
 
 
 class TritonLanguage:
