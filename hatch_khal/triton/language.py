@@ -269,13 +269,16 @@ def _run_worker(plan: TritonPlan, jobs: int | None = None) -> dict[str, Any]:
     procs = []
     try:
         for n in range(workers):
-            request = {"files": files, "targets": targets[n::workers], "instances": instances}
-            proc = subprocess.Popen([sys.executable, "-m", "hatch_khal.triton.worker"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-            procs.append((proc, json.dumps(request).encode()))
+            share = {"files": files, "targets": targets[n::workers], "instances": instances}
+            with tempfile.TemporaryFile() as request:  # each worker reads its share at once
+                request.write(json.dumps(share).encode())
+                request.seek(0)
+                proc = subprocess.Popen([sys.executable, "-m", "hatch_khal.triton.worker"], stdin=request,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            procs.append(proc)
         answers = []
-        for proc, request in procs:
-            out, err = proc.communicate(request)
+        for proc in procs:
+            out, err = proc.communicate()
             try:
                 answer: dict[str, Any] = json.loads(out)
             except ValueError:
@@ -286,7 +289,7 @@ def _run_worker(plan: TritonPlan, jobs: int | None = None) -> dict[str, Any]:
                 raise from_name(str(answer.get("kind")), f"crate {plan.cfg.name!r}: {answer.get('message')}")
             answers.append(answer)
     finally:
-        for proc, _ in procs:
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
