@@ -429,3 +429,28 @@ def test_the_built_package_verifies_and_a_prebuilt_binary_is_refused(built: tupl
     with pytest.raises(ConfigError, match=r"CUDA_OXIDE_SHADERS_PTX_TUTORIALS gives a prebuilt binary, which Triton "
                                           r"crates do not take"):
         _build(root, "khal_triton_kernels", tmp_path / "cache")
+
+
+def test_a_missing_triton_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    from hatch_khal.errors import KhalBuildError
+    from hatch_khal.triton import language
+
+    def missing(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(language.metadata, "version", missing)
+    with pytest.raises(KhalBuildError, match=r"a Triton crate needs Triton in the build environment: install "
+                                             r"triton==3\.6\.0"):
+        language.triton_version()
+
+
+@pytest.mark.needs_triton
+def test_inspect_names_the_triton_toolchain_and_each_instance(built: tuple[Path, Any]) -> None:
+    from hatch_khal.__main__ import _describe
+
+    _, result = built
+    text = "\n".join(_describe(result.packages[0].manifest))
+    assert "Triton 3.6.0" in text and "crate tutorials: Triton" in text
+    assert "entry add_fp32 = add_kernel assuming x_ptr, y_ptr, output_ptr, n_elements % 16 == 0, 4 warps" in text

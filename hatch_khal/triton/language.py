@@ -68,11 +68,13 @@ _MIN_ARCH = 75
 
 def triton_version() -> str:
     """The installed Triton's version (its metadata: Triton itself is not imported here)."""
-    try:
-        return metadata.version("triton")
-    except metadata.PackageNotFoundError:
-        raise KhalBuildError(f"a Triton crate needs Triton in the build environment: install {TRITON_REQUIREMENT} "
-                             "(an isolated build adds it to the build requirements)") from None
+    for dist in ("triton", "pytorch-triton"):  # PyPI's, and the wheel PyTorch's own index ships
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    raise KhalBuildError(f"a Triton crate needs Triton in the build environment: install {TRITON_REQUIREMENT} "
+                         "(an isolated build adds it to the build requirements)")
 
 
 def _ptxas_dir() -> Path:
