@@ -189,7 +189,9 @@ def test_the_build_makes_one_entry_per_instance_variant_named_with_its_hash(buil
     (crate,) = m.crates
     assert crate.language == "triton"
     names = [e.name for e in crate.entries]
-    assert names == ["add_fp32", "add_fp32__base", "add_fp16", "add_fp16__base", "softmax_1024"]
+    assert names == ["add_fp32", "add_fp32__base", "add_fp16", "add_fp16__base", "softmax_1024", "matmul_fp16",
+                     "matmul_fp16__base"]
+    assert 0 < crate.entry("matmul_fp16").triton.shared <= 48 * 1024  # type: ignore[union-attr]
     add = crate.entry("add_fp32")
     assert add.symbol == f"add_fp32_khal_{add.hash}" and add.block_size == (128, 1, 1) and add.grid_dims == 3
     assert [p.name for p in add.params] == ["x_ptr", "y_ptr", "output_ptr", "n_elements", "khal_global_scratch",

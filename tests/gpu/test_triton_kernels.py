@@ -1,4 +1,4 @@
-"""Issue #30 on a GPU: Triton tutorial kernels built into a package (tests/triton_kernels_pkg),
+"""Issue #30 on a GPU: Triton tutorial kernels (vector add, fused softmax, matmul) built into a package (tests/triton_kernels_pkg),
 launched without Triton, against torch and against Triton's own JIT of the same source.
 
 Built here with the build API (Triton 3.6 in this environment; no hatchling needed), twice: with an
@@ -90,6 +90,23 @@ def test_fused_softmax_matches_torch(tri: Any) -> None:
     ks.softmax_1024[(min(rows, 132 * 4),)](y, x, x.stride(0), y.stride(0), rows, cols, stream=_stream())
     torch.cuda.synchronize()
     assert torch.allclose(y, torch.softmax(x, dim=1), atol=1e-6, rtol=1e-5), kind
+
+
+def test_matmul_matches_torch(tri: Any) -> None:
+    import torch
+
+    kind, ks = tri
+    for m, n, k in ((512, 512, 512), (333, 200, 96)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+        c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+        grid = ((m + 63) // 64 * ((n + 63) // 64),)
+        want = "matmul_fp16" if m % 16 == 0 and n % 16 == 0 and k % 16 == 0 else "matmul_fp16__base"
+        args = (a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+        assert ks.matmul_fp16.chosen(*args) == want
+        ks.matmul_fp16[grid](*args, stream=_stream())
+        torch.cuda.synchronize()
+        assert torch.allclose(c, torch.matmul(a, b), atol=1e-2, rtol=0), f"{kind} {m}x{n}x{k}"
 
 
 def test_outputs_equal_tritons_jit_of_the_same_source(tri: Any) -> None:
