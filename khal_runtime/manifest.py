@@ -319,10 +319,13 @@ class TritonFacts(_Model):
     #: dynamic shared memory per block in bytes (``metadata.shared``, the largest over the crate's
     #: targets): passed at every launch; above 48 KB the build refuses the instance for now
     shared: int = Field(ge=0, le=48 * 1024)
-    #: the runtime arguments' Triton types, in order (``*fp32``, ``i32``)
+    #: the runtime arguments (what a call passes), in order, and their Triton types (``*fp32``, ``i32``)
+    names: tuple[str, ...]
     types: tuple[str, ...]
     #: arguments the binary assumes 16-byte aligned (pointers) or divisible by 16 (integers)
     divisible: tuple[str, ...] = ()
+    #: arguments the binary assumes equal to 1: compiled in, so not among its ``params``
+    ones: tuple[str, ...] = ()
     #: the constexprs the instance was compiled with, as the crate gives them
     constexprs: dict[str, Union[bool, int, float]] = Field(default_factory=dict)
     #: Triton's ``JITFunction.cache_key`` (the kernel and every @triton.jit function it calls)
@@ -331,6 +334,12 @@ class TritonFacts(_Model):
 
     def record(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TritonFacts:
+        if len(self.names) != len(self.types) or not set(self.divisible) | set(self.ones) <= set(self.names):
+            raise ValueError(f"Triton kernel {self.kernel!r}: its argument names, types and assumptions disagree")
+        return self
 
 
 class Entry(_Model):

@@ -15,7 +15,8 @@ conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKerne
 * A pointer must be a multiple of its elements' size (``*fp32``: 4 bytes), else
   :class:`~khal_runtime.errors.ArgumentValueError` (on the GPU: a sticky misaligned-address error).
 * Each call checks the assumptions of the variants (alignment of each pointer, divisibility of
-  each integer, one ``& 15`` each) and launches the most specialised variant whose assumptions
+  each integer, one ``& 15`` each; ``== 1`` of an integer compiled in as 1, which that variant then
+  does not take) and launches the most specialised variant whose assumptions
   hold; the choice is cached by the bits of which assumptions held. With no variant left it raises
   :class:`~khal_runtime.errors.TritonAssumptionError` naming the argument and the assumption.
 * The launch is khal's explicit launch of that entry (:meth:`khal_runtime.kernels.Kernel.launch`):
@@ -84,46 +85,73 @@ class TritonKernel:
         self.name = name
         self.crate = crate
         #: most assumptions first: the as-written instance, then its conservative twin
-        self.variants = sorted(variants, key=lambda k: -len(k.entry.triton.divisible))
+        self.variants = sorted(variants, key=lambda k: -len(k.entry.triton.divisible) - len(k.entry.triton.ones))
         first = self.variants[0].entry
         self.entry = first
         facts = first.triton
         self.kernel = facts.kernel
         self.constexprs: dict[str, Any] = dict(facts.constexprs)
-        self.arg_names = tuple(p.name for p in first.params[:-2])
+        self.arg_names = tuple(facts.names)
         self.types = tuple(facts.types)
         self._pointer = tuple(t.startswith("*") for t in self.types)
         #: (index, element size - 1) of each pointer to elements wider than a byte
         self._align = tuple((i, _POINTEE_SIZE.get(t[1:], 1) - 1) for i, t in enumerate(self.types)
                             if t.startswith("*") and _POINTEE_SIZE.get(t[1:], 1) > 1)
         for k in self.variants[1:]:
-            if tuple(k.entry.triton.types) != self.types:
+            if tuple(k.entry.triton.types) != self.types or tuple(k.entry.triton.names) != self.arg_names:
                 raise ValueError(f"Triton entry {k.entry.name!r} does not take {name!r}'s arguments")
-        #: every argument some variant assumes something of, and each variant's mask over them
-        checked = sorted({n for k in self.variants for n in k.entry.triton.divisible}, key=self.arg_names.index)
-        self._checked = tuple(self.arg_names.index(n) for n in checked)
-        self._masks = [(sum(1 << checked.index(n) for n in k.entry.triton.divisible), k) for k in self.variants]
-        self._bits = tuple((1 << i, arg) for i, arg in enumerate(self._checked))
+        #: every assumption some variant makes, (argument index, "16" or "1"), and each variant's mask
+        checks = sorted({(self.arg_names.index(n), "16") for k in self.variants for n in k.entry.triton.divisible}
+                        | {(self.arg_names.index(n), "1") for k in self.variants for n in k.entry.triton.ones})
+        self._checks = tuple(checks)
+        self._masks = []
+        for k in self.variants:
+            t = k.entry.triton
+            mine = {(self.arg_names.index(n), "16") for n in t.divisible} | \
+                {(self.arg_names.index(n), "1") for n in t.ones}
+            self._masks.append((sum(1 << checks.index(c) for c in mine), k))
+        #: (bit, argument index) of the divisibility checks and of the "equals 1" checks
+        self._bits16 = tuple((1 << i, arg) for i, (arg, what) in enumerate(checks) if what == "16")
+        self._bits1 = tuple((1 << i, arg) for i, (arg, what) in enumerate(checks) if what == "1")
         self._pointers = tuple(i for i, p in enumerate(self._pointer) if p)
         self._count = len(self.types)
-        #: assumption bits -> (the variant's launch, its dynamic shared memory, the variant)
-        self._chosen: dict[int, tuple[Any, int, Any]] = {}
+        #: assumption bits -> (the variant's launch, its dynamic shared memory, the variant, the indexes of
+        #: the values it takes, or None for all of them: a variant assuming an argument 1 does not take it)
+        self._chosen: dict[int, tuple[Any, int, Any, tuple[int, ...] | None]] = {}
 
     def __repr__(self) -> str:
         return (f"<Triton kernel {self.crate}.{self.name} ({self.kernel}): "
                 f"{', '.join(f'{n}: {t}' for n, t in zip(self.arg_names, self.types))}>")
 
-    def _choose(self, bits: int, values: list[Any]) -> tuple[Any, int, Any]:
+    def _bits(self, values: list[Any]) -> int:
+        bits = 0
+        for bit, arg in self._bits16:
+            v = values[arg]
+            if type(v) is int and not v & 15:
+                bits |= bit
+        for bit, arg in self._bits1:
+            if values[arg] == 1 and type(values[arg]) is int:
+                bits |= bit
+        return bits
+
+    def _choose(self, bits: int, values: list[Any]) -> tuple[Any, int, Any, tuple[int, ...] | None]:
         for mask, k in self._masks:
             if mask & bits == mask:
-                self._chosen[bits] = (k.launch, k.entry.triton.shared, k)
+                ones = set(k.entry.triton.ones)
+                keep = None if not ones else tuple(i for i in range(self._count + 2)
+                                                   if i >= self._count or self.arg_names[i] not in ones)
+                self._chosen[bits] = (k.launch, k.entry.triton.shared, k, keep)
                 return self._chosen[bits]
         broken = []
-        for i, arg in enumerate(self._checked):
+        for i, (arg, what) in enumerate(self._checks):
             if not bits >> i & 1:
-                what = "16-byte aligned" if self._pointer[arg] else "divisible by 16"
-                broken.append(f"{self.arg_names[arg]} = {values[arg]:#x} is not {what}" if self._pointer[arg]
-                              else f"{self.arg_names[arg]} = {values[arg]} is not {what}")
+                name, v = self.arg_names[arg], values[arg]
+                if what == "1":
+                    broken.append(f"{name} = {v} is not 1")
+                elif self._pointer[arg]:
+                    broken.append(f"{name} = {v:#x} is not 16-byte aligned")
+                else:
+                    broken.append(f"{name} = {v} is not divisible by 16")
         raise TritonAssumptionError(
             f"{self.name}: every binary the crate ships assumes what this call breaks: {'; '.join(broken)} "
             "(build the instance with its conservative twin: leave 'fallback' on)")
@@ -161,10 +189,12 @@ class TritonKernel:
         """Launch ``grid`` programs with the kernel's runtime arguments ``args``."""
         values = self._values(args)
         bits = 0
-        for bit, arg in self._bits:
+        for bit, arg in self._bits16:
             v = values[arg]
             if type(v) is int and not v & 15:
                 bits |= bit
+        if self._bits1:
+            bits = self._bits(values)
         chosen = self._chosen.get(bits)
         if chosen is None:
             chosen = self._choose(bits, values)
@@ -173,6 +203,9 @@ class TritonKernel:
                 grid = grid(self.constexprs)
             if type(grid) in (tuple, list) and len(grid) == 1:
                 grid = grid[0]
+        keep = chosen[3]
+        if keep is not None:
+            values = [values[i] for i in keep]
         chosen[0](grid, None, *values, stream=stream, shared_mem=chosen[1])
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
@@ -184,5 +217,5 @@ class TritonKernel:
     def chosen(self, *args: Any) -> str:
         """The entry a call with ``args`` would launch (no launch)."""
         values = self._values(args)
-        bits = sum(bit for bit, a in self._bits if type(values[a]) is int and not values[a] & 15)
+        bits = self._bits(values)
         return str((self._chosen.get(bits) or self._choose(bits, values))[2].entry.name)

@@ -66,6 +66,10 @@ def test_a_matrix_expands_and_a_specialised_instance_gets_its_conservative_twin(
     assert base.divisible() == [] and base.family == "add_fp32_256" and base.base
     plain = parse_instances("k", [{"kernel": "add", "signature": {"x": "*fp32", "n": "i32", "B": 64}}])
     assert [i.name for i in plain] == ["add"]  # nothing assumed: no twin
+    (one, twin) = parse_instances("k", [{"kernel": "mm", "signature": {"x": "*fp32", "s": "i32:1", "B": 64}}])
+    assert one.triton_signature() == {"x": "*fp32", "s": "constexpr", "B": "constexpr"} and one.ones() == ["s"]
+    assert one.constexprs() == {"B": 64} and one.compile_constexprs() == {"B": 64, "s": 1}
+    assert twin.name == "mm__base" and twin.ones() == [] and twin.triton_signature()["s"] == "i32"
     assert parse_instances("k", [{"kernel": "add", "fallback": False,
                                   "signature": {"x": "*fp32:16", "B": 64}}])[0].name == "add"
 
@@ -73,7 +77,7 @@ def test_a_matrix_expands_and_a_specialised_instance_gets_its_conservative_twin(
 @pytest.mark.parametrize(("table", "match"), [
     ({"kernel": "add", "signature": {"x": "*fp33"}}, r"instances\[0\] \(add\): signature field 'x': 'fp33'.*not a Triton pointee"),
     ({"kernel": "add", "signature": {"x": "*fp32:8"}}, r"field 'x': ':8'.*not a specialisation"),
-    ({"kernel": "add", "signature": {"n": "i32:1"}}, r"field 'n'.*':1' specialisation"),
+    ({"kernel": "add", "signature": {"x": "*fp32:1"}}, r"field 'x'.*':1' in '\*fp32:1' applies to integers only"),
     ({"kernel": "add", "signature": {"f": "fp32:16"}}, r"field 'f'.*pointers and integers only"),
     ({"kernel": "add", "signature": {"x": "*{T}"}}, r"names \{T\}, which the instance's 'matrix' does not give"),
     ({"kernel": "add", "signature": {"x": "*fp32"}, "num_warps": 3}, r"option 'num_warps' is 3, not a power of two"),
@@ -122,9 +126,9 @@ def test_ptx_of_several_kernels_merges_with_one_header_and_renamed_kernels() -> 
 
 # -- the assumption checks (no build) -------------------------------------------------------------
 
-def _variant(name: str, divisible: tuple[str, ...], launches: list[Any]) -> Any:
+def _variant(name: str, divisible: tuple[str, ...], launches: list[Any], ones: tuple[str, ...] = ()) -> Any:
     facts = SimpleNamespace(kernel="add_kernel", constexprs={"BLOCK_SIZE": 1024}, types=("*fp32", "*fp32", "i32"),
-                            divisible=divisible, shared=64)
+                            names=("x", "out", "n"), divisible=divisible, shared=64, ones=ones)
     params = tuple(SimpleNamespace(name=n) for n in ("x", "out", "n", "khal_global_scratch", "khal_profile_scratch"))
     entry = SimpleNamespace(name=name, triton=facts, params=params)
     return SimpleNamespace(entry=entry, launch=lambda *a, **kw: launches.append((name, a, kw)))
@@ -155,6 +159,18 @@ def test_the_most_specialised_variant_whose_assumptions_hold_is_launched() -> No
     with pytest.raises(TypeError, match=r"add\(\): argument 'x' is an array of float16, the kernel was built for "
                                         r"\*fp32 \(float32\)"):
         k.chosen(Half(), Tensor(), 16)
+
+
+def test_an_argument_assumed_1_is_checked_and_left_out_of_the_variant_that_assumes_it() -> None:
+    launches: list[Any] = []
+    k = TritonKernel("add", "c", [_variant("add__base", (), launches), _variant("add", ("x",), launches, ("n",))])
+    k.launch(2, 0x1000, 0x2000, 1)
+    assert launches[-1][:2] == ("add", (2, None, 0x1000, 0x2000, 0, 0))  # n compiled in: not passed
+    k.launch(2, 0x1000, 0x2000, 2)
+    assert launches[-1][:2] == ("add__base", (2, None, 0x1000, 0x2000, 2, 0, 0))
+    only = TritonKernel("add", "c", [_variant("add", (), launches, ("n",))])
+    with pytest.raises(TritonAssumptionError, match=r"n = 3 is not 1"):
+        only.launch(1, 0x1000, 0x2000, 3)
 
 
 def test_a_call_breaking_every_shipped_variant_names_the_argument_and_the_assumption() -> None:
@@ -296,6 +312,15 @@ def test_a_call_packs_pointers_scalars_and_null_scratch_and_picks_the_variant(
     assert fake.launches[-1]["f"] == f"FUNC:{ks.crates['tutorials'].instances['add_fp32__base'].entry.symbol}"
     add[(4,)](x.ptr + 4, y, out, 4096)  # a pointer 4 bytes in: the conservative twin
     assert fake.launches[-1]["f"].startswith("FUNC:add_fp32__base_khal_")
+    a, b, c = (DeviceBuffer.zeros(64 * 64, np.float16) for _ in range(3))
+    ks.matmul_fp16[(1,)](a, b, c, 64, 64, 64, 64, 1, 64, 1, 64, 1)
+    mm = ks.crates["tutorials"].instances["matmul_fp16"].entry
+    assert fake.launches[-1]["f"] == f"FUNC:{mm.symbol}" and mm.triton.ones == ("stride_ak", "stride_bn", "stride_cn")
+    slots = [int.from_bytes(s, "little") for s in fake.launches[-1]["slots"]]
+    assert slots == [a.ptr, b.ptr, c.ptr, 64, 64, 64, 64, 64, 64, 0, 0]  # the unit strides compiled in
+    ks.matmul_fp16[(1,)](a, b, c, 64, 64, 64, 1, 64, 64, 1, 64, 1)  # a column-major A: stride_ak is not 1
+    assert fake.launches[-1]["f"].startswith("FUNC:matmul_fp16__base_khal_")
+    assert len(fake.launches[-1]["slots"]) == 14
     soft = ks.softmax_1024
     soft[(8,)](out, x, 1024, 1024, 4, 1000)
     assert fake.launches[-1]["shmem"] == soft.entry.triton.shared > 0

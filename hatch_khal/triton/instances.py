@@ -13,8 +13,9 @@ kernel's argument order::
     num_stages = 3
 
 A value is a type (``*fp32``: a pointer to fp32; ``i32``; ``:16`` after it: the binary may assume
-the pointer 16-byte aligned, the integer divisible by 16) or a constexpr's value (an int, float or
-bool, or a string that reads as one after the matrix is applied). An instance with ``:16``
+the pointer 16-byte aligned, the integer divisible by 16; ``:1`` after an integer: the binary
+assumes it is 1, compiled in, as Triton's JIT does for unit strides) or a constexpr's value (an int, float or
+bool, or a string that reads as one after the matrix is applied). An instance with ``:16`` / ``:1``
 assumptions is built twice: as written, and as a conservative ``<name>__base`` entry without them
 (``fallback = false`` leaves it out), so that a call that breaks an assumption still runs.
 """
@@ -53,6 +54,9 @@ class TritonArg:
     value: int | float | bool | None = None
     #: the binary assumes 16-byte alignment (a pointer) or divisibility by 16 (an integer)
     divisible: bool = False
+    #: the binary assumes the integer is 1 (``i32:1``, Triton's specialisation of unit strides): it is
+    #: compiled in as a constexpr and is not a parameter of that binary
+    one: bool = False
 
     @property
     def pointer(self) -> bool:
@@ -79,18 +83,28 @@ class TritonInstance:
         return tuple(a for a in self.args if a.type is not None)
 
     def triton_signature(self) -> dict[str, str]:
-        return {a.name: a.type if a.type is not None else "constexpr" for a in self.args}
+        """What Triton compiles: a constexpr for each constexpr and each argument assumed 1."""
+        return {a.name: a.type if a.type is not None and not a.one else "constexpr" for a in self.args}
 
     def constexprs(self) -> dict[str, int | float | bool]:
+        """The kernel's own constexprs (not the arguments assumed 1)."""
         return {a.name: a.value for a in self.args if a.type is None}  # type: ignore[misc]
+
+    def compile_constexprs(self) -> dict[str, int | float | bool]:
+        """What Triton gets as constants: the constexprs and the arguments assumed 1."""
+        return {**self.constexprs(), **{a.name: 1 for a in self.args if a.one}}
 
     def divisible(self) -> list[str]:
         return [a.name for a in self.args if a.divisible]
 
+    def ones(self) -> list[str]:
+        return [a.name for a in self.args if a.one]
+
     def record(self) -> dict[str, Any]:
         """What the entry hash covers of the instance."""
         return {"kernel": self.kernel, "signature": self.triton_signature(), "constexprs": self.constexprs(),
-                "divisible": self.divisible(), "num_warps": self.num_warps, "num_stages": self.num_stages}
+                "divisible": self.divisible(), "ones": self.ones(), "num_warps": self.num_warps,
+                "num_stages": self.num_stages}
 
 
 def _literal(text: str) -> int | float | bool | None:
@@ -132,17 +146,16 @@ def _arg(where: str, name: str, raw: Any) -> TritonArg:
         raise ConfigError(f"{where}: signature field {name!r}: {base!r} in {raw!r} is not a Triton "
                           f"{'pointee' if star else 'scalar'} type (one of {', '.join(sorted(table))})")
     if spec is not None:
-        if spec == "1":
-            raise ConfigError(f"{where}: signature field {name!r}: {raw!r} asks for the ':1' specialisation (the "
-                              "argument is the constant 1), which hatch-khal does not build yet; give the value as "
-                              "a constexpr of the kernel instead, or drop ':1'")
-        if spec != "16":
+        if spec not in ("16", "1"):
             raise ConfigError(f"{where}: signature field {name!r}: ':{spec}' in {raw!r} is not a specialisation "
-                              "Triton makes (':16': 16-byte aligned pointer / integer divisible by 16)")
+                              "Triton makes (':16': 16-byte aligned pointer / integer divisible by 16; ':1': an "
+                              "integer equal to 1)")
+        if spec == "1" and (star or base not in ("i32", "i64", "u32", "u64")):
+            raise ConfigError(f"{where}: signature field {name!r}: ':1' in {raw!r} applies to integers only")
         if not star and base not in ("i32", "i64", "u32", "u64"):
             raise ConfigError(f"{where}: signature field {name!r}: ':16' in {raw!r} applies to pointers and "
                               "integers only")
-    return TritonArg(name, (star + base), None, spec == "16")
+    return TritonArg(name, (star + base), None, spec == "16", spec == "1")
 
 
 def _fill(where: str, text: str, combo: Mapping[str, Any]) -> str:
@@ -224,7 +237,7 @@ def parse_instances(crate: str, raw: Any) -> list[TritonInstance]:
                 seen[name_] = here
             inst = TritonInstance(name, kernel, tuple(args), warps, stages, family=name)
             out.append(inst)
-            if fallback and any(a.divisible for a in args):
-                plain = tuple(TritonArg(a.name, a.type, a.value, False) for a in args)
+            if fallback and any(a.divisible or a.one for a in args):
+                plain = tuple(TritonArg(a.name, a.type, a.value) for a in args)
                 out.append(TritonInstance(f"{name}__base", kernel, plain, warps, stages, family=name, base=True))
     return out

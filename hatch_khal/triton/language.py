@@ -245,6 +245,8 @@ def _params(inst: TritonInstance) -> tuple[Param, ...]:
     out = []
     for a in inst.runtime_args:
         assert a.type is not None
+        if a.one:
+            continue  # compiled in: not a parameter of this binary
         if a.pointer:
             out.append(Param(name=a.name, kind="scalar", element_type="uint64", element_size=8, element_align=8))
         else:
@@ -264,7 +266,7 @@ def _run_worker(plan: TritonPlan, jobs: int | None = None) -> dict[str, Any]:
     targets = [[t, cap, ptx] for t, (cap, ptx) in plan.targets.items()]
     workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(targets)))
     instances = [{"name": i.name, "kernel": i.kernel, "signature": i.triton_signature(),
-                  "constexprs": i.constexprs(), "divisible": i.divisible(),
+                  "constexprs": i.compile_constexprs(), "divisible": i.divisible(),
                   "num_warps": i.num_warps, "num_stages": i.num_stages} for i in plan.instances]
     env = _worker.environment()
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the author's sources
@@ -371,8 +373,10 @@ class TritonLanguage:
             facts = TritonFacts(kernel=inst.kernel, family=inst.family, base=inst.base, num_warps=inst.num_warps,
                                 num_stages=inst.num_stages,
                                 shared=max(md["shared"] for md in got["targets"].values()),
+                                names=tuple(a.name for a in inst.runtime_args),
                                 types=tuple(a.type for a in inst.runtime_args if a.type is not None),
-                                divisible=tuple(inst.divisible()), constexprs=inst.constexprs(),
+                                divisible=tuple(inst.divisible()), ones=tuple(inst.ones()),
+                                constexprs=inst.constexprs(),
                                 cache_key=got["cache_key"], triton_version=answer["triton"])
             params = _params(inst)
             block = (inst.num_warps * 32, 1, 1)

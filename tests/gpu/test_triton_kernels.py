@@ -96,12 +96,14 @@ def test_matmul_matches_torch(tri: Any) -> None:
     import torch
 
     kind, ks = tri
-    for m, n, k in ((512, 512, 512), (333, 200, 96)):
-        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    for m, n, k, a_t in ((512, 512, 512, False), (333, 200, 96, False), (256, 256, 256, True)):
+        # a_t: A column-major (stride_ak = m, not 1): the conservative twin, which takes every stride
+        a = torch.randn(k, m, device="cuda", dtype=torch.float16).t() if a_t else \
+            torch.randn(m, k, device="cuda", dtype=torch.float16)
         b = torch.randn(k, n, device="cuda", dtype=torch.float16)
         c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
         grid = ((m + 63) // 64 * ((n + 63) // 64),)
-        want = "matmul_fp16" if m % 16 == 0 and n % 16 == 0 and k % 16 == 0 else "matmul_fp16__base"
+        want = "matmul_fp16" if m % 16 == 0 and n % 16 == 0 and k % 16 == 0 and not a_t else "matmul_fp16__base"
         args = (a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
         assert ks.matmul_fp16.chosen(*args) == want
         ks.matmul_fp16[grid](*args, stream=_stream())
