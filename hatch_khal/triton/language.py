@@ -270,6 +270,12 @@ def _run_worker(plan: TritonPlan, jobs: int | None = None) -> dict[str, Any]:
                   "num_warps": i.num_warps, "num_stages": i.num_stages} for i in plan.instances]
     env = _worker.environment()
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the author's sources
+    scratch = None
+    if not env.get("TRITON_CACHE_DIR"):
+        # Triton's own cache goes to a folder of this build, not ~/.triton (a build may not write
+        # there); hatch-khal's cache keeps what the build made
+        scratch = tempfile.TemporaryDirectory(prefix="khal-triton-")
+        env["TRITON_CACHE_DIR"] = scratch.name
     procs = []
     try:
         for n in range(workers):
@@ -297,6 +303,8 @@ def _run_worker(plan: TritonPlan, jobs: int | None = None) -> dict[str, Any]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        if scratch is not None:
+            scratch.cleanup()
     merged = answers[0]
     for other in answers[1:]:
         for mine, theirs in zip(merged["instances"], other["instances"]):
