@@ -458,6 +458,31 @@ def test_the_built_package_verifies_and_a_prebuilt_binary_is_refused(built: tupl
         _build(root, "khal_triton_kernels", tmp_path / "cache")
 
 
+@pytest.mark.needs_triton
+def test_the_content_hash_follows_instances_and_tritons_knobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hatch_khal.triton.language import TRITON
+
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "k.py").write_text("import triton\n")
+    table = {"archs": ["sm_90"], "crates": [{"name": "t", "sources": ["k/*.py"], "instances": [
+        {"kernel": "k", "signature": {"x": "*fp32", "B": 64}}]}]}
+
+    def content(**change: Any) -> str:
+        t = json.loads(json.dumps(table))
+        t["crates"][0]["instances"][0].update(change)
+        _, (crate,) = parse_config(t, default_package="pkg")
+        return TRITON.plan(tmp_path, crate).content_hash
+
+    base = content()
+    assert content(num_warps=8) != base and content(num_stages=2) != base
+    assert content(signature={"x": "*fp32", "B": 128}) != base and content(signature={"x": "*fp32:16", "B": 64}) != base
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    assert content() != base
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+    assert content() == base  # where Triton caches is not what it compiles
+
+
 def test_a_missing_triton_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     from importlib import metadata
 

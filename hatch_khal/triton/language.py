@@ -329,9 +329,12 @@ class TritonLanguage:
                               "instance takes num_warps and num_stages (see docs/guide/triton.md)")
         version = triton_version()
         targets = _targets(cfg)
+        # Triton's knobs (TRITON_DEFAULT_FP_FUSION, TRITON_F32_DEFAULT, ...) change what it compiles
+        knobs = {k: v for k, v in sorted(os.environ.items())
+                 if k.startswith("TRITON_") and k not in ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR")}
         content = crate_content_hash(sources.all_files, {}, [], {
             "language": "triton", "triton": version, "instances": [i.record() for i in instances],
-            "ptx_fallback": PTX_FALLBACK_VERSION})
+            "ptx_fallback": PTX_FALLBACK_VERSION, "knobs": knobs})
         return TritonPlan(cfg=cfg, language=self.name, content_hash=content, spirv=NOT_APPLICABLE,
                           files=sources.all_files, tools={"triton": version}, sources=sources,
                           instances=instances, targets=targets, triton=version)
