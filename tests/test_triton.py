@@ -506,3 +506,34 @@ def test_inspect_names_the_triton_toolchain_and_each_instance(built: tuple[Path,
     text = "\n".join(_describe(result.packages[0].manifest))
     assert "Triton 3.6.0" in text and "crate tutorials: Triton" in text
     assert "entry add_fp32 = add_kernel assuming x_ptr, y_ptr, output_ptr, n_elements % 16 == 0, 4 warps" in text
+
+
+@pytest.mark.needs_triton
+def test_a_cached_build_is_compiled_again_when_a_project_module_its_sources_import_changes(tmp_path: Path) -> None:
+    from hatch_khal.builder import build_packages
+
+    root = tmp_path / "p"
+    for d in ("k", "lib", "pkg"):
+        (root / d).mkdir(parents=True)
+    consts = root / "lib" / "consts.py"
+    consts.write_text("import triton.language as tl\nSCALE = tl.constexpr(2)\n")
+    (root / "k" / "k.py").write_text(
+        "import os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'lib'))\n"
+        "import triton\nimport triton.language as tl\nfrom consts import SCALE\n\n"
+        "@triton.jit\ndef k(x_ptr, BLOCK: tl.constexpr):\n"
+        "    o = tl.arange(0, BLOCK)\n    tl.store(x_ptr + o, tl.load(x_ptr + o) * SCALE)\n")
+    _, crates = parse_config({"archs": ["sm_90"], "ptx-arch": "none", "crates": [
+        {"name": "t", "sources": ["k/*.py"], "instances": [{"kernel": "k", "signature": {"x_ptr": "*fp32",
+                                                                                       "BLOCK": 64}}]}]},
+        default_package="pkg")
+    cache = Cache(tmp_path / "c", print)
+
+    def entry_hash() -> tuple[str, int]:
+        r = build_packages(root, crates, PrintReporter(), cache=cache, jobs=1)
+        return r.packages[0].manifest.crates[0].entries[0].hash, r.compiled
+
+    first, compiled = entry_hash()
+    assert compiled > 0 and entry_hash() == (first, 0)
+    consts.write_text("import triton.language as tl\nSCALE = tl.constexpr(3)\n")
+    again, compiled = entry_hash()
+    assert compiled > 0 and again != first

@@ -306,11 +306,25 @@ def _run_worker(plan: TritonPlan, jobs: int | None = None) -> dict[str, Any]:
         if scratch is not None:
             scratch.cleanup()
     merged = answers[0]
+    merged["imported"] = sorted({tuple(f) for a in answers for f in a.get("imported", [])})
     for other in answers[1:]:
         for mine, theirs in zip(merged["instances"], other["instances"]):
             assert mine["name"] == theirs["name"] and mine["cache_key"] == theirs["cache_key"]
             mine["targets"].update(theirs["targets"])
     return merged
+
+
+def _imports_changed(answer: dict[str, Any]) -> str | None:
+    """Why a cached Triton output is stale: a module of the project outside the crate, which its
+    sources imported (a constexpr a kernel reads may live there), changed or went. None if not."""
+    for path, digest in answer.get("imported", []):
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            return f"{path}, which its sources imported, is gone"
+        if sha256_bytes(data) != digest:
+            return f"{path}, which its sources imported, changed"
+    return None
 
 
 class TritonLanguage:
@@ -354,6 +368,11 @@ class TritonLanguage:
                 answer = json.loads(hit.data)
             except ValueError:
                 cache.drop(key, f"not the Triton output of crate {p.cfg.name!r}; rebuilding it")
+            else:
+                why = _imports_changed(answer)
+                if why is not None:
+                    reporter.info(f"khal: Triton crate {p.cfg.name!r}: {why}; compiling it again")
+                    answer = None
         if answer is None:
             with cache.locked([key]):
                 reporter.info(f"khal: compiling Triton crate {p.cfg.name!r}: {len(p.instances)} instance(s) x "

@@ -69,6 +69,7 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
     from triton.compiler import ASTSource  # lazy (as above)
     from triton.runtime.jit import JITFunction  # lazy (as above)
 
+    before = set(sys.modules)
     modules: dict[str, Any] = {}
     for i, path in enumerate(req["files"]):
         sys.path.insert(0, os.path.dirname(path))
@@ -127,7 +128,32 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
             }
         out.append({"name": inst["name"], "cache_key": fn.cache_key, "arg_names": args,
                     "deps": sorted(set(seen.values())), "targets": targets})
-    return {"ok": True, "triton": triton.__version__, "instances": out}
+    return {"ok": True, "triton": triton.__version__, "instances": out,
+            "imported": _imported(set(sys.modules) - before, files)}
+
+
+def _imported(names: set[str], crate_files: set[str]) -> list[list[str]]:
+    """[path, sha256] of every module file the crate's sources imported that is neither one of
+    them nor installed (under the interpreter's or a site-packages folder): the project's own
+    modules beside the crate, whose constants a kernel may read. A cached build whose files
+    changed is compiled again."""
+    import hashlib  # lazy: the worker's last step
+    import sysconfig  # lazy: the worker's last step
+
+    roots = {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                                   *sysconfig.get_paths().values()) if p}
+    roots |= {os.path.realpath(p) + os.sep for p in sys.path if p and "-packages" in p}
+    out = []
+    for name in sorted(names):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if not path or name.startswith("_khal_triton_src_"):
+            continue
+        real = os.path.realpath(path)
+        if real in crate_files or any(real.startswith(r) for r in roots) or not os.path.isfile(real):
+            continue
+        with open(real, "rb") as f:
+            out.append([real, hashlib.sha256(f.read()).hexdigest()])
+    return out
 
 
 def main() -> None:
