@@ -186,15 +186,17 @@ def _print(lines: list[str], *, err: bool = False) -> None:
 
 def _describe(manifest: Manifest) -> list[str]:
     tc = manifest.toolchain
-    tools = f"NVRTC {tc.nvrtc_version or '-'}" + (f", Slang {tc.slang_version}" if tc.slang_version else "")
+    tools = f"NVRTC {tc.nvrtc_version or '-'}" + (f", Slang {tc.slang_version}" if tc.slang_version else "") \
+        + (f", Triton {tc.triton_version}" if tc.triton_version else "")
     lines = [
         f"package {manifest.package} (schema {manifest.schema_version}, hatch-khal {tc.hatch_khal_version}, {tools})"
     ]
     if manifest.editable:
         lines.append(f"  editable install of {manifest.editable.project_root}")
     for crate in manifest.crates:
-        language = {"cuda": "CUDA C++", "slang": "Slang"}.get(crate.language, crate.language)
-        origin = f"prebuilt from {crate.prebuilt.variable} ({crate.prebuilt.file_name})" if crate.prebuilt else "NVRTC"
+        language = {"cuda": "CUDA C++", "slang": "Slang", "triton": "Triton"}.get(crate.language, crate.language)
+        origin = (f"prebuilt from {crate.prebuilt.variable} ({crate.prebuilt.file_name})" if crate.prebuilt
+                  else "Triton (its ptxas)" if crate.language == "triton" else "NVRTC")
         spirv = crate.spirv.status + (f" ({crate.spirv.reason})" if crate.spirv.reason else "")
         lines.append(f"  crate {crate.name}: {language}, {len(crate.sources)} source file(s), CUDA binaries "
                      f"from {origin}, WGSL/SPIR-V {spirv}")
@@ -212,6 +214,10 @@ def _describe(manifest: Manifest) -> list[str]:
             if e.launch is not None and e.launch_dims > e.grid_dims:
                 shape += f" (launch() up to {e.launch_dims}-D grids)"
             tmpl = f" = {e.template}<{', '.join(e.template_args or ())}>" if e.template else ""
+            tri = e.triton
+            if tri is not None:  # a Triton instance: its kernel, what it assumes, its shared memory
+                tmpl = f" = {tri.kernel}" + (f" assuming {', '.join(tri.divisible)} % 16 == 0" if tri.divisible
+                                             else "") + f", {tri.num_warps} warps, {tri.shared} B shared"
             lines.append(f"    entry {e.name}{tmpl} hash {e.hash} block {block}{shape}  ({params})")
             if e.attributes is not None and e.attributes.describe():
                 lines.append(f"      launch attributes: {e.attributes.describe()}")

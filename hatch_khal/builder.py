@@ -68,7 +68,7 @@ def build_packages(
     for plan in plans:
         versions.update(plan.tools)
     toolchain = Toolchain(hatch_khal_version=__version__, nvrtc_version=versions.get("nvrtc"),
-                          slang_version=versions.get("slang"))
+                          slang_version=versions.get("slang"), triton_version=versions.get("triton"))
     packages = assemble_packages(plans, outputs, root, toolchain, editable=editable)
     for plan in plans:
         for warning in plan.warnings:

@@ -45,6 +45,7 @@ class Compiler(Protocol):
 #: worker process and prebuilt-only builds never import a compiler they do not run).
 COMPILERS: dict[str, str] = {
     "nvrtc": "hatch_khal.nvrtc:NVRTC",
+    "triton-ptxas": "hatch_khal.triton.language:PTXAS",
 }
 
 

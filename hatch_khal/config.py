@@ -56,7 +56,7 @@ HATCH_RESERVED_KEYS = frozenset(
 )
 
 #: Source suffix -> language; any other suffix (``.cu``, a wildcard) is CUDA C++.
-LANGUAGE_SUFFIXES = {".slang": "slang"}
+LANGUAGE_SUFFIXES = {".slang": "slang", ".py": "triton"}
 
 #: matched whole (re.fullmatch): a "$" would accept a trailing newline
 _CRATE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
@@ -175,6 +175,8 @@ class CrateConfig(_CommonOptions):
     cuda_headers: Optional[Literal["wheels", "system", "none"]] = Field(default=None, alias="cuda-headers")
     #: Slang crates: build WGSL / SPIR-V (default true); CUDA C++ crates cannot
     spirv: Optional[bool] = None
+    #: Triton crates: the instances to build (checked by :mod:`hatch_khal.triton.instances`)
+    instances: Optional[list[dict[str, Any]]] = None
 
     @field_validator("name")
     @classmethod
@@ -238,6 +240,8 @@ class ResolvedCrate(BaseModel):
     spirv: Optional[bool] = None
     #: Slang crates: options for the Slang compiler
     slang_options: list[str] = []
+    #: Triton crates: the instance tables, as written (:mod:`hatch_khal.triton.instances`)
+    instances: list[dict[str, Any]] = []
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -312,6 +316,13 @@ def _language(where: str, index: int, crate: CrateConfig) -> str:
         suffix = "." + pattern.rsplit(".", 1)[1] if "." in pattern.rsplit("/", 1)[-1] else ""
         by_language.setdefault(LANGUAGE_SUFFIXES.get(suffix, "cuda"), []).append(pattern)
     prefix = f"{where}: crates[{index}] {crate.name!r}"
+    names = {"cuda": "CUDA C++", "slang": "Slang", "triton": "Triton (.py)"}
+    if len(by_language) > 1 and set(by_language) != {"cuda", "slang"}:
+        raise ConfigError(
+            f"{prefix}: option 'sources' mixes "
+            + " with ".join(f"{names[k]} sources ({', '.join(v)})" for k, v in sorted(by_language.items()))
+            + "; a crate is compiled as one module of one language: give each language a crate of its own"
+        )
     if len(by_language) > 1:
         raise ConfigError(
             f"{prefix}: option 'sources' mixes Slang sources ({', '.join(by_language['slang'])}) with CUDA C++ "
@@ -325,6 +336,14 @@ def _language(where: str, index: int, crate: CrateConfig) -> str:
             "(CUDA C++ compiles to CUDA only); write the crate in Slang (.slang sources) to build it for "
             "WebGPU too, or drop the option"
         )
+    if language == "triton" and (crate.spirv or crate.slang_options):
+        raise ConfigError(f"{prefix}: options 'spirv' and 'slang-options' are for Slang crates; this crate's sources "
+                          "are Triton (.py)")
+    if language == "triton" and not crate.instances:
+        raise ConfigError(f"{prefix}: a Triton crate (.py sources) needs 'instances': tables naming each "
+                          "@triton.jit kernel to build and its signature (see docs/guide/triton.md)")
+    if language != "triton" and crate.instances is not None:
+        raise ConfigError(f"{prefix}: option 'instances' is for Triton crates (.py sources)")
     if language == "cuda" and crate.slang_options:
         raise ConfigError(f"{prefix}: option 'slang-options' is for Slang crates (.slang sources); this crate's "
                           "sources are CUDA C++: use 'options' for NVRTC options")
@@ -388,6 +407,7 @@ def parse_config(
                 cuda_headers=c.cuda_headers or cfg.cuda_headers,
                 spirv=c.spirv,
                 slang_options=list(cfg.slang_options) + list(c.slang_options) if language == "slang" else [],
+                instances=list(c.instances or []),
             )
         )
     return cfg, resolved

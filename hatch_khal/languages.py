@@ -68,6 +68,7 @@ class Language(Protocol):
 LANGUAGES: dict[str, str] = {
     "cuda": "hatch_khal.cuda:CUDA",
     "slang": "hatch_khal.slang.language:SLANG",
+    "triton": "hatch_khal.triton.language:TRITON",
 }
 
 

@@ -35,6 +35,7 @@ from hatch_khal.model import BuildResult
 from hatch_khal.nvrtc import requirement as nvrtc_requirement
 from hatch_khal.output import remove_output, write_package_output
 from hatch_khal.slang.library import SLANGPY_REQUIREMENT
+from hatch_khal.triton import TRITON_REQUIREMENT
 
 __all__ = ["KhalBuildHook"]
 
@@ -81,14 +82,18 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     def dependencies(self) -> list[str]:
         crates = self._parsed[1]
         deps: list[str] = []
-        # NVRTC is needed only to compile: a build whose crates are all prebuilt needs none.
-        if not all_prebuilt(crates):
+        # NVRTC is needed only to compile: a build whose crates are all prebuilt needs none, and
+        # Triton crates compile with Triton (its own ptxas)
+        nvrtc_crates = [c for c in crates if c.language != "triton"]
+        if nvrtc_crates and not all_prebuilt(nvrtc_crates):
             deps.append(self.hook_config.nvrtc_requirement)
-            if any(c.cuda_headers == "wheels" for c in crates):
+            if any(c.cuda_headers == "wheels" for c in nvrtc_crates):
                 deps += header_requirements(self.hook_config.nvrtc_requirement)
         # Slang runs for a prebuilt Slang crate too (its entries, its WGSL / SPIR-V).
         if any(c.language == "slang" for c in crates):
             deps.append(SLANGPY_REQUIREMENT)
+        if any(c.language == "triton" for c in crates):
+            deps.append(TRITON_REQUIREMENT)
         return deps
 
     def clean(self, versions: list[str]) -> None:  # noqa: ARG002

@@ -236,6 +236,7 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
         with nvrtc_requirement(hook.nvrtc_requirement):
             self._check_nvrtc(hook, crates)
             self._check_slang(hook, crates)
+            self._check_triton(crates)
             try:
                 result = build_packages(root, crates, reporter, editable=self.editable_mode)
             except KhalBuildError as exc:
@@ -265,7 +266,8 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
         """setuptools has no way to add build requirements: NVRTC must be in build-system.requires."""
         from hatch_khal.nvrtc import nvrtc_version  # lazy: cuda-bindings, only when compiling
 
-        if all_prebuilt(crates):
+        crates = [c for c in crates if c.language != "triton"]  # Triton crates compile with Triton's ptxas
+        if not crates or all_prebuilt(crates):
             return  # every crate prebuilt: no compiler needed
         requirement = hook.nvrtc_requirement
         try:
@@ -294,6 +296,22 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
                 f"project's pyproject.toml, e.g. [build-system] requires = [{requires}]"
             ) from exc
         self._warn_unmet_requirement(SLANGPY_REQUIREMENT, f"Slang crates are tested with {SLANGPY_REQUIREMENT!r}")
+
+    def _check_triton(self, crates: list[ResolvedCrate]) -> None:
+        """Triton crates need the triton wheel in the build environment, which setuptools cannot add."""
+        if not any(c.language == "triton" for c in crates):
+            return
+        # lazy: only for projects with Triton crates
+        from importlib.util import find_spec
+
+        from hatch_khal.triton import TRITON_REQUIREMENT
+
+        if find_spec("triton") is None:
+            raise _setup_error(
+                f"khal: a Triton crate needs Triton in the build environment\nsetuptools cannot add build "
+                f'requirements: list it in the project\'s pyproject.toml, e.g. [build-system] requires = '
+                f'["setuptools>=70", "hatch-khal", "{TRITON_REQUIREMENT}"]')
+        self._warn_unmet_requirement(TRITON_REQUIREMENT, f"Triton crates are built with {TRITON_REQUIREMENT!r}")
 
     def _header_note(self, hook: HookConfig, crates: list[ResolvedCrate]) -> str:
         """After a failed build: the CUDA header wheels the hatch hook would have added, if absent."""

@@ -174,16 +174,26 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
         taken.add(name)
         return name
 
+    taken.add("TritonKernel")
     entry_classes: dict[tuple[str, str], str] = {}
     crate_classes: dict[str, str] = {}
+    #: crate -> the entries as attributes (name, type): a Triton crate's are its instance families,
+    #: each a TritonKernel (its ``__base`` twins are not attributes)
+    visible: dict[str, list[tuple[str, str]]] = {}
     for c in manifest.crates:
         crate_classes[c.name] = fresh(f"Crate_{_ident(c.name)}")
+        visible[c.name] = []
         for e in c.entries:
+            if e.triton is not None:
+                if not e.triton.base:
+                    visible[c.name].append((e.name, "TritonKernel"))
+                continue
             entry_classes[(c.name, e.name)] = fresh(f"Kernel_{_ident(c.name)}__{e.name}")
+            visible[c.name].append((e.name, entry_classes[(c.name, e.name)]))
     counts: dict[str, int] = {}
     for c in manifest.crates:
-        for e in c.entries:
-            counts[e.name] = counts.get(e.name, 0) + 1
+        for name, _ in visible[c.name]:
+            counts[name] = counts.get(name, 0) + 1
 
     version = manifest.toolchain.hatch_khal_version
     lines = [
@@ -213,16 +223,20 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
         "",
         '__all__ = ["Kernels", "kernels"]',
     ]
+    if any(c.language == "triton" for c in manifest.crates):
+        lines[lines.index("from khal_runtime.kernels import CrateKernels, Kernel, KernelSet") + 1:0] = [
+            "from khal_runtime.triton import TritonKernel"]
     for c in manifest.crates:
         for e in c.entries:
-            lines += ["", ""] + _entry_class(entry_classes[(c.name, e.name)], c, e)
+            if (c.name, e.name) in entry_classes:
+                lines += ["", ""] + _entry_class(entry_classes[(c.name, e.name)], c, e)
     for c in manifest.crates:
-        lang = "Slang" if c.language == "slang" else "CUDA C++"
+        lang = {"slang": "Slang", "triton": "Triton"}.get(c.language, "CUDA C++")
         lines += ["", "", f"class {crate_classes[c.name]}(CrateKernels):"]
         lines += _doc([f"Crate ``{c.name}`` ({lang}): ``kernels.crates[{c.name!r}].<entry>``."], "    ")
-        for e in c.entries:
-            if _usable(e.name) and e.name not in _CRATE_ATTRS:
-                lines.append(f"    {e.name}: {entry_classes[(c.name, e.name)]}")
+        for name, typ in visible[c.name]:
+            if _usable(name) and name not in _CRATE_ATTRS:
+                lines.append(f"    {name}: {typ}")
     lines += ["", "", "class _Crates(dict[str, CrateKernels]):"]
     for c in manifest.crates:
         lines += ["    @overload",
@@ -234,18 +248,25 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
     if shared:
         doc += ["", f"In several crates, so only through ``crates``: {', '.join(shared)}."]
     lines += _doc(doc, "    ")
-    unique = [(c, e) for c in manifest.crates for e in c.entries if counts[e.name] == 1]
-    for c, e in unique:
-        if _usable(e.name) and e.name not in _KERNELSET_ATTRS:
-            lines.append(f"    {e.name}: {entry_classes[(c.name, e.name)]}")
+    unique = [(name, typ) for c in manifest.crates for name, typ in visible[c.name] if counts[name] == 1]
+    for name, typ in unique:
+        if _usable(name) and name not in _KERNELSET_ATTRS:
+            lines.append(f"    {name}: {typ}")
     for c in manifest.crates:
         if _usable(c.name) and c.name not in _KERNELSET_ATTRS and c.name not in counts:
             lines.append(f"    {c.name}: {crate_classes[c.name]}")
     lines.append("    crates: _Crates  # type: ignore[assignment, unused-ignore]")
-    for c, e in unique:
+    start = len(lines)
+    for name, typ in unique:
         lines += ["    @overload",
-                  f"    def __getitem__(self, name: Literal[{e.name!r}]) -> {entry_classes[(c.name, e.name)]}: ..."]
-    lines += ["    @overload", "    def __getitem__(self, name: str) -> Kernel: ..."]
+                  f"    def __getitem__(self, name: Literal[{name!r}]) -> {typ}: ..."]
+    if any(c.language == "triton" for c in manifest.crates):
+        # a Triton family is a TritonKernel, not a Kernel: KernelSet.__getitem__ says Kernel
+        first = next(i for i in range(start, len(lines)) if "def __getitem__" in lines[i])
+        lines[first - 1] += "  # type: ignore[override, unused-ignore]"  # mypy reports it at @overload
+        lines += ["    @overload", "    def __getitem__(self, name: str) -> Kernel | TritonKernel: ..."]
+    else:
+        lines += ["    @overload", "    def __getitem__(self, name: str) -> Kernel: ..."]
     lines += ["", "", "kernels: Kernels", ""]
     return "\n".join(lines)
 

@@ -633,7 +633,8 @@ def _layout(layout: Any) -> dict[str, Any]:
 def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mapping[str, Any] | Any], *,
                     grid_dims: int = 1, fixed_block: bool = True, launch_bounds: int | None = None,
                     template: str | None = None, template_args: Iterable[str] = (),
-                    layouts: bool = True, attributes: Any = None) -> dict[str, Any]:
+                    layouts: bool = True, attributes: Any = None,
+                    triton: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What of an entry its hash covers besides the crate's content: the name, the block size
     and, per parameter, what the manifest records of it (name, kind, element type, shape,
     length, writability). Computable from a manifest alone, so that a loader can check that
@@ -652,7 +653,8 @@ def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mappi
     is named); ``layouts=False`` gives the signature without it, which entries built before
     hatch-khal hashed it have (:func:`khal_runtime.verify.check_manifest` accepts either). The
     WebGPU layouts are known only after the entry point is named with the hash: the runtime
-    re-derives those from the WGSL / SPIR-V instead (:mod:`khal_runtime.shaders`)."""
+    re-derives those from the WGSL / SPIR-V instead (:mod:`khal_runtime.shaders`). ``triton``: a Triton instance's record
+    (:class:`khal_runtime.manifest.TritonFacts`), hashed whole."""
     field = _field
     out_params = []
     for p in params:
@@ -676,6 +678,8 @@ def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mappi
     attrs = attributes_signature(attributes)
     if attrs:  # launch attributes (LAUNCH_ATTRIBUTES): only those that are not defaults
         sig["attributes"] = attrs
+    if triton is not None:  # a Triton instance: its kernel, specialisations and compile facts
+        sig["triton"] = dict(triton)
     return sig
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "NoCompatibleBinaryError",
     "ParamLayoutError",
     "PtxTooNewError",
+    "TritonAssumptionError",
     "StaleBuildError",
 ]
 
@@ -98,6 +99,12 @@ class LaunchAttributeError(KhalError, ValueError):
     """An entry's launch attributes (dynamic shared memory, cooperative grid, clusters, PDL) cannot be
     honoured: the device lacks what they need, a launch asks for more than the entry declared or the
     device can hold co-resident, or the path (indirect dispatch, WebGPU) has no such launch."""
+
+
+class TritonAssumptionError(ArgumentValueError):
+    """A Triton entry's call breaks an assumption every binary the crate ships for it was compiled
+    with (a pointer not 16-byte aligned, an integer not divisible by 16), and the crate has no
+    conservative instance (``fallback = false``)."""
 
 
 class CaptureError(KhalError, RuntimeError):

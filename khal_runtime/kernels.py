@@ -25,6 +25,7 @@ from khal_runtime.device import Stream, _tls, as_stream, current_device_id, defa
 from khal_runtime.abi import DEFAULT_DYNAMIC_SHARED
 from khal_runtime.errors import BackendUnavailableError, KhalError, LaunchAttributeError, StaleBuildError
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
+from khal_runtime.triton import TritonKernel
 from khal_runtime.verify import check_manifest, check_sources, read_artifact
 
 __all__ = ["CrateKernels", "Kernel", "KernelSet", "LaunchConfig", "ModuleGlobal", "ModuleGlobals", "find_package_dir",
@@ -406,6 +407,14 @@ class CrateKernels:
         self._blobs: dict[str, bytes] | None = None
         self._backend: Any = None
         self._kernels = {e.name: Kernel(self, e) for e in crate.entries}
+        if crate.language == "triton":
+            # each instance family is one launcher, over its variants (the raw entries stay in
+            # ``instances``: launching a specialised one unchecked could give wrong results)
+            self.instances = self._kernels
+            families: dict[str, list[Kernel]] = {}
+            for k in self._kernels.values():
+                families.setdefault(k.entry.triton.family, []).append(k)  # type: ignore[union-attr]
+            self._kernels = {f: TritonKernel(f, crate.name, ks) for f, ks in families.items()}  # type: ignore[misc]
         for n, k in self._kernels.items():
             if not hasattr(type(self), n):
                 self.__dict__[n] = k

@@ -29,7 +29,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -376,6 +376,47 @@ class LaunchAttributes(_Model):
         return ", ".join(parts)
 
 
+class TritonFacts(_Model):
+    """A Triton entry: one compiled instance of a ``@triton.jit`` kernel (docs/guide/triton.md).
+
+    Every field is inside the entry hash (:func:`abi.entry_signature`), ``shared`` included: the
+    build names the kernel after its compiles, so the hash covers what they found."""
+
+    #: the ``@triton.jit`` function, as the crate's sources name it
+    kernel: str
+    #: the entry the launcher is called by: the as-written instance's name (its ``__base`` twin
+    #: carries the same family)
+    family: str
+    #: the conservative twin of ``family`` (no alignment / divisibility assumptions)
+    base: bool = False
+    num_warps: int = Field(ge=1, le=32)
+    num_stages: int = Field(ge=1, le=32)
+    #: dynamic shared memory per block in bytes (``metadata.shared``, the largest over the crate's
+    #: targets): passed at every launch; above 48 KB the build refuses the instance for now
+    shared: int = Field(ge=0, le=48 * 1024)
+    #: the runtime arguments (what a call passes), in order, and their Triton types (``*fp32``, ``i32``)
+    names: tuple[str, ...]
+    types: tuple[str, ...]
+    #: arguments the binary assumes 16-byte aligned (pointers) or divisible by 16 (integers)
+    divisible: tuple[str, ...] = ()
+    #: arguments the binary assumes equal to 1: compiled in, so not among its ``params``
+    ones: tuple[str, ...] = ()
+    #: the constexprs the instance was compiled with, as the crate gives them
+    constexprs: dict[str, Union[bool, int, float]] = Field(default_factory=dict)
+    #: Triton's ``JITFunction.cache_key`` (the kernel and every @triton.jit function it calls)
+    cache_key: str
+    triton_version: str
+
+    def record(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TritonFacts:
+        if len(self.names) != len(self.types) or not set(self.divisible) | set(self.ones) <= set(self.names):
+            raise ValueError(f"Triton kernel {self.kernel!r}: its argument names, types and assumptions disagree")
+        return self
+
+
 class Entry(_Model):
     name: str
     symbol: str
@@ -406,6 +447,8 @@ class Entry(_Model):
     launch: Optional[LaunchFacts] = None
     #: launch attributes the entry needs (None: none; hashed, :func:`abi.entry_signature`)
     attributes: Optional[LaunchAttributes] = None
+    #: Triton entries: the instance (None for CUDA C++ and Slang)
+    triton: Optional[TritonFacts] = None
 
     @field_validator("hash")
     @classmethod
@@ -493,7 +536,8 @@ class Entry(_Model):
         return abi.entry_signature(self.name, self.block_size, self.params, grid_dims=self.grid_dims,
                                    fixed_block=self.fixed_block, launch_bounds=self.launch_bounds,
                                    template=self.template, template_args=self.template_args or (),
-                                   layouts=layouts, attributes=self.attributes)
+                                   layouts=layouts, attributes=self.attributes,
+                                   triton=None if self.triton is None else self.triton.record())
 
     @property
     def max_block_threads(self) -> int:
@@ -610,7 +654,7 @@ class GlobalVar(_Model):
 class Crate(_Model):
     name: str
     #: the source language: CUDA C++ (CUDA only) or Slang (CUDA and WebGPU)
-    language: Literal["cuda", "slang"] = "cuda"
+    language: Literal["cuda", "slang", "triton"] = "cuda"
     #: Package-relative directory holding this crate's artifacts.
     package_dir: str
     sources: tuple[SourceFile, ...]
@@ -667,6 +711,7 @@ class Crate(_Model):
 class Toolchain(_Model):
     nvrtc_version: Optional[str] = None
     slang_version: Optional[str] = None
+    triton_version: Optional[str] = None
     hatch_khal_version: str
     abi_version: int = ABI_VERSION
 

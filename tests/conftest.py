@@ -73,9 +73,21 @@ def nvrtc_unavailable_reason() -> str | None:
     return None
 
 
+@lru_cache(maxsize=1)
+def triton_unavailable_reason() -> str | None:
+    """None when Triton is installed for the build (found, not imported here: the worker imports it),
+    else why not."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed (pip install triton==3.6.0; scripts/test installs it)"
+    return None
+
+
 _GPU_SKIP = "GPU test: "
 _NEEDS = (("needs_nvrtc", "needs NVRTC: ", nvrtc_unavailable_reason),
-          ("needs_cuda_bindings", "needs cuda-bindings: ", cuda_bindings_unavailable_reason))
+          ("needs_cuda_bindings", "needs cuda-bindings: ", cuda_bindings_unavailable_reason),
+          ("needs_triton", "needs Triton: ", triton_unavailable_reason))
 _SKIP_PREFIXES = (_GPU_SKIP, *(prefix for _, prefix, _ in _NEEDS))
 
 

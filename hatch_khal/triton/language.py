@@ -1,0 +1,450 @@
+"""Triton crates in the build: the :class:`~hatch_khal.languages.Language` for ``language = "triton"``.
+
+* :meth:`TritonLanguage.plan`: the crate's ``.py`` sources (and every file under their folders)
+  hashed with its instances (:mod:`hatch_khal.triton.instances`) and the Triton version; no
+  Triton run, no import of the author's code;
+* :meth:`TritonLanguage.prepare`: every instance compiled for every target by Triton in worker
+  processes (:mod:`hatch_khal.triton.worker`; the targets split among ``KHAL_JOBS`` of them),
+  through the content-addressed cache; then each
+  entry's hash (over its instance, Triton's ``cache_key`` of the kernel and every @triton.jit
+  function it calls, and what the compiles found: shared memory), and the kernels renamed
+  ``<entry>_khal_<hash>`` in each target's PTX, the instances' PTX merged into one module;
+* :meth:`TritonLanguage.jobs`: that module per target: PTX as it is (the fallback, written with
+  an explicit older PTX ISA that old drivers JIT), cubins by the ptxas Triton ships
+  (:class:`TritonPtxas`, registered as compiler ``triton-ptxas``);
+* :meth:`TritonLanguage.finish`: the manifest entries.
+
+Refused at build for now (each names the instance and what is missing): dynamic shared memory
+above 48 KB, ``num_ctas > 1``, PDL and cooperative grids (they need launch attributes), and a
+kernel that needs global or profile scratch memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import metadata, util
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from khal_runtime import abi
+from khal_runtime.binaries import BinaryFormatError, read_binary
+from khal_runtime.manifest import Entry, Param, SpirvStatus, TritonFacts
+
+from hatch_khal import _worker
+from hatch_khal.__about__ import __version__
+from hatch_khal.config import ResolvedCrate, jobs_from_env
+from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, SourceChangedError, SourceError, from_name
+from hatch_khal.hashing import canonical, crate_content_hash, sha256_bytes
+from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity, CrateParts, CratePlan, PlannedEntry, Reporter
+from hatch_khal.reads import changed, cover
+from hatch_khal.sources import CrateSources, collect_sources
+from hatch_khal.triton import TRITON_REQUIREMENT, TRITON_VERSION
+from hatch_khal.triton.instances import POINTEE_TYPES, SCALAR_TYPES, TritonInstance, parse_instances
+
+if TYPE_CHECKING:
+    from khal_runtime.binaries import BinaryInfo
+
+    from hatch_khal.cache import Cache
+
+__all__ = ["PTXAS", "TRITON", "TRITON_REQUIREMENT", "TRITON_VERSION", "TritonLanguage", "TritonPtxas",
+           "merge_ptx", "rename_kernel"]
+
+#: the PTX ISA of a Triton crate's PTX fallback: 8.0 (CUDA 12.0 drivers JIT it; Triton would
+#: write its ptxas' newest, 8.7 for 3.6, which the H200's CUDA 13.0 driver does not JIT)
+PTX_FALLBACK_VERSION = 80
+NOT_APPLICABLE = SpirvStatus(status="not_applicable", reason="Triton source")
+#: the two trailing parameters every Triton kernel takes
+SCRATCH_PARAMS = ("khal_global_scratch", "khal_profile_scratch")
+SHARED_LIMIT = 48 * 1024
+_MIN_ARCH = 75
+
+
+def triton_version() -> str:
+    """The installed Triton's version (its metadata: Triton itself is not imported here)."""
+    for dist in ("triton", "pytorch-triton"):  # PyPI's, and the wheel PyTorch's own index ships
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    raise KhalBuildError(f"a Triton crate needs Triton in the build environment: install {TRITON_REQUIREMENT} "
+                         "(an isolated build adds it to the build requirements)")
+
+
+def _ptxas_dir() -> Path:
+    spec = util.find_spec("triton")  # finds the package without importing it
+    if spec is None or spec.origin is None:
+        raise KhalBuildError(f"a Triton crate needs Triton in the build environment: install {TRITON_REQUIREMENT}")
+    return Path(spec.origin).parent / "backends" / "nvidia" / "bin"
+
+
+def _symbol_names(ptx: str) -> set[str]:
+    return set(re.findall(r"^\s*(?:\.visible\s+|\.weak\s+|\.extern\s+)?\.(?:entry|func)\s+(?:\([^)]*\)\s*)?([A-Za-z_$][\w$]*)",
+                          ptx, re.MULTILINE))
+
+
+def rename_kernel(ptx: str, old: str, new: str) -> str:
+    """``ptx`` with its one kernel ``old`` called ``new`` (its ``.entry`` and any other mention of
+    the whole name; the parameters' names, ``old_param_0``, stay: they are local to the entry)."""
+    if len(re.findall(rf"\.entry\s+{re.escape(old)}\s*\(", ptx)) != 1:
+        raise KhalBuildError(f"Triton's PTX does not define kernel {old!r} exactly once")
+    return re.sub(rf"(?<![\w$]){re.escape(old)}(?![\w$])", new, ptx)
+
+
+_HEADER = re.compile(r"^\s*\.(version|target|address_size)\b.*$", re.MULTILINE)
+_MODULE_DECL = re.compile(r"^(?:\.visible\s+|\.extern\s+|\.weak\s+)*\.(?:global|const|shared)\b[^;]*?([A-Za-z_$][\w$]*)\s*(?:\[[^\]]*\])*\s*(?:=[^;]*)?;",
+                          re.MULTILINE)
+
+
+def merge_ptx(crate: str, target: str, parts: list[str]) -> str:
+    """One PTX module of several Triton kernels (each its own module as Triton writes it): one
+    header, identical module-level declarations (``.extern .shared ... global_smem[]``) once, any
+    other name defined twice refused."""
+    headers = [tuple(m.group(0).strip() for m in _HEADER.finditer(p)) for p in parts]
+    if len(set(headers)) != 1:
+        raise KhalBuildError(f"crate {crate!r} {target}: Triton wrote its instances' PTX for different targets "
+                             f"({sorted(set(headers))})")
+    out = ["//", f"// hatch-khal: {len(parts)} Triton kernel(s) of crate {crate}", "//", *headers[0], ""]
+    declared: dict[str, str] = {}
+    functions: set[str] = set()
+    for p in parts:
+        body = _HEADER.sub("", p)
+        for fn in _symbol_names(body):
+            if fn in functions:
+                raise KhalBuildError(f"crate {crate!r} {target}: two instances' PTX both define {fn!r}; they cannot "
+                                     "share one module (put them in two crates)")
+            functions.add(fn)
+        lines = []
+        for line in body.splitlines():
+            m = _MODULE_DECL.match(line.strip())
+            if m is not None:
+                name = m.group(1)
+                if name in declared:
+                    if declared[name] != line.strip():
+                        raise KhalBuildError(f"crate {crate!r} {target}: two instances' PTX declare {name!r} "
+                                             "differently; they cannot share one module (put them in two crates)")
+                    continue
+                declared[name] = line.strip()
+            lines.append(line)
+        out.append("\n".join(lines))
+    return "\n".join(out) + "\n"
+
+
+class TritonPtxas:
+    """The ``triton-ptxas`` compiler: a Triton crate's merged PTX as it is (``compute_XX``), or
+    assembled to a cubin (``sm_XX``) by the ptxas Triton ships, for the PTX's own ``.target``
+    (Triton writes ``sm_90a`` for capability 9.0: that cubin runs on sm_90 only)."""
+
+    name = "triton-ptxas"
+
+    def identity(self) -> CompilerIdentity:
+        return CompilerIdentity(self.name, f"triton {triton_version()}")
+
+    def supported_archs(self) -> tuple[int, ...]:
+        return (75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
+
+    def compile(self, job: CompileJob) -> CompileOutput:
+        start = time.perf_counter()
+        want = abi.parse_arch(job.target)
+        if want.kind == "compute":
+            return CompileOutput(job.text.encode(), "", time.perf_counter() - start, reads=())
+        m = re.search(r"^\s*\.target\s+(sm_\w+)", job.text, re.MULTILINE)
+        if m is None:
+            raise CompileError(f"crate {job.crate!r} {job.target}: the merged Triton PTX names no .target")
+        tool = _ptxas_dir() / ("ptxas-blackwell" if want.number >= 100 else "ptxas")
+        with tempfile.TemporaryDirectory(prefix="khal-ptxas-") as tmp:
+            src, out = Path(tmp) / f"{job.crate}.ptx", Path(tmp) / f"{job.crate}.cubin"
+            src.write_text(job.text)
+            run = subprocess.run([str(tool), f"--gpu-name={m.group(1)}", str(src), "-o", str(out)],
+                                 capture_output=True, text=True, check=False)
+            if run.returncode != 0:
+                raise CompileError(f"crate {job.crate!r}: ptxas (Triton's) failed for {job.target}:\n"
+                                   f"{run.stderr.strip()}")
+            return CompileOutput(out.read_bytes(), run.stderr.strip(), time.perf_counter() - start, reads=())
+
+    def check_output(self, job: CompileJob, data: bytes) -> str | None:
+        want = abi.parse_arch(job.target)
+        kind = "cubin" if want.kind == "sm" else "ptx"
+        try:
+            info = read_binary(data, f"crate {job.crate} {job.target}")
+        except BinaryFormatError as exc:
+            return str(exc)
+        if info.kind != kind:
+            return f"it is a {info.kind}, not a {kind}"
+        if info.arch != want.number:
+            return f"it is for arch {info.arch}, not for {job.target}"
+        return None
+
+
+PTXAS = TritonPtxas()
+
+
+@dataclass(kw_only=True)
+class TritonPlan(CratePlan):
+    """A Triton crate's plan: its sources and instances; after prepare, its entries and the merged
+    PTX of every target."""
+
+    sources: CrateSources
+    instances: list[TritonInstance]
+    #: target -> (capability, ptx_version given to Triton or None)
+    targets: dict[str, tuple[int, int | None]]
+    triton: str
+    final: list[Entry] = field(default_factory=list)
+    units: dict[str, str] = field(default_factory=dict)
+
+
+def _triton_plan(plan: CratePlan) -> TritonPlan:
+    assert isinstance(plan, TritonPlan), f"crate {plan.cfg.name!r} was not planned as Triton"
+    return plan
+
+
+def _targets(cfg: ResolvedCrate) -> dict[str, tuple[int, int | None]]:
+    out: dict[str, tuple[int, int | None]] = {}
+    for a in cfg.archs:
+        n = abi.parse_arch(a).number
+        if n < _MIN_ARCH:
+            raise ConfigError(f"crate {cfg.name!r}: Triton compiles for sm_{_MIN_ARCH} and newer, not {a} "
+                              "(option 'archs')")
+        out[a] = (n, None)
+    if cfg.ptx_arch is not None:
+        n = abi.parse_arch(cfg.ptx_arch).number
+        if n < _MIN_ARCH:
+            raise ConfigError(f"crate {cfg.name!r}: Triton writes PTX for compute_{_MIN_ARCH} and newer, not "
+                              f"{cfg.ptx_arch} (option 'ptx-arch'; 'none' for no PTX)")
+        out[cfg.ptx_arch] = (n, PTX_FALLBACK_VERSION)
+    return out
+
+
+def _refusal(crate: str, inst: TritonInstance, target: str, md: dict[str, Any]) -> str | None:
+    where = f"crate {crate!r}: instance {inst.name!r} ({inst.kernel}) for {target}"
+    if md["shared"] > SHARED_LIMIT:
+        return (f"{where} needs {md['shared']} bytes of dynamic shared memory, above 48 KB: that needs launch "
+                "attributes (cudaFuncAttributeMaxDynamicSharedMemorySize), which Triton crates do not set yet; "
+                "lower num_stages or the block sizes")
+    if md["num_ctas"] > 1:
+        return f"{where} has num_ctas={md['num_ctas']}: clusters need launch attributes, not supported yet"
+    if md["launch_pdl"]:
+        return f"{where} uses programmatic dependent launch (launch_pdl): that needs launch attributes, not supported yet"
+    if md["launch_cooperative_grid"]:
+        return f"{where} needs a cooperative grid: that needs launch attributes, not supported yet"
+    if md["global_scratch_size"] or md["profile_scratch_size"]:
+        return (f"{where} needs scratch memory (global {md['global_scratch_size']} B, profile "
+                f"{md['profile_scratch_size']} B per program), which Triton crates do not allocate yet")
+    if md["num_warps"] != inst.num_warps:
+        return f"{where}: Triton compiled it with {md['num_warps']} warps, the instance asks for {inst.num_warps}"
+    return None
+
+
+def _params(inst: TritonInstance) -> tuple[Param, ...]:
+    out = []
+    for a in inst.runtime_args:
+        assert a.type is not None
+        if a.one:
+            continue  # compiled in: not a parameter of this binary
+        if a.pointer:
+            out.append(Param(name=a.name, kind="scalar", element_type="uint64", element_size=8, element_align=8))
+        else:
+            t = abi.scalar(SCALAR_TYPES[a.type])
+            out.append(Param(name=a.name, kind="scalar", element_type=t.name, element_size=t.size,
+                             element_align=t.size))
+    for name in SCRATCH_PARAMS:
+        out.append(Param(name=name, kind="scalar", element_type="uint64", element_size=8, element_align=8))
+    return tuple(out)
+
+
+def _run_worker(plan: TritonPlan, jobs: int | None = None) -> dict[str, Any]:
+    """Every instance for every target, by Triton in worker processes: the targets split among
+    up to ``KHAL_JOBS`` (default: the CPUs) workers, each compiling every instance for its share.
+    The first failure kills the other workers."""
+    files = [str(f.path) for f in plan.sources.sources]
+    targets = [[t, cap, ptx] for t, (cap, ptx) in plan.targets.items()]
+    workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(targets)))
+    instances = [{"name": i.name, "kernel": i.kernel, "signature": i.triton_signature(),
+                  "constexprs": i.compile_constexprs(), "divisible": i.divisible(),
+                  "num_warps": i.num_warps, "num_stages": i.num_stages} for i in plan.instances]
+    env = _worker.environment()
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the author's sources
+    scratch = None
+    if not env.get("TRITON_CACHE_DIR"):
+        # Triton's own cache goes to a folder of this build, not ~/.triton (a build may not write
+        # there); hatch-khal's cache keeps what the build made
+        scratch = tempfile.TemporaryDirectory(prefix="khal-triton-")
+        env["TRITON_CACHE_DIR"] = scratch.name
+    procs = []
+    try:
+        for n in range(workers):
+            share = {"files": files, "targets": targets[n::workers], "instances": instances}
+            with tempfile.TemporaryFile() as request:  # each worker reads its share at once
+                request.write(json.dumps(share).encode())
+                request.seek(0)
+                proc = subprocess.Popen([sys.executable, "-m", "hatch_khal.triton.worker"], stdin=request,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            procs.append(proc)
+        answers = []
+        for proc in procs:
+            out, err = proc.communicate()
+            try:
+                answer: dict[str, Any] = json.loads(out)
+            except ValueError:
+                tail = err.decode("utf-8", "replace")[-3000:]
+                raise KhalBuildError(f"crate {plan.cfg.name!r}: the Triton worker failed (exit {proc.returncode}):"
+                                     f"\n{tail}") from None
+            if not answer.get("ok"):
+                raise from_name(str(answer.get("kind")), f"crate {plan.cfg.name!r}: {answer.get('message')}")
+            answers.append(answer)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if scratch is not None:
+            scratch.cleanup()
+    merged = answers[0]
+    merged["imported"] = sorted({tuple(f) for a in answers for f in a.get("imported", [])})
+    for other in answers[1:]:
+        for mine, theirs in zip(merged["instances"], other["instances"]):
+            assert mine["name"] == theirs["name"] and mine["cache_key"] == theirs["cache_key"]
+            mine["targets"].update(theirs["targets"])
+    return merged
+
+
+def _imports_changed(answer: dict[str, Any]) -> str | None:
+    """Why a cached Triton output is stale: a module of the project outside the crate, which its
+    sources imported (a constexpr a kernel reads may live there), changed or went. None if not."""
+    for path, digest in answer.get("imported", []):
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            return f"{path}, which its sources imported, is gone"
+        if sha256_bytes(data) != digest:
+            return f"{path}, which its sources imported, changed"
+    return None
+
+
+class TritonLanguage:
+    name = "triton"
+    compiler = "triton-ptxas"
+
+    def plan(self, root: Path, cfg: ResolvedCrate) -> TritonPlan:
+        instances = parse_instances(cfg.name, cfg.instances)
+        sources = collect_sources(root, cfg.name, cfg.sources, list(cfg.include_dirs))
+        bad = [s.rel for s in sources.sources if s.path.suffix != ".py"]
+        if bad:
+            raise ConfigError(f"crate {cfg.name!r}: option 'sources' matches {', '.join(bad)}: a Triton crate's "
+                              "sources are .py files")
+        if cfg.options or cfg.defines:
+            raise ConfigError(f"crate {cfg.name!r}: options 'options' and 'defines' are for CUDA C++ crates; a Triton "
+                              "instance takes num_warps and num_stages (see docs/guide/triton.md)")
+        version = triton_version()
+        targets = _targets(cfg)
+        # Triton's knobs (TRITON_DEFAULT_FP_FUSION, TRITON_F32_DEFAULT, ...) change what it compiles
+        knobs = {k: v for k, v in sorted(os.environ.items())
+                 if k.startswith("TRITON_") and k not in ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR")}
+        content = crate_content_hash(sources.all_files, {}, [], {
+            "language": "triton", "triton": version, "instances": [i.record() for i in instances],
+            "ptx_fallback": PTX_FALLBACK_VERSION, "knobs": knobs})
+        return TritonPlan(cfg=cfg, language=self.name, content_hash=content, spirv=NOT_APPLICABLE,
+                          files=sources.all_files, tools={"triton": version}, sources=sources,
+                          instances=instances, targets=targets, triton=version)
+
+    def prepare(self, plan: CratePlan, cache: Cache, reporter: Reporter) -> tuple[int, int]:
+        p = _triton_plan(plan)
+        if p.prebuilt_var:
+            raise ConfigError(f"crate {p.cfg.name!r}: {p.prebuilt_var} gives a prebuilt binary, which Triton crates "
+                              "do not take (their entries come from Triton's compiles); unset it")
+        key = sha256_bytes(canonical({"what": "triton-stage", "content": p.content_hash,
+                                      "targets": sorted(p.targets.items()), "hatch_khal": __version__}))
+        compiled = 0
+        hit = cache.lookup(key)
+        answer = None
+        if hit is not None:
+            try:
+                answer = json.loads(hit.data)
+            except ValueError:
+                cache.drop(key, f"not the Triton output of crate {p.cfg.name!r}; rebuilding it")
+            else:
+                why = _imports_changed(answer)
+                if why is not None:
+                    reporter.info(f"khal: Triton crate {p.cfg.name!r}: {why}; compiling it again")
+                    answer = None
+        if answer is None:
+            with cache.locked([key]):
+                reporter.info(f"khal: compiling Triton crate {p.cfg.name!r}: {len(p.instances)} instance(s) x "
+                              f"{len(p.targets)} target(s)")
+                start = time.perf_counter()
+                answer = _run_worker(p)
+                for f in cover(p.files):
+                    why = changed(f)
+                    if why is not None:
+                        raise SourceChangedError(f"crate {p.cfg.name!r}: {f.key} changed while Triton compiled "
+                                                 f"the crate ({why}); nothing was cached: build again")
+                cache.store(key, json.dumps(answer).encode(), "")
+                compiled = 1
+                reporter.info(f"khal: compiled Triton crate {p.cfg.name!r} in {time.perf_counter() - start:.2f}s")
+        self._entries(p, answer)
+        return compiled, 1 - compiled
+
+    def _entries(self, p: TritonPlan, answer: dict[str, Any]) -> None:
+        by_name = {i["name"]: i for i in answer["instances"]}
+        entries: list[Entry] = []
+        per_target: dict[str, list[str]] = {t: [] for t in p.targets}
+        for inst in p.instances:
+            got = by_name[inst.name]
+            for target, md in got["targets"].items():
+                why = _refusal(p.cfg.name, inst, target, md)
+                if why is not None:
+                    raise ConfigError(why)
+            facts = TritonFacts(kernel=inst.kernel, family=inst.family, base=inst.base, num_warps=inst.num_warps,
+                                num_stages=inst.num_stages,
+                                shared=max(md["shared"] for md in got["targets"].values()),
+                                names=tuple(a.name for a in inst.runtime_args),
+                                types=tuple(a.type for a in inst.runtime_args if a.type is not None),
+                                divisible=tuple(inst.divisible()), ones=tuple(inst.ones()),
+                                constexprs=inst.constexprs(),
+                                cache_key=got["cache_key"], triton_version=answer["triton"])
+            params = _params(inst)
+            block = (inst.num_warps * 32, 1, 1)
+            # Triton grids have up to three axes of programs (tl.program_id(0..2))
+            sig = abi.entry_signature(inst.name, block, params, grid_dims=3, triton=facts.record())
+            h = abi.entry_hash(p.content_hash, sig)
+            symbol = abi.symbol_for(inst.name, h)
+            entries.append(Entry(name=inst.name, symbol=symbol, hash=h, block_size=block, params=params,
+                                 grid_dims=3, triton=facts))
+            for target, md in got["targets"].items():
+                per_target[target].append(rename_kernel(md["ptx"], md["name"], symbol))
+        p.final = entries
+        p.entries = [PlannedEntry(e.name, e.hash) for e in entries]
+        p.units = {t: merge_ptx(p.cfg.name, t, parts) for t, parts in per_target.items()}
+
+    def jobs(self, plan: CratePlan, root: Path, targets: list[str]) -> list[CompileJob]:
+        p = _triton_plan(plan)
+        ident = PTXAS.identity()
+        entries = tuple((e.name, e.hash) for e in p.entries)
+        jobs = []
+        for target in targets:
+            unit = p.units[target]
+            key = sha256_bytes(canonical({"what": "triton-unit", "unit": sha256_bytes(unit.encode()), "arch": target,
+                                          "compiler": [ident.name, ident.version], "hatch_khal": __version__}))
+            jobs.append(CompileJob(crate=p.cfg.name, target=target, compiler=PTXAS.name, text=unit,
+                                   name=f"{p.cfg.name}.triton.ptx", options=(), key=key, covered=cover(p.files),
+                                   entries=entries))
+        return jobs
+
+    def explain(self, plan: CratePlan, error: KhalBuildError) -> KhalBuildError:
+        return error
+
+    def finish(self, plan: CratePlan, binary: BinaryInfo) -> CrateParts:
+        p = _triton_plan(plan)
+        missing = [e.symbol for e in p.final if e.symbol not in binary.functions]
+        if missing:
+            raise KhalBuildError(f"crate {p.cfg.name!r}: the binary lacks kernel(s) {', '.join(missing)}")
+        return CrateParts(entries=tuple(p.final))
+
+
+TRITON = TritonLanguage()

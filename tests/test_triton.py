@@ -1,0 +1,539 @@
+"""Triton crates (issue #30) on the CPU: the instance tables and their errors, one real build of
+tests/triton_kernels_pkg (shared by the module: Triton compiles are slow), the entries and
+artifacts it makes, entry hashes that follow a called @triton.jit helper, and the runtime on the
+fake driver (packing, scratch pointers, the variant chosen by alignment / divisibility, a stale
+manifest refused, no ``import triton`` at run time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hatch_khal.cache import Cache
+from hatch_khal.config import parse_config
+from hatch_khal.errors import ConfigError
+from hatch_khal.model import PrintReporter
+from hatch_khal.triton.instances import parse_instances
+from hatch_khal.triton.language import merge_ptx, rename_kernel
+from khal_runtime.errors import HashMismatchError, TritonAssumptionError
+from khal_runtime.triton import TritonKernel
+
+from .fakecuda import FakeDriver, fake, ptx_param_layouts  # noqa: F401
+
+PKG = Path(__file__).parent / "triton_kernels_pkg"
+HOOK = ("tool", "hatch", "build", "targets", "wheel", "hooks", "khal")
+
+
+def _hook(pyproject: Path) -> dict[str, Any]:
+    table: Any = tomllib.loads(pyproject.read_text())
+    for key in HOOK:
+        table = table[key]
+    return dict(table)
+
+
+def _build(root: Path, package: str, cache: Path) -> Any:
+    from hatch_khal.builder import build_packages, write_package_output
+
+    _, crates = parse_config(_hook(root / "pyproject.toml"), default_package=package)
+    result = build_packages(root, crates, PrintReporter(), cache=Cache(cache, print), jobs=1)
+    for out in result.packages:
+        write_package_output(out, root / out.package)
+    return result
+
+
+# -- instances (no Triton) ------------------------------------------------------------------------
+
+def test_a_matrix_expands_and_a_specialised_instance_gets_its_conservative_twin() -> None:
+    got = parse_instances("k", [{"kernel": "add", "name": "add_{T}_{B}",
+                                 "signature": {"x": "*{T}:16", "n": "i32:16", "B": "{B}"},
+                                 "matrix": {"T": ["fp32", "fp16"], "B": [256, 1024]}}])
+    assert [i.name for i in got][:4] == ["add_fp32_256", "add_fp32_256__base", "add_fp32_1024", "add_fp32_1024__base"]
+    assert len(got) == 8
+    first, base = got[0], got[1]
+    assert first.triton_signature() == {"x": "*fp32", "n": "i32", "B": "constexpr"}
+    assert first.constexprs() == {"B": 256} and first.divisible() == ["x", "n"]
+    assert base.divisible() == [] and base.family == "add_fp32_256" and base.base
+    plain = parse_instances("k", [{"kernel": "add", "signature": {"x": "*fp32", "n": "i32", "B": 64}}])
+    assert [i.name for i in plain] == ["add"]  # nothing assumed: no twin
+    (one, twin) = parse_instances("k", [{"kernel": "mm", "signature": {"x": "*fp32", "s": "i32:1", "B": 64}}])
+    assert one.triton_signature() == {"x": "*fp32", "s": "constexpr", "B": "constexpr"} and one.ones() == ["s"]
+    assert one.constexprs() == {"B": 64} and one.compile_constexprs() == {"B": 64, "s": 1}
+    assert twin.name == "mm__base" and twin.ones() == [] and twin.triton_signature()["s"] == "i32"
+    assert parse_instances("k", [{"kernel": "add", "fallback": False,
+                                  "signature": {"x": "*fp32:16", "B": 64}}])[0].name == "add"
+
+
+@pytest.mark.parametrize(("table", "match"), [
+    ({"kernel": "add", "signature": {"x": "*fp33"}}, r"instances\[0\] \(add\): signature field 'x': 'fp33'.*not a Triton pointee"),
+    ({"kernel": "add", "signature": {"x": "*fp32:8"}}, r"field 'x': ':8'.*not a specialisation"),
+    ({"kernel": "add", "signature": {"x": "*fp32:1"}}, r"field 'x'.*':1' in '\*fp32:1' applies to integers only"),
+    ({"kernel": "add", "signature": {"f": "fp32:16"}}, r"field 'f'.*pointers and integers only"),
+    ({"kernel": "add", "signature": {"x": "*{T}"}}, r"names \{T\}, which the instance's 'matrix' does not give"),
+    ({"kernel": "add", "signature": {"x": "*fp32"}, "num_warps": 3}, r"option 'num_warps' is 3, not a power of two"),
+    ({"kernel": "add", "signature": {"x": "*fp32"}, "warps": 4}, r"unknown option\(s\) 'warps'"),
+    ({"kernel": "add", "signature": ["*fp32"]}, r"option 'signature' must be a table"),
+    ({"signature": {"x": "*fp32"}}, r"option 'kernel' must name a @triton.jit function"),
+    ({"kernel": "add", "name": "a__b", "signature": {"x": "*fp32"}}, r"entry name 'a__b'"),
+])
+def test_a_bad_instance_is_a_config_error_naming_crate_instance_and_field(table: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=r"crate 'k': instances\[0\]") as info:
+        parse_instances("k", [table])
+    assert info.match(match)
+
+
+def test_two_instances_of_one_name_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"entry name 'add' is also the name of crate 'k': instances\[0\]"):
+        parse_instances("k", [{"kernel": "add", "signature": {"x": "*fp32"}},
+                              {"kernel": "add", "signature": {"x": "*fp16"}}])
+
+
+def test_the_language_follows_py_sources_and_instances_belong_to_triton_crates() -> None:
+    _, (c,) = parse_config({"crates": [{"name": "t", "sources": ["k/*.py"], "instances": [
+        {"kernel": "a", "signature": {"x": "*fp32"}}]}]}, default_package="p")
+    assert c.language == "triton" and c.instances[0]["kernel"] == "a"
+    with pytest.raises(ConfigError, match=r"a Triton crate \(.py sources\) needs 'instances'"):
+        parse_config({"crates": [{"name": "t", "sources": ["k/*.py"]}]}, default_package="p")
+    with pytest.raises(ConfigError, match=r"option 'instances' is for Triton crates"):
+        parse_config({"crates": [{"name": "t", "sources": ["k/*.cu"], "instances": []}]}, default_package="p")
+    with pytest.raises(ConfigError, match=r"mixes CUDA C\+\+ sources .* with Triton"):
+        parse_config({"crates": [{"name": "t", "sources": ["k/*.cu", "k/*.py"]}]}, default_package="p")
+
+
+def test_ptx_of_several_kernels_merges_with_one_header_and_renamed_kernels() -> None:
+    def one(name: str) -> str:
+        return (f"//\n.version 8.0\n.target sm_80\n.address_size 64\n\n.extern .shared .align 16 .b8 global_smem[];\n"
+                f".visible .entry {name}(\n\t.param .u64 {name}_param_0\n)\n{{\n\tret;\n}}\n")
+    a = rename_kernel(one("k"), "k", "a_khal_0123456789abcdef")
+    b = rename_kernel(one("k"), "k", "b_khal_0123456789abcdef")
+    merged = merge_ptx("c", "compute_80", [a, b])
+    assert merged.count(".version 8.0") == 1 and merged.count("global_smem[]") == 1
+    assert ".entry a_khal_0123456789abcdef(" in merged and ".entry b_khal_0123456789abcdef(" in merged
+    assert "k_param_0" in merged  # parameter names are local to their entry: left as Triton wrote them
+    with pytest.raises(Exception, match="both define"):
+        merge_ptx("c", "compute_80", [a, a])
+
+
+# -- the assumption checks (no build) -------------------------------------------------------------
+
+def _variant(name: str, divisible: tuple[str, ...], launches: list[Any], ones: tuple[str, ...] = ()) -> Any:
+    facts = SimpleNamespace(kernel="add_kernel", constexprs={"BLOCK_SIZE": 1024}, types=("*fp32", "*fp32", "i32"),
+                            names=("x", "out", "n"), divisible=divisible, shared=64, ones=ones)
+    params = tuple(SimpleNamespace(name=n) for n in ("x", "out", "n", "khal_global_scratch", "khal_profile_scratch"))
+    entry = SimpleNamespace(name=name, triton=facts, params=params)
+    return SimpleNamespace(entry=entry, launch=lambda *a, **kw: launches.append((name, a, kw)))
+
+
+def test_the_most_specialised_variant_whose_assumptions_hold_is_launched() -> None:
+    launches: list[Any] = []
+    k = TritonKernel("add", "c", [_variant("add__base", (), launches), _variant("add", ("x", "out", "n"), launches)])
+    k[lambda meta: (4096 // meta["BLOCK_SIZE"],)](0x1000, 0x2000, 4096)
+    assert launches[-1] == ("add", (4, None, 0x1000, 0x2000, 4096, 0, 0), {"stream": None, "shared_mem": 64})
+    k.launch((3, 2), 0x1004, 0x2000, 4096)  # x not 16-byte aligned
+    assert launches[-1][0] == "add__base" and launches[-1][1][:2] == ((3, 2), None)
+    assert k.chosen(0x1000, 0x2000, 4095) == "add__base"  # n not divisible by 16
+    assert k.chosen(0x1000, 0x2000, 4096) == "add"
+    assert set(k._chosen) == {0b111, 0b110, 0b011}  # one choice per set of assumptions that held
+
+    class Tensor:  # torch's spelling of a device pointer
+        is_cuda = True
+
+        def data_ptr(self) -> int:
+            return 0x3000
+
+    assert k.chosen(Tensor(), Tensor(), 16) == "add"
+
+    class Half(Tensor):
+        dtype = "torch.float16"
+
+    with pytest.raises(TypeError, match=r"add\(\): argument 'x' is an array of float16, the kernel was built for "
+                                        r"\*fp32 \(float32\)"):
+        k.chosen(Half(), Tensor(), 16)
+
+
+def test_an_argument_assumed_1_is_checked_and_left_out_of_the_variant_that_assumes_it() -> None:
+    launches: list[Any] = []
+    k = TritonKernel("add", "c", [_variant("add__base", (), launches), _variant("add", ("x",), launches, ("n",))])
+    k.launch(2, 0x1000, 0x2000, 1)
+    assert launches[-1][:2] == ("add", (2, None, 0x1000, 0x2000, 0, 0))  # n compiled in: not passed
+    k.launch(2, 0x1000, 0x2000, 2)
+    assert launches[-1][:2] == ("add__base", (2, None, 0x1000, 0x2000, 2, 0, 0))
+    only = TritonKernel("add", "c", [_variant("add", (), launches, ("n",))])
+    with pytest.raises(TritonAssumptionError, match=r"n = 3 is not 1"):
+        only.launch(1, 0x1000, 0x2000, 3)
+
+
+def test_a_call_breaking_every_shipped_variant_names_the_argument_and_the_assumption() -> None:
+    k = TritonKernel("add", "c", [_variant("add", ("x", "out", "n"), [])])
+    with pytest.raises(TritonAssumptionError, match=r"add: .*x = 0x1004 is not 16-byte aligned; n = 100 is not "
+                                                    r"divisible by 16"):
+        k.launch(1, 0x1004, 0x2000, 100)
+    with pytest.raises(TypeError, match=r"add\(\) takes 3 argument\(s\) \(x, out, n\), got 2"):
+        k.launch(1, 0x1000, 0x2000)
+    with pytest.raises(TypeError, match=r"argument 'x'.*not a device pointer"):
+        k.launch(1, "x", 0x2000, 16)
+    with pytest.raises(ValueError, match=r"add\(\): argument 'out' \(\*fp32\) points at 0x2002, not a multiple of 4"):
+        k.launch(1, 0x1000, 0x2002, 16)
+
+
+# -- one real build --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    root = tmp_path_factory.mktemp("tri") / "pkg"
+    shutil.copytree(PKG, root, ignore=shutil.ignore_patterns("_khal", "__pycache__"))
+    result = _build(root, "khal_triton_kernels", tmp_path_factory.mktemp("cache"))
+    return root, result
+
+
+@pytest.mark.needs_triton
+def test_the_build_makes_one_entry_per_instance_variant_named_with_its_hash(built: tuple[Path, Any]) -> None:
+    root, result = built
+    (out,) = result.packages
+    m = out.manifest
+    assert m.toolchain.triton_version == "3.6.0"
+    (crate,) = m.crates
+    assert crate.language == "triton"
+    names = [e.name for e in crate.entries]
+    assert names == ["add_fp32", "add_fp32__base", "add_fp16", "add_fp16__base", "softmax_1024", "matmul_fp16",
+                     "matmul_fp16__base"]
+    assert 0 < crate.entry("matmul_fp16").triton.shared <= 48 * 1024  # type: ignore[union-attr]
+    add = crate.entry("add_fp32")
+    assert add.symbol == f"add_fp32_khal_{add.hash}" and add.block_size == (128, 1, 1) and add.grid_dims == 3
+    assert [p.name for p in add.params] == ["x_ptr", "y_ptr", "output_ptr", "n_elements", "khal_global_scratch",
+                                            "khal_profile_scratch"]
+    assert [(p.kind, p.element_type) for p in add.params[:4]] == [("scalar", "uint64")] * 3 + [("scalar", "int32")]
+    assert add.triton is not None and add.triton.divisible == ("x_ptr", "y_ptr", "output_ptr", "n_elements")
+    assert add.triton.constexprs == {"BLOCK_SIZE": 1024} and add.triton.types[0] == "*fp32"
+    assert crate.entry("add_fp32__base").triton.divisible == ()  # type: ignore[union-attr]
+    soft = crate.entry("softmax_1024")
+    assert soft.block_size == (256, 1, 1) and soft.triton.shared > 0  # type: ignore[union-attr]
+    kinds = sorted((a.kind, a.arch, a.ptx_isa) for a in crate.artifacts)
+    assert kinds == [("cubin", "sm_90", "8.0"), ("ptx", "compute_80", "8.0")]
+    ptx = out.files[next(a.path for a in crate.artifacts if a.kind == "ptx")].decode()
+    assert ".version 8.0" in ptx and ".entry add_kernel(" not in ptx
+    for e in crate.entries:
+        assert f".entry {e.symbol}(" in ptx
+    assert str(root) not in ptx  # no line info: no build-machine path in the binaries
+    assert not list((root / "kernels").rglob("__pycache__"))  # the worker wrote no bytecode beside them
+
+
+@pytest.mark.needs_triton
+def test_a_rebuild_compiles_nothing_and_a_changed_helper_changes_the_hashes_of_its_callers(
+        built: tuple[Path, Any], tmp_path: Path) -> None:
+    root, result = built
+    cache = tmp_path / "cache"
+    root2 = tmp_path / "pkg"
+    shutil.copytree(root, root2, ignore=shutil.ignore_patterns("_khal", "__pycache__"))
+    # the softmax instance alone (a small, quick build), before and after its helper changes
+    pyproject = root2 / "pyproject.toml"
+    text = pyproject.read_text()
+    start = text.index("[[tool.hatch.build.targets.wheel.hooks.khal.crates.instances]]\nkernel = \"add_kernel\"")
+    end = text.index("[[tool.hatch.build.targets.wheel.hooks.khal.crates.instances]]\nkernel = \"softmax_kernel\"")
+    pyproject.write_text(text[:start] + text[end:text.index("# 03-matrix-multiplication.py")])
+    first = _build(root2, "khal_triton_kernels", cache)
+    again = _build(root2, "khal_triton_kernels", cache)
+    assert again.compiled == 0
+    helper = root2 / "kernels" / "triton" / "helpers.py"
+    helper.write_text(helper.read_text().replace("return tl.sum(x, axis=0)", "return tl.sum(x, axis=0) * 1.0"))
+    changed = _build(root2, "khal_triton_kernels", cache)
+
+    def hashes(r: Any) -> dict[str, str]:
+        return {e.name: e.hash for e in r.packages[0].manifest.crates[0].entries}
+
+    assert hashes(first) == hashes(again)
+    assert hashes(first)["softmax_1024"] != hashes(changed)["softmax_1024"]
+
+
+@pytest.mark.needs_triton
+def test_a_kernel_calling_a_jit_function_outside_the_crate_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "p"
+    (root / "k").mkdir(parents=True)
+    (root / "lib").mkdir()
+    (root / "pkg").mkdir()
+    (root / "lib" / "outside.py").write_text("import triton\n\n@triton.jit\ndef twice(x):\n    return x * 2\n")
+    (root / "k" / "k.py").write_text(
+        "import sys, os\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'lib'))\n"
+        "import triton\nimport triton.language as tl\nfrom outside import twice\n\n"
+        "@triton.jit\ndef k(x_ptr, BLOCK: tl.constexpr):\n"
+        "    o = tl.arange(0, BLOCK)\n    tl.store(x_ptr + o, twice(tl.load(x_ptr + o)))\n")
+    from hatch_khal.builder import build_packages
+    from hatch_khal.errors import SourceError
+
+    _, crates = parse_config({"archs": ["sm_90"], "ptx-arch": "none", "crates": [
+        {"name": "t", "sources": ["k/*.py"], "instances": [{"kernel": "k", "signature": {"x_ptr": "*fp32",
+                                                                                       "BLOCK": 64}}]}]},
+        default_package="pkg")
+    with pytest.raises(SourceError, match=r"calls @triton.jit functions defined outside the crate's sources "
+                                          r"\(.*outside.py\)"):
+        build_packages(root, crates, PrintReporter(), cache=Cache(tmp_path / "c", print), jobs=1)
+
+
+# -- the runtime, on the fake driver -----------------------------------------------------------------
+
+def _load(root: Path, drv: FakeDriver) -> Any:
+    import khal_runtime
+
+    pkg = root / "khal_triton_kernels"
+    for ptx in (pkg / "_khal").rglob("*.ptx"):
+        drv.layouts.update({f"FUNC:{n}": lay for n, lay in ptx_param_layouts(ptx.read_bytes()).items()})
+    return khal_runtime.load(pkg)
+
+
+@pytest.mark.needs_triton
+def test_a_call_packs_pointers_scalars_and_null_scratch_and_picks_the_variant(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    from khal_runtime.buffers import DeviceBuffer
+
+    root, _ = built
+    ks = _load(root, fake)
+    add = ks.add_fp32
+    assert isinstance(add, TritonKernel)
+    assert set(ks.crates["tutorials"].instances) >= {"add_fp32", "add_fp32__base"}
+    x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    add[(4,)](x, y, out, 4096)
+    launch = fake.launches[-1]
+    e = ks.crates["tutorials"].instances["add_fp32"].entry
+    assert launch["f"] == f"FUNC:{e.symbol}"
+    assert launch["grid"] == (4, 1, 1) and launch["block"] == (128, 1, 1) and launch["shmem"] == 0
+    slots = [int.from_bytes(s, "little") for s in launch["slots"]]
+    assert slots == [x.ptr, y.ptr, out.ptr, 4096, 0, 0]
+    add[(4,)](x, y, out, 4004)  # not divisible by 16: the conservative twin
+    assert fake.launches[-1]["f"] == f"FUNC:{ks.crates['tutorials'].instances['add_fp32__base'].entry.symbol}"
+    add[(4,)](x.ptr + 4, y, out, 4096)  # a pointer 4 bytes in: the conservative twin
+    assert fake.launches[-1]["f"].startswith("FUNC:add_fp32__base_khal_")
+    a, b, c = (DeviceBuffer.zeros(64 * 64, np.float16) for _ in range(3))
+    ks.matmul_fp16[(1,)](a, b, c, 64, 64, 64, 64, 1, 64, 1, 64, 1)
+    mm = ks.crates["tutorials"].instances["matmul_fp16"].entry
+    assert fake.launches[-1]["f"] == f"FUNC:{mm.symbol}" and mm.triton.ones == ("stride_ak", "stride_bn", "stride_cn")
+    slots = [int.from_bytes(s, "little") for s in fake.launches[-1]["slots"]]
+    assert slots == [a.ptr, b.ptr, c.ptr, 64, 64, 64, 64, 64, 64, 0, 0]  # the unit strides compiled in
+    ks.matmul_fp16[(1,)](a, b, c, 64, 64, 64, 1, 64, 64, 1, 64, 1)  # a column-major A: stride_ak is not 1
+    assert fake.launches[-1]["f"].startswith("FUNC:matmul_fp16__base_khal_")
+    assert len(fake.launches[-1]["slots"]) == 14
+    soft = ks.softmax_1024
+    soft[(8,)](out, x, 1024, 1024, 4, 1000)
+    assert fake.launches[-1]["shmem"] == soft.entry.triton.shared > 0
+    assert fake.launches[-1]["block"] == (256, 1, 1)
+
+
+def _copy(root: Path, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    pkg = tmp_path / "khal_triton_kernels"
+    shutil.copytree(root / "khal_triton_kernels", pkg)
+    return pkg, json.loads((pkg / "_khal" / "manifest.json").read_text())
+
+
+@pytest.mark.needs_triton
+def test_a_manifest_whose_triton_facts_were_edited_is_refused(built: tuple[Path, Any], tmp_path: Path) -> None:
+    import khal_runtime
+    from khal_runtime.errors import ManifestError
+
+    root, _ = built
+    pkg, m = _copy(root, tmp_path)
+    e = next(e for e in m["crates"][0]["entries"] if e["name"] == "softmax_1024")
+    e["triton"]["shared"] = 0  # a launch with too little shared memory
+    (pkg / "_khal" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="entry 'softmax_1024'.*the manifest was edited after the build"):
+        khal_runtime.load(pkg)
+
+
+@pytest.mark.needs_triton
+def test_a_stale_binary_is_refused_with_a_hash_mismatch(built: tuple[Path, Any], tmp_path: Path,
+                                                         fake: FakeDriver) -> None:  # noqa: F811
+    import hashlib
+
+    root, _ = built
+    pkg, m = _copy(root, tmp_path)
+    crate = m["crates"][0]
+    soft = next(e for e in crate["entries"] if e["name"] == "softmax_1024")
+    for art in crate["artifacts"]:
+        path = pkg / art["path"]
+        data = path.read_bytes().replace(soft["hash"].encode(), b"0123456789abcdef")  # another build's kernel
+        path.write_bytes(data)
+        art["sha256"], art["size"] = hashlib.sha256(data).hexdigest(), len(data)
+    (pkg / "_khal" / "manifest.json").write_text(json.dumps(m))
+    ks = _load(tmp_path, fake)
+    with pytest.raises(HashMismatchError, match="softmax_1024"):
+        ks.softmax_1024[(1,)](0x1000, 0x2000, 1024, 1024, 1, 1000)
+
+
+@pytest.mark.needs_triton
+def test_the_runtime_loads_and_chooses_with_triton_unimportable(built: tuple[Path, Any]) -> None:
+    root, _ = built
+    code = (
+        "import sys\nsys.modules['triton'] = None\n"
+        "import khal_runtime\n"
+        f"ks = khal_runtime.load({str(root / 'khal_triton_kernels')!r})\n"
+        "print(ks.add_fp16.chosen(0x1000, 0x2000, 0x3000, 64), ks.add_fp16.chosen(0x1002, 0x2000, 0x3000, 64))\n"
+        "assert 'triton' not in [m for m in sys.modules if sys.modules[m] is not None and m.split('.')[0] == 'triton']\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KHAL_BACKEND"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["add_fp16", "add_fp16__base"]
+
+
+@pytest.mark.needs_triton
+def test_the_typed_stub_names_each_family_a_triton_kernel_and_type_checks(built: tuple[Path, Any],
+                                                                           tmp_path: Path) -> None:
+    import importlib.util
+
+    from hatch_khal.stubs import kernels_stub
+
+    _, result = built
+    stub = kernels_stub(result.packages[0].manifest, module_name="trik._khal")
+    assert "    add_fp32: TritonKernel" in stub and "    softmax_1024: TritonKernel" in stub
+    assert "__base" not in stub  # the conservative twins are the launcher's, not attributes
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed (test extra)")
+    pkg = tmp_path / "trik" / "_khal"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__init__.pyi").write_text(stub)
+    (tmp_path / "use.py").write_text("from trik._khal import kernels\nkernels.add_fp32[(4,)](1, 2, 3, 4)\n"
+                                     "kernels['softmax_1024'].launch(1, 1, 2, 3, 4, 5, 6)\n")
+    run = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", "use.py", "trik"],
+                         cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_an_isolated_build_gets_triton_and_no_nvrtc_for_triton_crates(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from hatch_khal.plugin import KhalBuildHook
+    from hatch_khal.triton import TRITON_REQUIREMENT
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").touch()
+    meta = SimpleNamespace(core=SimpleNamespace(raw_name="pkg"))
+    tri = {"name": "t", "sources": ["k/*.py"], "instances": [{"kernel": "k", "signature": {"x": "*fp32"}}]}
+    hook = KhalBuildHook(str(tmp_path), {"crates": [tri]}, None, meta, str(tmp_path), "wheel")
+    assert hook.dependencies() == [TRITON_REQUIREMENT] == ["triton==3.6.0"]
+    both = KhalBuildHook(str(tmp_path), {"crates": [tri, {"name": "c", "sources": ["k/*.cu"]}]}, None, meta,
+                         str(tmp_path), "wheel")
+    deps = both.dependencies()
+    assert TRITON_REQUIREMENT in deps and any(d.startswith("nvidia-cuda-nvrtc") for d in deps)
+
+
+def test_launch_attributes_and_scratch_memory_are_refused_at_build_naming_what_is_missing() -> None:
+    from hatch_khal.triton.language import _refusal
+
+    (inst,) = parse_instances("k", [{"kernel": "mm", "name": "mm", "signature": {"a": "*fp16"}}])
+    ok = {"shared": 1024, "num_ctas": 1, "launch_pdl": False, "launch_cooperative_grid": False,
+          "global_scratch_size": 0, "profile_scratch_size": 0, "num_warps": 4}
+    assert _refusal("k", inst, "sm_90", ok) is None
+    for change, match in (({"shared": 65536}, r"65536 bytes of dynamic shared memory, above 48 KB: that needs "
+                                              r"launch attributes"),
+                          ({"num_ctas": 2}, r"num_ctas=2: clusters need launch attributes"),
+                          ({"launch_pdl": True}, r"programmatic dependent launch.*launch attributes"),
+                          ({"launch_cooperative_grid": True}, r"cooperative grid: that needs launch attributes"),
+                          ({"global_scratch_size": 64}, r"needs scratch memory \(global 64 B")):
+        why = _refusal("k", inst, "sm_90", {**ok, **change})
+        assert why is not None and why.startswith("crate 'k': instance 'mm' (mm) for sm_90")
+        assert re.search(match, why), why
+
+
+@pytest.mark.needs_triton
+def test_the_built_package_verifies_and_a_prebuilt_binary_is_refused(built: tuple[Path, Any], tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from khal_runtime.verify import verify_package
+
+    root, _ = built
+    assert verify_package(root / "khal_triton_kernels") == []
+    monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_TUTORIALS", str(tmp_path / "x.ptx"))
+    (tmp_path / "x.ptx").write_text(".version 8.0\n.target sm_80\n.address_size 64\n")
+    with pytest.raises(ConfigError, match=r"CUDA_OXIDE_SHADERS_PTX_TUTORIALS gives a prebuilt binary, which Triton "
+                                          r"crates do not take"):
+        _build(root, "khal_triton_kernels", tmp_path / "cache")
+
+
+@pytest.mark.needs_triton
+def test_the_content_hash_follows_instances_and_tritons_knobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hatch_khal.triton.language import TRITON
+
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "k.py").write_text("import triton\n")
+    table = {"archs": ["sm_90"], "crates": [{"name": "t", "sources": ["k/*.py"], "instances": [
+        {"kernel": "k", "signature": {"x": "*fp32", "B": 64}}]}]}
+
+    def content(**change: Any) -> str:
+        t = json.loads(json.dumps(table))
+        t["crates"][0]["instances"][0].update(change)
+        _, (crate,) = parse_config(t, default_package="pkg")
+        return TRITON.plan(tmp_path, crate).content_hash
+
+    base = content()
+    assert content(num_warps=8) != base and content(num_stages=2) != base
+    assert content(signature={"x": "*fp32", "B": 128}) != base and content(signature={"x": "*fp32:16", "B": 64}) != base
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    assert content() != base
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+    assert content() == base  # where Triton caches is not what it compiles
+
+
+def test_a_missing_triton_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    from hatch_khal.errors import KhalBuildError
+    from hatch_khal.triton import language
+
+    def missing(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(language.metadata, "version", missing)
+    with pytest.raises(KhalBuildError, match=r"a Triton crate needs Triton in the build environment: install "
+                                             r"triton==3\.6\.0"):
+        language.triton_version()
+
+
+@pytest.mark.needs_triton
+def test_inspect_names_the_triton_toolchain_and_each_instance(built: tuple[Path, Any]) -> None:
+    from hatch_khal.__main__ import _describe
+
+    _, result = built
+    text = "\n".join(_describe(result.packages[0].manifest))
+    assert "Triton 3.6.0" in text and "crate tutorials: Triton" in text
+    assert "entry add_fp32 = add_kernel assuming x_ptr, y_ptr, output_ptr, n_elements % 16 == 0, 4 warps" in text
+
+
+@pytest.mark.needs_triton
+def test_a_cached_build_is_compiled_again_when_a_project_module_its_sources_import_changes(tmp_path: Path) -> None:
+    from hatch_khal.builder import build_packages
+
+    root = tmp_path / "p"
+    for d in ("k", "lib", "pkg"):
+        (root / d).mkdir(parents=True)
+    consts = root / "lib" / "consts.py"
+    consts.write_text("import triton.language as tl\nSCALE = tl.constexpr(2)\n")
+    (root / "k" / "k.py").write_text(
+        "import os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'lib'))\n"
+        "import triton\nimport triton.language as tl\nfrom consts import SCALE\n\n"
+        "@triton.jit\ndef k(x_ptr, BLOCK: tl.constexpr):\n"
+        "    o = tl.arange(0, BLOCK)\n    tl.store(x_ptr + o, tl.load(x_ptr + o) * SCALE)\n")
+    _, crates = parse_config({"archs": ["sm_90"], "ptx-arch": "none", "crates": [
+        {"name": "t", "sources": ["k/*.py"], "instances": [{"kernel": "k", "signature": {"x_ptr": "*fp32",
+                                                                                       "BLOCK": 64}}]}]},
+        default_package="pkg")
+    cache = Cache(tmp_path / "c", print)
+
+    def entry_hash() -> tuple[str, int]:
+        r = build_packages(root, crates, PrintReporter(), cache=cache, jobs=1)
+        return r.packages[0].manifest.crates[0].entries[0].hash, r.compiled
+
+    first, compiled = entry_hash()
+    assert compiled > 0 and entry_hash() == (first, 0)
+    consts.write_text("import triton.language as tl\nSCALE = tl.constexpr(3)\n")
+    again, compiled = entry_hash()
+    assert compiled > 0 and again != first
