@@ -12,11 +12,6 @@ with ``pip wheel --no-build-isolation``. Outputs are poisoned before each launch
 
 from __future__ import annotations
 
-import importlib
-import os
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,25 +36,9 @@ def rt() -> Any:
 @pytest.fixture(scope="module")
 def geo(rt: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``khal_geometry_kernels`` imported from its wheel."""
-    given = os.environ.get("KHAL_TEST_GEOMETRY_WHEEL")
-    if given:
-        wheel = Path(given)
-        assert wheel.is_file(), f"KHAL_TEST_GEOMETRY_WHEEL={given}: no such wheel"
-    else:
-        out = tmp_path_factory.mktemp("geo-wheel")
-        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-                               "-w", str(out), str(PKG)], capture_output=True, text=True, timeout=1800)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        (wheel,) = out.glob("khal_geometry_kernels-*.whl")
-    site = tmp_path_factory.mktemp("geo-site")
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(site)
-    sys.path.insert(0, str(site))
-    sys.modules.pop("khal_geometry_kernels", None)
-    try:
-        yield importlib.import_module("khal_geometry_kernels")
-    finally:
-        sys.path.remove(str(site))
+    from tests._gpu import import_test_package
+
+    yield from import_test_package(tmp_path_factory, PKG, "khal_geometry_kernels", "KHAL_TEST_GEOMETRY_WHEEL")
 
 
 @pytest.fixture

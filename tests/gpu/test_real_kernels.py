@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -41,25 +37,9 @@ def rt() -> Any:
 @pytest.fixture(scope="module")
 def real(rt: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``khal_real_kernels`` imported from its wheel."""
-    given = os.environ.get("KHAL_TEST_REAL_WHEEL")
-    if given:
-        wheel = Path(given)
-        assert wheel.is_file(), f"KHAL_TEST_REAL_WHEEL={given}: no such wheel"
-    else:
-        out = tmp_path_factory.mktemp("real-wheel")
-        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-                               "-w", str(out), str(PKG)], capture_output=True, text=True, timeout=1800)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        (wheel,) = out.glob("khal_real_kernels-*.whl")
-    site = tmp_path_factory.mktemp("real-site")
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(site)
-    sys.path.insert(0, str(site))
-    sys.modules.pop("khal_real_kernels", None)
-    try:
-        yield importlib.import_module("khal_real_kernels")
-    finally:
-        sys.path.remove(str(site))
+    from tests._gpu import import_test_package
+
+    yield from import_test_package(tmp_path_factory, PKG, "khal_real_kernels", "KHAL_TEST_REAL_WHEEL")
 
 
 @pytest.fixture
