@@ -8,7 +8,7 @@ from pathlib import Path
 from hatch_khal.builder import PrintReporter, build_packages
 from hatch_khal.cache import Cache
 from hatch_khal.config import parse_config
-from khal_runtime.manifest import parse_manifest
+from khal_runtime.manifest import Manifest, parse_manifest
 
 try:  # Python 3.11+
     import tomllib
@@ -60,3 +60,24 @@ def worker_children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"hatch_khal._worker" in cmd:
                 out.append(int(d.name))
     return out
+
+
+def build_test_package(src: Path, workdir: Path, package: str,
+                       cache_dir: Path) -> tuple[Manifest, Path, Recorder, dict[str, bytes]]:
+    """Build the test package project at ``src`` (a copy of it in ``workdir``, through the build API
+    with the cache at ``cache_dir``) and write its files into the copy's ``package`` folder:
+    (the manifest, that package folder, the reporter, the files by path in the package)."""
+    import shutil
+
+    root = workdir / "proj"
+    shutil.copytree(src, root)
+    raw = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    rep = Recorder()
+    result = build_packages(root, parse_config(raw["hooks"]["khal"], default_package=package)[1], rep,
+                            cache=Cache(cache_dir, rep.warn))
+    (pkg,) = result.packages
+    out = root / package
+    for rel, data in pkg.files.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    return parse_manifest(pkg.files["_khal/manifest.json"]), out, rep, dict(pkg.files)

@@ -328,27 +328,11 @@ ATTRS_PKG = Path(__file__).parent / "attrs_kernels_pkg"
 
 @pytest.fixture(scope="module")
 def attrs_build(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> Any:
-    import shutil
+    from ._build import build_test_package
 
-    from hatch_khal.builder import build_packages
-    from hatch_khal.cache import Cache
-    from hatch_khal.config import parse_config
-    from khal_runtime.manifest import parse_manifest
-
-    from ._build import Recorder, tomllib
-
-    root = tmp_path_factory.mktemp("attrs") / "proj"
-    shutil.copytree(ATTRS_PKG, root)
-    raw = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
-    rep = Recorder()
-    result = build_packages(root, parse_config(raw["hooks"]["khal"], default_package="khal_attrs_kernels")[1], rep,
-                            cache=Cache(session_cache, rep.warn))
-    (pkg,) = result.packages
-    out = root / "khal_attrs_kernels"
-    for rel, data in pkg.files.items():
-        (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        (out / rel).write_bytes(data)
-    return parse_manifest(pkg.files["_khal/manifest.json"]), out
+    m, out, _rep, _files = build_test_package(ATTRS_PKG, tmp_path_factory.mktemp("attrs"), "khal_attrs_kernels",
+                                              session_cache)
+    return m, out
 
 
 def test_the_build_records_attributes_and_globals(attrs_build: Any) -> None:

@@ -27,7 +27,7 @@ from khal_runtime import abi
 from khal_runtime.binaries import ptx_kernel_reads, read_binary
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ArgumentValueError, HashMismatchError, KhalError, ManifestError
-from khal_runtime.manifest import Manifest, parse_manifest
+from khal_runtime.manifest import Manifest
 from khal_runtime.verify import verify_package
 
 from .fakecuda import FakeDriver, fake, fake_kernels  # noqa: F401
@@ -45,24 +45,11 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def geo_build(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> Any:
     """(manifest, package dir, files) of tests/geometry_kernels_pkg built here (sm_90 + PTX)."""
-    from hatch_khal.builder import build_packages
-    from hatch_khal.cache import Cache
-    from hatch_khal.config import parse_config
+    from ._build import build_test_package
 
-    from ._build import Recorder, tomllib  # type: ignore[attr-defined]
-
-    root = tmp_path_factory.mktemp("geo") / "proj"
-    shutil.copytree(GEO_PKG, root)
-    raw = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
-    rep = Recorder()
-    result = build_packages(root, parse_config(raw["hooks"]["khal"], default_package="khal_geometry_kernels")[1],
-                            rep, cache=Cache(session_cache, rep.warn))
-    (pkg,) = result.packages
-    out = root / "khal_geometry_kernels"
-    for rel, data in pkg.files.items():
-        (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        (out / rel).write_bytes(data)
-    return parse_manifest(pkg.files["_khal/manifest.json"]), out, pkg.files
+    m, out, _rep, files = build_test_package(GEO_PKG, tmp_path_factory.mktemp("geo"), "khal_geometry_kernels",
+                                             session_cache)
+    return m, out, files
 
 
 def _ptx(m: Manifest, files: dict[str, bytes], crate: str) -> bytes:

@@ -225,24 +225,11 @@ def test_signatures_of_entries_without_the_new_fields_are_unchanged() -> None:
 
 @pytest.fixture(scope="module")
 def real_build(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> Any:
-    from hatch_khal.builder import build_packages
-    from hatch_khal.cache import Cache
-    from hatch_khal.config import parse_config
+    from ._build import build_test_package
 
-    from ._build import Recorder, tomllib
-
-    root = tmp_path_factory.mktemp("real") / "proj"
-    shutil.copytree(REAL_PKG, root)
-    raw = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
-    rep = Recorder()
-    result = build_packages(root, parse_config(raw["hooks"]["khal"], default_package="khal_real_kernels")[1], rep,
-                            cache=Cache(session_cache, rep.warn))
-    (pkg,) = result.packages
-    out = root / "khal_real_kernels"
-    for rel, data in pkg.files.items():
-        (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        (out / rel).write_bytes(data)
-    return parse_manifest(pkg.files["_khal/manifest.json"]), out, rep
+    m, out, rep, _files = build_test_package(REAL_PKG, tmp_path_factory.mktemp("real"), "khal_real_kernels",
+                                             session_cache)
+    return m, out, rep
 
 
 #: (crate, entry, parameter) -> (element type, size) as the compiler resolves the spelling
