@@ -11,7 +11,8 @@ written by :class:`khal_runtime.DeviceBuffer`): the lower layers report here, tr
 writes through it, so no module imports one above it.
 
 Nearly a leaf module: it imports only ``khal_runtime.abi`` (its reader of boolean variables);
-``khal_runtime.tracing`` installs into it.
+``khal_runtime.tracing`` installs into it. The names of tracing's variables are here too
+(:func:`env_asks`), so that ``load`` imports tracing only where one is set.
 """
 
 from __future__ import annotations
@@ -24,7 +25,26 @@ from typing import IO, Any, Callable, Protocol
 
 from khal_runtime.abi import FALSE_VALUES, env_flag
 
-__all__ = ["FALSE_VALUES", "Hooks", "Regenerable", "alloc_trace_on", "hooks", "trace_alloc", "write_line"]
+__all__ = ["ENV_NAMES", "FALSE_VALUES", "Hooks", "Regenerable", "alloc_trace_on", "env_asks", "hooks", "trace_alloc",
+           "write_line"]
+
+
+#: (name, alias) of each tracing variable (read by :mod:`khal_runtime.tracing`): the ``KHAL_CUDA_*``
+#: spellings came first and stay as aliases (they apply to WebGPU as well); where both are set the
+#: name wins
+ENV_NAMES = {
+    "trace": ("KHAL_TRACE", "KHAL_CUDA_TRACE"),
+    "trace_file": ("KHAL_TRACE_FILE", "KHAL_CUDA_TRACE_FILE"),
+    "profile": ("KHAL_PROFILE", "KHAL_CUDA_PROFILE"),
+    "profile_file": ("KHAL_PROFILE_FILE", "KHAL_CUDA_PROFILE_FILE"),
+    "nvtx": ("KHAL_CUDA_NVTX",),
+}
+
+
+def env_asks() -> bool:
+    """Whether any tracing / profiling / NVTX variable is set (cheap: no parsing). Here, not in
+    :mod:`khal_runtime.tracing`, so that ``load`` can ask without importing tracing."""
+    return any(os.environ.get(n) for names in ENV_NAMES.values() for n in names)
 
 
 class Regenerable(Protocol):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from khal_runtime import backends, tracing
+from khal_runtime import backends, hooks
 from khal_runtime.arguments import (check_block, check_block_within, check_grid, diagnose_args, dim3, grid_for,
                                     grid_for_threads, thread_count)
 from khal_runtime.arguments import shared_mem as check_shared_mem
@@ -558,6 +558,23 @@ def find_package_dir(package: str | os.PathLike[str]) -> tuple[str, Path]:
     return package, Path(locations[0])
 
 
+_tracing_env_read = False
+
+
+def _tracing_from_env_once() -> None:
+    """:func:`khal_runtime.tracing.install_from_env_once`, at the first load, importing tracing
+    only where a variable asks for it (or it is imported already): a process that traces nothing
+    never imports it (its module, its dispatcher and profiler classes)."""
+    global _tracing_env_read
+    if _tracing_env_read:
+        return
+    _tracing_env_read = True
+    if hooks.env_asks() or "khal_runtime.tracing" in sys.modules:
+        from khal_runtime import tracing  # lazy: only where tracing is asked for
+
+        tracing.install_from_env_once()
+
+
 def load(package: str | os.PathLike[str]) -> KernelSet:
     """The kernels of a shader package (by import name, or its directory).
 
@@ -583,5 +600,5 @@ def load(package: str | os.PathLike[str]) -> KernelSet:
             raise BackendUnavailableError(f"package {name!r}: {exc}") from None
     else:  # auto: the choice, still to come, checks this package has a binary for the backend
         backends.consider(manifest.package or name, manifest.crates)
-    tracing.install_from_env_once()
+    _tracing_from_env_once()
     return KernelSet(manifest.package or name, pkg_dir, manifest)

@@ -51,7 +51,7 @@ from typing import Any, Callable
 from khal_runtime import abi, backends, interop
 from khal_runtime.capture_state import capturing, current_capture
 from khal_runtime.errors import CudaError, KhalError
-from khal_runtime.hooks import FALSE_VALUES, Hooks
+from khal_runtime.hooks import ENV_NAMES, FALSE_VALUES, Hooks, env_asks
 from khal_runtime.hooks import hooks as _hooks
 from khal_runtime.hooks import write_line
 from khal_runtime.uniforms import to_uniform
@@ -87,17 +87,6 @@ class TraceConfig:
     @property
     def any(self) -> bool:
         return self.trace or self.profile or self.nvtx
-
-
-#: (name, alias) of each variable: the ``KHAL_CUDA_*`` spellings came first and stay as aliases
-#: (they apply to WebGPU as well); where both are set the name wins
-ENV_NAMES = {
-    "trace": ("KHAL_TRACE", "KHAL_CUDA_TRACE"),
-    "trace_file": ("KHAL_TRACE_FILE", "KHAL_CUDA_TRACE_FILE"),
-    "profile": ("KHAL_PROFILE", "KHAL_CUDA_PROFILE"),
-    "profile_file": ("KHAL_PROFILE_FILE", "KHAL_CUDA_PROFILE_FILE"),
-    "nvtx": ("KHAL_CUDA_NVTX",),
-}
 
 
 def _get(environ: Any, what: str) -> tuple[str, str]:
@@ -136,11 +125,6 @@ def parse_env(environ: Any = None) -> TraceConfig:
         profile_file=_get(env, "profile_file")[1] or None,
         warnings=tuple(warnings),
     )
-
-
-def env_asks() -> bool:
-    """Whether any tracing / profiling / NVTX variable is set (cheap: no parsing)."""
-    return any(os.environ.get(n) for names in ENV_NAMES.values() for n in names)
 
 
 # ---------------------------------------------------------------------------------------------

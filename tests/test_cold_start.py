@@ -75,6 +75,22 @@ def test_loading_a_package_imports_nothing_it_does_not_need(pkg: Any, eager: str
     assert "ENTRIES ['axpby', 'fill', 'scalars']" in r.stdout
 
 
+@pytest.mark.needs_nvrtc
+@pytest.mark.parametrize("env", [{}, {"KHAL_TRACE": "1"}, {"KHAL_CUDA_PROFILE": "1"}])
+def test_loading_imports_tracing_only_where_a_variable_asks_for_it(pkg: Any, env: dict[str, str]) -> None:
+    """load() reads the tracing variables without importing khal_runtime.tracing (its
+    dispatcher, profiler, NVTX glue): a process that traces nothing never imports it, and one
+    that asks gets its hooks installed at the first load as before."""
+    r = _run(f"""
+        import sys
+        import {pkg.name}
+        from khal_runtime.hooks import hooks
+        print('TRACING', 'khal_runtime.tracing' in sys.modules, hooks.active)
+    """, pkg.root, **env)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert f"TRACING {bool(env)} {bool(env)}" in r.stdout, r.stdout + r.stderr
+
+
 def test_importing_the_runtime_alone_never_starts_the_driver() -> None:
     """The build side, verify and the CLI import the runtime's modules without loading a package:
     no thread, no cuda-bindings, even with KHAL_EAGER_INIT=1."""
