@@ -206,8 +206,12 @@ def test_the_build_makes_one_entry_per_instance_variant_named_with_its_hash(buil
     assert crate.language == "triton"
     names = [e.name for e in crate.entries]
     assert names == ["add_fp32", "add_fp32__base", "add_fp16", "add_fp16__base", "softmax_1024", "matmul_fp16",
-                     "matmul_fp16__base"]
+                     "matmul_fp16__base", "matmul_fp16_big"]
     assert 0 < crate.entry("matmul_fp16").triton.shared <= 48 * 1024  # type: ignore[union-attr]
+    assert crate.entry("matmul_fp16").attributes is None  # within 48 KB: no attribute, hashed as before
+    big = crate.entry("matmul_fp16_big")
+    assert big.triton is not None and big.triton.shared > 48 * 1024
+    assert big.attributes is not None and big.attributes.max_dynamic_shared == big.triton.shared
     add = crate.entry("add_fp32")
     assert add.symbol == f"add_fp32_khal_{add.hash}" and add.block_size == (128, 1, 1) and add.grid_dims == 3
     assert [p.name for p in add.params] == ["x_ptr", "y_ptr", "output_ptr", "n_elements", "khal_global_scratch",
@@ -325,6 +329,14 @@ def test_a_call_packs_pointers_scalars_and_null_scratch_and_picks_the_variant(
     soft[(8,)](out, x, 1024, 1024, 4, 1000)
     assert fake.launches[-1]["shmem"] == soft.entry.triton.shared > 0
     assert fake.launches[-1]["block"] == (256, 1, 1)
+    big = ks.matmul_fp16_big
+    shared = big.entry.triton.shared
+    assert shared > 48 * 1024
+    assert [v for f, a, v in fake.func_attributes if f == f"FUNC:{big.entry.symbol}" and int(a) == 8] == [shared]
+    for _ in range(2):
+        big[(1,)](a, b, c, 64, 64, 64, 64, 1, 64, 1, 64, 1)
+        assert fake.launches[-1]["f"] == f"FUNC:{big.entry.symbol}" and fake.launches[-1]["shmem"] == shared
+    assert len([1 for f, _, _ in fake.func_attributes if f == f"FUNC:{big.entry.symbol}"]) == 1  # once, at load
 
 
 def _copy(root: Path, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
@@ -426,22 +438,53 @@ def test_an_isolated_build_gets_triton_and_no_nvrtc_for_triton_crates(tmp_path: 
     assert TRITON_REQUIREMENT in deps and any(d.startswith("nvidia-cuda-nvrtc") for d in deps)
 
 
-def test_launch_attributes_and_scratch_memory_are_refused_at_build_naming_what_is_missing() -> None:
+def test_clusters_and_scratch_memory_are_refused_at_build_naming_what_is_missing() -> None:
     from hatch_khal.triton.language import _refusal
 
     (inst,) = parse_instances("k", [{"kernel": "mm", "name": "mm", "signature": {"a": "*fp16"}}])
     ok = {"shared": 1024, "num_ctas": 1, "launch_pdl": False, "launch_cooperative_grid": False,
           "global_scratch_size": 0, "profile_scratch_size": 0, "num_warps": 4}
     assert _refusal("k", inst, "sm_90", ok) is None
-    for change, match in (({"shared": 65536}, r"65536 bytes of dynamic shared memory, above 48 KB: that needs "
-                                              r"launch attributes"),
-                          ({"num_ctas": 2}, r"num_ctas=2: clusters need launch attributes"),
-                          ({"launch_pdl": True}, r"programmatic dependent launch.*launch attributes"),
-                          ({"launch_cooperative_grid": True}, r"cooperative grid: that needs launch attributes"),
+    for fine in ({"shared": 65536}, {"launch_pdl": True}, {"launch_cooperative_grid": True}):
+        assert _refusal("k", inst, "sm_90", {**ok, **fine}) is None  # launch attributes now
+    for change, match in (({"num_ctas": 2}, r"num_ctas=2: .*CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION.*use num_ctas=1"),
                           ({"global_scratch_size": 64}, r"needs scratch memory \(global 64 B")):
         why = _refusal("k", inst, "sm_90", {**ok, **change})
         assert why is not None and why.startswith("crate 'k': instance 'mm' (mm) for sm_90")
         assert re.search(match, why), why
+
+
+def test_tritons_metadata_becomes_the_entrys_launch_attributes_and_they_are_hashed() -> None:
+    from hatch_khal.triton.language import launch_attributes
+    from khal_runtime import abi
+    from khal_runtime.manifest import LaunchAttributes
+
+    md = {"shared": 1024, "launch_pdl": False, "launch_cooperative_grid": False}
+    assert launch_attributes([md, md]) is None  # within 48 KB: passed at launch, hashed as before
+    big = launch_attributes([md, {**md, "shared": 98304}])  # the largest over the targets
+    assert big == LaunchAttributes(max_dynamic_shared=98304)
+    assert launch_attributes([{**md, "launch_pdl": True}]) == LaunchAttributes(pdl=True)
+    assert launch_attributes([{**md, "launch_cooperative_grid": True}]) == LaunchAttributes(cooperative=True)
+    sig = abi.entry_signature("mm", (128, 1, 1), [], grid_dims=3, triton={})
+    assert abi.entry_signature("mm", (128, 1, 1), [], grid_dims=3, attributes=big, triton={}) != sig
+
+
+def test_a_triton_entry_above_48_kb_without_its_opt_in_attribute_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from khal_runtime import abi
+    from khal_runtime.manifest import Entry, LaunchAttributes, Param, TritonFacts
+
+    scratch = (Param(name="khal_global_scratch", kind="scalar", element_type="uint64", element_size=8,
+                     element_align=8),)
+    facts = TritonFacts(kernel="mm", family="mm", num_warps=8, num_stages=3, shared=98304, names=(), types=(),
+                        cache_key="k", triton_version="3.6.0")
+    h = "0123456789abcdef"
+    with pytest.raises(ValidationError, match="98304 bytes of dynamic shared memory records them"):
+        Entry(name="mm", symbol=abi.symbol_for("mm", h), hash=h, block_size=(256, 1, 1), params=scratch, grid_dims=3,
+              triton=facts)
+    Entry(name="mm", symbol=abi.symbol_for("mm", h), hash=h, block_size=(256, 1, 1), params=scratch, grid_dims=3,
+          triton=facts, attributes=LaunchAttributes(max_dynamic_shared=98304))
 
 
 @pytest.mark.needs_triton
