@@ -339,6 +339,59 @@ def test_a_call_packs_pointers_scalars_and_null_scratch_and_picks_the_variant(
     assert len([1 for f, _, _ in fake.func_attributes if f == f"FUNC:{big.entry.symbol}"]) == 1  # once, at load
 
 
+@pytest.mark.needs_triton
+def test_a_repeated_call_takes_the_generated_fast_call_and_keeps_every_check(
+        built: tuple[Path, Any], fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from khal_runtime.buffers import DeviceBuffer
+    from khal_runtime.errors import ArgumentError
+    from khal_runtime.kernels import Kernel
+
+    root, _ = built
+    ks = _load(root, fake)
+    add = ks.add_fp32
+    assert "def launch(grid, a0=MISSING, a1=MISSING, a2=MISSING, a3=MISSING, *more, stream=None):" in add.source
+    slow: list[str] = []
+    generic = Kernel.launch
+
+    def counted(self: Any, *a: Any, **kw: Any) -> None:
+        slow.append(self.name)
+        generic(self, *a, **kw)
+
+    monkeypatch.setattr(Kernel, "launch", counted)
+    x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    add[(4,)](x, y, out, 4096)
+    add[(4,)](x, y, out, 4096)
+    add.launch(4, x, y, out, 4096)
+    add[lambda meta: (4096 // meta["BLOCK_SIZE"],)](x, y, out, 4096)
+    assert slow == ["add_fp32"]  # the generic checks ran once for this combination of bits and types
+    e = ks.crates["tutorials"].instances["add_fp32"].entry
+    assert all(la["f"] == f"FUNC:{e.symbol}" and la["grid"] == (4, 1, 1) for la in fake.launches[-4:])
+    assert [int.from_bytes(s, "little") for s in fake.launches[-1]["slots"]] == [x.ptr, y.ptr, out.ptr, 4096, 0, 0]
+    add[(4,)](x, y, out, 4004)  # new bits: the slow path once, then fast
+    add[(4,)](x, y, out, 4004)
+    assert slow == ["add_fp32", "add_fp32__base"]
+    assert fake.launches[-1]["f"].startswith("FUNC:add_fp32__base_khal_")
+    add[(2, 3)](x, y, out, 4096)  # a 2-D grid: fast, checked inline
+    assert slow == ["add_fp32", "add_fp32__base"] and fake.launches[-1]["grid"] == (2, 3, 1)
+    with pytest.raises(ArgumentError, match="an array of float16"):  # a new dtype: the slow path's check
+        add[(4,)](DeviceBuffer.zeros(4096, np.float16), y, out, 4096)
+    with pytest.raises(ValueError, match="points at .*not a multiple of 4"):
+        add[(4,)](x, y, out.ptr + 2, 4096)
+    with pytest.raises(ValueError, match="grid"):
+        add[(0,)](x, y, out, 4096)
+    with pytest.raises(TypeError, match="takes 4 argument"):
+        add[(4,)](x, y, out)
+    gone = DeviceBuffer.zeros(4096, np.float32)
+    add[(4,)](gone, y, out, 4096)
+    gone.free()
+    with pytest.raises(ValueError, match="freed"):
+        add[(4,)](gone, y, out, 4096)
+    soft = ks.softmax_1024
+    for _ in range(2):
+        soft[(8,)](out, x, 1024, 1024, 4, 1000)
+        assert fake.launches[-1]["shmem"] == soft.entry.triton.shared > 0
+
+
 def _copy(root: Path, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     pkg = tmp_path / "khal_triton_kernels"
     shutil.copytree(root / "khal_triton_kernels", pkg)
