@@ -223,13 +223,37 @@ def test_the_build_makes_one_entry_per_instance_variant_named_with_its_hash(buil
     soft = crate.entry("softmax_1024")
     assert soft.block_size == (256, 1, 1) and soft.triton.shared > 0  # type: ignore[union-attr]
     kinds = sorted((a.kind, a.arch, a.ptx_isa) for a in crate.artifacts)
-    assert kinds == [("cubin", "sm_90", "8.0"), ("ptx", "compute_80", "8.0")]
+    assert kinds == [("cubin", "sm_90a", "8.0"), ("ptx", "compute_80", "8.0")]  # Triton's sm_90 code is sm_90a
     ptx = out.files[next(a.path for a in crate.artifacts if a.kind == "ptx")].decode()
     assert ".version 8.0" in ptx and ".entry add_kernel(" not in ptx
     for e in crate.entries:
         assert f".entry {e.symbol}(" in ptx
     assert str(root) not in ptx  # no line info: no build-machine path in the binaries
     assert not list((root / "kernels").rglob("__pycache__"))  # the worker wrote no bytecode beside them
+
+
+@pytest.mark.needs_triton
+def test_the_sm_90a_cubin_is_recorded_arch_specific_and_serves_sm_90_only(built: tuple[Path, Any]) -> None:
+    import struct
+
+    from khal_runtime.backends.cuda.loader import select_candidates
+    from khal_runtime.binaries import read_binary
+
+    root, result = built
+    (out,) = result.packages
+    (crate,) = out.manifest.crates
+    cubin = next(a for a in crate.artifacts if a.kind == "cubin")
+    assert cubin.path.endswith("tutorials.sm_90a.cubin")
+    data = out.files[cubin.path]
+    assert struct.unpack_from("<I", data, 48)[0] & 0x800  # ELF ABI 7: EF_CUDA_ACCELERATORS
+    info = read_binary(data)
+    assert info.arch == 90 and info.arch_specific and info.arch_name == "sm_90a"
+    ptx = read_binary(out.files[next(a.path for a in crate.artifacts if a.kind == "ptx")])
+    assert not ptx.arch_specific and ptx.arch_name == "compute_80"  # .target sm_80: JITs on later GPUs
+    assert [a.arch for a in select_candidates(crate, (9, 0), (13, 0))] == ["sm_90a", "compute_80"]
+    # a later GPU of the major (hypothetical sm_91 / a Blackwell) gets the PTX, never the sm_90a cubin
+    assert [a.arch for a in select_candidates(crate, (9, 1), (13, 0))] == ["compute_80"]
+    assert [a.arch for a in select_candidates(crate, (10, 0), (13, 0))] == ["compute_80"]
 
 
 @pytest.mark.needs_triton
