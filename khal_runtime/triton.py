@@ -171,6 +171,8 @@ class TritonKernel:
         self._readers: dict[int, dict[type, Callable[[Any], tuple[int, Any]]]] = {i: {} for i in self._pointers}
         self._dtypes: dict[int, set[Any]] = {i: set() for i in self._pointers}
         self._fast_chosen: dict[int, tuple[dict[int, Any], int, int, int]] = {}
+        #: the backends of the DeviceBuffers seen accepted (CUDA's): the fast call reads those inline
+        self._backends: set[Any] = set()
         self.source = ""
         #: ``launch(grid, *args, stream=None)``: generated over khal Kernels, else the slow path
         self._fast: Callable[..., None] | None = None
@@ -283,6 +285,8 @@ class TritonKernel:
                 return
             self._readers[i][type(a)] = reader
             self._dtypes[i].add(getattr(a, "dtype", None))
+            if type(a) is DeviceBuffer:
+                self._backends.add(a._bk)  # a CUDA one: the slow path read its __cuda_array_interface__
         k = chosen[2]
         self._fast_chosen[bits] = (k._plans, chosen[1], k._bx, self.variants.index(k))
 
@@ -305,7 +309,10 @@ class TritonKernel:
         align = dict(self._align)
         for i in range(n):
             if self._pointer[i]:
-                L += [f"    t = type(a{i})", "    if t is int:", f"        v{i} = a{i}", "    else:",
+                L += [f"    t = type(a{i})", "    if t is int:", f"        v{i} = a{i}",
+                      # a DeviceBuffer of a CUDA backend seen accepted, live, not a view: read inline
+                      f"    elif t is DeviceBuffer and a{i}._base is None and a{i}._et != FREED and a{i}._bk in BK "
+                      f"and a{i}.dtype in D{i}:", f"        v{i} = a{i}.ptr", "    else:",
                       f"        rd = R{i}.get(t)", "        if rd is None:", f"            {slow}",
                       f"        v{i}, d = rd(a{i})", f"        if d not in D{i}:", f"            {slow}"]
                 if i in align:
@@ -338,7 +345,8 @@ class TritonKernel:
             L += [f"    {'if' if j == 0 else 'elif'} which == {j}:", f"        vals = ({vals})"]
         L += ["    plan.run(gx, gy, gz, bx, 1, 1, shmem, st, vals)"]
         ns: dict[str, Any] = {"slow": self._launch_slow, "crate": self.variants[0]._crate, "chosen": self._fast_chosen,
-                              "thread": _tls, "Stream": Stream, "constexprs": self.constexprs, "MISSING": _MISSING}
+                              "thread": _tls, "Stream": Stream, "constexprs": self.constexprs, "MISSING": _MISSING,
+                              "DeviceBuffer": DeviceBuffer, "FREED": FREED, "BK": self._backends}
         for i in self._pointers:
             ns[f"R{i}"], ns[f"D{i}"] = self._readers[i], self._dtypes[i]
         self.source = "\n".join(L) + "\n"
