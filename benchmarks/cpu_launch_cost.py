@@ -172,6 +172,34 @@ def make_kernels() -> tuple[Any, ...]:
     return out[0], out[1], st, out[2]
 
 
+def make_triton_kernel() -> Any:
+    """A Triton family (``add`` over x, y, out: ``*fp32:16``, n: ``i32:16``, and its ``__base``
+    twin) over two Kernels wired to the no-op driver, as :func:`make_kernels` wires them."""
+    from khal_runtime.backends import cuda
+    from khal_runtime.backends.cuda.launch import LaunchPlan
+    from khal_runtime.kernels import Kernel
+    from khal_runtime.manifest import Entry, Param, TritonFacts, symbol_for
+    from khal_runtime.triton import TritonKernel
+
+    runtime = SimpleNamespace(name="bench", backend=cuda.BACKEND, _backend=cuda.BACKEND)
+    u64 = {"kind": "scalar", "element_type": "uint64", "element_size": 8, "element_align": 8}
+    params = (*(Param(name=n, **u64) for n in ("x", "y", "out")),  # type: ignore[arg-type]
+              Param(name="n", kind="scalar", element_type="int32", element_size=4, element_align=4),
+              *(Param(name=n, **u64) for n in ("khal_global_scratch", "khal_profile_scratch")))  # type: ignore[arg-type]
+    variants = []
+    for name, divisible in (("add", ("x", "y", "out", "n")), ("add__base", ())):
+        facts = TritonFacts(kernel="add_kernel", family="add", base=not divisible, num_warps=4, num_stages=3, shared=0,
+                            names=("x", "y", "out", "n"), types=("*fp32", "*fp32", "*fp32", "i32"),
+                            divisible=divisible, constexprs={"BLOCK_SIZE": 1024}, cache_key="k", triton_version="3.6.0")
+        h = "0123456789abcdef"
+        e = Entry(name=name, symbol=symbol_for(name, h), hash=h, block_size=(128, 1, 1), params=params, grid_dims=3,
+                  triton=facts)
+        k = Kernel(runtime, e)  # type: ignore[arg-type]
+        k._plans[0] = LaunchPlan(e, "bench", 0, object(), _Uniforms())  # type: ignore[arg-type]
+        variants.append(k)
+    return TritonKernel("add", "bench", variants)
+
+
 def _cuda_launch() -> Any:
     from khal_runtime.backends.cuda import driver
 
@@ -213,6 +241,12 @@ def measure() -> dict[str, float]:
         lambda: five.launch(4096, 256, bufs[0], bufs[1], bufs[2], p, 0.5, stream=st))
     rows["five 2-D typed call (DeviceBuffer)"] = per_call_us(
         lambda: five2d((1024, 1024), bufs[0], bufs[1], bufs[2], p, 0.5))
+    tri = make_triton_kernel()
+    rows["triton k[grid] (DeviceBuffer)"] = per_call_us(lambda: tri[(1024,)](bufs[0], bufs[1], bufs[2], n))
+    rows["triton launch (DeviceBuffer)"] = per_call_us(lambda: tri.launch(1024, bufs[0], bufs[1], bufs[2], n))
+    rows["triton launch (torch-like)"] = per_call_us(lambda: tri.launch(1024, tens[0], tens[1], tens[2], n))
+    rows["triton launch (int addresses)"] = per_call_us(
+        lambda: tri.launch(1024, bufs[0].ptr, bufs[1].ptr, bufs[2].ptr, n))
     return rows
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from khal_runtime.abi import symbol_for
+from khal_runtime.abi import parse_arch, symbol_for
 from khal_runtime.binaries import BinaryFormatError, BinaryInfo, khal_symbols, read_binary
 from khal_runtime.manifest import (
     MANIFEST_DIR,
@@ -128,8 +128,7 @@ def _finish_crate(plan: CratePlan, root: Path, outputs: dict[tuple[str, str], Co
     probe_info: BinaryInfo | None = None
     if plan.prebuilt_var:
         data, info = _read_prebuilt(plan, root)
-        arch = f"sm_{info.arch}" if info.kind == "cubin" else f"compute_{info.arch}"
-        art, path = _artifact(cfg.name, info.kind, arch, data, info.ptx_isa)
+        art, path = _artifact(cfg.name, info.kind, info.arch_name, data, info.ptx_isa)
         artifacts.append(art)
         files[path] = data
         assert plan.prebuilt_path is not None
@@ -151,6 +150,10 @@ def _finish_crate(plan: CratePlan, root: Path, outputs: dict[tuple[str, str], Co
             infos.append((job.target, data, info))
         for target, data, info in infos:
             kind = "ptx" if target.startswith("compute_") else "cubin"
+            # arch-specific code (Triton writes sm_90a for sm_90) is recorded as such: the loader
+            # then picks it for its own arch only, never a later one of its major
+            if info.arch_specific and not parse_arch(target).suffix:
+                target += "a"
             art, path = _artifact(cfg.name, kind, target, data, info.ptx_isa or isa)
             artifacts.append(art)
             files[path] = data

@@ -73,6 +73,14 @@ class BinaryInfo:
     globals_u64: tuple[tuple[str, int], ...] = ()
     #: the PTX text itself (PTX only): the build reads more of it (:func:`ptx_grid_reads`)
     text: bytes | None = field(default=None, repr=False, compare=False)
+    #: arch-specific code (``sm_90a``): it runs on its own arch only, never a later one of its
+    #: major (a cubin's e_flags accelerator bit, :func:`cubin_arch_specific`; PTX: ``.target sm_90a``)
+    arch_specific: bool = False
+
+    @property
+    def arch_name(self) -> str:
+        """``sm_90a`` / ``sm_90`` for a cubin, ``compute_90a`` / ``compute_80`` for PTX."""
+        return f"{'sm' if self.kind == 'cubin' else 'compute'}_{self.arch}{'a' if self.arch_specific else ''}"
 
 
 def is_elf(data: bytes) -> bool:
@@ -80,7 +88,7 @@ def is_elf(data: bytes) -> bool:
 
 
 _VERSION_RE = re.compile(rb"^\s*\.version\s+(\d+\.\d+)\s*$", re.M)
-_TARGET_RE = re.compile(rb"^\s*\.target\s+(sm_|compute_)(\d+)[a-z]?\b", re.M)
+_TARGET_RE = re.compile(rb"^\s*\.target\s+(sm_|compute_)(\d+)([a-z]?)\b", re.M)
 _ENTRY_RE = re.compile(rb"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([A-Za-z_$][A-Za-z0-9_$]*)\s*\(?", re.M)
 _GLOBAL_U64_RE = re.compile(
     rb"^\s*(?:\.visible\s+)?\.global\s+(?:\.align\s+\d+\s+)?\.[ub]64\s+([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\d+)\s*;",
@@ -135,6 +143,7 @@ def scan_ptx(data: bytes | str, source: str = "PTX") -> BinaryInfo:
         ptx_isa=version.group(1).decode("ascii"),
         globals_u64=globals_u64,
         text=data,
+        arch_specific=target.group(3) == b"a",
     )
 
 
@@ -320,6 +329,13 @@ def _cubin_arch(e_flags: int, abi_version: int) -> int:
     return (e_flags >> 8) & 0xFF if abi_version >= 8 else e_flags & 0xFF
 
 
+def cubin_arch_specific(e_flags: int, abi_version: int) -> bool:
+    """Whether a cubin is arch-specific (``sm_90a``, ``sm_100a``): the accelerator flag,
+    ``EF_CUDA_ACCELERATORS`` (0x800) up to ELF ABI 7, 0x8 from ABI 8 (ptxas: ``sm_90`` 0x5a055a,
+    ``sm_90a`` 0x5a0d5a; ``sm_100`` 0x6006402, ``sm_100a`` 0x600640a)."""
+    return bool(e_flags & (0x8 if abi_version >= 8 else 0x800))
+
+
 class _BudgetStream(io.BytesIO):
     """The cubin's bytes as pyelftools reads them, with a cap on everything read: names are
     read through the stream, so a name shared by many symbols cannot decode to more than the
@@ -366,6 +382,7 @@ def read_cubin(data: bytes, source: str = "cubin") -> BinaryInfo:
                 "point the variable at a .cubin made for a GPU"
             )
         arch = _cubin_arch(elf["e_flags"], elf["e_ident"]["EI_ABIVERSION"])
+        specific = cubin_arch_specific(elf["e_flags"], elf["e_ident"]["EI_ABIVERSION"])
         symtab = None
         for sec in elf.iter_sections():
             name = _name_check(sec.name, "section", source)
@@ -400,7 +417,7 @@ def read_cubin(data: bytes, source: str = "cubin") -> BinaryInfo:
         raise
     if arch == 0:
         raise BinaryFormatError(f"{source}: CUDA ELF with no SM arch in its header")
-    return BinaryInfo(kind="cubin", arch=arch, functions=functions, globals_u64=globals_u64)
+    return BinaryInfo(kind="cubin", arch=arch, functions=functions, globals_u64=globals_u64, arch_specific=specific)
 
 
 def _cubin_u64_globals(elf, symtab) -> tuple[tuple[str, int], ...]:  # type: ignore[no-untyped-def]
@@ -488,7 +505,7 @@ def scan_cubin(data: bytes) -> BinaryInfo | None:
     if arch == 0:
         return None
     return BinaryInfo(kind="cubin", arch=arch, functions=tuple(sorted(f for f in functions if f)),
-                      globals_u64=tuple(sorted(globals_u64)))
+                      globals_u64=tuple(sorted(globals_u64)), arch_specific=cubin_arch_specific(flags, ident[8]))
 
 
 def read_binary(data: bytes, source: str = "binary") -> BinaryInfo:

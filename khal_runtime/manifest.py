@@ -392,8 +392,9 @@ class TritonFacts(_Model):
     num_warps: int = Field(ge=1, le=32)
     num_stages: int = Field(ge=1, le=32)
     #: dynamic shared memory per block in bytes (``metadata.shared``, the largest over the crate's
-    #: targets): passed at every launch; above 48 KB the build refuses the instance for now
-    shared: int = Field(ge=0, le=48 * 1024)
+    #: targets): passed at every launch; above 48 KB the entry's ``attributes.max_dynamic_shared``
+    #: is this too (the loader opts the function in once)
+    shared: int = Field(ge=0, le=1 << 24)
     #: the runtime arguments (what a call passes), in order, and their Triton types (``*fp32``, ``i32``)
     names: tuple[str, ...]
     types: tuple[str, ...]
@@ -494,6 +495,10 @@ class Entry(_Model):
         if self.webgpu and len({t.target for t in self.webgpu}) != len(self.webgpu):
             raise ValueError(f"entry {self.name!r}: a WebGPU target is listed twice")
         a = self.attributes
+        tf = self.triton
+        if tf is not None and tf.shared > abi.DEFAULT_DYNAMIC_SHARED and (a is None or a.max_dynamic_shared != tf.shared):
+            raise ValueError(f"entry {self.name!r}: a Triton instance with {tf.shared} bytes of dynamic shared memory "
+                             "records them as its attributes' max_dynamic_shared (opted in at load)")
         if a is not None and (a.cooperative or a.cluster_dims) and self.indirect_symbol is not None:
             raise ValueError(f"entry {self.name!r}: a cooperative or clustered entry has no indirect variant")
         if self.fixed_block and self.launch_bounds is not None:

@@ -19,16 +19,27 @@ conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKerne
   does not take) and launches the most specialised variant whose assumptions
   hold; the choice is cached by the bits of which assumptions held. With no variant left it raises
   :class:`~khal_runtime.errors.TritonAssumptionError` naming the argument and the assumption.
-* The launch is khal's explicit launch of that entry (:meth:`khal_runtime.kernels.Kernel.launch`):
-  block ``num_warps * 32``, the instance's dynamic shared memory, the two scratch pointers null
-  (an instance needing scratch memory is refused at build for now).
+* The first call of each combination of assumption bits, pointer types and dtypes goes through
+  khal's explicit launch of the entry (:meth:`khal_runtime.kernels.Kernel.launch`, every check):
+  block ``num_warps * 32``, the instance's dynamic shared memory, the two scratch pointers null (an
+  instance needing scratch memory is refused at build for now). After it, ``launch`` is Python
+  generated for the family (:meth:`TritonKernel._generate`, ``k.source``): each pointer read by
+  the reader of its type (``data_ptr()``, a DeviceBuffer's ``ptr``, CuPy's ``.data.ptr``, the
+  ``__cuda_array_interface__``), its dtype and alignment checked, the bits computed inline
+  (``p & 15``, ``n & 15``, ``== 1``), the variant looked up by them, the grid checked inline and the
+  launch made by the variant's plan (its ``run``, which packs and range-checks the values) on this
+  thread's device. Anything it has not seen accepted goes back to the checked path.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
+from khal_runtime.buffers import FREED, DeviceBuffer
+from khal_runtime.device import Stream, _tls
 from khal_runtime.errors import ArgumentError, ArgumentValueError, TritonAssumptionError
+from khal_runtime.generated import define
 
 #: bytes of a pointee (``*fp32`` -> 4): a pointer must be a multiple of it
 _POINTEE_SIZE = {"i1": 1, "i8": 1, "u8": 1, "fp8e4nv": 1, "fp8e5": 1, "i16": 2, "u16": 2, "fp16": 2, "bf16": 2,
@@ -58,6 +69,43 @@ def device_pointer(obj: Any, where: str) -> int:
         raise ArgumentError(f"{where}: {type(obj).__name__} is not a device pointer (a torch tensor, a CuPy array, "
                             "anything with __cuda_array_interface__, or an int address)")
     return int(obj)
+
+
+#: a dtype key no accepted set holds (a tensor off the GPU, a freed buffer): the fast call goes slow
+_BAD = object()
+#: an argument the fast call was not given (its arguments have defaults: a short call gets the named error)
+_MISSING = object()
+
+
+def _torch_reader(a: Any) -> tuple[int, Any]:
+    return a.data_ptr(), (a.dtype if getattr(a, "is_cuda", True) is not False else _BAD)
+
+
+def _buffer_reader(a: Any) -> tuple[int, Any]:
+    base = a._base
+    live = a._et != FREED and (base is None or base._et != FREED) and getattr(a._bk, "name", "cuda") == "cuda"
+    return a.ptr, (a.dtype if live else _BAD)
+
+
+def _cupy_reader(a: Any) -> tuple[int, Any]:
+    return a.data.ptr, getattr(a, "dtype", None)
+
+
+def _cai_reader(a: Any) -> tuple[int, Any]:
+    return int(a.__cuda_array_interface__["data"][0]), getattr(a, "dtype", None)
+
+
+def _reader_for(obj: Any) -> Callable[[Any], tuple[int, Any]] | None:
+    """How the fast call reads a pointer of ``type(obj)`` (as :func:`device_pointer` does), or None."""
+    if type(obj) is DeviceBuffer:
+        return _buffer_reader
+    if callable(getattr(obj, "data_ptr", None)):
+        return _torch_reader
+    if type(getattr(getattr(obj, "data", None), "ptr", None)) is int and hasattr(obj, "__cuda_array_interface__"):
+        return _cupy_reader
+    if isinstance(getattr(obj, "__cuda_array_interface__", None), dict):
+        return _cai_reader
+    return None
 
 
 #: Triton pointee -> the dtype names an array of it has (torch's without ``torch.``, NumPy's / CuPy's)
@@ -118,6 +166,20 @@ class TritonKernel:
         #: assumption bits -> (the variant's launch, its dynamic shared memory, the variant, the indexes of
         #: the values it takes, or None for all of them: a variant assuming an argument 1 does not take it)
         self._chosen: dict[int, tuple[Any, int, Any, tuple[int, ...] | None]] = {}
+        #: the fast call's state (:meth:`_generate`): per pointer argument, type -> reader and the dtypes
+        #: seen accepted; assumption bits -> (the variant's plans by device, its shared memory, block, index)
+        self._readers: dict[int, dict[type, Callable[[Any], tuple[int, Any]]]] = {i: {} for i in self._pointers}
+        self._dtypes: dict[int, set[Any]] = {i: set() for i in self._pointers}
+        self._fast_chosen: dict[int, tuple[dict[int, Any], int, int, int]] = {}
+        #: the backends of the DeviceBuffers seen accepted (CUDA's): the fast call reads those inline
+        self._backends: set[Any] = set()
+        self.source = ""
+        #: ``launch(grid, *args, stream=None)``: generated over khal Kernels, else the slow path
+        self._fast: Callable[..., None] | None = None
+        self.launch: Callable[..., None] = self._launch_slow
+        # over khal Kernels (what the generated call reads of them: their plans by device, block, crate)
+        if all(hasattr(k, "_plans") and hasattr(k, "_bx") and hasattr(k, "_crate") for k in self.variants):
+            self.launch = self._fast = self._generate()
 
     def __repr__(self) -> str:
         return (f"<Triton kernel {self.crate}.{self.name} ({self.kernel}): "
@@ -185,8 +247,9 @@ class TritonKernel:
                     f"multiple of {mask + 1} bytes (its elements' size): the kernel's loads would fault")
         return out
 
-    def launch(self, grid: Any, *args: Any, stream: Any = None) -> None:
-        """Launch ``grid`` programs with the kernel's runtime arguments ``args``."""
+    def _launch_slow(self, grid: Any, *args: Any, stream: Any = None) -> None:
+        """A launch through :meth:`Kernel.launch` with every check; what it accepted (the types and
+        dtypes of the pointers, the variant of the assumption bits) the fast call takes from then on."""
         values = self._values(args)
         bits = 0
         for bit, arg in self._bits16:
@@ -207,12 +270,91 @@ class TritonKernel:
         if keep is not None:
             values = [values[i] for i in keep]
         chosen[0](grid, None, *values, stream=stream, shared_mem=chosen[1])
+        if self._fast is not None:
+            self._learn(bits, chosen, args)
+
+    def _learn(self, bits: int, chosen: tuple[Any, int, Any, tuple[int, ...] | None], args: tuple[Any, ...]) -> None:
+        """After a launch the slow path checked: let the fast call take these pointer types and
+        dtypes, and these assumption bits."""
+        for i in self._pointers:
+            a = args[i]
+            if type(a) is int:
+                continue
+            reader = self._readers[i].get(type(a)) or _reader_for(a)
+            if reader is None:
+                return
+            self._readers[i][type(a)] = reader
+            self._dtypes[i].add(getattr(a, "dtype", None))
+            if type(a) is DeviceBuffer:
+                self._backends.add(a._bk)  # a CUDA one: the slow path read its __cuda_array_interface__
+        k = chosen[2]
+        self._fast_chosen[bits] = (k._plans, chosen[1], k._bx, self.variants.index(k))
+
+    def _generate(self) -> Callable[..., None]:
+        """The fast call ``launch(grid, a0, ..., stream=None)`` of this family (:mod:`khal_runtime.generated`):
+        pointers read by a reader per type, alignment and assumption bits inline, the variant by the
+        bits, launched by its plan's ``run`` on this thread's device; anything it has not seen the slow
+        path accept (a new pointer type or dtype, new bits, another device, a callable grid giving
+        something else, a stream object other than a Stream) goes to :meth:`_launch_slow`."""
+        n = self._count
+        names = [f"a{i}" for i in range(n)]
+        allargs = ", ".join(names)
+        slow = f"return slow(grid, {allargs + ', ' if n else ''}stream=stream)"
+        sig = "".join(f"{a}=MISSING, " for a in names)
+        given = "(" + "".join(f"{a}, " for a in names) + ")"
+        L = [f"def launch(grid, {sig}*more, stream=None):",
+             f"    if more{f' or {names[-1]} is MISSING' if n else ''}:",
+             f"        return slow(grid, *(a for a in {given} if a is not MISSING), *more, stream=stream)",
+             "    if crate._backend is None:", f"        {slow}"]
+        align = dict(self._align)
+        for i in range(n):
+            if self._pointer[i]:
+                L += [f"    t = type(a{i})", "    if t is int:", f"        v{i} = a{i}",
+                      # a DeviceBuffer of a CUDA backend seen accepted, live, not a view: read inline
+                      f"    elif t is DeviceBuffer and a{i}._base is None and a{i}._et != FREED and a{i}._bk in BK "
+                      f"and a{i}.dtype in D{i}:", f"        v{i} = a{i}.ptr", "    else:",
+                      f"        rd = R{i}.get(t)", "        if rd is None:", f"            {slow}",
+                      f"        v{i}, d = rd(a{i})", f"        if d not in D{i}:", f"            {slow}"]
+                if i in align:
+                    L += [f"    if v{i} & {align[i]}:", f"        {slow}"]
+            else:
+                L.append(f"    v{i} = a{i}")
+        L.append("    bits = 0")
+        for i, (arg, what) in enumerate(self._checks):
+            if what == "16":
+                cond = f"not v{arg} & 15" if self._pointer[arg] else f"type(v{arg}) is int and not v{arg} & 15"
+            else:
+                cond = f"type(v{arg}) is int and v{arg} == 1"
+            L += [f"    if {cond}:", f"        bits |= {1 << i}"]
+        L += ["    c = chosen.get(bits)", "    if c is None:", f"        {slow}", "    plans, shmem, bx, which = c",
+              "    if stream is None:", "        st = getattr(thread, 'stream', None)", "        if st is None:",
+              f"            {slow}", "    elif type(stream) is Stream:", "        st = stream", "    else:",
+              f"        {slow}", "    plan = plans.get(st.device_id)",
+              "    if plan is None or getattr(thread, 'dev', -1) != st.device_id:", f"        {slow}",
+              "    g = grid", "    if type(g) is not int:", "        if type(g) is not tuple:",
+              "            if not callable(g):", f"                {slow}", "            g = g(constexprs)",
+              "        if type(g) is int:", "            gx = g", "            gy = gz = 1",
+              "        elif type(g) is tuple and 0 < len(g) <= 3:",
+              "            gx, gy, gz = (*g, 1, 1)[:3]", "            if type(gx) is not int or type(gy) is not int or "
+              "type(gz) is not int or not (0 < gy <= 65535 and 0 < gz <= 65535):", f"                {slow}",
+              "        else:", f"            {slow}", "    else:", "        gx = g", "        gy = gz = 1",
+              "    if not 0 < gx <= 2147483647:", f"        {slow}"]
+        for j, k in enumerate(self.variants):
+            ones = set(k.entry.triton.ones)
+            vals = "".join(f"v{i}, " for i in range(n) if self.arg_names[i] not in ones) + "0, 0"
+            L += [f"    {'if' if j == 0 else 'elif'} which == {j}:", f"        vals = ({vals})"]
+        L += ["    plan.run(gx, gy, gz, bx, 1, 1, shmem, st, vals)"]
+        ns: dict[str, Any] = {"slow": self._launch_slow, "crate": self.variants[0]._crate, "chosen": self._fast_chosen,
+                              "thread": _tls, "Stream": Stream, "constexprs": self.constexprs, "MISSING": _MISSING,
+                              "DeviceBuffer": DeviceBuffer, "FREED": FREED, "BK": self._backends}
+        for i in self._pointers:
+            ns[f"R{i}"], ns[f"D{i}"] = self._readers[i], self._dtypes[i]
+        self.source = "\n".join(L) + "\n"
+        return define(self.source, f"triton {self.name}", ns, "launch")  # type: ignore[no-any-return]
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
         """``k[grid](*args, stream=None)``, as a Triton kernel is called."""
-        def run(*args: Any, stream: Any = None) -> None:
-            self.launch(grid, *args, stream=stream)
-        return run
+        return functools.partial(self.launch, grid)
 
     def chosen(self, *args: Any) -> str:
         """The entry a call with ``args`` would launch (no launch)."""

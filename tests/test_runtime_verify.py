@@ -260,6 +260,19 @@ def test_arch_specific_cubin_only_exact() -> None:
         select_candidates(c, (10, 0), (13, 0))[0]
 
 
+def test_arch_specific_code_is_read_from_the_cubin_flags_and_the_ptx_target() -> None:
+    from khal_runtime.binaries import cubin_arch_specific, read_binary
+
+    # e_flags ptxas writes: ELF ABI 7 (sm_90 / sm_90a), ABI 8 (sm_100 / sm_100a)
+    assert not cubin_arch_specific(0x5A055A, 7) and cubin_arch_specific(0x5A0D5A, 7)
+    assert not cubin_arch_specific(0x6006402, 8) and cubin_arch_specific(0x600640A, 8)
+    ptx = b".version 8.0\n.target sm_90a\n.address_size 64\n.visible .entry k() { ret; }\n"
+    info = read_binary(ptx)
+    assert info.arch == 90 and info.arch_specific and info.arch_name == "compute_90a"
+    plain = read_binary(ptx.replace(b"sm_90a", b"sm_90"))
+    assert not plain.arch_specific and plain.arch_name == "compute_90"
+
+
 def test_no_compatible_binary_message() -> None:
     c = _crate_with([("cubin", "sm_80", None)])
     with pytest.raises(NoCompatibleBinaryError) as ei:

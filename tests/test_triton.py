@@ -206,8 +206,12 @@ def test_the_build_makes_one_entry_per_instance_variant_named_with_its_hash(buil
     assert crate.language == "triton"
     names = [e.name for e in crate.entries]
     assert names == ["add_fp32", "add_fp32__base", "add_fp16", "add_fp16__base", "softmax_1024", "matmul_fp16",
-                     "matmul_fp16__base"]
+                     "matmul_fp16__base", "matmul_fp16_big"]
     assert 0 < crate.entry("matmul_fp16").triton.shared <= 48 * 1024  # type: ignore[union-attr]
+    assert crate.entry("matmul_fp16").attributes is None  # within 48 KB: no attribute, hashed as before
+    big = crate.entry("matmul_fp16_big")
+    assert big.triton is not None and big.triton.shared > 48 * 1024
+    assert big.attributes is not None and big.attributes.max_dynamic_shared == big.triton.shared
     add = crate.entry("add_fp32")
     assert add.symbol == f"add_fp32_khal_{add.hash}" and add.block_size == (128, 1, 1) and add.grid_dims == 3
     assert [p.name for p in add.params] == ["x_ptr", "y_ptr", "output_ptr", "n_elements", "khal_global_scratch",
@@ -219,13 +223,37 @@ def test_the_build_makes_one_entry_per_instance_variant_named_with_its_hash(buil
     soft = crate.entry("softmax_1024")
     assert soft.block_size == (256, 1, 1) and soft.triton.shared > 0  # type: ignore[union-attr]
     kinds = sorted((a.kind, a.arch, a.ptx_isa) for a in crate.artifacts)
-    assert kinds == [("cubin", "sm_90", "8.0"), ("ptx", "compute_80", "8.0")]
+    assert kinds == [("cubin", "sm_90a", "8.0"), ("ptx", "compute_80", "8.0")]  # Triton's sm_90 code is sm_90a
     ptx = out.files[next(a.path for a in crate.artifacts if a.kind == "ptx")].decode()
     assert ".version 8.0" in ptx and ".entry add_kernel(" not in ptx
     for e in crate.entries:
         assert f".entry {e.symbol}(" in ptx
     assert str(root) not in ptx  # no line info: no build-machine path in the binaries
     assert not list((root / "kernels").rglob("__pycache__"))  # the worker wrote no bytecode beside them
+
+
+@pytest.mark.needs_triton
+def test_the_sm_90a_cubin_is_recorded_arch_specific_and_serves_sm_90_only(built: tuple[Path, Any]) -> None:
+    import struct
+
+    from khal_runtime.backends.cuda.loader import select_candidates
+    from khal_runtime.binaries import read_binary
+
+    root, result = built
+    (out,) = result.packages
+    (crate,) = out.manifest.crates
+    cubin = next(a for a in crate.artifacts if a.kind == "cubin")
+    assert cubin.path.endswith("tutorials.sm_90a.cubin")
+    data = out.files[cubin.path]
+    assert struct.unpack_from("<I", data, 48)[0] & 0x800  # ELF ABI 7: EF_CUDA_ACCELERATORS
+    info = read_binary(data)
+    assert info.arch == 90 and info.arch_specific and info.arch_name == "sm_90a"
+    ptx = read_binary(out.files[next(a.path for a in crate.artifacts if a.kind == "ptx")])
+    assert not ptx.arch_specific and ptx.arch_name == "compute_80"  # .target sm_80: JITs on later GPUs
+    assert [a.arch for a in select_candidates(crate, (9, 0), (13, 0))] == ["sm_90a", "compute_80"]
+    # a later GPU of the major (hypothetical sm_91 / a Blackwell) gets the PTX, never the sm_90a cubin
+    assert [a.arch for a in select_candidates(crate, (9, 1), (13, 0))] == ["compute_80"]
+    assert [a.arch for a in select_candidates(crate, (10, 0), (13, 0))] == ["compute_80"]
 
 
 @pytest.mark.needs_triton
@@ -325,6 +353,67 @@ def test_a_call_packs_pointers_scalars_and_null_scratch_and_picks_the_variant(
     soft[(8,)](out, x, 1024, 1024, 4, 1000)
     assert fake.launches[-1]["shmem"] == soft.entry.triton.shared > 0
     assert fake.launches[-1]["block"] == (256, 1, 1)
+    big = ks.matmul_fp16_big
+    shared = big.entry.triton.shared
+    assert shared > 48 * 1024
+    assert [v for f, a, v in fake.func_attributes if f == f"FUNC:{big.entry.symbol}" and int(a) == 8] == [shared]
+    for _ in range(2):
+        big[(1,)](a, b, c, 64, 64, 64, 64, 1, 64, 1, 64, 1)
+        assert fake.launches[-1]["f"] == f"FUNC:{big.entry.symbol}" and fake.launches[-1]["shmem"] == shared
+    assert len([1 for f, _, _ in fake.func_attributes if f == f"FUNC:{big.entry.symbol}"]) == 1  # once, at load
+
+
+@pytest.mark.needs_triton
+def test_a_repeated_call_takes_the_generated_fast_call_and_keeps_every_check(
+        built: tuple[Path, Any], fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from khal_runtime.buffers import DeviceBuffer
+    from khal_runtime.errors import ArgumentError
+    from khal_runtime.kernels import Kernel
+
+    root, _ = built
+    ks = _load(root, fake)
+    add = ks.add_fp32
+    assert "def launch(grid, a0=MISSING, a1=MISSING, a2=MISSING, a3=MISSING, *more, stream=None):" in add.source
+    slow: list[str] = []
+    generic = Kernel.launch
+
+    def counted(self: Any, *a: Any, **kw: Any) -> None:
+        slow.append(self.name)
+        generic(self, *a, **kw)
+
+    monkeypatch.setattr(Kernel, "launch", counted)
+    x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    add[(4,)](x, y, out, 4096)
+    add[(4,)](x, y, out, 4096)
+    add.launch(4, x, y, out, 4096)
+    add[lambda meta: (4096 // meta["BLOCK_SIZE"],)](x, y, out, 4096)
+    assert slow == ["add_fp32"]  # the generic checks ran once for this combination of bits and types
+    e = ks.crates["tutorials"].instances["add_fp32"].entry
+    assert all(la["f"] == f"FUNC:{e.symbol}" and la["grid"] == (4, 1, 1) for la in fake.launches[-4:])
+    assert [int.from_bytes(s, "little") for s in fake.launches[-1]["slots"]] == [x.ptr, y.ptr, out.ptr, 4096, 0, 0]
+    add[(4,)](x, y, out, 4004)  # new bits: the slow path once, then fast
+    add[(4,)](x, y, out, 4004)
+    assert slow == ["add_fp32", "add_fp32__base"]
+    assert fake.launches[-1]["f"].startswith("FUNC:add_fp32__base_khal_")
+    add[(2, 3)](x, y, out, 4096)  # a 2-D grid: fast, checked inline
+    assert slow == ["add_fp32", "add_fp32__base"] and fake.launches[-1]["grid"] == (2, 3, 1)
+    with pytest.raises(ArgumentError, match="an array of float16"):  # a new dtype: the slow path's check
+        add[(4,)](DeviceBuffer.zeros(4096, np.float16), y, out, 4096)
+    with pytest.raises(ValueError, match="points at .*not a multiple of 4"):
+        add[(4,)](x, y, out.ptr + 2, 4096)
+    with pytest.raises(ValueError, match="grid"):
+        add[(0,)](x, y, out, 4096)
+    with pytest.raises(TypeError, match="takes 4 argument"):
+        add[(4,)](x, y, out)
+    gone = DeviceBuffer.zeros(4096, np.float32)
+    add[(4,)](gone, y, out, 4096)
+    gone.free()
+    with pytest.raises(ValueError, match="freed"):
+        add[(4,)](gone, y, out, 4096)
+    soft = ks.softmax_1024
+    for _ in range(2):
+        soft[(8,)](out, x, 1024, 1024, 4, 1000)
+        assert fake.launches[-1]["shmem"] == soft.entry.triton.shared > 0
 
 
 def _copy(root: Path, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
@@ -426,22 +515,53 @@ def test_an_isolated_build_gets_triton_and_no_nvrtc_for_triton_crates(tmp_path: 
     assert TRITON_REQUIREMENT in deps and any(d.startswith("nvidia-cuda-nvrtc") for d in deps)
 
 
-def test_launch_attributes_and_scratch_memory_are_refused_at_build_naming_what_is_missing() -> None:
+def test_clusters_and_scratch_memory_are_refused_at_build_naming_what_is_missing() -> None:
     from hatch_khal.triton.language import _refusal
 
     (inst,) = parse_instances("k", [{"kernel": "mm", "name": "mm", "signature": {"a": "*fp16"}}])
     ok = {"shared": 1024, "num_ctas": 1, "launch_pdl": False, "launch_cooperative_grid": False,
           "global_scratch_size": 0, "profile_scratch_size": 0, "num_warps": 4}
     assert _refusal("k", inst, "sm_90", ok) is None
-    for change, match in (({"shared": 65536}, r"65536 bytes of dynamic shared memory, above 48 KB: that needs "
-                                              r"launch attributes"),
-                          ({"num_ctas": 2}, r"num_ctas=2: clusters need launch attributes"),
-                          ({"launch_pdl": True}, r"programmatic dependent launch.*launch attributes"),
-                          ({"launch_cooperative_grid": True}, r"cooperative grid: that needs launch attributes"),
+    for fine in ({"shared": 65536}, {"launch_pdl": True}, {"launch_cooperative_grid": True}):
+        assert _refusal("k", inst, "sm_90", {**ok, **fine}) is None  # launch attributes now
+    for change, match in (({"num_ctas": 2}, r"num_ctas=2: .*CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION.*use num_ctas=1"),
                           ({"global_scratch_size": 64}, r"needs scratch memory \(global 64 B")):
         why = _refusal("k", inst, "sm_90", {**ok, **change})
         assert why is not None and why.startswith("crate 'k': instance 'mm' (mm) for sm_90")
         assert re.search(match, why), why
+
+
+def test_tritons_metadata_becomes_the_entrys_launch_attributes_and_they_are_hashed() -> None:
+    from hatch_khal.triton.language import launch_attributes
+    from khal_runtime import abi
+    from khal_runtime.manifest import LaunchAttributes
+
+    md = {"shared": 1024, "launch_pdl": False, "launch_cooperative_grid": False}
+    assert launch_attributes([md, md]) is None  # within 48 KB: passed at launch, hashed as before
+    big = launch_attributes([md, {**md, "shared": 98304}])  # the largest over the targets
+    assert big == LaunchAttributes(max_dynamic_shared=98304)
+    assert launch_attributes([{**md, "launch_pdl": True}]) == LaunchAttributes(pdl=True)
+    assert launch_attributes([{**md, "launch_cooperative_grid": True}]) == LaunchAttributes(cooperative=True)
+    sig = abi.entry_signature("mm", (128, 1, 1), [], grid_dims=3, triton={})
+    assert abi.entry_signature("mm", (128, 1, 1), [], grid_dims=3, attributes=big, triton={}) != sig
+
+
+def test_a_triton_entry_above_48_kb_without_its_opt_in_attribute_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from khal_runtime import abi
+    from khal_runtime.manifest import Entry, LaunchAttributes, Param, TritonFacts
+
+    scratch = (Param(name="khal_global_scratch", kind="scalar", element_type="uint64", element_size=8,
+                     element_align=8),)
+    facts = TritonFacts(kernel="mm", family="mm", num_warps=8, num_stages=3, shared=98304, names=(), types=(),
+                        cache_key="k", triton_version="3.6.0")
+    h = "0123456789abcdef"
+    with pytest.raises(ValidationError, match="98304 bytes of dynamic shared memory records them"):
+        Entry(name="mm", symbol=abi.symbol_for("mm", h), hash=h, block_size=(256, 1, 1), params=scratch, grid_dims=3,
+              triton=facts)
+    Entry(name="mm", symbol=abi.symbol_for("mm", h), hash=h, block_size=(256, 1, 1), params=scratch, grid_dims=3,
+          triton=facts, attributes=LaunchAttributes(max_dynamic_shared=98304))
 
 
 @pytest.mark.needs_triton

@@ -14,9 +14,11 @@
   (:class:`TritonPtxas`, registered as compiler ``triton-ptxas``);
 * :meth:`TritonLanguage.finish`: the manifest entries.
 
-Refused at build for now (each names the instance and what is missing): dynamic shared memory
-above 48 KB, ``num_ctas > 1``, PDL and cooperative grids (they need launch attributes), and a
-kernel that needs global or profile scratch memory.
+An instance's launch attributes come from Triton's metadata (:func:`launch_attributes`): dynamic
+shared memory above 48 KB (``Entry.attributes.max_dynamic_shared``: the loader opts the function in
+once), ``launch_pdl`` (``pdl``) and ``launch_cooperative_grid`` (``cooperative``). Refused at build
+(each names the instance and what is missing): ``num_ctas > 1`` (a cluster dimension given at
+launch) and a kernel that needs global or profile scratch memory.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from khal_runtime import abi
 from khal_runtime.binaries import BinaryFormatError, read_binary
-from khal_runtime.manifest import Entry, Param, SpirvStatus, TritonFacts
+from khal_runtime.manifest import Entry, LaunchAttributes, Param, SpirvStatus, TritonFacts
 
 from hatch_khal import _worker
 from hatch_khal.__about__ import __version__
@@ -62,7 +64,6 @@ PTX_FALLBACK_VERSION = 80
 NOT_APPLICABLE = SpirvStatus(status="not_applicable", reason="Triton source")
 #: the two trailing parameters every Triton kernel takes
 SCRATCH_PARAMS = ("khal_global_scratch", "khal_profile_scratch")
-SHARED_LIMIT = 48 * 1024
 _MIN_ARCH = 75
 
 
@@ -223,22 +224,30 @@ def _targets(cfg: ResolvedCrate) -> dict[str, tuple[int, int | None]]:
 
 def _refusal(crate: str, inst: TritonInstance, target: str, md: dict[str, Any]) -> str | None:
     where = f"crate {crate!r}: instance {inst.name!r} ({inst.kernel}) for {target}"
-    if md["shared"] > SHARED_LIMIT:
-        return (f"{where} needs {md['shared']} bytes of dynamic shared memory, above 48 KB: that needs launch "
-                "attributes (cudaFuncAttributeMaxDynamicSharedMemorySize), which Triton crates do not set yet; "
-                "lower num_stages or the block sizes")
     if md["num_ctas"] > 1:
-        return f"{where} has num_ctas={md['num_ctas']}: clusters need launch attributes, not supported yet"
-    if md["launch_pdl"]:
-        return f"{where} uses programmatic dependent launch (launch_pdl): that needs launch attributes, not supported yet"
-    if md["launch_cooperative_grid"]:
-        return f"{where} needs a cooperative grid: that needs launch attributes, not supported yet"
+        return (f"{where} has num_ctas={md['num_ctas']}: its programs are clusters of CTAs, launched with a cluster "
+                "dimension given at launch (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), which hatch-khal does not set "
+                "(its clusters are compiled in, KHAL_CLUSTER); use num_ctas=1")
     if md["global_scratch_size"] or md["profile_scratch_size"]:
         return (f"{where} needs scratch memory (global {md['global_scratch_size']} B, profile "
                 f"{md['profile_scratch_size']} B per program), which Triton crates do not allocate yet")
     if md["num_warps"] != inst.num_warps:
         return f"{where}: Triton compiled it with {md['num_warps']} warps, the instance asks for {inst.num_warps}"
     return None
+
+
+def launch_attributes(mds: list[dict[str, Any]]) -> LaunchAttributes | None:
+    """The launch attributes of an instance from Triton's metadata of each of its targets: its
+    dynamic shared memory (the largest) as ``max_dynamic_shared`` when above 48 KB (below, every
+    launch passes it with no attribute: entries hash as before), PDL and a cooperative grid when
+    any target's compile asked for them. None when it needs none."""
+    shared = max(int(md["shared"]) for md in mds)
+    pdl = any(bool(md["launch_pdl"]) for md in mds)
+    cooperative = any(bool(md["launch_cooperative_grid"]) for md in mds)
+    if shared <= abi.DEFAULT_DYNAMIC_SHARED and not pdl and not cooperative:
+        return None
+    return LaunchAttributes(max_dynamic_shared=shared if shared > abi.DEFAULT_DYNAMIC_SHARED else None,
+                            pdl=pdl, cooperative=cooperative)
 
 
 def _params(inst: TritonInstance) -> tuple[Param, ...]:
@@ -410,12 +419,14 @@ class TritonLanguage:
                                 cache_key=got["cache_key"], triton_version=answer["triton"])
             params = _params(inst)
             block = (inst.num_warps * 32, 1, 1)
+            attributes = launch_attributes(list(got["targets"].values()))
             # Triton grids have up to three axes of programs (tl.program_id(0..2))
-            sig = abi.entry_signature(inst.name, block, params, grid_dims=3, triton=facts.record())
+            sig = abi.entry_signature(inst.name, block, params, grid_dims=3, attributes=attributes,
+                                      triton=facts.record())
             h = abi.entry_hash(p.content_hash, sig)
             symbol = abi.symbol_for(inst.name, h)
             entries.append(Entry(name=inst.name, symbol=symbol, hash=h, block_size=block, params=params,
-                                 grid_dims=3, triton=facts))
+                                 grid_dims=3, attributes=attributes, triton=facts))
             for target, md in got["targets"].items():
                 per_target[target].append(rename_kernel(md["ptx"], md["name"], symbol))
         p.final = entries

@@ -111,6 +111,22 @@ def test_matmul_matches_torch(tri: Any) -> None:
         assert torch.allclose(c, torch.matmul(a, b), atol=1e-2, rtol=0), f"{kind} {m}x{n}x{k}"
 
 
+def test_a_matmul_needing_more_than_48_kb_of_shared_memory_runs_opted_in(tri: Any) -> None:
+    import torch
+
+    kind, ks = tri
+    big = ks.matmul_fp16_big
+    assert big.entry.triton.shared > 48 * 1024 and big.entry.attributes.max_dynamic_shared == big.entry.triton.shared
+    m, n, k = 512, 384, 256
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+    big[((m + 127) // 128 * ((n + 127) // 128),)](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0),
+                                                  b.stride(1), c.stride(0), c.stride(1), stream=_stream())
+    torch.cuda.synchronize()
+    assert torch.allclose(c, torch.matmul(a, b), atol=1e-2, rtol=0), kind
+
+
 def test_outputs_equal_tritons_jit_of_the_same_source(tri: Any) -> None:
     import torch
 
