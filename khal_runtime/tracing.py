@@ -51,9 +51,9 @@ from typing import Any, Callable
 from khal_runtime import abi, backends, interop
 from khal_runtime.capture_state import capturing, current_capture
 from khal_runtime.errors import CudaError, KhalError
-from khal_runtime.hooks import FALSE_VALUES, Hooks
-from khal_runtime.hooks import hooks as _hooks
-from khal_runtime.hooks import write_line
+from khal_runtime.launch_hooks import FALSE_VALUES, Hooks
+from khal_runtime.launch_hooks import hooks as _hooks
+from khal_runtime.launch_hooks import write_line
 from khal_runtime.uniforms import to_uniform
 
 __all__ = [
@@ -146,7 +146,7 @@ def env_asks() -> bool:
 # ---------------------------------------------------------------------------------------------
 # output
 # ---------------------------------------------------------------------------------------------
-# write_line: the trace sink, shared with the lower layers (khal_runtime.hooks)
+# write_line: the trace sink, shared with the lower layers (khal_runtime.launch_hooks)
 
 
 # ---------------------------------------------------------------------------------------------

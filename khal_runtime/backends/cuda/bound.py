@@ -30,7 +30,7 @@ from khal_runtime.backends.cuda.driver import driver
 from khal_runtime.backends.cuda.launch import READERS, LaunchPlan, launch_call
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import _tls, ensure_current
-from khal_runtime.hooks import hooks
+from khal_runtime.launch_hooks import hooks
 from khal_runtime.memo import EPOCH
 
 __all__ = ["BoundLaunch"]

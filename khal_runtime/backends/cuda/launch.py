@@ -13,7 +13,7 @@ argument objects) skips the reading and packing: see :mod:`.launchgen` for the p
 memo and the shared snapshots, and :mod:`khal_runtime.memo` for what clears them.
 
 Launch hooks (tracing, profiling) are compiled into the generated code only while installed
-(:mod:`khal_runtime.hooks`).
+(:mod:`khal_runtime.launch_hooks`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from khal_runtime.buffers import FREED, DeviceBuffer
 from khal_runtime.device import Stream, _tls, as_stream, ensure_current, ready_stream
 from khal_runtime.errors import CudaError
 from khal_runtime.generated import define
-from khal_runtime.hooks import hooks
+from khal_runtime.launch_hooks import hooks
 from khal_runtime.manifest import Entry
 from khal_runtime.memo import EPOCH, register_memo
 from khal_runtime.uniforms import cached_converter, is_converter, uniform_converter
