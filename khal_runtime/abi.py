@@ -26,7 +26,7 @@ import operator
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping, NamedTuple
+from typing import Any, Callable, Generic, Iterable, Literal, Mapping, NamedTuple, TypeVar
 
 __all__ = [
     "ABI_VERSION",
@@ -35,6 +35,8 @@ __all__ = [
     "HASH_LEN",
     "KINDS",
     "READERS",
+    "ReaderTable",
+    "ReaderTableError",
     "MAX_BLOCK_THREADS",
     "SCALARS",
     "Arch",
@@ -320,6 +322,49 @@ def reader(name: str) -> Reader:
                          f"{', '.join(READERS)}") from None
 
 
+_T = TypeVar("_T")
+
+
+class ReaderTableError(ValueError):
+    """A path's :class:`ReaderTable` does not implement exactly the declared :data:`READERS`:
+    raised where the table is made (the import of its module), never at a launch."""
+
+
+class ReaderTable(Generic[_T]):
+    """One path's implementation per reader (reader name -> function or strategy object), checked
+    when it is made against :data:`READERS`, as a plugin's hooks are checked against their specs:
+    a reader declared without an implementation here is a :class:`ReaderTableError` naming the
+    path and the reader. Paths look up once per entry or plan (:meth:`of`), never per launch."""
+
+    def __init__(self, where: str, impls: Mapping[str, _T]) -> None:
+        missing = [r for r in READERS if r not in impls]
+        extra = [r for r in impls if r not in READERS]
+        if missing or extra:
+            raise ReaderTableError(
+                f"{where}: its reader table " + "; ".join(
+                    ([f"implements no {', '.join(map(repr, missing))}"] if missing else [])
+                    + ([f"implements {', '.join(map(repr, extra))}, which abi.READERS does not declare"]
+                       if extra else []))
+                + f" (abi.READERS declares {', '.join(READERS)})")
+        self.where = where
+        self.impls: dict[str, _T] = dict(impls)
+
+    def __getitem__(self, reader_name: str) -> _T:
+        return self.impls[reader_name]
+
+    def of(self, kind_name: str, where: str | None = None) -> _T:
+        """The implementation for kind ``kind_name``'s reader (ValueError for an unknown kind;
+        :func:`unknown_reader`'s error for a reader this table lacks, e.g. a kind changed since)."""
+        return self.get(kind(kind_name).reader, kind_name, where)
+
+    def get(self, reader_name: str, kind_name: str, where: str | None = None) -> _T:
+        """The implementation of reader ``reader_name`` (of kind ``kind_name``, for the error)."""
+        impl = self.impls.get(reader_name)
+        if impl is None:
+            raise unknown_reader(kind_name, reader_name, where or self.where)
+        return impl
+
+
 def unknown_reader(kind_name: str, reader_name: str, where: str) -> ValueError:
     """The error a branch on readers raises for one it does not implement (never a scalar by
     default)."""
@@ -412,32 +457,13 @@ class ParamKind:
 
     def slots(self, element_type: str, element_size: int, element_align: int) -> tuple[Slot, ...]:
         """The kernel parameters one binding of this kind takes, in order."""
-        name = self.strategy.name
-        if name == "array":
-            return (Slot("pointer", 8, 8, "Q"), Slot("count", 8, 8, "Q"))
-        if name == "struct":
-            return (Slot("pointer", 8, 8, "Q"),)
-        if name == "value":
-            t = SCALARS.get(element_type)
-            if t is None:
-                raise ValueError(f"scalar parameter of type {element_type!r}: not a scalar type of the ABI "
-                                 f"({', '.join(SCALARS)})")
-            return (Slot("value", t.size, max(element_align, t.align), t.code),)
-        raise unknown_reader(self.name, name, "kernel slots")
+        return _SLOTS.get(self.reader, self.name, "kernel slots")(element_type, element_align)
 
     def describe(self, element_type: str, element_size: int, shape: str | None = None,
                  length: int | None = None, writable: bool = False) -> str:
         """``storage float32``, ``storage Particle[4] rw``, ``uniform Params (16 bytes)``, ..."""
-        name = self.strategy.name
-        if name == "array":
-            extra = f"[{length}]" if shape == "array" and length else ""
-            single = " (one value)" if shape == "value" else ""
-            return f"{self.name} {element_type}{extra}{single}{' rw' if writable else ''}"
-        if name == "struct":
-            return f"{self.name} {element_type} ({element_size} bytes)"
-        if name == "value":
-            return f"{self.name} {element_type}"
-        raise unknown_reader(self.name, name, "parameter description")
+        how = _DESCRIBE.get(self.reader, self.name, "parameter description")
+        return f"{self.name} {element_type}{how(element_size, shape, length, writable)}"
 
     def validate(self, element_type: str, element_size: int, shape: str | None,
                  length: int | None, writable: bool) -> None:
@@ -445,18 +471,59 @@ class ParamKind:
         r = self.strategy
         if shape not in self.shapes:
             raise ValueError(f"a {self.name} parameter has no shape {shape!r}")
-        if r.name == "array":
-            if (shape == "array") != (length is not None) and not (shape == "value" and length == 1):
-                raise ValueError(f"a {self.name} of shape {shape!r} has length {length!r}")
-        elif length is not None:
-            raise ValueError(f"a {self.name} parameter has no length")
+        _VALIDATE[r.name](self.name, element_type, shape, length)
         if writable and not r.writable:
             raise ValueError(f"a {self.name} parameter cannot be writable")
         t = SCALARS.get(element_type)
-        if r.name == "value" and t is None:
-            raise ValueError(f"scalar type {element_type!r} is not one of the ABI's ({', '.join(SCALARS)})")
         if t is not None and element_size != t.size:
             raise ValueError(f"element type {element_type} is {t.size} bytes, not {element_size}")
+
+
+def _value_slot(element_type: str, element_align: int) -> tuple[Slot, ...]:
+    t = SCALARS.get(element_type)
+    if t is None:
+        raise ValueError(f"scalar parameter of type {element_type!r}: not a scalar type of the ABI "
+                         f"({', '.join(SCALARS)})")
+    return (Slot("value", t.size, max(element_align, t.align), t.code),)
+
+
+_SLOTS: ReaderTable[Callable[[str, int], tuple[Slot, ...]]] = ReaderTable("abi.ParamKind.slots", {
+    "array": lambda et, ea: (Slot("pointer", 8, 8, "Q"), Slot("count", 8, 8, "Q")),
+    "struct": lambda et, ea: (Slot("pointer", 8, 8, "Q"),),
+    "value": _value_slot,
+})
+
+#: what follows ``<kind> <element type>`` in a description, from (size, shape, length, writable)
+_DESCRIBE: ReaderTable[Callable[[int, str | None, int | None, bool], str]] = ReaderTable(
+    "abi.ParamKind.describe", {
+    "array": lambda size, shape, length, w: ((f"[{length}]" if shape == "array" and length else "")
+                                             + (" (one value)" if shape == "value" else "")
+                                             + (" rw" if w else "")),
+    "struct": lambda size, shape, length, w: f" ({size} bytes)",
+    "value": lambda size, shape, length, w: "",
+})
+
+
+def _validate_array(kind_name: str, element_type: str, shape: str | None, length: int | None) -> None:
+    if (shape == "array") != (length is not None) and not (shape == "value" and length == 1):
+        raise ValueError(f"a {kind_name} of shape {shape!r} has length {length!r}")
+
+
+def _validate_struct(kind_name: str, element_type: str, shape: str | None, length: int | None) -> None:
+    if length is not None:
+        raise ValueError(f"a {kind_name} parameter has no length")
+
+
+def _validate_value(kind_name: str, element_type: str, shape: str | None, length: int | None) -> None:
+    _validate_struct(kind_name, element_type, shape, length)
+    if element_type not in SCALARS:
+        raise ValueError(f"scalar type {element_type!r} is not one of the ABI's ({', '.join(SCALARS)})")
+
+
+#: the reader's own checks of a manifest parameter (its length; a scalar type for a value)
+_VALIDATE: ReaderTable[Callable[[str, str, str | None, int | None], None]] = ReaderTable(
+    "abi.ParamKind.validate", {
+    "array": _validate_array, "struct": _validate_struct, "value": _validate_value})
 
 
 KINDS: dict[str, ParamKind] = {

@@ -159,24 +159,33 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _describe_array(p: Any, obj: Any) -> str:
+    ptr, count, _key = interop.extract(obj)
+    return (f"{p.name}={p.kind} {p.element_type}[{count}] "
+            f"({_fmt_bytes(count * int(p.element_size))} @0x{ptr:x})")
+
+
+def _describe_struct(p: Any, obj: Any) -> str:
+    if isinstance(obj, dict):  # packed into the struct's layout by the launch
+        return f"{p.name}={p.kind} {p.element_type} ({p.element_size} B, from a dict)"
+    u = to_uniform(obj)
+    if isinstance(u, bytes):
+        return f"{p.name}={p.kind} {p.element_type} ({len(u)} B, host)"
+    return f"{p.name}={p.kind} {p.element_type} ({u[1]} B, device @0x{u[0]:x})"
+
+
+#: one argument's trace text, per reader
+_DESCRIBE: abi.ReaderTable[Callable[[Any, Any], str]] = abi.ReaderTable("khal_runtime.tracing", {
+    "array": _describe_array,
+    "struct": _describe_struct,
+    "value": lambda p, obj: f"{p.name}={p.kind} {p.element_type} ({p.element_size} B) = {obj!r}",
+})
+
+
 def describe_arg(p: Any, obj: Any) -> str:
     """``name=kind type[count] (size)`` for one argument (never raises)."""
     try:
-        reader = abi.kind(p.kind).reader
-        if reader == "array":
-            ptr, count, _key = interop.extract(obj)
-            return (f"{p.name}={p.kind} {p.element_type}[{count}] "
-                    f"({_fmt_bytes(count * int(p.element_size))} @0x{ptr:x})")
-        if reader == "struct":
-            if isinstance(obj, dict):  # packed into the struct's layout by the launch
-                return f"{p.name}={p.kind} {p.element_type} ({p.element_size} B, from a dict)"
-            u = to_uniform(obj)
-            if isinstance(u, bytes):
-                return f"{p.name}={p.kind} {p.element_type} ({len(u)} B, host)"
-            return f"{p.name}={p.kind} {p.element_type} ({u[1]} B, device @0x{u[0]:x})"
-        if reader == "value":
-            return f"{p.name}={p.kind} {p.element_type} ({p.element_size} B) = {obj!r}"
-        raise abi.unknown_reader(p.kind, reader, "trace")
+        return _DESCRIBE.of(p.kind, "trace")(p, obj)
     except Exception as exc:  # a bad argument: the launch itself reports it
         return f"{p.name}=<{type(obj).__name__}: {exc}>"
 
