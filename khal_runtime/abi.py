@@ -355,7 +355,11 @@ class ReaderTable(Generic[_T]):
     def of(self, kind_name: str, where: str | None = None) -> _T:
         """The implementation for kind ``kind_name``'s reader (ValueError for an unknown kind;
         :func:`unknown_reader`'s error for a reader this table lacks, e.g. a kind changed since)."""
-        return self.get(kind(kind_name).reader, kind_name, where)
+        k = KINDS.get(kind_name) or kind(kind_name)  # (inline: first-call frame budget)
+        impl = self.impls.get(k.reader)
+        if impl is None:
+            raise unknown_reader(kind_name, k.reader, where or self.where)
+        return impl
 
     def get(self, reader_name: str, kind_name: str, where: str | None = None) -> _T:
         """The implementation of reader ``reader_name`` (of kind ``kind_name``, for the error)."""
@@ -457,7 +461,16 @@ class ParamKind:
 
     def slots(self, element_type: str, element_size: int, element_align: int) -> tuple[Slot, ...]:
         """The kernel parameters one binding of this kind takes, in order."""
-        return _SLOTS.get(self.reader, self.name, "kernel slots")(element_type, element_align)
+        fixed = _SLOTS.impls.get(self.reader)  # (no calls: it runs per parameter on a first call)
+        if fixed is None:
+            raise unknown_reader(self.name, self.reader, "kernel slots")
+        if fixed:
+            return fixed
+        t = SCALARS.get(element_type)
+        if t is None:
+            raise ValueError(f"scalar parameter of type {element_type!r}: not a scalar type of the ABI "
+                             f"({', '.join(SCALARS)})")
+        return (Slot("value", t.size, max(element_align, t.align), t.code),)
 
     def describe(self, element_type: str, element_size: int, shape: str | None = None,
                  length: int | None = None, writable: bool = False) -> str:
@@ -479,18 +492,11 @@ class ParamKind:
             raise ValueError(f"element type {element_type} is {t.size} bytes, not {element_size}")
 
 
-def _value_slot(element_type: str, element_align: int) -> tuple[Slot, ...]:
-    t = SCALARS.get(element_type)
-    if t is None:
-        raise ValueError(f"scalar parameter of type {element_type!r}: not a scalar type of the ABI "
-                         f"({', '.join(SCALARS)})")
-    return (Slot("value", t.size, max(element_align, t.align), t.code),)
-
-
-_SLOTS: ReaderTable[Callable[[str, int], tuple[Slot, ...]]] = ReaderTable("abi.ParamKind.slots", {
-    "array": lambda et, ea: (Slot("pointer", 8, 8, "Q"), Slot("count", 8, 8, "Q")),
-    "struct": lambda et, ea: (Slot("pointer", 8, 8, "Q"),),
-    "value": _value_slot,
+#: the kernel parameters of one binding per reader; empty: one slot, the scalar passed by value
+_SLOTS: ReaderTable[tuple[Slot, ...]] = ReaderTable("abi.ParamKind.slots", {
+    "array": (Slot("pointer", 8, 8, "Q"), Slot("count", 8, 8, "Q")),
+    "struct": (Slot("pointer", 8, 8, "Q"),),
+    "value": (),
 })
 
 #: what follows ``<kind> <element type>`` in a description, from (size, shape, length, writable)
