@@ -12,9 +12,11 @@ Everything both halves must agree on lives here and nowhere else:
 
 A new parameter kind that reuses one of the :data:`READERS` is one :class:`ParamKind` in
 :data:`KINDS` (its CUDA C++ markers, what the kernel receives, its binding, its stub type all
-come from the table); an unknown kind is an error everywhere (:func:`kind`), and a branch on
-readers raises on one it does not implement (:func:`unknown_reader`), never a scalar by default. This module is a leaf: it
-imports nothing of the project, so every other module may import it.
+come from the table); an unknown kind is an error everywhere (:func:`kind`). A new reader is
+one :class:`Reader` here plus one implementation in each path's :class:`ReaderTable`: a path
+without one fails when its module is imported (:class:`ReaderTableError`), and a kind whose
+reader a path lacks is refused by name (:func:`unknown_reader`), never taken for a scalar. This
+module is a leaf: it imports nothing of the project, so every other module may import it.
 """
 
 from __future__ import annotations
@@ -266,9 +268,10 @@ class Slot(NamedTuple):
 @dataclass(frozen=True)
 class Reader:
     """How the host reads one kind of argument and what the kernel receives for it: a closed set
-    the launch paths implement once each (:data:`READERS`). Each launch path branches on
-    ``reader.name`` and raises on a name it does not implement; everything else about a reader
-    is data here, so a new :class:`ParamKind` that reuses a reader is one entry in :data:`KINDS`.
+    the launch paths implement once each (:data:`READERS`). Each path registers one
+    implementation per reader in a :class:`ReaderTable`, checked when its module is imported;
+    everything else about a reader is data here, so a new :class:`ParamKind` that reuses a reader
+    is one entry in :data:`KINDS`.
     """
 
     #: ``"array"`` (a device array: pointer, element count, element type), ``"struct"`` (a small
@@ -289,6 +292,9 @@ class Reader:
     py_type: str | None
     #: appended to the parameter's description in a stub's docstring
     stub_note: str = ""
+    #: a manifest parameter read this way may carry its struct's layout per target
+    #: (``Param.layouts``: a uniform's, packed from a dict)
+    struct_layouts: bool = False
 
     def access(self, writable: bool) -> Literal["read", "read_write", "uniform"] | None:
         """A WebGPU binding's access (``"read"``, ``"read_write"``, ``"uniform"``), None for a
@@ -307,7 +313,8 @@ READERS: dict[str, Reader] = {
     for r in (
         Reader("array", True, True, ("::khal::element_t<{t}>*{restrict} {p}_ptr", "unsigned long long {p}_len"),
                "storage", "DeviceArray"),
-        Reader("struct", False, True, ("const ::khal::value_t<{t}>* {p}_ptr",), "uniform", "Uniform"),
+        Reader("struct", False, True, ("const ::khal::value_t<{t}>* {p}_ptr",), "uniform", "Uniform",
+               struct_layouts=True),
         Reader("value", False, False, ("::khal::value_t<{t}> {p}",), None, None, " (by value)"),
     )
 }
