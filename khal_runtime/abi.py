@@ -51,7 +51,6 @@ __all__ = [
     "describe_type_id",
     "entry_hash",
     "entry_signature",
-    "implemented_reader",
     "indirect_symbol_for",
     "kind",
     "markers",
@@ -381,16 +380,6 @@ def unknown_reader(kind_name: str, reader_name: str, where: str) -> ValueError:
     default)."""
     return ValueError(f"{where}: parameter kind {kind_name!r} has reader {reader_name!r}, which this "
                       f"path does not implement (it implements {', '.join(READERS)})")
-
-
-def implemented_reader(kind_name: str, implemented: Iterable[str], where: str) -> str:
-    """The reader of kind ``kind_name`` (ValueError if the kind is unknown) if ``where`` (a
-    launch path, a code generator) implements it; :func:`unknown_reader`'s error otherwise.
-    Called once per entry, where the path is built, never per launch."""
-    name = kind(kind_name).reader
-    if name not in implemented:
-        raise unknown_reader(kind_name, name, where)
-    return name
 
 
 @dataclass(frozen=True)
