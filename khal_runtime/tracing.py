@@ -1,4 +1,4 @@
-"""Launch tracing, GPU-time profiling and NVTX ranges, through ``launching.hooks``.
+"""Launch tracing, GPU-time profiling and NVTX ranges, through :mod:`khal_runtime.launch_hooks`.
 
 Nothing here costs anything unless enabled: the generated launch code calls the
 :class:`Dispatcher` installed here only while it is installed (``hooks.install`` and

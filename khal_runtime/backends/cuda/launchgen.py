@@ -24,7 +24,8 @@ and validated integers only (never from user strings):
 
 Anything off these paths goes to the kernel's slow path or to ``diagnose``, which names the
 bad argument. ``memo.bump_epoch`` (a free, a uniform-cache flush) clears every memo slot
-and snapshot at once.
+and snapshot at once. Each parameter's lines come from its reader's :class:`CudaReader`
+(:data:`READERS`, one per ``abi.READERS``), chosen when the plan is made.
 """
 
 from __future__ import annotations

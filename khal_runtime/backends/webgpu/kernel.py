@@ -16,7 +16,8 @@ with :func:`register_storage_type`, e.g. the generic ``DeviceBuffer`` once it wr
 uniform takes a dict of its fields, a ctypes Structure, a NumPy structured scalar or the bytes
 of its C layout (:class:`~.packing.UniformPacker`); a scalar takes a number, under
 :func:`khal_runtime.abi.scalar_value`. Every mistake raises ArgumentError /
-ArgumentValueError naming the entry and the parameter before anything is recorded.
+ArgumentValueError naming the entry and the parameter before anything is recorded. How each
+reader is taken is one :class:`WgpuReader` in :data:`READERS`, chosen when the plan is made.
 
 The call is the hot path: see ``benchmarks/bench_webgpu.py`` for its cost against a raw
 wgpu-py dispatch.
