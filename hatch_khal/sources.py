@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from hatch_khal.entries import strip_comments
+from hatch_khal.preprocessor import strip_comments
 from hatch_khal.errors import ConfigError, SourceError
 
 __all__ = ["BOM", "EXTERNAL", "MAX_FOLDER_BYTES", "MAX_FOLDER_FILES", "CrateSources", "SourceFile", "collect_sources"]

@@ -12,9 +12,11 @@ Everything both halves must agree on lives here and nowhere else:
 
 A new parameter kind that reuses one of the :data:`READERS` is one :class:`ParamKind` in
 :data:`KINDS` (its CUDA C++ markers, what the kernel receives, its binding, its stub type all
-come from the table); an unknown kind is an error everywhere (:func:`kind`), and a branch on
-readers raises on one it does not implement (:func:`unknown_reader`), never a scalar by default. This module is a leaf: it
-imports nothing of the project, so every other module may import it.
+come from the table); an unknown kind is an error everywhere (:func:`kind`). A new reader is
+one :class:`Reader` here plus one implementation in each path's :class:`ReaderTable`: a path
+without one fails when its module is imported (:class:`ReaderTableError`), and a kind whose
+reader a path lacks is refused by name (:func:`unknown_reader`), never taken for a scalar. This
+module is a leaf: it imports nothing of the project, so every other module may import it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import operator
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping, NamedTuple
+from typing import Any, Callable, Generic, Iterable, Literal, Mapping, NamedTuple, TypeVar
 
 __all__ = [
     "ABI_VERSION",
@@ -35,6 +37,8 @@ __all__ = [
     "HASH_LEN",
     "KINDS",
     "READERS",
+    "ReaderTable",
+    "ReaderTableError",
     "MAX_BLOCK_THREADS",
     "SCALARS",
     "Arch",
@@ -47,7 +51,6 @@ __all__ = [
     "describe_type_id",
     "entry_hash",
     "entry_signature",
-    "implemented_reader",
     "indirect_symbol_for",
     "kind",
     "markers",
@@ -264,9 +267,10 @@ class Slot(NamedTuple):
 @dataclass(frozen=True)
 class Reader:
     """How the host reads one kind of argument and what the kernel receives for it: a closed set
-    the launch paths implement once each (:data:`READERS`). Each launch path branches on
-    ``reader.name`` and raises on a name it does not implement; everything else about a reader
-    is data here, so a new :class:`ParamKind` that reuses a reader is one entry in :data:`KINDS`.
+    the launch paths implement once each (:data:`READERS`). Each path registers one
+    implementation per reader in a :class:`ReaderTable`, checked when its module is imported;
+    everything else about a reader is data here, so a new :class:`ParamKind` that reuses a reader
+    is one entry in :data:`KINDS`.
     """
 
     #: ``"array"`` (a device array: pointer, element count, element type), ``"struct"`` (a small
@@ -287,6 +291,9 @@ class Reader:
     py_type: str | None
     #: appended to the parameter's description in a stub's docstring
     stub_note: str = ""
+    #: a manifest parameter read this way may carry its struct's layout per target
+    #: (``Param.layouts``: a uniform's, packed from a dict)
+    struct_layouts: bool = False
 
     def access(self, writable: bool) -> Literal["read", "read_write", "uniform"] | None:
         """A WebGPU binding's access (``"read"``, ``"read_write"``, ``"uniform"``), None for a
@@ -305,7 +312,8 @@ READERS: dict[str, Reader] = {
     for r in (
         Reader("array", True, True, ("::khal::element_t<{t}>*{restrict} {p}_ptr", "unsigned long long {p}_len"),
                "storage", "DeviceArray"),
-        Reader("struct", False, True, ("const ::khal::value_t<{t}>* {p}_ptr",), "uniform", "Uniform"),
+        Reader("struct", False, True, ("const ::khal::value_t<{t}>* {p}_ptr",), "uniform", "Uniform",
+               struct_layouts=True),
         Reader("value", False, False, ("::khal::value_t<{t}> {p}",), None, None, " (by value)"),
     )
 }
@@ -320,21 +328,58 @@ def reader(name: str) -> Reader:
                          f"{', '.join(READERS)}") from None
 
 
+_T = TypeVar("_T")
+
+
+class ReaderTableError(ValueError):
+    """A path's :class:`ReaderTable` does not implement exactly the declared :data:`READERS`:
+    raised where the table is made (the import of its module), never at a launch."""
+
+
+class ReaderTable(Generic[_T]):
+    """One path's implementation per reader (reader name -> function or strategy object), checked
+    when it is made against :data:`READERS`, as a plugin's hooks are checked against their specs:
+    a reader declared without an implementation here is a :class:`ReaderTableError` naming the
+    path and the reader. Paths look up once per entry or plan (:meth:`of`), never per launch."""
+
+    def __init__(self, where: str, impls: Mapping[str, _T]) -> None:
+        missing = [r for r in READERS if r not in impls]
+        extra = [r for r in impls if r not in READERS]
+        if missing or extra:
+            raise ReaderTableError(
+                f"{where}: its reader table " + "; ".join(
+                    ([f"implements no {', '.join(map(repr, missing))}"] if missing else [])
+                    + ([f"implements {', '.join(map(repr, extra))}, which abi.READERS does not declare"]
+                       if extra else []))
+                + f" (abi.READERS declares {', '.join(READERS)})")
+        self.where = where
+        self.impls: dict[str, _T] = dict(impls)
+
+    def __getitem__(self, reader_name: str) -> _T:
+        return self.impls[reader_name]
+
+    def of(self, kind_name: str, where: str | None = None) -> _T:
+        """The implementation for kind ``kind_name``'s reader (ValueError for an unknown kind;
+        :func:`unknown_reader`'s error for a reader this table lacks, e.g. a kind changed since)."""
+        k = KINDS.get(kind_name) or kind(kind_name)  # (inline: first-call frame budget)
+        impl = self.impls.get(k.reader)
+        if impl is None:
+            raise unknown_reader(kind_name, k.reader, where or self.where)
+        return impl
+
+    def get(self, reader_name: str, kind_name: str, where: str | None = None) -> _T:
+        """The implementation of reader ``reader_name`` (of kind ``kind_name``, for the error)."""
+        impl = self.impls.get(reader_name)
+        if impl is None:
+            raise unknown_reader(kind_name, reader_name, where or self.where)
+        return impl
+
+
 def unknown_reader(kind_name: str, reader_name: str, where: str) -> ValueError:
     """The error a branch on readers raises for one it does not implement (never a scalar by
     default)."""
     return ValueError(f"{where}: parameter kind {kind_name!r} has reader {reader_name!r}, which this "
                       f"path does not implement (it implements {', '.join(READERS)})")
-
-
-def implemented_reader(kind_name: str, implemented: Iterable[str], where: str) -> str:
-    """The reader of kind ``kind_name`` (ValueError if the kind is unknown) if ``where`` (a
-    launch path, a code generator) implements it; :func:`unknown_reader`'s error otherwise.
-    Called once per entry, where the path is built, never per launch."""
-    name = kind(kind_name).reader
-    if name not in implemented:
-        raise unknown_reader(kind_name, name, where)
-    return name
 
 
 @dataclass(frozen=True)
@@ -412,32 +457,22 @@ class ParamKind:
 
     def slots(self, element_type: str, element_size: int, element_align: int) -> tuple[Slot, ...]:
         """The kernel parameters one binding of this kind takes, in order."""
-        name = self.strategy.name
-        if name == "array":
-            return (Slot("pointer", 8, 8, "Q"), Slot("count", 8, 8, "Q"))
-        if name == "struct":
-            return (Slot("pointer", 8, 8, "Q"),)
-        if name == "value":
-            t = SCALARS.get(element_type)
-            if t is None:
-                raise ValueError(f"scalar parameter of type {element_type!r}: not a scalar type of the ABI "
-                                 f"({', '.join(SCALARS)})")
-            return (Slot("value", t.size, max(element_align, t.align), t.code),)
-        raise unknown_reader(self.name, name, "kernel slots")
+        fixed = _SLOTS.impls.get(self.reader)  # (no calls: it runs per parameter on a first call)
+        if fixed is None:
+            raise unknown_reader(self.name, self.reader, "kernel slots")
+        if fixed:
+            return fixed
+        t = SCALARS.get(element_type)
+        if t is None:
+            raise ValueError(f"scalar parameter of type {element_type!r}: not a scalar type of the ABI "
+                             f"({', '.join(SCALARS)})")
+        return (Slot("value", t.size, max(element_align, t.align), t.code),)
 
     def describe(self, element_type: str, element_size: int, shape: str | None = None,
                  length: int | None = None, writable: bool = False) -> str:
         """``storage float32``, ``storage Particle[4] rw``, ``uniform Params (16 bytes)``, ..."""
-        name = self.strategy.name
-        if name == "array":
-            extra = f"[{length}]" if shape == "array" and length else ""
-            single = " (one value)" if shape == "value" else ""
-            return f"{self.name} {element_type}{extra}{single}{' rw' if writable else ''}"
-        if name == "struct":
-            return f"{self.name} {element_type} ({element_size} bytes)"
-        if name == "value":
-            return f"{self.name} {element_type}"
-        raise unknown_reader(self.name, name, "parameter description")
+        how = _DESCRIBE.get(self.reader, self.name, "parameter description")
+        return f"{self.name} {element_type}{how(element_size, shape, length, writable)}"
 
     def validate(self, element_type: str, element_size: int, shape: str | None,
                  length: int | None, writable: bool) -> None:
@@ -445,18 +480,52 @@ class ParamKind:
         r = self.strategy
         if shape not in self.shapes:
             raise ValueError(f"a {self.name} parameter has no shape {shape!r}")
-        if r.name == "array":
-            if (shape == "array") != (length is not None) and not (shape == "value" and length == 1):
-                raise ValueError(f"a {self.name} of shape {shape!r} has length {length!r}")
-        elif length is not None:
-            raise ValueError(f"a {self.name} parameter has no length")
+        _VALIDATE[r.name](self.name, element_type, shape, length)
         if writable and not r.writable:
             raise ValueError(f"a {self.name} parameter cannot be writable")
         t = SCALARS.get(element_type)
-        if r.name == "value" and t is None:
-            raise ValueError(f"scalar type {element_type!r} is not one of the ABI's ({', '.join(SCALARS)})")
         if t is not None and element_size != t.size:
             raise ValueError(f"element type {element_type} is {t.size} bytes, not {element_size}")
+
+
+#: the kernel parameters of one binding per reader; empty: one slot, the scalar passed by value
+_SLOTS: ReaderTable[tuple[Slot, ...]] = ReaderTable("abi.ParamKind.slots", {
+    "array": (Slot("pointer", 8, 8, "Q"), Slot("count", 8, 8, "Q")),
+    "struct": (Slot("pointer", 8, 8, "Q"),),
+    "value": (),
+})
+
+#: what follows ``<kind> <element type>`` in a description, from (size, shape, length, writable)
+_DESCRIBE: ReaderTable[Callable[[int, str | None, int | None, bool], str]] = ReaderTable(
+    "abi.ParamKind.describe", {
+    "array": lambda size, shape, length, w: ((f"[{length}]" if shape == "array" and length else "")
+                                             + (" (one value)" if shape == "value" else "")
+                                             + (" rw" if w else "")),
+    "struct": lambda size, shape, length, w: f" ({size} bytes)",
+    "value": lambda size, shape, length, w: "",
+})
+
+
+def _validate_array(kind_name: str, element_type: str, shape: str | None, length: int | None) -> None:
+    if (shape == "array") != (length is not None) and not (shape == "value" and length == 1):
+        raise ValueError(f"a {kind_name} of shape {shape!r} has length {length!r}")
+
+
+def _validate_struct(kind_name: str, element_type: str, shape: str | None, length: int | None) -> None:
+    if length is not None:
+        raise ValueError(f"a {kind_name} parameter has no length")
+
+
+def _validate_value(kind_name: str, element_type: str, shape: str | None, length: int | None) -> None:
+    _validate_struct(kind_name, element_type, shape, length)
+    if element_type not in SCALARS:
+        raise ValueError(f"scalar type {element_type!r} is not one of the ABI's ({', '.join(SCALARS)})")
+
+
+#: the reader's own checks of a manifest parameter (its length; a scalar type for a value)
+_VALIDATE: ReaderTable[Callable[[str, str, str | None, int | None], None]] = ReaderTable(
+    "abi.ParamKind.validate", {
+    "array": _validate_array, "struct": _validate_struct, "value": _validate_value})
 
 
 KINDS: dict[str, ParamKind] = {

@@ -334,6 +334,15 @@ def check_scalar(arg: str, p: Param, obj: Any) -> Any:
     return v
 
 
+#: how an argument of each reader is checked (arg, param, object, device): the slow path's diagnosis
+_CHECKS: abi.ReaderTable[Callable[[str, Param, Any, "int | None"], Any]] = abi.ReaderTable(
+    "khal_runtime.arguments", {
+        "array": _check_storage,
+        "struct": lambda arg, p, obj, device: _check_struct(arg, p, obj),
+        "value": lambda arg, p, obj, device: check_scalar(arg, p, obj),
+    })
+
+
 def diagnose_args(entry: Entry, args: Sequence[Any], exc: BaseException | None = None,
                   device: int | None = None) -> None:
     """Check ``args`` against ``entry`` without a GPU; raise ArgumentError/ArgumentValueError.
@@ -351,15 +360,7 @@ def diagnose_args(entry: Entry, args: Sequence[Any], exc: BaseException | None =
         )
     for p, obj in zip(params, args):
         arg = f"{where}: argument {p.name!r} ({p.describe()})"
-        reader = abi.kind(p.kind).reader
-        if reader == "array":
-            _check_storage(arg, p, obj, device)
-        elif reader == "struct":
-            _check_struct(arg, p, obj)
-        elif reader == "value":
-            check_scalar(arg, p, obj)
-        else:
-            raise abi.unknown_reader(p.kind, reader, f"{where}: argument {p.name!r}")
+        _CHECKS.of(p.kind, f"{where}: argument {p.name!r}")(arg, p, obj, device)
     if isinstance(exc, Short):
         raise ArgumentError(f"{where}: the arguments do not match the entry's parameters")
     # nothing wrong with the arguments: the caller re-raises the original error

@@ -16,7 +16,7 @@ from khal_runtime import backends, capture_state, interop
 from khal_runtime.device import Device, Stream, as_stream, current_device_id, ensure_current
 from khal_runtime.dtypes import byte_order_problem, element_type_of_numpy
 from khal_runtime.errors import ArgumentError, ArgumentValueError
-from khal_runtime.hooks import alloc_trace_on, trace_alloc
+from khal_runtime.launch_hooks import alloc_trace_on, trace_alloc
 from khal_runtime.memo import bump_epoch
 
 __all__ = ["FREED", "DeviceBuffer"]

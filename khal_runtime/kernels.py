@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from khal_runtime import backends, hooks
+from khal_runtime import backends, launch_hooks
 from khal_runtime.arguments import (check_block, check_block_within, check_grid, diagnose_args, dim3, grid_for,
                                     grid_for_threads, thread_count)
 from khal_runtime.arguments import shared_mem as check_shared_mem
@@ -569,7 +569,7 @@ def _tracing_from_env_once() -> None:
     if _tracing_env_read:
         return
     _tracing_env_read = True
-    if hooks.env_asks() or "khal_runtime.tracing" in sys.modules:
+    if launch_hooks.env_asks() or "khal_runtime.tracing" in sys.modules:
         from khal_runtime import tracing  # lazy: only where tracing is asked for
 
         tracing.install_from_env_once()

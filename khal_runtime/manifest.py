@@ -222,7 +222,7 @@ class Param(_Model):
         if self.element_align & (self.element_align - 1):
             raise ValueError(f"parameter {self.name!r}: alignment {self.element_align} is not a power of two")
         if self.layouts is not None:
-            if k.reader != "struct":
+            if not k.strategy.struct_layouts:
                 raise ValueError(f"parameter {self.name!r}: only uniforms carry struct layouts")
             cuda = self.layouts.get("cuda")
             if cuda is not None and cuda.size != self.element_size:

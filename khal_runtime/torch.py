@@ -95,13 +95,29 @@ def _valid_arg_name(torch: Any, name: str) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class _TorchReader:
+    """How an operator takes an argument of one reader."""
+
+    #: a Tensor in the schema (else the scalar's own type)
+    tensor: bool
+    #: a tensor of the parameter's element type: its dtype is checked, a writable one is mutated
+    typed: bool
+    #: a struct's bytes in a uint8 tensor (what :func:`uniform` makes)
+    uniform: bool
+
+
+_READERS: abi.ReaderTable[_TorchReader] = abi.ReaderTable("khal_runtime.torch", {
+    "array": _TorchReader(tensor=True, typed=True, uniform=False),
+    "struct": _TorchReader(tensor=True, typed=False, uniform=True),
+    "value": _TorchReader(tensor=False, typed=False, uniform=False),
+})
+
+
 def _schema_type(p: Param) -> str:
-    reader = abi.kind(p.kind).reader
-    if reader in ("array", "struct"):
+    if _READERS.of(p.kind, "torch operator schema").tensor:
         return "Tensor"
-    if reader == "value":
-        return _SCHEMA_SCALAR[abi.SCALARS[p.element_type].family]
-    raise abi.unknown_reader(p.kind, reader, "torch operator schema")
+    return _SCHEMA_SCALAR[abi.SCALARS[p.element_type].family]
 
 
 def _spec(torch: Any, namespace: str, op_name: str, kernel: Kernel) -> _OpSpec:
@@ -122,7 +138,7 @@ def _spec(torch: Any, namespace: str, op_name: str, kernel: Kernel) -> _OpSpec:
         t = _schema_type(p)
         if t == "Tensor":
             first = i if first is None else first
-            if abi.kind(p.kind).reader == "array":
+            if _READERS.of(p.kind).typed:
                 if p.element_type not in _TORCH_DTYPES:
                     reinterpret.append(i)
                 if p.writable:
@@ -437,11 +453,9 @@ def _check_tensors(spec: _OpSpec, threads: Any, args: Sequence[Any]) -> None:
         raise ArgumentValueError(f"{spec.where}: thread count must be >= 0, got {n}")
     device = None
     for p, a in zip(spec.entry.params, args):
-        reader = abi.kind(p.kind).reader
-        if reader == "value":
+        reader = _READERS.of(p.kind, spec.where)
+        if not reader.tensor:
             continue
-        if reader not in ("array", "struct"):
-            raise abi.unknown_reader(p.kind, reader, spec.where)
         arg = f"{spec.where}: argument {p.name!r} ({p.describe(True)})"
         if device is None:
             device = a.device
@@ -451,7 +465,7 @@ def _check_tensors(spec: _OpSpec, threads: Any, args: Sequence[Any]) -> None:
         nbytes = _static(a.numel())
         if nbytes is not None:
             nbytes *= a.element_size()
-        if reader == "struct":
+        if reader.uniform:
             if nbytes is not None and nbytes < p.element_size:
                 raise ArgumentValueError(f"{arg}: the tensor holds {nbytes} bytes, the struct needs "
                                          f"{p.element_size}; make it with khal_runtime.torch.uniform()")
@@ -530,7 +544,7 @@ def _entry_of(op: Any) -> tuple[Entry, str]:
 
 
 def _uniform_param(entry: Entry, where: str, param: str | None) -> Param:
-    uniforms = [p for p in entry.params if abi.kind(p.kind).reader == "struct"]
+    uniforms = [p for p in entry.params if _READERS.of(p.kind).uniform]
     if param is None:
         if len(uniforms) == 1:
             return uniforms[0]

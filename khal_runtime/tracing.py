@@ -1,4 +1,4 @@
-"""Launch tracing, GPU-time profiling and NVTX ranges, through ``launching.hooks``.
+"""Launch tracing, GPU-time profiling and NVTX ranges, through :mod:`khal_runtime.launch_hooks`.
 
 Nothing here costs anything unless enabled: the generated launch code calls the
 :class:`Dispatcher` installed here only while it is installed (``hooks.install`` and
@@ -51,9 +51,9 @@ from typing import Any, Callable
 from khal_runtime import abi, backends, interop
 from khal_runtime.capture_state import capturing, current_capture
 from khal_runtime.errors import CudaError, KhalError
-from khal_runtime.hooks import ENV_NAMES, FALSE_VALUES, Hooks, env_asks
-from khal_runtime.hooks import hooks as _hooks
-from khal_runtime.hooks import write_line
+from khal_runtime.launch_hooks import ENV_NAMES, FALSE_VALUES, Hooks, env_asks
+from khal_runtime.launch_hooks import hooks as _hooks
+from khal_runtime.launch_hooks import write_line
 from khal_runtime.uniforms import to_uniform
 
 __all__ = [
@@ -130,7 +130,7 @@ def parse_env(environ: Any = None) -> TraceConfig:
 # ---------------------------------------------------------------------------------------------
 # output
 # ---------------------------------------------------------------------------------------------
-# write_line: the trace sink, shared with the lower layers (khal_runtime.hooks)
+# write_line: the trace sink, shared with the lower layers (khal_runtime.launch_hooks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,24 +143,33 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _describe_array(p: Any, obj: Any) -> str:
+    ptr, count, _key = interop.extract(obj)
+    return (f"{p.name}={p.kind} {p.element_type}[{count}] "
+            f"({_fmt_bytes(count * int(p.element_size))} @0x{ptr:x})")
+
+
+def _describe_struct(p: Any, obj: Any) -> str:
+    if isinstance(obj, dict):  # packed into the struct's layout by the launch
+        return f"{p.name}={p.kind} {p.element_type} ({p.element_size} B, from a dict)"
+    u = to_uniform(obj)
+    if isinstance(u, bytes):
+        return f"{p.name}={p.kind} {p.element_type} ({len(u)} B, host)"
+    return f"{p.name}={p.kind} {p.element_type} ({u[1]} B, device @0x{u[0]:x})"
+
+
+#: one argument's trace text, per reader
+_DESCRIBE: abi.ReaderTable[Callable[[Any, Any], str]] = abi.ReaderTable("khal_runtime.tracing", {
+    "array": _describe_array,
+    "struct": _describe_struct,
+    "value": lambda p, obj: f"{p.name}={p.kind} {p.element_type} ({p.element_size} B) = {obj!r}",
+})
+
+
 def describe_arg(p: Any, obj: Any) -> str:
     """``name=kind type[count] (size)`` for one argument (never raises)."""
     try:
-        reader = abi.kind(p.kind).reader
-        if reader == "array":
-            ptr, count, _key = interop.extract(obj)
-            return (f"{p.name}={p.kind} {p.element_type}[{count}] "
-                    f"({_fmt_bytes(count * int(p.element_size))} @0x{ptr:x})")
-        if reader == "struct":
-            if isinstance(obj, dict):  # packed into the struct's layout by the launch
-                return f"{p.name}={p.kind} {p.element_type} ({p.element_size} B, from a dict)"
-            u = to_uniform(obj)
-            if isinstance(u, bytes):
-                return f"{p.name}={p.kind} {p.element_type} ({len(u)} B, host)"
-            return f"{p.name}={p.kind} {p.element_type} ({u[1]} B, device @0x{u[0]:x})"
-        if reader == "value":
-            return f"{p.name}={p.kind} {p.element_type} ({p.element_size} B) = {obj!r}"
-        raise abi.unknown_reader(p.kind, reader, "trace")
+        return _DESCRIBE.of(p.kind, "trace")(p, obj)
     except Exception as exc:  # a bad argument: the launch itself reports it
         return f"{p.name}=<{type(obj).__name__}: {exc}>"
 

@@ -42,7 +42,7 @@ from khal_runtime.backends.cuda import graphs as cuda_graphs
 from khal_runtime.backends.cuda import indirect as cuda_indirect
 from khal_runtime.backends.cuda import uniform_cache
 from khal_runtime.binaries import is_elf, read_binary, scan_ptx
-from khal_runtime.hooks import hooks
+from khal_runtime.launch_hooks import hooks
 from khal_runtime.manifest import SCHEMA_VERSION, Entry, Param, symbol_for
 
 #: content hash of the fake packages' crate (entry hashes are computed from it)

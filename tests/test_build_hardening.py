@@ -552,18 +552,19 @@ class _CountedPattern:
 
 
 def test_entry_scanning_is_linear(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The scanner's work, counted (never timed): Python lines run in hatch_khal.entries, the
+    """The scanner's work, counted (never timed): Python lines run in hatch_khal.entries and .preprocessor, the
     characters its regular expressions may scan, and the characters its string scans and slices
     of the whole text cover. Four times the entries must cost about four times the work; a
     rescan from the start per entry (line numbers counted from 0, a regex from the top) makes
     that ratio grow with the size."""
-    from hatch_khal import entries
+    from hatch_khal import entries, preprocessor
     from hatch_khal.entries import find_entries
 
-    for name, value in vars(entries).items():
-        if isinstance(value, re.Pattern):
-            monkeypatch.setattr(entries, name, _CountedPattern(value))
-    for name in ("strip_comments", "_blank_preprocessor"):  # the whole-text results the scan walks
+    for module in (entries, preprocessor):
+        for name, value in vars(module).items():
+            if isinstance(value, re.Pattern):
+                monkeypatch.setattr(module, name, _CountedPattern(value))
+    for name in ("strip_comments", "blank_preprocessor"):  # the whole-text results the scan walks
         fn = getattr(entries, name)
         monkeypatch.setattr(entries, name, lambda *a, _fn=fn, **k: _CountedText(_fn(*a, **k)))
 
@@ -576,10 +577,10 @@ def test_entry_scanning_is_linear(monkeypatch: pytest.MonkeyPatch) -> None:
     def work(n: int) -> int:
         text = source(n)
         lines = [0]
-        here = entries.__file__
+        here = {entries.__file__, preprocessor.__file__}
 
         def tracer(frame: FrameType, event: str, arg: Any) -> Any:
-            if event == "line" and frame.f_code.co_filename == here:
+            if event == "line" and frame.f_code.co_filename in here:
                 lines[0] += 1
             return tracer
 

@@ -84,7 +84,7 @@ def test_loading_imports_tracing_only_where_a_variable_asks_for_it(pkg: Any, env
     r = _run(f"""
         import sys
         import {pkg.name}
-        from khal_runtime.hooks import hooks
+        from khal_runtime.launch_hooks import hooks
         print('TRACING', 'khal_runtime.tracing' in sys.modules, hooks.active)
     """, pkg.root, **env)
     assert r.returncode == 0, r.stderr + r.stdout

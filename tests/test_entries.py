@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hatch_khal import entries
-from hatch_khal.entries import find_entries, strip_comments
+from hatch_khal.entries import find_entries
+from hatch_khal.preprocessor import strip_comments
 from hatch_khal.errors import EntryParseError
 
 

@@ -8,7 +8,8 @@ import pytest
 from hatch_khal.cache import default_cache_dir
 from hatch_khal.config import parse_config
 from hatch_khal.slang.language import spirv_status
-from khal_runtime import abi, hooks
+from khal_runtime import abi
+from khal_runtime import launch_hooks as hooks
 
 OFF = ["", "0", "false", "FALSE", " no ", "off", "Off"]
 ON = ["1", "true", "yes", "on", "anything"]

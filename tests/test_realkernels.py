@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hatch_khal.entries import MacroEnv, find_entries, scan_crate
+from hatch_khal.entries import find_entries, scan_crate
+from hatch_khal.preprocessor import MacroEnv
 from hatch_khal.errors import CompileError, EntryParseError, KhalBuildError, SourceError
 from khal_runtime import abi
 from khal_runtime.arguments import dtype_ok

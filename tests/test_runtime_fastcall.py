@@ -194,7 +194,7 @@ def test_kernel_call_is_the_generated_code_and_hooks_regenerate_it(fake: FakeDri
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import pickle
 
-    from khal_runtime.hooks import hooks
+    from khal_runtime.launch_hooks import hooks
 
     k, st = _kernel(fake)
     monkeypatch.setattr(_tls, "dev", 0, raising=False)

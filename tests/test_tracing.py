@@ -15,7 +15,7 @@ from khal_runtime.backends.cuda.uniform_cache import Upload, cache_for
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import Device
 from khal_runtime.errors import CudaError
-from khal_runtime.hooks import hooks
+from khal_runtime.launch_hooks import hooks
 from tests.fakecuda import (  # noqa: F401 - fixture
     CUresult,
     FakeDriver,
@@ -103,7 +103,7 @@ def test_trace_describes_a_dict_uniform_without_an_error() -> None:
 
 
 def test_write_line_follows_khal_trace_file(tmp_path, monkeypatch) -> None:
-    from khal_runtime.hooks import write_line
+    from khal_runtime.launch_hooks import write_line
 
     monkeypatch.delenv("KHAL_CUDA_TRACE_FILE", raising=False)
     monkeypatch.setenv("KHAL_TRACE_FILE", str(tmp_path / "t.log"))
@@ -117,7 +117,7 @@ def test_env_installs_hooks_when_a_package_is_loaded(tmp_path) -> None:
     e = make_entry("axpby", (storage("x"), storage("y", writable=True), uniform("p", "AxpbyParams"),
                              scalar("bias")), block=256)
     fake_kernels(FakeDriver(), tmp_path, [e])
-    code = ("import khal_runtime, khal_runtime.tracing as t; from khal_runtime.hooks import hooks as h; "
+    code = ("import khal_runtime, khal_runtime.tracing as t; from khal_runtime.launch_hooks import hooks as h; "
             f"khal_runtime.load({str(tmp_path / 'fakepkg')!r}); "
             "print(h.active, type(h.dispatch).__name__, *([t._current.cfg.trace, t._current.cfg.sync] "
             "if t._current else []))")
@@ -272,7 +272,7 @@ def test_profile_at_exit_in_a_subprocess(tmp_path) -> None:
     fake_kernels(FakeDriver(), tmp_path, [make_entry("k", (storage("x"),))])
     env = dict(os.environ, KHAL_CUDA_PROFILE="1")
     code = (f"import khal_runtime; khal_runtime.load({str(tmp_path / 'fakepkg')!r}); "
-            "from khal_runtime.hooks import hooks; print(hooks.active)")
+            "from khal_runtime.launch_hooks import hooks; print(hooks.active)")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "True" and "khal profile" not in r.stderr
 

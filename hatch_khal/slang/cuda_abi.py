@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 from khal_runtime import abi
 
@@ -143,6 +144,24 @@ def _check_builtins_in_bodies(module: str, spans: list[tuple[int, int]], crate: 
             )
 
 
+def _wrap_array(t: str, i: int) -> tuple[str, list[str], list[str], str]:
+    return (f"khal_elem_<{t}>::type",
+            [f"khal_elem_<{t}>::type* khal_p{i}_ptr", f"unsigned long long khal_p{i}_len"],
+            [f"    {t} khal_b{i}_;", f"    khal_b{i}_.data = khal_p{i}_ptr;",
+             f"    khal_b{i}_.count = (size_t)khal_p{i}_len;"],
+            f"khal_b{i}_")
+
+
+#: per reader, from (Slang's parameter type name, index): (the element type probed, the kernel
+#: parameters, the lines building Slang's parameter, the argument passed to the entry)
+_WRAP: abi.ReaderTable[Callable[[str, int], tuple[str, list[str], list[str], str]]] = abi.ReaderTable(
+    "hatch_khal.slang.cuda_abi", {
+        "array": _wrap_array,
+        "struct": lambda t, i: (f"khal_deref_<{t}>::type", [f"const void* khal_p{i}"], [], f"({t})khal_p{i}"),
+        "value": lambda t, i: (t, [f"{t} khal_p{i}"], [], f"khal_p{i}"),
+    })
+
+
 def _entry_code(e: SlangEntry) -> str:
     n = e.name
     lines = [f"// entry {n} ({e.where}): block {e.block_size[0]}x{e.block_size[1]}x{e.block_size[2]}"]
@@ -154,24 +173,11 @@ def _entry_code(e: SlangEntry) -> str:
         lines.append(f"typedef khal_fn_<decltype({n})>::arg<{i + 2}>::type {t};")
         size_name, align_name = probe_names(n, i)
         # what the kernel receives is the reader's (khal_runtime.abi.READERS); how Slang's own
-        # parameter is built from it is Slang's, so this branch stays, one case per reader
-        reader = abi.kind(p.kind).reader
-        if reader == "array":
-            elem = f"khal_elem_<{t}>::type"
-            kparams += [f"khal_elem_<{t}>::type* khal_p{i}_ptr", f"unsigned long long khal_p{i}_len"]
-            build += [f"    {t} khal_b{i}_;", f"    khal_b{i}_.data = khal_p{i}_ptr;",
-                      f"    khal_b{i}_.count = (size_t)khal_p{i}_len;"]
-            args.append(f"khal_b{i}_")
-        elif reader == "struct":
-            elem = f"khal_deref_<{t}>::type"
-            kparams.append(f"const void* khal_p{i}")
-            args.append(f"({t})khal_p{i}")
-        elif reader == "value":
-            elem = t
-            kparams.append(f"{t} khal_p{i}")
-            args.append(f"khal_p{i}")
-        else:
-            raise abi.unknown_reader(p.kind, reader, f"Slang CUDA wrapper of entry {n!r}")
+        # parameter is built from it is Slang's: one function per reader (_WRAP)
+        elem, kp, b, a = _WRAP.of(p.kind, f"Slang CUDA wrapper of entry {n!r}")(t, i)
+        kparams += kp
+        build += b
+        args.append(a)
         lines.append(f'extern "C" __device__ const unsigned long long {size_name} = sizeof({elem});')
         lines.append(f'extern "C" __device__ const unsigned long long {align_name} = alignof({elem});')
     threads = e.threads

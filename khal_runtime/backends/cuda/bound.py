@@ -27,13 +27,43 @@ from khal_runtime import abi, interop
 from khal_runtime.arguments import diagnose_args, grid_for, grid_for_threads, struct_bytes, thread_count
 from khal_runtime.backends.cuda.attributes import make_launch_ex
 from khal_runtime.backends.cuda.driver import driver
-from khal_runtime.backends.cuda.launch import READERS, LaunchPlan, launch_call
+from khal_runtime.backends.cuda.launch import LaunchPlan, launch_call
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import _tls, ensure_current
-from khal_runtime.hooks import hooks
+from khal_runtime.launch_hooks import hooks
 from khal_runtime.memo import EPOCH
 
 __all__ = ["BoundLaunch"]
+
+
+def _bind_array(p: Any, a: Any, stream: Any, values: list[Any], owned: list[Any]) -> None:
+    ptr, count, _ = interop.extract(a)
+    values += [ptr, count]
+    held = interop.held_memory(a)  # a torch tensor's storage: the memory bound here
+    if held is not None:
+        owned.append(held)
+
+
+def _bind_struct(p: Any, a: Any, stream: Any, values: list[Any], owned: list[Any]) -> None:
+    import numpy as np  # lazy: a host uniform's device copy only
+
+    u = struct_bytes(p.name, p, a)
+    if isinstance(u, bytes):  # host struct: a device copy owned by this launch
+        dbuf = DeviceBuffer.from_numpy(np.frombuffer(u, dtype=np.uint8), stream)
+        owned.append(dbuf)
+        values.append(dbuf.ptr)
+    else:
+        values.append(u[0])
+
+
+def _bind_value(p: Any, a: Any, stream: Any, values: list[Any], owned: list[Any]) -> None:
+    v = abi.scalar_value(p.element_type, a)
+    values += list(v) if isinstance(v, tuple) else [v]
+
+
+#: per reader, what binding an argument appends to the packed values and to what the launch owns
+_BIND: abi.ReaderTable[Callable[[Any, Any, Any, list[Any], list[Any]], None]] = abi.ReaderTable(
+    "khal_runtime.backends.cuda.bound", {"array": _bind_array, "struct": _bind_struct, "value": _bind_value})
 
 
 class BoundLaunch(functools.partial):  # type: ignore[type-arg]
@@ -53,34 +83,13 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
     _owned: list[Any]
 
     def __new__(cls, kernel: Any, plan: LaunchPlan, args: tuple[Any, ...], stream: Any) -> BoundLaunch:
-        import numpy as np  # lazy: a host uniform's device copy only
-
         dev = stream.device_id
         diagnose_args(kernel.entry, args, device=dev)  # every argument checked, named errors
         ensure_current(dev)
         values: list[Any] = []
         owned: list[Any] = []
         for p, a in zip(kernel.entry.params, args):
-            reader = abi.implemented_reader(p.kind, READERS, f"{kernel.entry.name}.bind()")
-            if reader == "array":
-                ptr, count, _ = interop.extract(a)
-                values += [ptr, count]
-                held = interop.held_memory(a)  # a torch tensor's storage: the memory bound here
-                if held is not None:
-                    owned.append(held)
-            elif reader == "struct":
-                u = struct_bytes(p.name, p, a)
-                if isinstance(u, bytes):  # host struct: a device copy owned by this launch
-                    dbuf = DeviceBuffer.from_numpy(np.frombuffer(u, dtype=np.uint8), stream)
-                    owned.append(dbuf)
-                    values.append(dbuf.ptr)
-                else:
-                    values.append(u[0])
-            elif reader == "value":
-                v = abi.scalar_value(p.element_type, a)
-                values += list(v) if isinstance(v, tuple) else [v]
-            else:
-                raise abi.unknown_reader(p.kind, reader, f"{kernel.entry.name}.bind()")
+            _BIND.of(p.kind, f"{kernel.entry.name}.bind()")(p, a, stream, values, owned)
         block = ctypes.create_string_buffer(max(plan.args_size, 8))
         plan.struct.pack_into(block, 0, *values)
         base = ctypes.addressof(block)

@@ -23,7 +23,7 @@ from khal_runtime.backends.cuda.uniform_cache import cache_for
 from khal_runtime.device import Stream, as_stream, ensure_current
 from khal_runtime.errors import CaptureError, CudaError
 from khal_runtime.graphs import Graph as GraphAPI
-from khal_runtime.hooks import hooks
+from khal_runtime.launch_hooks import hooks
 
 __all__ = ["Capture", "Graph", "end_capture", "relaxed_capture_mode"]
 

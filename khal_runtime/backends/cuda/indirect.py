@@ -46,7 +46,7 @@ from khal_runtime.capture_state import forbid_in_capture
 from khal_runtime.device import Device, Stream, as_stream, ensure_current
 from khal_runtime.dtypes import ReadOnly, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
-from khal_runtime.hooks import write_line
+from khal_runtime.launch_hooks import write_line
 from khal_runtime.manifest import Entry, Param
 
 __all__ = ["HELPER_PTX", "dispatch_indirect", "persistent_grid", "threads_to_groups", "prepare"]

@@ -13,7 +13,7 @@ argument objects) skips the reading and packing: see :mod:`.launchgen` for the p
 memo and the shared snapshots, and :mod:`khal_runtime.memo` for what clears them.
 
 Launch hooks (tracing, profiling) are compiled into the generated code only while installed
-(:mod:`khal_runtime.hooks`).
+(:mod:`khal_runtime.launch_hooks`).
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from khal_runtime import abi, interop
 from khal_runtime.arguments import Short, diagnose_args, dtype_ok, struct_bytes
 from khal_runtime.backends.cuda.attributes import FunctionAttributes, make_launch_ex
 from khal_runtime.backends.cuda.driver import driver
-from khal_runtime.backends.cuda.launchgen import SLOTS, MemoLayout, ThreadSlots, call_source, run_source
+from khal_runtime.backends.cuda.launchgen import READERS, SLOTS, CudaReader, MemoLayout, ThreadSlots, call_source, run_source
 from khal_runtime.backends.cuda.loader import expected_param_layout
 from khal_runtime.backends.cuda.uniform_cache import UniformCache
 from khal_runtime.buffers import FREED, DeviceBuffer
 from khal_runtime.device import Stream, _tls, as_stream, ensure_current, ready_stream
 from khal_runtime.errors import CudaError
 from khal_runtime.generated import define
-from khal_runtime.hooks import hooks
+from khal_runtime.launch_hooks import hooks
 from khal_runtime.manifest import Entry
 from khal_runtime.memo import EPOCH, register_memo
 from khal_runtime.uniforms import cached_converter, is_converter, uniform_converter
@@ -47,10 +47,6 @@ MAX_INLINE = 3
 MISSING = object()  # default of the generated __call__'s parameters: "not passed"
 NOMEMO = object()  # a memo slot item no argument is identical to
 _PACK_U64 = struct.Struct("<Q").pack_into
-
-#: the readers (abi.READERS) the CUDA launch path implements
-READERS = ("array", "struct", "value")
-
 
 def uniform_reader(obj: Any, converted: Any) -> Any:
     """How the prepacked path re-reads a uniform argument it saw before: None when its identity
@@ -109,10 +105,10 @@ class LaunchPlan:
         self.indirect_function = indirect_function
         self.uniforms = uniforms
         self.block = tuple(entry.block_size)
-        #: per parameter, how the host reads it: "array", "struct" or "value" (abi.READERS); a
+        #: per parameter, how the host reads it (launchgen.READERS, one per abi.READERS); a
         #: reader this path does not implement is refused here, never launched as a scalar
-        self.readers = [abi.implemented_reader(p.kind, READERS, f"CUDA launch of {entry.name}()")
-                        for p in entry.params]
+        self.readers: list[CudaReader] = [READERS.of(p.kind, f"CUDA launch of {entry.name}()")
+                                          for p in entry.params]
         layout = expected_param_layout(entry)
         self.layout = layout
         self.args_size = (layout[-1][1] + layout[-1][2]) if layout else 0
@@ -266,11 +262,11 @@ class LaunchPlan:
         if self.fattrs.needs_ex:  # attributes on every launch: cuLaunchKernelEx, its list prebuilt
             ns["launch_ex"] = make_launch_ex(drv, self.fattrs)
         for i, reader in enumerate(self.readers):
-            if reader == "array":
+            if reader.array:
                 ns[f"accepted_{i}"] = self.accepted[i]
                 for j, tp in enumerate(self._inline[i]):
                     ns[f"ArrayT{i}_{j}"] = tp
-            elif reader == "struct":
+            elif reader.uniform:
                 for j, tp in enumerate(self._uinline[i]):
                     ns[f"StructT{i}_{j}"] = tp
         return ns

@@ -24,12 +24,14 @@ and validated integers only (never from user strings):
 
 Anything off these paths goes to the kernel's slow path or to ``diagnose``, which names the
 bad argument. ``memo.bump_epoch`` (a free, a uniform-cache flush) clears every memo slot
-and snapshot at once.
+and snapshot at once. Each parameter's lines come from its reader's :class:`CudaReader`
+(:data:`READERS`, one per ``abi.READERS``), chosen when the plan is made.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 from khal_runtime import abi
 from khal_runtime.arguments import blocks_source
@@ -65,8 +67,8 @@ class MemoLayout:
         P = len(plan.entry.params)  # noqa: N806
         self.P = P
         self.args = [f"a{i}" for i in range(P)]
-        self.uniform = [i for i, reader in enumerate(plan.readers) if reader == "struct"]
-        self.tensor = [i for i, reader in enumerate(plan.readers) if reader == "array"]
+        self.uniform = [i for i, reader in enumerate(plan.readers) if reader.uniform]
+        self.tensor = [i for i, reader in enumerate(plan.readers) if reader.array]
         per_param = [n for i in self.uniform for n in (f"reader{i}", f"bytes{i}")]
         per_param += [n for i in self.tensor for n in (f"version{i}", f"pointer{i}", f"storage{i}")]
         self.slot_fields = (*self.args, "stream", "n", "gx", *per_param, "buf", "addr", "hits", "ptrs")
@@ -101,7 +103,7 @@ def uniform_slots(plan: LaunchPlan) -> dict[int, int]:
     """Parameter index -> byte offset in the argument block, of each uniform."""
     out, slot = {}, 0
     for i, p in enumerate(plan.entry.params):
-        if plan.readers[i] == "struct":
+        if plan.readers[i].uniform:
             out[i] = plan._offsets[slot]
         slot += p.abi_slots
     return out
@@ -142,6 +144,67 @@ def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa:
     ]
 
 
+def _read_array(plan: LaunchPlan, i: int, p: Any, I: str, lines: list[str],  # noqa: E741, N803
+                by_mask: dict[int, list[str]]) -> list[str]:
+    a = f"a{i}"
+    lines += [
+        f"{I}t{i} = type({a})",
+        f"{I}if t{i} is DeviceBuffer:",
+        f"{I}    p{i} = {a}.ptr; c{i} = {a}.size",
+        f"{I}    if {a}.device_id != {int(plan.device_id)}: raise Short()",
+        f"{I}    k{i} = {a}._et if {a}._base is None or {a}._base._et is not FREED else FREED",
+    ]
+    for j, rec in enumerate(plan._inline[i].values()):
+        lines.append(f"{I}elif t{i} is ArrayT{i}_{j}:")
+        lines += [f"{I}    " + ln.format(a=a, i=i, d=int(plan.device_id)) for ln in rec.inline]
+    lines += [
+        f"{I}else:",
+        f"{I}    p{i}, c{i}, k{i} = storage_seen({i}, {a})",
+        f"{I}if k{i} not in accepted_{i}: learn_dtype({i}, k{i})",
+    ]
+    if int(p.element_align) > 1:
+        by_mask.setdefault(int(p.element_align) - 1, []).append(f"p{i}")
+    if p.shape == "array" and p.length:
+        lines.append(f"{I}if c{i} < {int(p.length)}: raise Short()")
+    elif p.shape == "value":
+        lines.append(f"{I}if c{i} < 1: raise Short()")
+    return [f"p{i}", f"c{i}"]
+
+
+def _read_struct(plan: LaunchPlan, i: int, p: Any, I: str, lines: list[str],  # noqa: E741, N803
+                 by_mask: dict[int, list[str]]) -> list[str]:
+    lines += uniform_param_lines(plan, i, I)
+    return [f"u{i}"]
+
+
+def _read_value(plan: LaunchPlan, i: int, p: Any, I: str, lines: list[str],  # noqa: E741, N803
+                by_mask: dict[int, list[str]]) -> list[str]:
+    return [scalar_pack_arg(p.element_type, i)]
+
+
+@dataclass(frozen=True)
+class CudaReader:
+    """How the CUDA launch path reads an argument of one reader (:data:`READERS`), chosen once
+    per plan (``LaunchPlan.readers``): the generated code is the same as a branch would give."""
+
+    name: str
+    #: read through the interop records (inline array types, learnt dtypes); memoised by its
+    #: type's stability or a tensor's version
+    array: bool
+    #: a uniform: uploaded through the cache, re-read on a memo hit (``launch.uniform_reader``)
+    uniform: bool
+    #: appends the lines reading ``a{i}`` and returns the ``pack_into`` arguments
+    read: Callable[[LaunchPlan, int, Any, str, list[str], dict[int, list[str]]], list[str]]
+
+
+#: the CUDA launch path's implementation of each reader
+READERS: abi.ReaderTable[CudaReader] = abi.ReaderTable("khal_runtime.backends.cuda.launchgen", {
+    "array": CudaReader("array", array=True, uniform=False, read=_read_array),
+    "struct": CudaReader("struct", array=False, uniform=True, read=_read_struct),
+    "value": CudaReader("value", array=False, uniform=False, read=_read_value),
+})
+
+
 def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     """Lines that read ``a0..`` and pack them into the block of slot ``m``. Sets ``t{i}``
     (storage types) and ``h{i}`` (uniforms as converted) on the way."""
@@ -150,37 +213,7 @@ def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     by_mask: dict[int, list[str]] = {}  # alignment - 1 -> the storage pointers that need it
     for i, p in enumerate(plan.entry.params):
         a = f"a{i}"
-        reader = plan.readers[i]
-        if reader == "array":
-            lines += [
-                f"{I}t{i} = type({a})",
-                f"{I}if t{i} is DeviceBuffer:",
-                f"{I}    p{i} = {a}.ptr; c{i} = {a}.size",
-                f"{I}    if {a}.device_id != {int(plan.device_id)}: raise Short()",
-                f"{I}    k{i} = {a}._et if {a}._base is None or {a}._base._et is not FREED else FREED",
-            ]
-            for j, rec in enumerate(plan._inline[i].values()):
-                lines.append(f"{I}elif t{i} is ArrayT{i}_{j}:")
-                lines += [f"{I}    " + ln.format(a=a, i=i, d=int(plan.device_id)) for ln in rec.inline]
-            lines += [
-                f"{I}else:",
-                f"{I}    p{i}, c{i}, k{i} = storage_seen({i}, {a})",
-                f"{I}if k{i} not in accepted_{i}: learn_dtype({i}, k{i})",
-            ]
-            if int(p.element_align) > 1:
-                by_mask.setdefault(int(p.element_align) - 1, []).append(f"p{i}")
-            if p.shape == "array" and p.length:
-                lines.append(f"{I}if c{i} < {int(p.length)}: raise Short()")
-            elif p.shape == "value":
-                lines.append(f"{I}if c{i} < 1: raise Short()")
-            pack_args += [f"p{i}", f"c{i}"]
-        elif reader == "struct":
-            lines += uniform_param_lines(plan, i, I)
-            pack_args.append(f"u{i}")
-        elif reader == "value":
-            pack_args.append(scalar_pack_arg(p.element_type, i))
-        else:
-            raise abi.unknown_reader(p.kind, reader, f"CUDA launch of {plan.entry.name}()")
+        pack_args += plan.readers[i].read(plan, i, p, I, lines, by_mask)
     # one test that every storage pointer just read is a multiple of its elements' alignment
     # (Param.element_align): a misaligned one is a sticky CUDA_ERROR_MISALIGNED_ADDRESS on the GPU.
     # Pointers of one alignment are or-ed together. Only after a read: a memo hit launches
@@ -232,9 +265,9 @@ def memo_store_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
     versioned = plan._versioned
     # (one failed condition skips the rest: an inference tensor costs one tensor_memo call)
     conds = [f"(q{i} := STABLE_MEMO if t{i} in STABLE_TYPES else tensor_memo(a{i})) is not None"
-             if i in versioned else f"t{i} in STABLE_TYPES" if reader == "array"
+             if i in versioned else f"t{i} in STABLE_TYPES" if reader.array
              else f"IMMUTABLE_SCALAR[type(a{i})]"
-             for i, reader in enumerate(plan.readers) if reader != "struct"]
+             for i, reader in enumerate(plan.readers) if not reader.uniform]
     body = [f"r{i} = uniform_reader(a{i}, h{i})" for i in lo.uniform]
     ucond = [f"r{i} is not NOMEMO" for i in lo.uniform]
     inner = [f"m.reader{i} = r{i}; m.bytes{i} = h{i}" for i in lo.uniform]
@@ -401,7 +434,7 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         return "\n".join(lines) + "\n"
 
     # arguments no memo can hold (a host array first) skip the memos after one failed check
-    s0 = next((i for i, reader in enumerate(plan.readers) if reader == "array"), None)
+    s0 = next((i for i, reader in enumerate(plan.readers) if reader.array), None)
     unstable = "" if s0 is None else f" or type(a{s0}) not in MEMO_TYPES"
     # 1. shared snapshots (filled newest first: an empty first one means none)
     chain: list[str] = []

@@ -31,7 +31,7 @@ from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import Device, Stream, as_stream
 from khal_runtime.errors import ArgumentError, BackendUnavailableError, CaptureError, KhalError, LaunchAttributeError
 from khal_runtime.graphs import Graph
-from khal_runtime.hooks import hooks
+from khal_runtime.launch_hooks import hooks
 from khal_runtime.manifest import Crate
 from khal_runtime.verify import check_launch_facts, read_artifact
 
@@ -69,7 +69,7 @@ class _Module:
 class WebGpuPlan:
     """One entry on one WebGPU device, as the generic Kernel uses a plan.
 
-    While launch hooks are installed (tracing, profiling: :mod:`khal_runtime.hooks`) every launch
+    While launch hooks are installed (tracing, profiling: :mod:`khal_runtime.launch_hooks`) every launch
     goes through ``hooks.dispatch`` as on CUDA, so the trace line, ``sync`` mode and NVTX ranges
     are the generic ones; without hooks the call is the kernel plan's specialised one."""
 

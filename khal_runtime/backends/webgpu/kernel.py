@@ -16,7 +16,8 @@ with :func:`register_storage_type`, e.g. the generic ``DeviceBuffer`` once it wr
 uniform takes a dict of its fields, a ctypes Structure, a NumPy structured scalar or the bytes
 of its C layout (:class:`~.packing.UniformPacker`); a scalar takes a number, under
 :func:`khal_runtime.abi.scalar_value`. Every mistake raises ArgumentError /
-ArgumentValueError naming the entry and the parameter before anything is recorded.
+ArgumentValueError naming the entry and the parameter before anything is recorded. How each
+reader is taken is one :class:`WgpuReader` in :data:`READERS`, chosen when the plan is made.
 
 The call is the hot path: see ``benchmarks/bench_webgpu.py`` for its cost against a raw
 wgpu-py dispatch.
@@ -25,6 +26,7 @@ wgpu-py dispatch.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from khal_runtime import abi
@@ -86,14 +88,35 @@ def _desc(p: Param) -> str:
     return p.describe()
 
 
-#: the readers (:data:`khal_runtime.abi.READERS`) this launch path implements
-_READERS = ("array", "struct", "value")
+@dataclass(frozen=True)
+class WgpuReader:
+    """How the WebGPU launch path takes an argument of one reader (:data:`READERS`), chosen once
+    per plan; the launch reads the flags, unpacked from ``KernelPlan._kinds``."""
+
+    #: bound as a storage buffer (the plan's storages, in order)
+    storage: bool
+    #: packed into a uniform region of its own (``UniformPacker``); neither: into the entry's
+    #: scalar block (``ScalarPacker``)
+    uniform: bool
+    #: the specialised call's condition that argument ``a{i}`` is the previous call's
+    same: Callable[[int], str]
 
 
-def _reader(p: Param, where: str) -> str:
-    """The reader of ``p``'s kind, if this launch path implements it; ValueError otherwise (an
-    unknown kind or reader is never taken for a scalar)."""
-    return abi.implemented_reader(p.kind, _READERS, where)
+def _same_object(i: int) -> str:
+    return f"last[{i}] is a{i}"
+
+
+def _same_number(i: int) -> str:
+    return (f"(last[{i}] is a{i} or (type(a{i}) is int is type(last[{i}]) and a{i} == last[{i}]) "
+            f"or (type(a{i}) is float is type(last[{i}]) and a{i} == last[{i}] and a{i} != 0.0))")
+
+
+#: the WebGPU launch path's implementation of each reader
+READERS: abi.ReaderTable[WgpuReader] = abi.ReaderTable("khal_runtime.backends.webgpu.kernel", {
+    "array": WgpuReader(storage=True, uniform=False, same=_same_object),
+    "struct": WgpuReader(storage=False, uniform=True, same=_same_object),
+    "value": WgpuReader(storage=False, uniform=False, same=_same_number),
+})
 
 
 class KernelPlan:
@@ -114,15 +137,17 @@ class KernelPlan:
         self.params = entry.params
         t = self.target.target
         where = f"WebGPU launch of {entry.name}()"
-        readers = [_reader(p, where) for p in entry.params]
+        # a reader this path does not implement is refused here, never taken for a scalar
+        readers = [READERS.of(p.kind, where) for p in entry.params]
+        self._readers = readers
         self._upack = {p.name: UniformPacker(entry.name, p, t)
-                       for p, r in zip(entry.params, readers) if r == "struct"}
-        scalars = [p for p, r in zip(entry.params, readers) if r == "value"]
+                       for p, r in zip(entry.params, readers) if r.uniform}
+        scalars = [p for p, r in zip(entry.params, readers) if not (r.storage or r.uniform)]
         self._spack = ScalarPacker(entry.name, entry.params, self.target) if scalars else None
         self._scalar_mode = self.target.scalars
         self._pool = self.launcher.pool
-        #: (index, param, reader, whether any element count will do)
-        self._kinds = tuple((i, p, r, p.shape in (None, "slice"))
+        #: (index, param, storage, uniform (neither: a scalar), whether any element count will do)
+        self._kinds = tuple((i, p, r.storage, r.uniform, p.shape in (None, "slice"))
                             for i, (p, r) in enumerate(zip(entry.params, readers)))
         # single-group fast path: where each binding of group 0 comes from
         plan = self.launcher.plan
@@ -130,7 +155,7 @@ class KernelPlan:
         if self._single:
             g, src = plan[0]
             self._g0 = g
-            storage_at = [i for i, r in enumerate(readers) if r == "array"]
+            storage_at = [i for i, r in enumerate(readers) if r.storage]
             index = {p.name: i for i, p in enumerate(entry.params)}
             src0: list[tuple[str, Any, bool]] = []
             for (source, k), dy in zip(src, g.dynamic):
@@ -202,23 +227,21 @@ class KernelPlan:
         svals: list[Any] = []
         dev = self.device
         memo = True
-        for i, p, reader, plain in self._kinds:
+        for i, p, storage, uniform, plain in self._kinds:
             a = args[i]
-            if reader == "array":
+            if storage:
                 if plain and type(a) is WgpuArray and a._et == p.element_type and a._bind_error is None \
                         and not a.allocation.freed and a.allocation.device is dev:
                     items[i] = a._res
                 else:
                     items[i] = self._storage(p, a)
                     memo = memo and type(a) is WgpuArray
-            elif reader == "struct":
+            elif uniform:
                 items[i] = self._pool.region(self._upack[p.name].pack(a))
                 memo = memo and type(a) is bytes
-            elif reader == "value":
+            else:
                 svals.append(a)
                 memo = memo and (type(a) is int or type(a) is float)
-            else:
-                raise abi.unknown_reader(p.kind, reader, f"WebGPU launch of {self.name}()")
         block = None
         imm = None
         if self._spack is not None:
@@ -248,8 +271,8 @@ class KernelPlan:
             if dyn:
                 return (self.launcher.groups_cache.with_offsets(bg, tuple(dyn)),), imm, memo
             return (bg,), imm, memo
-        storages = [items[i] for i, p, reader, _ in self._kinds if reader == "array"]
-        uniforms = {p.name: items[i] for i, p, reader, _ in self._kinds if reader == "struct"}
+        storages = [items[i] for i, p, storage, _, _ in self._kinds if storage]
+        uniforms = {p.name: items[i] for i, p, _, uniform, _ in self._kinds if uniform}
         return self.launcher.resolve(storages, uniforms, block), imm, memo
 
     def _make_resolve(self) -> Callable[[Sequence[Any]], Any]:
@@ -268,9 +291,9 @@ class KernelPlan:
             lines.append(f"    {', '.join(f'a{i}' for i in range(n))}{',' if n == 1 else ''} = args")
         lines.append("    memo = True")
         scal: list[str] = []
-        for i, p, reader, plain in self._kinds:
+        for i, p, storage, uniform, plain in self._kinds:
             ns[f"param{i}"] = p
-            if reader == "array":
+            if storage:
                 ns[f"element_type{i}"] = p.element_type
                 # a DeviceBuffer binds the WgpuArray over its bytes (``_native``)
                 lines.append(f"    w{i} = a{i}._native if type(a{i}) is DeviceBuffer else a{i}")
@@ -284,14 +307,12 @@ class KernelPlan:
                         f"        memo = memo and type(w{i}) is WgpuArray"]
                 else:
                     lines += [f"    r{i} = check_storage(param{i}, a{i})", f"    memo = memo and type(w{i}) is WgpuArray"]
-            elif reader == "struct":
+            elif uniform:
                 ns[f"pack_uniform{i}"] = self._upack[p.name].pack
                 lines += [f"    r{i} = uniform_region(pack_uniform{i}(a{i}))", f"    memo = memo and type(a{i}) is bytes"]
-            elif reader == "value":
+            else:
                 scal.append(f"a{i}")
                 lines.append(f"    memo = memo and (type(a{i}) is int or type(a{i}) is float)")
-            else:
-                raise abi.unknown_reader(p.kind, reader, f"WebGPU launch of {self.name}()")
         lines.append("    push_data = None")
         if self._spack is not None:
             ns["pack_scalars"] = self._spack.pack
@@ -341,14 +362,8 @@ class KernelPlan:
         names = [f"a{i}" for i in range(n)]
         conds = []
         # last_call: the previous memoable call's (*args, pool generation, FREES, bind groups, push data)
-        for i, p, reader, _ in self._kinds:
-            if reader == "value":
-                conds.append(f"(last[{i}] is a{i} or (type(a{i}) is int is type(last[{i}]) and a{i} == last[{i}]) "
-                             f"or (type(a{i}) is float is type(last[{i}]) and a{i} == last[{i}] and a{i} != 0.0))")
-            elif reader in ("array", "struct"):
-                conds.append(f"last[{i}] is a{i}")
-            else:
-                raise abi.unknown_reader(p.kind, reader, f"WebGPU launch of {self.name}()")
+        for i, reader in enumerate(self._readers):
+            conds.append(reader.same(i))
         unpack = (", ".join(names) + ("," if n == 1 else "")) if n else "_"
         src = (
             "def call(n, args):\n"
