@@ -87,10 +87,12 @@ def test_the_scalar_packer_shows_its_lines() -> None:
 #: definition, arguments.blocks_source, adds a frame where code is generated and one in grid_for;
 #: the crate load's own checks of #24 (element sizes against the binary's probes, the launch facts
 #: re-derived from the PTX) add 31 frames to the cold calls, once per crate; the launch attributes of
-#: #26, read once per function at load, 5 more)
+#: #26, read once per function at load, 5 more). The stack depth depends on what the process imported
+#: before (a first call that imports a module runs deeper): 15 to 20 by test order and Python version,
+#: so both cold cases are bounded by the deeper figure
 FIRST_CALL_BOUNDS = {
     "buffers + bytes uniform": (3, 523, 20),
-    "tensor + ctypes uniform": (4, 650, 15),
+    "tensor + ctypes uniform": (4, 650, 20),
     "after plan(0), bytes uniform": (1, 161, 12),
 }
 
