@@ -16,7 +16,7 @@ from typing import Protocol
 from hatch_khal.errors import KhalBuildError
 from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity
 
-__all__ = ["COMPILERS", "Compiler", "get_compiler"]
+__all__ = ["COMPILERS", "Compiler", "binary_mismatch", "get_compiler"]
 
 
 class Compiler(Protocol):
@@ -57,3 +57,24 @@ def get_compiler(name: str) -> Compiler:
     module, _, attr = target.partition(":")
     compiler: Compiler = getattr(importlib.import_module(module), attr)
     return compiler
+
+
+def binary_mismatch(job: CompileJob, data: bytes) -> str | None:
+    """Why ``data`` is not the PTX / cubin ``job`` asks for (unreadable, the other kind, another arch),
+    or None: the :meth:`Compiler.check_output` of the compilers that make CUDA binaries."""
+    # lazy: the binary readers only when an output is checked
+    from khal_runtime.abi import parse_arch
+    from khal_runtime.binaries import BinaryFormatError, read_binary
+
+    want = parse_arch(job.target)
+    kind = "cubin" if want.kind == "sm" else "ptx"
+    try:
+        info = read_binary(data, f"crate {job.crate} {job.target}")
+    except BinaryFormatError as exc:
+        return str(exc)
+    if info.kind != kind:
+        return f"it is a {info.kind}, not a {kind}"
+    if info.arch != want.number:
+        what = "cubin for sm_" if kind == "cubin" else "PTX for .target sm_"
+        return f"it is a {what}{info.arch}, not for {job.target}"
+    return None

@@ -28,10 +28,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
-from khal_runtime.abi import parse_arch
-from khal_runtime.binaries import BinaryFormatError, read_binary
 
 from hatch_khal import _worker
+from hatch_khal.compilers import binary_mismatch
 from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, from_name
 from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity
 from hatch_khal.nvidia_wheels import FAMILIES, admitted_majors, library_major
@@ -394,18 +393,7 @@ class NvrtcCompiler:
         return compile_listing_reads(job)
 
     def check_output(self, job: CompileJob, data: bytes) -> str | None:
-        want = parse_arch(job.target)
-        kind = "cubin" if want.kind == "sm" else "ptx"
-        try:
-            info = read_binary(data, f"crate {job.crate} {job.target}")
-        except BinaryFormatError as exc:
-            return str(exc)
-        if info.kind != kind:
-            return f"it is a {info.kind}, not a {kind}"
-        if info.arch != want.number:
-            what = "cubin for sm_" if kind == "cubin" else "PTX for .target sm_"
-            return f"it is a {what}{info.arch}, not for {job.target}"
-        return None
+        return binary_mismatch(job, data)
 
 
 NVRTC = NvrtcCompiler()

@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from khal_runtime import abi
-from khal_runtime.binaries import BinaryFormatError, read_binary
 from khal_runtime.manifest import Entry, LaunchAttributes, Param, SpirvStatus, TritonFacts
 
 from hatch_khal import _worker
+from hatch_khal.compilers import binary_mismatch
 from hatch_khal.__about__ import __version__
 from hatch_khal.config import ResolvedCrate, jobs_from_env
 from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, SourceChangedError, SourceError, from_name
@@ -170,17 +170,7 @@ class TritonPtxas:
             return CompileOutput(out.read_bytes(), run.stderr.strip(), time.perf_counter() - start, reads=())
 
     def check_output(self, job: CompileJob, data: bytes) -> str | None:
-        want = abi.parse_arch(job.target)
-        kind = "cubin" if want.kind == "sm" else "ptx"
-        try:
-            info = read_binary(data, f"crate {job.crate} {job.target}")
-        except BinaryFormatError as exc:
-            return str(exc)
-        if info.kind != kind:
-            return f"it is a {info.kind}, not a {kind}"
-        if info.arch != want.number:
-            return f"it is for arch {info.arch}, not for {job.target}"
-        return None
+        return binary_mismatch(job, data)
 
 
 PTXAS = TritonPtxas()
