@@ -40,6 +40,7 @@ from khal_runtime.backends import cuda as cuda_backend
 from khal_runtime.backends.cuda import driver as cuda_driver
 from khal_runtime.backends.cuda import graphs as cuda_graphs
 from khal_runtime.backends.cuda import indirect as cuda_indirect
+from khal_runtime.backends.cuda import launch as cuda_launch
 from khal_runtime.backends.cuda import uniform_cache
 from khal_runtime.binaries import is_elf, read_binary, scan_ptx
 from khal_runtime.launch_hooks import hooks
@@ -651,9 +652,12 @@ def _reset_runtime() -> None:
     cuda_indirect._tls.__dict__.clear()
     cuda_graphs._open.clear()
     capture_state._state.__dict__.pop("captures", None)
-    # plans of earlier tests that the garbage collector has not freed yet would regenerate with
-    # the hooks (a test that added a parameter kind to abi.KINDS leaves plans naming it)
-    hooks._watched.clear()
+    # CUDA plans of earlier tests that the garbage collector has not freed yet would regenerate with
+    # the hooks (a test that added a parameter kind to abi.KINDS leaves plans naming it); what other
+    # backends watch (a WebGPU device's stream, which outlives a test) stays watched
+    for plan in list(hooks._watched):
+        if isinstance(plan, cuda_launch.LaunchPlan):
+            hooks._watched.discard(plan)
     hooks.uninstall()
 
 
