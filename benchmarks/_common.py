@@ -169,10 +169,34 @@ class BenchPackage:
     arch: str
 
 
+def build_quietly(proj: Path, crates: Any) -> Any:
+    """``hatch_khal``'s builder over ``proj`` with no cache and no progress lines (warnings print)."""
+    from hatch_khal.builder import PrintReporter, build_packages
+    from hatch_khal.cache import Cache
+
+    class Quiet(PrintReporter):
+        def info(self, message: str) -> None:
+            pass
+
+    return build_packages(proj, crates, Quiet(), cache=Cache(None))
+
+
+def device_complete_us(fn: Callable[[], Any], sync: Callable[[], Any], reps: int, per: int = 1) -> float:
+    """Median wall time (us) of ``fn`` followed by ``sync`` (device-complete), divided by ``per``."""
+    fn()
+    sync()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append((time.perf_counter() - t0) / per * 1e6)
+    return statistics.median(out)
+
+
 def build_bench_package(archs: list[str] | None = None, where: Path | None = None) -> BenchPackage:
     """Compile the launch-bench crate with hatch_khal's builder into a temporary package."""
-    from hatch_khal.builder import PrintReporter, build_packages, write_package_output
-    from hatch_khal.cache import Cache
+    from hatch_khal.builder import write_package_output
     from hatch_khal.config import parse_config
 
     if archs is None:
@@ -186,14 +210,7 @@ def build_bench_package(archs: list[str] | None = None, where: Path | None = Non
                                        "package": BENCH_PKG, "cuda-headers": "none"}]}
     _, crates = parse_config(raw, default_package=BENCH_PKG)
 
-    class Quiet(PrintReporter):
-        def info(self, message: str) -> None:
-            pass
-
-        def debug(self, message: str) -> None:
-            pass
-
-    result = build_packages(proj, crates, Quiet(), cache=Cache(None))
+    result = build_quietly(proj, crates)
     site = base / "site"
     pkg_dir = site / BENCH_PKG
     pkg_dir.mkdir(parents=True, exist_ok=True)

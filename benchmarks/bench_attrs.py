@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, Row, guarded, interleaved_per_call_us
+from _common import ROOT, Row, build_quietly, device_complete_us, guarded, interleaved_per_call_us
 
 SECTION = "attrs"
 PKG = "khal_attrs_kernels"
@@ -29,8 +27,7 @@ PKG = "khal_attrs_kernels"
 
 def _build() -> Any:
     """tests/attrs_kernels_pkg built in-process by the hook's builder, imported."""
-    from hatch_khal.builder import PrintReporter, build_packages, write_package_output
-    from hatch_khal.cache import Cache
+    from hatch_khal.builder import write_package_output
     from hatch_khal.config import parse_config
 
     try:
@@ -42,14 +39,7 @@ def _build() -> Any:
     raw = tomllib.loads((proj / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
     _, crates = parse_config(raw["hooks"]["khal"], default_package=PKG)
 
-    class Quiet(PrintReporter):
-        def info(self, message: str) -> None:
-            pass
-
-        def debug(self, message: str) -> None:
-            pass
-
-    result = build_packages(proj, crates, Quiet(), cache=Cache(None))
+    result = build_quietly(proj, crates)
     site = Path(tempfile.mkdtemp(prefix="khal-bench-attrs-"))
     pkg_dir = site / PKG
     pkg_dir.mkdir(parents=True)
@@ -58,19 +48,6 @@ def _build() -> Any:
         write_package_output(out, pkg_dir)
     sys.path.insert(0, str(site))
     return importlib.import_module(PKG).kernels
-
-
-def _device_us(fn: Any, sync: Any, reps: int, per: int = 1) -> float:
-    """Median wall time (us) of ``fn`` followed by a synchronise, divided by ``per``."""
-    fn()
-    sync()
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        out.append((time.perf_counter() - t0) / per * 1e6)
-    return statistics.median(out)
 
 
 def run(args: Any) -> list[Row]:
@@ -96,7 +73,7 @@ def run(args: Any) -> list[Row]:
         bt = DeviceBuffer.from_numpy(rng.uniform(-1, 1, n * k).astype(np.float16), st)
         c = DeviceBuffer.zeros(m * n, np.float32, stream=st)
         grid = (m // 128) * (n // 128)
-        us = _device_us(lambda: K.gemm_tile.launch(grid, None, a, bt, c, m, n, k, shared_mem=65536), sync, reps)
+        us = device_complete_us(lambda: K.gemm_tile.launch(grid, None, a, bt, c, m, n, k, shared_mem=65536), sync, reps)
         tflops = 2 * m * n * k / (us * 1e-6) / 1e12
         ref = None
         try:
@@ -104,7 +81,7 @@ def run(args: Any) -> list[Row]:
 
             ta = torch.randn(m, k, device="cuda", dtype=torch.float16)
             tb = torch.randn(k, n, device="cuda", dtype=torch.float16)
-            tus = _device_us(lambda: torch.matmul(ta, tb), torch.cuda.synchronize, reps)
+            tus = device_complete_us(lambda: torch.matmul(ta, tb), torch.cuda.synchronize, reps)
             ref = 2 * m * n * k / (tus * 1e-6) / 1e12
         except Exception as exc:  # noqa: BLE001
             rows.append(Row(SECTION, "torch.matmul fp16 4096^3", note=f"not measured: {exc}"))
@@ -122,13 +99,13 @@ def run(args: Any) -> list[Row]:
         grid = dev.sm_count * 4  # 256-thread blocks: 4 per SM co-resident on sm_90
         partial = DeviceBuffer.zeros(grid, np.float32, stream=st)
         out = DeviceBuffer.zeros(1, np.float32, stream=st)
-        coop = _device_us(lambda: K.reduce_coop.launch(grid, None, x, partial, out, n), sync, reps)
+        coop = device_complete_us(lambda: K.reduce_coop.launch(grid, None, x, partial, out, n), sync, reps)
 
         def two() -> None:
             K.reduce_pass1.launch(grid, None, x, partial, n)
             K.reduce_pass2.launch(1, None, partial, out, grid)
 
-        twop = _device_us(two, sync, reps)
+        twop = device_complete_us(two, sync, reps)
         got = float(out.to_numpy()[0])
         rows.append(Row(SECTION, "cooperative reduction (1 launch, grid.sync)", coop, "us/sum", coop / twop,
                         "two-pass", note=f"2^26 floats, grid {grid}; sum {got:.0f}"))
@@ -158,7 +135,7 @@ def run(args: Any) -> list[Row]:
                 step()
             g = cap.graph
             g.upload(st)
-            figures[label] = (_device_us(lambda g=g: g.launch(st), sync, reps, pairs), _device_us(step, sync, reps, pairs))
+            figures[label] = (device_complete_us(lambda g=g: g.launch(st), sync, reps, pairs), device_complete_us(step, sync, reps, pairs))
             g.close()
         (pg, pd), (ng, nd) = figures["PDL"], figures["no PDL"]
         rows.append(Row(SECTION, "dependent pair with PDL (graph)", pg, "us/pair", pg / ng, "no PDL (graph)"))

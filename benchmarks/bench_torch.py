@@ -21,15 +21,13 @@ Skipped, saying why, without a usable GPU or without a CUDA build of torch. Stan
 from __future__ import annotations
 
 import ctypes
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Row, gpu_status, guarded, interleaved_per_call_us  # noqa: E402
+from _common import Row, device_complete_us, gpu_status, guarded, interleaved_per_call_us  # noqa: E402
 
 SECTION = "torch"
 N = 256  # one block: the kernel does (almost) nothing; the host cost is what is measured
@@ -52,19 +50,6 @@ def torch_unavailable() -> str | None:
     if not torch.cuda.is_available():
         return f"torch {torch.__version__} has no CUDA"
     return None
-
-
-def _time_steps(fn: Callable[[], Any], sync: Callable[[], Any], reps: int, per: int) -> float:
-    """Median device-complete time of ``fn`` (us), divided by ``per``."""
-    fn()
-    sync()
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        out.append((time.perf_counter() - t0) / per * 1e6)
-    return statistics.median(out)
 
 
 def _launch_rows(args: Any, torch: Any, ks: Any, ops: Any, drv: Any) -> list[Row]:
@@ -149,7 +134,7 @@ def _graph_rows(args: Any, torch: Any, ks: Any, ops: Any, drv: Any) -> list[Row]
         g = khal_runtime.capture_graph(typed_step, st, stream=st)
         g.upload(st)
         try:
-            return _time_steps(lambda: g.launch(st), st.synchronize, reps, STEP)
+            return device_complete_us(lambda: g.launch(st), st.synchronize, reps, STEP)
         finally:
             g.close()
 
@@ -164,7 +149,7 @@ def _graph_rows(args: Any, torch: Any, ks: Any, ops: Any, drv: Any) -> list[Row]
             op_step()
         g.replay()
         torch.cuda.synchronize()
-        return _time_steps(g.replay, torch.cuda.synchronize, reps, STEP)
+        return device_complete_us(g.replay, torch.cuda.synchronize, reps, STEP)
 
     def raw_graph() -> float:
         plan = five.plan(0)
@@ -181,7 +166,7 @@ def _graph_rows(args: Any, torch: Any, ks: Any, ops: Any, drv: Any) -> list[Row]
         ex = check(drv.cuGraphInstantiate(g, 0), "cuGraphInstantiate")
         check(drv.cuGraphUpload(ex, st._cu), "cuGraphUpload")
         try:
-            return _time_steps(lambda: drv.cuGraphLaunch(ex, st._cu), st.synchronize, reps, STEP)
+            return device_complete_us(lambda: drv.cuGraphLaunch(ex, st._cu), st.synchronize, reps, STEP)
         finally:
             drv.cuGraphExecDestroy(ex)
             drv.cuGraphDestroy(g)
@@ -190,7 +175,7 @@ def _graph_rows(args: Any, torch: Any, ks: Any, ops: Any, drv: Any) -> list[Row]
     tg = guarded(SECTION, "torch.cuda.graph of khal ops, replay", rows, torch_graph)
     rg = guarded(SECTION, "raw cuGraphLaunch", rows, raw_graph)
     direct_op = guarded(SECTION, "1000 eager khal ops", rows,
-                        lambda: _time_steps(op_step, torch.cuda.synchronize, reps, STEP))
+                        lambda: device_complete_us(op_step, torch.cuda.synchronize, reps, STEP))
     if kg is not None:
         rows.append(Row(SECTION, f"khal capture_graph replay ({STEP} launches)", kg, "us/kernel",
                         kg / rg if rg else None, "raw graph"))
@@ -234,12 +219,12 @@ def _compile_rows(args: Any, torch: Any, ks: Any, ops: Any) -> list[Row]:
     reps = max(10, args.batches // 2)
     results: dict[str, float] = {}
     for name, fn in (("torch eager", step_torch), ("khal eager", step_khal)):
-        results[name] = _time_steps(lambda fn=fn: fn(x, w, g, z), torch.cuda.synchronize, reps, 1)
+        results[name] = device_complete_us(lambda fn=fn: fn(x, w, g, z), torch.cuda.synchronize, reps, 1)
     torch._dynamo.reset()
     for name, fn in (("torch compiled", step_torch), ("khal compiled", step_khal)):
         c = torch.compile(fn, fullgraph=True)
         c(x, w, g, z)  # compile
-        results[name] = _time_steps(lambda c=c: c(x, w, g, z), torch.cuda.synchronize, reps, 1)
+        results[name] = device_complete_us(lambda c=c: c(x, w, g, z), torch.cuda.synchronize, reps, 1)
     want = step_torch(x, w, g, z.clone())
     got = step_khal(x, w, g, z)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-2)  # same step, same answer
