@@ -209,6 +209,19 @@ def webgpu_package(root: Path, name: str = "wgpu_example_pkg") -> Path:
     return pkg
 
 
+def webgpu_only(c: Any) -> Any:
+    """Crate ``c`` of a built manifest as a build without its CUDA stage writes it: the WGSL /
+    SPIR-V artifacts only, and the launch facts of Slang's reflection (facts from PTX need the PTX
+    that backs them: the runtime refuses them without it)."""
+    from khal_runtime.manifest import LaunchFacts
+
+    entries = tuple(e if e.launch is None or e.launch.source != "ptx" else e.model_copy(update={
+        "launch": LaunchFacts(source="reflection", grid_axes=e.grid_dims, block_fixed=e.fixed_block)})
+        for e in c.entries)
+    return c.model_copy(update={"artifacts": tuple(a for a in c.artifacts if a.kind in ("wgsl", "spirv")),
+                                "entries": entries})
+
+
 def _webgpu_package_from_wheel(wheel: Path, root: Path, name: str) -> Path:
     """:func:`webgpu_package` from a built example wheel: its Slang crate, WGSL / SPIR-V only."""
     from khal_runtime.manifest import SCHEMA_VERSION, Manifest, Toolchain
@@ -220,7 +233,7 @@ def _webgpu_package_from_wheel(wheel: Path, root: Path, name: str) -> Path:
     for rel, data in shipped.webgpu_files.items():
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_bytes(data)
-    crate = c.model_copy(update={"artifacts": tuple(a for a in c.artifacts if a.kind in ("wgsl", "spirv"))})
+    crate = webgpu_only(c)
     m = Manifest(schema_version=SCHEMA_VERSION, package=name, toolchain=Toolchain(hatch_khal_version="test"),
                  crates=(crate,))
     (pkg / "_khal" / "manifest.json").write_text(m.to_json())

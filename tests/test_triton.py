@@ -657,3 +657,34 @@ def test_a_cached_build_is_compiled_again_when_a_project_module_its_sources_impo
     consts.write_text("import triton.language as tl\nSCALE = tl.constexpr(3)\n")
     again, compiled = entry_hash()
     assert compiled > 0 and again != first
+
+
+def _fake_ptxas(path: Path, release: str) -> Path:
+    path.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_cubins_are_assembled_by_the_ptxas_triton_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRITON_PTXAS_PATH makes Triton write the PTX ISA of that ptxas (9.0 for CUDA 13): the cubin
+    step must use the same tool (the one Triton ships refuses ``.version 9.0``), and its release
+    is a fact of the build."""
+    from hatch_khal.errors import KhalBuildError
+    from hatch_khal.triton import language
+
+    pytest.importorskip("triton")
+    language._tool_release.cache_clear()
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    bundled, bundled_release = language.ptxas_tool(90)
+    assert bundled.name == "ptxas" and bundled.parent == language._ptxas_dir()
+    mine = _fake_ptxas(tmp_path / "ptxas", "13.0")
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(mine))
+    assert language.ptxas_tool(90) == (mine, "13.0 (V13.0.1)")
+    # Blackwell has its own variable, as in Triton's knobs
+    assert language.ptxas_tool(100)[0].name == "ptxas-blackwell"
+    # a TRITON_PTXAS_PATH that does not run falls back to Triton's own, as Triton does
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(tmp_path / "missing"))
+    assert language.ptxas_tool(90) == (bundled, bundled_release)
+    monkeypatch.setattr(language, "_ptxas_dir", lambda: tmp_path / "nowhere")
+    with pytest.raises(KhalBuildError, match=r"Triton's ptxas, which does not run here .*TRITON_PTXAS_PATH="):
+        language.ptxas_tool(90)

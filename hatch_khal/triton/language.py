@@ -23,6 +23,7 @@ launch) and a kernel that needs global or profile scratch memory.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -83,6 +84,34 @@ def _ptxas_dir() -> Path:
     if spec is None or spec.origin is None:
         raise KhalBuildError(f"a Triton crate needs Triton in the build environment: install {TRITON_REQUIREMENT}")
     return Path(spec.origin).parent / "backends" / "nvidia" / "bin"
+
+
+@functools.lru_cache(maxsize=None)
+def _tool_release(path: str) -> str | None:
+    try:
+        run = subprocess.run([path, "--version"], capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"release (\d+\.\d+), V([\d.]+)", run.stdout) if run.returncode == 0 else None
+    return f"{m.group(1)} (V{m.group(2)})" if m else None
+
+
+def ptxas_tool(arch: int) -> tuple[Path, str]:
+    """The ptxas Triton itself uses for ``arch`` (and so the one whose newest PTX ISA its PTX was
+    written for), with its release: ``TRITON_PTXAS_PATH`` (``TRITON_PTXAS_BLACKWELL_PATH`` for
+    sm_100 and newer) when it names a working ptxas, else the one Triton ships; resolved as
+    Triton's ``knobs.nvidia.ptxas`` does, without importing Triton. A ptxas Triton did not use
+    would refuse Triton's PTX (``Unsupported .version``) or assemble it otherwise."""
+    binary = "ptxas-blackwell" if arch >= 100 else "ptxas"
+    default = _ptxas_dir() / binary
+    env = "TRITON_PTXAS_BLACKWELL_PATH" if arch >= 100 else "TRITON_PTXAS_PATH"
+    for path in ([os.environ[env]] if os.environ.get(env) else []) + [str(default)]:
+        release = _tool_release(path)
+        if release is not None:
+            return Path(path), release
+    raise KhalBuildError(f"a Triton crate's cubins need Triton's {binary}, which does not run here ({default}"
+                         f"{'; nor does ' + env + '=' + os.environ[env] if os.environ.get(env) else ''}): "
+                         f"reinstall {TRITON_REQUIREMENT}")
 
 
 def _symbol_names(ptx: str) -> set[str]:
@@ -158,7 +187,7 @@ class TritonPtxas:
         m = re.search(r"^\s*\.target\s+(sm_\w+)", job.text, re.MULTILINE)
         if m is None:
             raise CompileError(f"crate {job.crate!r} {job.target}: the merged Triton PTX names no .target")
-        tool = _ptxas_dir() / ("ptxas-blackwell" if want.number >= 100 else "ptxas")
+        tool, _ = ptxas_tool(want.number)
         with tempfile.TemporaryDirectory(prefix="khal-ptxas-") as tmp:
             src, out = Path(tmp) / f"{job.crate}.ptx", Path(tmp) / f"{job.crate}.cubin"
             src.write_text(job.text)
@@ -345,9 +374,11 @@ class TritonLanguage:
         # Triton's knobs (TRITON_DEFAULT_FP_FUSION, TRITON_F32_DEFAULT, ...) change what it compiles
         knobs = {k: v for k, v in sorted(os.environ.items())
                  if k.startswith("TRITON_") and k not in ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR")}
+        # the ptxas releases: Triton writes the newest PTX ISA its ptxas takes, and assembles with it
+        ptxas = sorted({ptxas_tool(abi.parse_arch(t).number)[1] for t in targets})
         content = crate_content_hash(sources.all_files, {}, [], {
             "language": "triton", "triton": version, "instances": [i.record() for i in instances],
-            "ptx_fallback": PTX_FALLBACK_VERSION, "knobs": knobs})
+            "ptx_fallback": PTX_FALLBACK_VERSION, "knobs": knobs, "ptxas": ptxas})
         return TritonPlan(cfg=cfg, language=self.name, content_hash=content, spirv=NOT_APPLICABLE,
                           files=sources.all_files, tools={"triton": version}, sources=sources,
                           instances=instances, targets=targets, triton=version)
@@ -399,6 +430,11 @@ class TritonLanguage:
                 why = _refusal(p.cfg.name, inst, target, md)
                 if why is not None:
                     raise ConfigError(why)
+                used, ours = md.get("ptxas"), ptxas_tool(abi.parse_arch(target).number)[0]
+                if used is not None and os.path.realpath(used) != os.path.realpath(ours):
+                    raise CompileError(f"crate {p.cfg.name!r}: Triton wrote {target} PTX for ptxas {used}, but the "
+                                       f"cubins would be assembled by {ours}: set TRITON_PTXAS_PATH to the one "
+                                       "Triton should use")
             facts = TritonFacts(kernel=inst.kernel, family=inst.family, base=inst.base, num_warps=inst.num_warps,
                                 num_stages=inst.num_stages,
                                 shared=max(md["shared"] for md in got["targets"].values()),

@@ -125,11 +125,22 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
                 "profile_scratch_size": int(getattr(md, "profile_scratch_size", 0)),
                 "launch_pdl": bool(getattr(md, "launch_pdl", False)),
                 "launch_cooperative_grid": bool(getattr(md, "launch_cooperative_grid", False)),
+                "ptxas": _ptxas_path(capability),
             }
         out.append({"name": inst["name"], "cache_key": fn.cache_key, "arg_names": args,
                     "deps": sorted(set(seen.values())), "targets": targets})
     return {"ok": True, "triton": triton.__version__, "instances": out,
             "imported": _imported(set(sys.modules) - before, files)}
+
+
+def _ptxas_path(capability: int) -> str | None:
+    """The ptxas this Triton used for ``capability`` (its PTX ISA is that ptxas' newest)."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas  # lazy (as above)
+
+        return str(get_ptxas(capability).path)
+    except Exception:  # noqa: BLE001 - another Triton layout: the build resolves ptxas itself
+        return None
 
 
 def _imported(names: set[str], crate_files: set[str]) -> list[list[str]]:

@@ -4,8 +4,11 @@ NumPy; and its launch facts are checked against the shipped PTX when the crate l
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,16 +19,21 @@ import khal_runtime
 from khal_runtime import backends
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ManifestError
-from tests._slang import needs_slang_or_wheel
 
-pytestmark = [pytest.mark.webgpu, needs_slang_or_wheel]
+pytestmark = [pytest.mark.webgpu]
 
 GEO_PKG = Path(__file__).resolve().parents[1] / "geometry_kernels_pkg"
 
 
 @pytest.fixture(scope="module")
 def geo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/geometry_kernels_pkg's Slang crate, built here (sm_90 + PTX + WGSL / SPIR-V)."""
+    """tests/geometry_kernels_pkg's Slang crate (sm_90 + PTX + WGSL / SPIR-V): from the wheel named
+    by KHAL_TEST_GEOMETRY_WHEEL when given (the GPU machine has no Slang compiler), else built here."""
+    given = os.environ.get("KHAL_TEST_GEOMETRY_WHEEL")
+    if given:
+        return _slang2d_from_wheel(Path(given), tmp_path_factory.mktemp("geo-wheel"))
+    if importlib.util.find_spec("slangpy") is None:
+        pytest.skip("slangpy (the Slang compiler) is not installed and no KHAL_TEST_GEOMETRY_WHEEL is given")
     from hatch_khal.builder import build_packages
     from hatch_khal.cache import Cache
     from hatch_khal.config import parse_config
@@ -43,6 +51,19 @@ def geo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for rel, data in pkg.files.items():
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         (out / rel).write_bytes(data)
+    return out
+
+
+def _slang2d_from_wheel(wheel: Path, root: Path) -> Path:
+    """The wheel's package with its manifest cut to crate slang2d (what the fixture builds)."""
+    from khal_runtime.manifest import parse_manifest
+
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(root)
+    out = root / "khal_geometry_kernels"
+    path = out / "_khal" / "manifest.json"
+    m = parse_manifest(path.read_bytes())
+    path.write_text(m.model_copy(update={"crates": (m.crate("slang2d"),)}).to_json())
     return out
 
 
