@@ -1,6 +1,6 @@
 """hatch-khal benchmarks: one runner, every comparison in the same process and run, as ratios.
 
-    python benchmarks/run.py [--only launch,pycost,graph,load,kernels,demo,torch,attrs,webgpu,build]
+    python benchmarks/run.py [--only launch,pycost,graph,load,kernels,demo,torch,attrs,triton,webgpu,build]
                              [--json results.json] [--site DIR]
 
 GPU sections (launch, graph, load, kernels, demo, torch) are skipped, saying why, without a usable
@@ -28,11 +28,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-GPU_SECTIONS = ("launch", "graph", "load", "kernels", "demo", "torch", "attrs")
+GPU_SECTIONS = ("launch", "graph", "load", "kernels", "demo", "torch", "attrs", "triton")
 CPU_SECTIONS = ("pycost", "build")
 #: runs on any WebGPU adapter (a GPU, or lavapipe on the CPU), in a subprocess; skips itself
 WEBGPU_SECTIONS = ("webgpu",)
-ALL = ("pycost", "launch", "graph", "load", "kernels", "demo", "torch", "attrs", "webgpu", "build")
+ALL = ("pycost", "launch", "graph", "load", "kernels", "demo", "torch", "attrs", "triton", "webgpu", "build")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     modules = {"pycost": ("bench_launch", "run_pycost"), "launch": ("bench_launch", "run"),
                "graph": ("bench_graph", "run"), "load": ("bench_load", "run"),
                "kernels": ("bench_kernels", "run"), "demo": ("bench_demo", "run"), "torch": ("bench_torch", "run"),
-               "attrs": ("bench_attrs", "run"), "webgpu": ("bench_webgpu", "run"),
+               "attrs": ("bench_attrs", "run"), "triton": ("bench_triton", "run"), "webgpu": ("bench_webgpu", "run"),
                "build": ("bench_build", "run")}
     # the sections that will run: webgpu leaves the WebGPU demo rows to the demo section then
     args.sections = [s for s in wanted if gpu_ok or s not in GPU_SECTIONS]

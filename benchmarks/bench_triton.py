@@ -1,0 +1,270 @@
+"""Section "triton" (issue #30): Triton tutorial kernels from tests/triton_kernels_pkg, compiled at
+build time by the hook, against Triton's own JIT of the same source in the same run.
+
+- host cost per launch of the vector add (4 programs): the khal call ``k[grid](...)`` vs raw
+  ``cuLaunchKernel`` of the same cubin with a prepacked ``void**`` (bar <= 1.10x) and vs Triton's JIT
+  launcher ``add_kernel[grid](...)`` (bar: at least 2x cheaper), torch tensors for all three;
+- kernel time, khal's cubin vs the JIT's compile of the same source and options (CUDA events; bar
+  within 3%): vector add of 2^26 floats, fused softmax 4096x1024, matmul fp16 4096^3, and the matmul
+  against ``torch.matmul`` (reported, no bar);
+- cold start in fresh processes (the interpreter's own start not counted): ``import`` of the built
+  package + first launch + synchronize, vs ``import torch, triton`` + first call with a warm Triton
+  cache and with an empty one (bar: below both).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from _common import ROOT, Row, build_quietly, guarded, interleaved_per_call_us
+
+SECTION = "triton"
+PKG = "khal_triton_kernels"
+PROJ = ROOT / "tests" / "triton_kernels_pkg"
+SOURCES = PROJ / "kernels" / "triton"
+
+
+def _build() -> tuple[Any, Path]:
+    """tests/triton_kernels_pkg built in-process by the hook's builder (this GPU's arch), imported."""
+    from hatch_khal.builder import write_package_output
+    from hatch_khal.config import parse_config
+
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    raw = tomllib.loads((PROJ / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    _, crates = parse_config(raw["hooks"]["khal"], default_package=PKG)
+    result = build_quietly(PROJ, crates)
+    site = Path(tempfile.mkdtemp(prefix="khal-bench-triton-"))
+    pkg_dir = site / PKG
+    pkg_dir.mkdir(parents=True)
+    (pkg_dir / "__init__.py").write_text("import khal_runtime\nkernels = khal_runtime.load(__name__)\n")
+    for out in result.packages:
+        write_package_output(out, pkg_dir)
+    sys.path.insert(0, str(site))
+    return importlib.import_module(PKG).kernels, site
+
+
+def _tutorials() -> Any:
+    sys.path.insert(0, str(SOURCES))
+    try:
+        return importlib.import_module("tutorials")  # the same source, through Triton's JIT
+    finally:
+        sys.path.pop(0)
+
+
+def _event_us(fns: dict[str, Callable[[], Any]], per: int = 20, rounds: int = 15) -> dict[str, float]:
+    """Median device time (us) of one call of each of ``fns``, by CUDA events around ``per`` calls,
+    the methods in turns."""
+    import torch
+
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    for r in range(rounds):
+        names = list(fns)[r % len(fns):] + list(fns)[: r % len(fns)]
+        for name in names:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(per):
+                fns[name]()
+            b.record()
+            b.synchronize()
+            times[name].append(a.elapsed_time(b) * 1e3 / per)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+COLD_KHAL = r"""
+import time, sys
+t0 = time.perf_counter()
+sys.path.insert(0, sys.argv[1])
+import khal_triton_kernels as m
+from khal_runtime import DeviceBuffer
+import numpy as np
+n = 4096
+x = DeviceBuffer.from_numpy(np.ones(n, np.float32)); y = DeviceBuffer.from_numpy(np.ones(n, np.float32))
+o = DeviceBuffer.zeros(n, np.float32)
+m.kernels.add_fp32[(n // 1024,)](x, y, o, n)
+got = float(o.to_numpy()[0])
+t1 = time.perf_counter()
+import json; print(json.dumps({"ms": (t1 - t0) * 1e3, "ok": got == 2.0}))
+"""
+
+COLD_KHAL_TORCH = r"""
+import time, sys
+t0 = time.perf_counter()
+sys.path.insert(0, sys.argv[1])
+import torch
+import khal_triton_kernels as m
+from khal_runtime.device import as_stream
+n = 4096
+x, y = torch.ones(n, device="cuda"), torch.ones(n, device="cuda")
+o = torch.zeros(n, device="cuda")
+m.kernels.add_fp32[(n // 1024,)](x, y, o, n, stream=as_stream(torch.cuda.current_stream()))
+got = float(o[0])
+t1 = time.perf_counter()
+import json; print(json.dumps({"ms": (t1 - t0) * 1e3, "ok": got == 2.0}))
+"""
+
+COLD_TRITON = r"""
+import time, sys
+t0 = time.perf_counter()
+sys.path.insert(0, sys.argv[1])
+import torch, triton
+import tutorials
+n = 4096
+x, y = torch.ones(n, device="cuda"), torch.ones(n, device="cuda")
+o = torch.zeros(n, device="cuda")
+tutorials.add_kernel[(n // 1024,)](x, y, o, n, BLOCK_SIZE=1024)
+got = float(o[0])
+t1 = time.perf_counter()
+import json; print(json.dumps({"ms": (t1 - t0) * 1e3, "ok": got == 2.0}))
+"""
+
+
+def _fresh(code: str, arg: str, env: dict[str, str]) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=300,
+                       check=False)
+    if r.returncode:
+        tail = (r.stderr or r.stdout).strip().splitlines()
+        raise RuntimeError(tail[-1] if tail else f"exit {r.returncode}")
+    got: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    if not got["ok"]:
+        raise RuntimeError("the first launch gave a wrong result")
+    return got
+
+
+def run(args: Any) -> list[Row]:
+    import torch
+
+    from khal_runtime.backends.cuda import driver as _cuda
+    from khal_runtime.device import as_stream
+
+    rows: list[Row] = []
+    drv = _cuda.driver()
+    K, site = _build()  # noqa: N806
+    T = _tutorials()  # noqa: N806
+    torch.cuda.init()
+    st = as_stream(torch.cuda.current_stream())
+    sync = torch.cuda.synchronize
+
+    # -- host cost per launch ---------------------------------------------------------------------
+    def launch_cost() -> None:
+        n = 4096
+        x, y, o = (torch.rand(n, device="cuda") for _ in range(3))
+        add = K.add_fp32
+        go = add[(n // 1024,)]
+        go(x, y, o, n, stream=st)
+        sync()
+        variant = add.variants[0]
+        assert add.chosen(x, y, o, n) == variant.entry.name
+        plan = variant.plan(0)
+        vals = [ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(y.data_ptr()), ctypes.c_uint64(o.data_ptr()),
+                ctypes.c_int32(n), ctypes.c_uint64(0), ctypes.c_uint64(0)]  # + the two scratch pointers
+        arr = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+        f, cu, L, addr = plan.function, st._cu, drv.cuLaunchKernel, ctypes.addressof(arr)
+        bx, shmem = variant.entry.block_size[0], variant.entry.triton.shared
+        jit = T.add_kernel[(n // 1024,)]
+        jit(x, y, o, n, BLOCK_SIZE=1024)
+        fns = {"khal": lambda: go(x, y, o, n, stream=st),
+               "raw": lambda: L(f, 4, 1, 1, bx, 1, 1, shmem, cu, addr, 0),
+               "jit": lambda: jit(x, y, o, n, BLOCK_SIZE=1024)}
+        got = interleaved_per_call_us(fns, calls=args.calls, batches=args.batches, sync=sync)
+        raw, ours, theirs = got["raw"]["median"], got["khal"]["median"], got["jit"]["median"]
+        rows.append(Row(SECTION, "vector add: raw cuLaunchKernel, void** prepacked", raw, "us/launch", 1.0, "raw"))
+        rows.append(Row(SECTION, "vector add: khal k[grid](...), torch tensors", ours, "us/launch", ours / raw, "raw",
+                        "<= 1.10x raw", ours / raw <= 1.10, f"min {got['khal']['min']:.2f}"))
+        rows.append(Row(SECTION, "vector add: Triton JIT launcher", theirs, "us/launch", theirs / ours, "khal",
+                        ">= 2x khal", theirs / ours >= 2.0, f"min {got['jit']['min']:.2f}"))
+
+    guarded(SECTION, "launch cost", rows, launch_cost)
+
+    # -- kernel time: the same source through khal's build and Triton's JIT -----------------------
+    def kernel_time() -> None:
+        n = 1 << 26
+        x, y, o = (torch.rand(n, device="cuda") for _ in range(3))
+        g = (n // 1024,)
+        add = _event_us({"khal": lambda: K.add_fp32[g](x, y, o, n, stream=st),
+                         "jit": lambda: T.add_kernel[g](x, y, o, n, BLOCK_SIZE=1024)})
+        rows.append(Row(SECTION, "vector add 2^26 fp32: khal", add["khal"], "us", add["khal"] / add["jit"], "JIT",
+                        "within 3% of JIT", abs(add["khal"] / add["jit"] - 1) <= 0.03))
+        rows.append(Row(SECTION, "vector add 2^26 fp32: Triton JIT", add["jit"], "us", 1.0, "JIT"))
+
+        rows_, cols = 4096, 1024
+        a = torch.randn(rows_, cols, device="cuda")
+        b = torch.empty_like(a)
+        sg = (rows_,)
+        soft = _event_us({
+            "khal": lambda: K.softmax_1024[sg](b, a, a.stride(0), b.stride(0), rows_, cols, stream=st),
+            "jit": lambda: T.softmax_kernel[sg](b, a, a.stride(0), b.stride(0), rows_, cols, BLOCK_SIZE=1024,
+                                                num_warps=8),
+            "torch": lambda: torch.softmax(a, dim=1)})
+        rows.append(Row(SECTION, "softmax 4096x1024: khal", soft["khal"], "us", soft["khal"] / soft["jit"], "JIT",
+                        "within 3% of JIT", abs(soft["khal"] / soft["jit"] - 1) <= 0.03))
+        rows.append(Row(SECTION, "softmax 4096x1024: Triton JIT", soft["jit"], "us", 1.0, "JIT"))
+        rows.append(Row(SECTION, "softmax 4096x1024: torch.softmax", soft["torch"], "us", soft["torch"] / soft["jit"],
+                        "JIT", note="reported"))
+
+        for m in (1024, 4096):
+            A = torch.randn(m, m, device="cuda", dtype=torch.float16)  # noqa: N806
+            B = torch.randn(m, m, device="cuda", dtype=torch.float16)  # noqa: N806
+            C = torch.empty(m, m, device="cuda", dtype=torch.float16)  # noqa: N806
+            grid = ((m // 64) * (m // 64),)
+            mm = (A, B, C, m, m, m, A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1))
+            meta = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32, GROUP_SIZE_M=8, num_warps=4, num_stages=3)
+            t = _event_us({"khal": lambda mm=mm, grid=grid: K.matmul_fp16[grid](*mm, stream=st),
+                           "jit": lambda mm=mm, grid=grid: T.matmul_kernel[grid](*mm, **meta),
+                           "torch": lambda A=A, B=B: torch.matmul(A, B)}, per=10 if m > 2048 else 20)
+            fl = 2 * m ** 3 / 1e12
+            rows.append(Row(SECTION, f"matmul fp16 {m}^3: khal", fl / (t["khal"] * 1e-6), "TFLOP/s",
+                            t["khal"] / t["jit"], "JIT time", "time within 3% of JIT",
+                            abs(t["khal"] / t["jit"] - 1) <= 0.03, f"{t['khal']:.1f} us"))
+            rows.append(Row(SECTION, f"matmul fp16 {m}^3: Triton JIT", fl / (t["jit"] * 1e-6), "TFLOP/s", 1.0,
+                            "JIT time", note=f"{t['jit']:.1f} us"))
+            rows.append(Row(SECTION, f"matmul fp16 {m}^3: torch.matmul", fl / (t["torch"] * 1e-6), "TFLOP/s",
+                            t["torch"] / t["jit"], "JIT time", note=f"{t['torch']:.1f} us (reported, no bar)"))
+
+    guarded(SECTION, "kernel time", rows, kernel_time)
+
+    # -- cold start -------------------------------------------------------------------------------
+    def cold() -> None:
+        env = dict(os.environ)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # as bench_load: time imports, not the bytecode compiler
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        warm_cache = tempfile.mkdtemp(prefix="khal-bench-triton-cache-")
+        runs = 5
+        for code, arg in ((COLD_KHAL, str(site)), (COLD_KHAL_TORCH, str(site))):
+            _fresh(code, arg, env)  # bytecode written once, as for an installed wheel
+        _fresh(COLD_TRITON, str(SOURCES), dict(env, TRITON_CACHE_DIR=warm_cache))
+        figs: dict[str, list[float]] = {"khal": [], "khal_torch": [], "warm": [], "empty": []}
+        for _ in range(runs):
+            figs["khal"].append(_fresh(COLD_KHAL, str(site), env)["ms"])
+            figs["khal_torch"].append(_fresh(COLD_KHAL_TORCH, str(site), env)["ms"])
+            figs["warm"].append(_fresh(COLD_TRITON, str(SOURCES), dict(env, TRITON_CACHE_DIR=warm_cache))["ms"])
+            empty = tempfile.mkdtemp(prefix="khal-bench-triton-empty-")
+            figs["empty"].append(_fresh(COLD_TRITON, str(SOURCES), dict(env, TRITON_CACHE_DIR=empty))["ms"])
+        med = {k: statistics.median(v) for k, v in figs.items()}
+        best = min(med["warm"], med["empty"])
+        rows.append(Row(SECTION, "cold: import torch, triton + first JIT call, warm Triton cache", med["warm"], "ms",
+                        1.0, "warm JIT", note=f"median of {runs} fresh processes"))
+        rows.append(Row(SECTION, "cold: import torch, triton + first JIT call, empty Triton cache", med["empty"],
+                        "ms", med["empty"] / med["warm"], "warm JIT"))
+        rows.append(Row(SECTION, "cold: import package + first launch (DeviceBuffers, no torch)", med["khal"], "ms",
+                        med["khal"] / med["warm"], "warm JIT", "below both", med["khal"] < best))
+        rows.append(Row(SECTION, "cold: import torch + package + first launch (torch tensors)", med["khal_torch"],
+                        "ms", med["khal_torch"] / med["warm"], "warm JIT", "below both", med["khal_torch"] < best))
+
+    guarded(SECTION, "cold start", rows, cold)
+    return rows
