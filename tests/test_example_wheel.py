@@ -34,7 +34,7 @@ def test_wheel_is_pure(example_wheel: Path) -> None:
 
 
 def test_two_crates_with_a_shared_local_header(manifest) -> None:  # type: ignore[no-untyped-def]
-    assert {c.name for c in manifest.crates} == {"core", "particles", "cccl", "slang"}
+    assert {c.name for c in manifest.crates} == {"core", "particles", "cccl", "slang", "tutorials"}
     core = manifest.crate("core")
     headers = {s.path for s in core.sources if not s.path.endswith(".cu")}
     assert headers and all(h.startswith("kernels/include/") for h in headers)
@@ -54,8 +54,10 @@ def test_every_artifact_present_with_its_sha256(manifest, wheel_files) -> None: 
 def test_cubins_cover_default_archs_and_are_elf_for_their_arch(manifest, wheel_files) -> None:  # type: ignore[no-untyped-def]
     want = {a for a in DEFAULT_ARCHS if int(a[3:]) in supported_archs()}
     for crate in manifest.crates:
-        cubins = {a.arch: a for a in crate.artifacts if a.kind == "cubin"}
-        assert set(cubins) == want
+        # Triton writes arch-specific cubins (sm_90a, sm_100a, sm_120a: each runs on its own arch only)
+        cubins = {a.arch.removesuffix("a") if crate.language == "triton" else a.arch: a
+                  for a in crate.artifacts if a.kind == "cubin"}
+        assert set(cubins) == want, crate.name
         for arch, art in cubins.items():
             data = wheel_files[f"example_shader_pkg/{art.path}"]
             info = read_binary(data)
@@ -64,7 +66,8 @@ def test_cubins_cover_default_archs_and_are_elf_for_their_arch(manifest, wheel_f
                 khal_symbols(info)[e.name] == e.hash for e in crate.entries
             )
             # the load path's struct reader and pyelftools read the same symbols and probes
-            assert scan_cubin(data) == read_cubin(data) == info and info.globals_u64
+            assert scan_cubin(data) == read_cubin(data) == info
+            assert bool(info.globals_u64) == (crate.language != "triton")  # layout probes: C++ and Slang
 
 
 def test_ptx_entries_carry_hashes_and_libdevice_is_resolved(manifest, wheel_files) -> None:  # type: ignore[no-untyped-def]
@@ -74,9 +77,31 @@ def test_ptx_entries_carry_hashes_and_libdevice_is_resolved(manifest, wheel_file
         text = wheel_files[f"example_shader_pkg/{ptx.path}"].decode()
         for e in crate.entries:
             assert f".entry {e.symbol}(" in text
-            assert f".entry {e.indirect_symbol}(" in text
+            if e.triton is None:  # Triton entries have no indirect variant (their grid is of programs)
+                assert f".entry {e.indirect_symbol}(" in text
         assert ".extern .func" not in text and "__nv_" not in text  # erff, expf, ... inlined
         assert f".version {ptx.ptx_isa}" in text
+
+
+def test_the_triton_crate_ships_every_instance_and_its_conservative_twin(manifest, wheel_files) -> None:  # type: ignore[no-untyped-def]
+    """README command 1 builds Triton's tutorial kernels (no GPU): each ``:16`` instance with its
+    ``__base`` twin, hashed like any entry, cubins for the default archs (sm_90 as sm_90a) and
+    PTX 8.0 for older drivers to JIT."""
+    c = manifest.crate("tutorials")
+    assert c.language == "triton"
+    assert {e.name for e in c.entries} == {"add_fp32", "add_fp32__base", "add_fp16", "add_fp16__base",
+                                            "softmax_1024", "matmul_fp16", "matmul_fp16__base"}
+    add, base = c.entry("add_fp32"), c.entry("add_fp32__base")
+    assert set(add.triton.divisible) == {"x_ptr", "y_ptr", "output_ptr", "n_elements"} and not base.triton.divisible
+    assert add.hash != base.hash and add.symbol.endswith(add.hash)
+    assert add.block_size == (128, 1, 1) and c.entry("softmax_1024").block_size == (256, 1, 1)
+    from hatch_khal.triton import TRITON_VERSION
+
+    assert manifest.toolchain.triton_version == TRITON_VERSION == add.triton.triton_version
+    (ptx,) = [a for a in c.artifacts if a.kind == "ptx"]
+    assert ".version 8.0" in wheel_files[f"example_shader_pkg/{ptx.path}"].decode()
+    sm90 = next(a for a in c.artifacts if a.kind == "cubin" and a.arch == "sm_90a")
+    assert read_binary(wheel_files[f"example_shader_pkg/{sm90.path}"]).arch == 90
 
 
 def test_abi_of_saxpy(manifest) -> None:  # type: ignore[no-untyped-def]

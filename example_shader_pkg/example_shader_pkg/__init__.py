@@ -1,6 +1,6 @@
 """example-shader-pkg: a shader package built by hatch-khal.
 
-Four crates are compiled at wheel-build time and embedded here:
+Five crates are compiled at wheel-build time and embedded here:
 
 * ``core``: ``saxpy``, ``reduce_sum``, ``gelu``, ``gelu_tanh``,
   ``histogram_digits``, ``exclusive_scan``, ``scatter_digits``;
@@ -14,6 +14,10 @@ Four crates are compiled at wheel-build time and embedded here:
   ``slang_collide_ground``, ``slang_count_active``, ``slang_compact_alive``,
   ``slang_kinetic_energy`` — built for CUDA and as WGSL / SPIR-V for WebGPU
   (``slang_reference`` holds their NumPy references).
+
+* ``tutorials`` (Triton, ``kernels/triton/*.py``, Triton's tutorials 01-03): ``add_fp32``,
+  ``add_fp16``, ``softmax_1024``, ``matmul_fp16`` — compiled by Triton at build time, launched
+  without Triton (``example_shader_pkg.tutorials`` wraps them as torch functions).
 
 ``kernels`` holds every entry point, e.g.
 ``kernels.saxpy(elementwise_threads(n), x, y, SaxpyParams(a=2.0))``; the

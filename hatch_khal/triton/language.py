@@ -62,6 +62,8 @@ __all__ = ["PTXAS", "TRITON", "TRITON_REQUIREMENT", "TRITON_VERSION", "TritonLan
 #: the PTX ISA of a Triton crate's PTX fallback: 8.0 (CUDA 12.0 drivers JIT it; Triton would
 #: write its ptxas' newest, 8.7 for 3.6, which the H200's CUDA 13.0 driver does not JIT)
 PTX_FALLBACK_VERSION = 80
+#: the worker's answer as the cache holds it: 2 records the release of the ptxas Triton used per target
+STAGE_FORMAT = 2
 NOT_APPLICABLE = SpirvStatus(status="not_applicable", reason="Triton source")
 #: the two trailing parameters every Triton kernel takes
 SCRATCH_PARAMS = ("khal_global_scratch", "khal_profile_scratch")
@@ -388,7 +390,7 @@ class TritonLanguage:
         if p.prebuilt_var:
             raise ConfigError(f"crate {p.cfg.name!r}: {p.prebuilt_var} gives a prebuilt binary, which Triton crates "
                               "do not take (their entries come from Triton's compiles); unset it")
-        key = sha256_bytes(canonical({"what": "triton-stage", "content": p.content_hash,
+        key = sha256_bytes(canonical({"what": "triton-stage", "format": STAGE_FORMAT, "content": p.content_hash,
                                       "targets": sorted(p.targets.items()), "hatch_khal": __version__}))
         compiled = 0
         hit = cache.lookup(key)
@@ -430,11 +432,12 @@ class TritonLanguage:
                 why = _refusal(p.cfg.name, inst, target, md)
                 if why is not None:
                     raise ConfigError(why)
-                used, ours = md.get("ptxas"), ptxas_tool(abi.parse_arch(target).number)[0]
-                if used is not None and os.path.realpath(used) != os.path.realpath(ours):
+                used = md.get("ptxas")
+                tool, ours = ptxas_tool(abi.parse_arch(target).number)
+                if used is not None and used != ours:
                     raise CompileError(f"crate {p.cfg.name!r}: Triton wrote {target} PTX for ptxas {used}, but the "
-                                       f"cubins would be assembled by {ours}: set TRITON_PTXAS_PATH to the one "
-                                       "Triton should use")
+                                       f"cubins would be assembled by ptxas {ours} ({tool}): set TRITON_PTXAS_PATH "
+                                       "to the one Triton should use")
             facts = TritonFacts(kernel=inst.kernel, family=inst.family, base=inst.base, num_warps=inst.num_warps,
                                 num_stages=inst.num_stages,
                                 shared=max(md["shared"] for md in got["targets"].values()),

@@ -125,7 +125,7 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
                 "profile_scratch_size": int(getattr(md, "profile_scratch_size", 0)),
                 "launch_pdl": bool(getattr(md, "launch_pdl", False)),
                 "launch_cooperative_grid": bool(getattr(md, "launch_cooperative_grid", False)),
-                "ptxas": _ptxas_path(capability),
+                "ptxas": _ptxas_release(capability),
             }
         out.append({"name": inst["name"], "cache_key": fn.cache_key, "arg_names": args,
                     "deps": sorted(set(seen.values())), "targets": targets})
@@ -133,14 +133,20 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
             "imported": _imported(set(sys.modules) - before, files)}
 
 
-def _ptxas_path(capability: int) -> str | None:
-    """The ptxas this Triton used for ``capability`` (its PTX ISA is that ptxas' newest)."""
+def _ptxas_release(capability: int) -> str | None:
+    """The release of the ptxas this Triton used for ``capability`` (its PTX ISA is that ptxas'
+    newest), as ``hatch_khal.triton.language.ptxas_tool`` spells it."""
+    import re  # lazy (as above)
+    import subprocess  # lazy (as above)
+
     try:
         from triton.backends.nvidia.compiler import get_ptxas  # lazy (as above)
 
-        return str(get_ptxas(capability).path)
+        run = subprocess.run([get_ptxas(capability).path, "--version"], capture_output=True, text=True, check=False)
     except Exception:  # noqa: BLE001 - another Triton layout: the build resolves ptxas itself
         return None
+    m = re.search(r"release (\d+\.\d+), V([\d.]+)", run.stdout)
+    return f"{m.group(1)} (V{m.group(2)})" if m else None
 
 
 def _imported(names: set[str], crate_files: set[str]) -> list[list[str]]:
