@@ -96,7 +96,23 @@ def _describe(p: Param) -> str:
     return text + reader.stub_note
 
 
+def _triton_doc(c: Crate, family: str) -> list[str]:
+    """The attribute docstring of Triton family ``family`` of crate ``c``: how it is called, and each
+    variant the runtime may choose, with its hash (what a stale binary is checked against)."""
+    variants = [(e, e.triton) for e in c.entries if e.triton is not None and e.triton.family == family]
+    first, t = next((e, t) for e, t in variants if not t.base)
+    args = ", ".join(f"{n}: {ty}" for n, ty in zip(t.names, t.types))
+    out = [f"Triton kernel ``{t.kernel}``: ``{family}`` of crate ``{c.name}`` (hash ``{first.hash}``).", "",
+           f"``k[grid]({args}, stream=None)``; grid in programs."]
+    for e, _ in variants:
+        if e is not first:
+            out.append(f"``{e.name}`` of crate ``{c.name}`` (hash ``{e.hash}``): when a call breaks an assumption.")
+    return out
+
+
 def _doc(lines: list[str], indent: str) -> list[str]:
+    if not lines:
+        return []
     body = [ln.replace("\\", "\\\\").replace('"""', '\\"\\"\\"') for ln in lines]
     if len(body) == 1:
         return [f'{indent}"""{body[0]}{" " if body[0].endswith(chr(34)) else ""}"""']
@@ -190,6 +206,12 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
                 continue
             entry_classes[(c.name, e.name)] = fresh(f"Kernel_{_ident(c.name)}__{e.name}")
             visible[c.name].append((e.name, entry_classes[(c.name, e.name)]))
+    #: (crate, family) -> the attribute docstring of a Triton family: its variants and their hashes
+    triton_docs: dict[tuple[str, str], list[str]] = {}
+    for c in manifest.crates:
+        for name, typ in visible[c.name]:
+            if typ == "TritonKernel":
+                triton_docs[(c.name, name)] = _triton_doc(c, name)
     counts: dict[str, int] = {}
     for c in manifest.crates:
         for name, _ in visible[c.name]:
@@ -237,6 +259,7 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
         for name, typ in visible[c.name]:
             if _usable(name) and name not in _CRATE_ATTRS:
                 lines.append(f"    {name}: {typ}")
+                lines += _doc(triton_docs.get((c.name, name), []), "    ")
     lines += ["", "", "class _Crates(dict[str, CrateKernels]):"]
     for c in manifest.crates:
         lines += ["    @overload",
@@ -249,9 +272,11 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
         doc += ["", f"In several crates, so only through ``crates``: {', '.join(shared)}."]
     lines += _doc(doc, "    ")
     unique = [(name, typ) for c in manifest.crates for name, typ in visible[c.name] if counts[name] == 1]
-    for name, typ in unique:
-        if _usable(name) and name not in _KERNELSET_ATTRS:
-            lines.append(f"    {name}: {typ}")
+    for c in manifest.crates:
+        for name, typ in visible[c.name]:
+            if counts[name] == 1 and _usable(name) and name not in _KERNELSET_ATTRS:
+                lines.append(f"    {name}: {typ}")
+                lines += _doc(triton_docs.get((c.name, name), []), "    ")
     for c in manifest.crates:
         if _usable(c.name) and c.name not in _KERNELSET_ATTRS and c.name not in counts:
             lines.append(f"    {c.name}: {crate_classes[c.name]}")
