@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 NO_TRITON = r"""
 import sys
-sys.modules["triton"] = None  # `import triton` raises ImportError from here on
 import torch
+assert "triton" not in sys.modules, "import torch imported triton"
+sys.modules["triton"] = None  # `import triton` raises ImportError from here on
 from example_shader_pkg import kernels, tutorials
 
 def check(ok, what):
