@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import os
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,16 @@ PKG = "khal_attrs_kernels"
 
 
 def _build() -> Any:
-    """tests/attrs_kernels_pkg built in-process by the hook's builder, imported."""
+    """tests/attrs_kernels_pkg, imported: from the wheel KHAL_TEST_ATTRS_WHEEL names (built where
+    the CUDA headers are: the GPU machine's NVRTC lacks crt/mma.h), else built in-process by the
+    hook's builder."""
+    wheel = os.environ.get("KHAL_TEST_ATTRS_WHEEL")
+    if wheel:
+        site = Path(tempfile.mkdtemp(prefix="khal-bench-attrs-"))
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(site)
+        sys.path.insert(0, str(site))
+        return importlib.import_module(PKG).kernels
     from hatch_khal.builder import write_package_output
     from hatch_khal.config import parse_config
 

@@ -90,7 +90,8 @@ def test_the_triton_crate_ships_every_instance_and_its_conservative_twin(manifes
     c = manifest.crate("tutorials")
     assert c.language == "triton"
     assert {e.name for e in c.entries} == {"add_fp32", "add_fp32__base", "add_fp16", "add_fp16__base",
-                                            "softmax_1024", "matmul_fp16", "matmul_fp16__base"}
+                                            "softmax_1024", "softmax_1024__base", "matmul_fp16",
+                                            "matmul_fp16__base"}
     add, base = c.entry("add_fp32"), c.entry("add_fp32__base")
     assert set(add.triton.divisible) == {"x_ptr", "y_ptr", "output_ptr", "n_elements"} and not base.triton.divisible
     assert add.hash != base.hash and add.symbol.endswith(add.hash)

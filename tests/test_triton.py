@@ -690,3 +690,46 @@ def test_cubins_are_assembled_by_the_ptxas_triton_uses(tmp_path: Path, monkeypat
     monkeypatch.setattr(language, "_ptxas_dir", lambda: tmp_path / "nowhere")
     with pytest.raises(KhalBuildError, match=r"Triton's ptxas, which does not run here .*TRITON_PTXAS_PATH="):
         language.ptxas_tool(90)
+
+
+@pytest.mark.needs_triton
+def test_the_fast_call_on_a_borrowed_stream_in_a_fresh_thread(
+        built: tuple[Path, Any], fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """torch's stream passed in a thread where khal never made a context current (what a torch user
+    does): the first call makes it current, the next ones take the generated call (on the H200 every
+    call went the slow way, 11 us against raw cuLaunchKernel's 5.3)."""
+    import threading
+
+    from khal_runtime.buffers import DeviceBuffer
+    from khal_runtime.kernels import Kernel
+
+    from .fakecuda import stream
+
+    root, _ = built
+    ks = _load(root, fake)
+    add = ks.add_fp32
+    slow: list[str] = []
+    generic = Kernel.launch
+
+    def counted(self: Any, *a: Any, **kw: Any) -> None:
+        slow.append(self.name)
+        generic(self, *a, **kw)
+
+    monkeypatch.setattr(Kernel, "launch", counted)
+    x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    borrowed = stream(0x77, native="TORCH")
+    errors: list[BaseException] = []
+
+    def user() -> None:
+        try:
+            for _ in range(3):
+                add[(4,)](x, y, out, 4096, stream=borrowed)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=user)
+    t.start()
+    t.join()
+    assert not errors, errors
+    assert slow == ["add_fp32"]
+    assert [la["stream"] for la in fake.launches[-3:]] == [borrowed._cu] * 3

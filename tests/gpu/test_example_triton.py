@@ -44,14 +44,23 @@ for dtype, name in ((torch.float32, "add_fp32"), (torch.float16, "add_fp16")):
         check(torch.equal(out, x + y), f"{name} n={n} offset={offset}")
         check(torch.equal(tutorials.add(x, y), x + y), f"tutorials.add {name} n={n} offset={offset}")
 
-for rows, cols in ((1823, 781), (4, 1024), (5000, 1)):
+for rows, cols, want in ((4096, 1024, "softmax_1024"), (1823, 781, "softmax_1024__base"), (4, 1024, "softmax_1024__base"),
+                         (5000, 1, "softmax_1024__base")):
     x = torch.randn(rows, cols, device="cuda")
+    y = torch.empty_like(x)
+    got = kernels.softmax_1024.chosen(y, x, x.stride(0), y.stride(0), rows, cols)
+    check(got == want, f"softmax {rows}x{cols} chose {got}")
     check(torch.allclose(tutorials.softmax(x), torch.softmax(x, dim=1), atol=1e-6, rtol=1e-5), f"softmax {rows}x{cols}")
 
 for m, n, k, a_t in ((512, 512, 512, False), (333, 200, 96, False), (256, 256, 256, True)):
     a = torch.randn(k, m, device="cuda", dtype=torch.float16).t() if a_t else \
         torch.randn(m, k, device="cuda", dtype=torch.float16)
     b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    c = torch.empty(m, n, device="cuda", dtype=torch.float16)
+    got = kernels.matmul_fp16.chosen(a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                                     c.stride(0), c.stride(1))
+    want = "matmul_fp16" if m % 16 == 0 and n % 16 == 0 and k % 16 == 0 and not a_t else "matmul_fp16__base"
+    check(got == want, f"matmul {m}x{n}x{k} a_t={a_t} chose {got}")
     check(torch.allclose(tutorials.matmul(a, b), a @ b, atol=1e-2, rtol=0), f"matmul {m}x{n}x{k} a_t={a_t}")
 
 check(sys.modules["triton"] is None and not any(m.startswith("triton.") for m in sys.modules), "triton imported")
