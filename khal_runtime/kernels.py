@@ -177,10 +177,13 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
             self._crate.backend  # noqa: B018
         return _stream_of(stream)
 
-    def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int | None = None) -> None:
+    def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int | None = None,
+               cluster: Any = None) -> None:
         """Launch ``grid`` blocks of the compiled block size (``block``: None, or that size);
         ``shared_mem``: bytes of dynamic shared memory (None: what the entry declares with
-        ``KHAL_SHARED_MEM``, else 0)."""
+        ``KHAL_SHARED_MEM``, else 0); ``cluster``: blocks per thread-block cluster (an int or up to
+        three dims; CUDA on sm_90+, for a kernel compiled without ``KHAL_CLUSTER``), the grid a
+        multiple of it."""
         if shared_mem is None:
             shared_mem = self._shared
         st = self._stream(stream)
@@ -205,7 +208,26 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
                 f"{self.name}.launch(): shared_mem={shmem} bytes is more than the entry declares ({self._shmax} bytes"
                 f"{'' if self._shared else ': the limit without a declaration'}); declare KHAL_SHARED_MEM({shmem}) in its "
                 "KHAL_ENTRY marker (above 48 KB the function is opted in once, at load)")
+        if cluster is not None:
+            self._clustered(plan, cluster)(gx, gy, gz, bx, by, bz, shmem, st, args)
+            return
         plan.run(gx, gy, gz, bx, by, bz, shmem, st, args)
+
+    def _clustered(self, plan: Any, cluster: Any) -> Callable[..., None]:
+        """The explicit launch of ``plan`` with clusters of ``cluster`` blocks, or the named error."""
+        dims = dim3(cluster, f"{self.name}.launch(): cluster")
+        a = self.entry.attributes
+        compiled = tuple(a.cluster_dims) if a is not None and a.cluster_dims else None
+        if compiled is not None and dims != compiled:
+            raise LaunchAttributeError(
+                f"{self.name}.launch(): cluster={dims}, but the kernel was compiled with clusters of {compiled} "
+                "(KHAL_CLUSTER, __cluster_dims__), which a launch cannot change; leave cluster= out")
+        if compiled is not None:
+            return plan.run  # type: ignore[no-any-return]
+        if not hasattr(plan, "clustered_run"):
+            raise LaunchAttributeError(f"{self.name}.launch(): cluster={dims} is for CUDA on sm_90+; the "
+                                       f"{self._crate.backend.name} backend has no thread-block clusters")
+        return plan.clustered_run(dims)  # type: ignore[no-any-return]
 
     def max_cooperative_grid(self, block: Any = None, shared_mem: int | None = None, *, device: int | None = None) -> int:
         """The most blocks of ``block`` threads (None: the compiled block) and ``shared_mem`` bytes

@@ -206,6 +206,49 @@ def test_a_device_without_clusters_refuses_a_clustered_entry_at_load(fake: FakeD
         ks.k.launch(4, None, _buf(), 7)
 
 
+def test_a_cluster_given_at_launch_is_a_launch_attribute_checked_against_grid_and_device(fake: FakeDriver) -> None:
+    """``launch(..., cluster=...)`` for a kernel compiled without __cluster_dims__: the cluster rides
+    on cuLaunchKernelEx (with the entry's own attributes), the grid must be whole clusters, and the
+    device must have clusters; the typed call and other launches stay as they were."""
+    ks = _kernels(fake, None, indirect=False)
+    x = _buf(1 << 20)
+    ks.k.launch(8, None, x, 7, cluster=2)
+    ks.k.launch(8, None, x, 7, cluster=(4, 1))
+    cl = "CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION"
+    assert [rec["attrs"] for rec in fake.launches[-2:]] == [[(cl, (2, 1, 1))], [(cl, (4, 1, 1))]]
+    assert fake.launches[-1]["grid"] == (8, 1, 1)
+    ks.k.launch(8, None, x, 7)  # without: no attribute
+    assert fake.launches[-1]["attrs"] == []
+    with pytest.raises(LaunchAttributeError, match=r"grid \(3, 1, 1\) is not a whole number of its clusters \(2, 1, 1\)"):
+        ks.k.launch(3, None, x, 7, cluster=2)
+    with pytest.raises(LaunchAttributeError, match="a cluster of 16 blocks is more than the portable 8"):
+        ks.k.launch(16, None, x, 7, cluster=16)
+    with pytest.raises(ValueError, match=r"k.launch\(\): cluster"):
+        ks.k.launch(8, None, x, 7, cluster=0)
+    n = len(fake.launches)
+    # with the entry's own attributes (PDL): both on the one launch
+    pk = _kernels(fake, PDL, name="p", indirect=False)
+    pk.p.launch(4, None, x, 7, cluster=(4, 1, 1))
+    assert fake.launches[-1]["attrs"] == [*PDL_ATTR, (cl, (4, 1, 1))] and len(fake.launches) == n + 1
+
+
+def test_a_cluster_at_launch_is_refused_where_it_cannot_run(fake: FakeDriver) -> None:
+    x = _buf(1 << 20)
+    ks = _kernels(fake, CLUSTER, name="c", indirect=False)
+    ks.c.launch(4, None, x, 7, cluster=(2, 1, 1))  # what it was compiled with: as without
+    assert fake.launches[-1]["attrs"] == []
+    with pytest.raises(LaunchAttributeError, match=r"compiled with clusters of \(2, 1, 1\).*leave cluster= out"):
+        ks.c.launch(4, None, x, 7, cluster=4)
+
+
+def test_a_device_without_clusters_refuses_a_cluster_at_launch(fake: FakeDriver) -> None:
+    fake.attributes[fake.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH] = 0
+    x = _buf(1 << 20)
+    plain = _kernels(fake, None, name="q", indirect=False)
+    with pytest.raises(LaunchAttributeError, match=r"cluster=\(2, 1, 1\): the device .* no thread-block clusters"):
+        plain.q.launch(4, None, x, 7, cluster=2)
+
+
 # -- the manifest --------------------------------------------------------------------------------
 def test_tampered_attributes_are_a_hash_mismatch(tmp_path: Path) -> None:
     import khal_runtime
@@ -341,7 +384,8 @@ def test_the_build_records_attributes_and_globals(attrs_build: Any) -> None:
     got = {e.name: e.attributes.describe() if e.attributes else "" for e in crate.entries}
     assert got == {"gemm_tile": "dynamic shared 65536 B", "reduce_coop": "cooperative", "cluster_pair_sum": "cluster 2x1x1",
                    "pdl_producer": "PDL", "pdl_consumer": "PDL", "plain_producer": "", "plain_consumer": "",
-                   "reduce_pass1": "", "reduce_pass2": "", "table_lookup": ""}
+                   "reduce_pass1": "", "reduce_pass2": "", "table_lookup": "",
+                   "cluster_pair_sum_at_launch": "", "cluster_shape": ""}  # their clusters are given at launch
     by = {e.name: e for e in crate.entries}
     assert by["reduce_coop"].indirect_symbol is None and "cooperative" in (by["reduce_coop"].indirect_reason or "")
     assert by["cluster_pair_sum"].indirect_symbol is None and by["pdl_producer"].indirect_symbol is not None

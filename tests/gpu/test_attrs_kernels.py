@@ -142,6 +142,33 @@ def test_cluster_kernel_reads_its_partner_blocks_shared_memory(rt: Any, K: Any) 
         K.cluster_pair_sum.launch(3, None, dx, out)
 
 
+def test_a_cluster_given_at_launch_forms_clusters_of_that_size(rt: Any, K: Any) -> None:
+    """A kernel compiled without __cluster_dims__ (no KHAL_CLUSTER), launched with ``cluster=``:
+    each block sees its rank and the cluster's size, and the pair sum reads its partner's shared
+    memory as the compiled-in one does."""
+    for dims, size in ((2, 2), ((4, 1, 1), 4), (8, 8)):
+        out = _poisoned(rt, 2 * 64, np.uint32)
+        K.cluster_shape.launch(64, None, out, cluster=dims)
+        got = out.to_numpy().reshape(64, 2)
+        np.testing.assert_array_equal(got[:, 0], np.arange(64) % size)
+        np.testing.assert_array_equal(got[:, 1], np.full(64, size))
+    out = _poisoned(rt, 2 * 64, np.uint32)
+    K.cluster_shape.launch(64, None, out)  # no cluster given: clusters of one block
+    np.testing.assert_array_equal(out.to_numpy().reshape(64, 2), np.tile([0, 1], (64, 1)))
+    pairs = 300
+    x = np.random.default_rng(4).uniform(-1, 1, pairs * 2 * 128).astype(np.float32)
+    dx, res = _dev(rt, x), _poisoned(rt, x.size, np.float32)
+    K.cluster_pair_sum_at_launch.launch(pairs * 2, None, dx, res, cluster=2)
+    blocks = x.reshape(pairs, 2, 128)
+    np.testing.assert_array_equal(res.to_numpy(), (blocks + blocks[:, ::-1, :]).reshape(-1))
+    with pytest.raises(rt.LaunchAttributeError, match="not a whole number of its clusters"):
+        K.cluster_pair_sum_at_launch.launch(3, None, dx, res, cluster=2)
+    with pytest.raises(rt.LaunchAttributeError, match="more than the portable 8"):
+        K.cluster_shape.launch(64, None, out, cluster=16)
+    with pytest.raises(rt.LaunchAttributeError, match="leave cluster= out"):
+        K.cluster_pair_sum.launch(8, None, dx, res, cluster=4)
+
+
 # -- module globals -------------------------------------------------------------------------------
 def test_a_constant_table_filled_from_python_and_a_counter_reset(rt: Any, K: Any, attrs: Any) -> None:
     g = K.crates["whole"].globals

@@ -89,6 +89,15 @@ def test_explicit_launch_bind_slices_and_atomics(ks: Any) -> None:
     assert int(tot.to_numpy()[0]) == 2 * R.sum_u32(vals[1024:2048])
 
 
+def test_a_cluster_at_launch_is_refused_by_name_on_webgpu(ks: Any) -> None:
+    from khal_runtime.errors import LaunchAttributeError
+
+    dv, tot = DeviceBuffer.from_numpy(np.arange(256, dtype=np.uint32)), DeviceBuffer.zeros(1, np.uint32)
+    with pytest.raises(LaunchAttributeError, match=r"cluster=\(2, 1, 1\) is for CUDA on sm_90\+; the webgpu backend"):
+        ks.sum_u32.launch(2, None, dv, tot, cluster=2)
+    assert int(tot.to_numpy()[0]) == 0  # nothing ran
+
+
 def test_uniform_struct_from_ctypes_bytes_and_dict(ks: Any) -> None:
     R = _refs()
     n = 777

@@ -13,7 +13,8 @@ A cooperative entry's grid must be co-resident: at most ``cuOccupancyMaxActiveBl
 x SM count`` blocks, computed once per (threads per block, dynamic shared memory) and checked before
 each launch with a larger grid than last checked (a named :class:`LaunchAttributeError` with the
 figures). Clusters are compiled in (``__cluster_dims__``): the driver launches them with no attribute;
-the grid must be a multiple of the cluster dims, checked here too.
+or given to an explicit launch (``launch(..., cluster=(x, y, z))``: :meth:`FunctionAttributes.with_cluster`,
+the cluster a launch attribute); the grid must be a multiple of the cluster dims, checked here too.
 """
 
 from __future__ import annotations
@@ -80,6 +81,33 @@ class FunctionAttributes:
             attrs.append(at)
         self.launch_attrs = attrs
         self.needs_ex = bool(attrs)
+
+    def with_cluster(self, drv: Any, cluster: tuple[int, int, int], device: Any) -> FunctionAttributes:
+        """These attributes plus a cluster of ``cluster`` blocks given at launch
+        (``CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION``, for a kernel compiled without
+        ``__cluster_dims__``), checked against ``device`` (sm_90+, at most the portable size)."""
+        where = f"{self.name}.launch(): cluster={cluster}"
+        size = cluster[0] * cluster[1] * cluster[2]
+        cc = device.compute_capability()
+        if cc < (9, 0) or not _attribute(device, "CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH"):
+            raise LaunchAttributeError(f"{where}: the device ({device.name}, sm_{cc[0]}{cc[1]}) has no thread-block "
+                                       "clusters (sm_90+)")
+        if size > MAX_PORTABLE_CLUSTER:
+            raise LaunchAttributeError(f"{where}: a cluster of {size} blocks is more than the portable "
+                                       f"{MAX_PORTABLE_CLUSTER}")
+        if getattr(drv, "CUlaunchAttribute", None) is None:
+            raise LaunchAttributeError(f"{where}: a cluster given at launch needs cuLaunchKernelEx launch "
+                                       "attributes, which these cuda-bindings lack; upgrade cuda-bindings")
+        out = FunctionAttributes(self.entry, self.function, device, self.sm_count)
+        out.shared, out.shared_limit, out.cooperative, out.pdl = self.shared, self.shared_limit, self.cooperative, self.pdl
+        out.cluster = cluster
+        out._coresident = self._coresident
+        at = drv.CUlaunchAttribute()
+        at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = cluster
+        out.launch_attrs = [*self.launch_attrs, at]
+        out.needs_ex = True
+        return out
 
     def configure(self, cfg: Any) -> Any:
         """Put the prebuilt attributes on a CUlaunchConfig."""

@@ -32,7 +32,7 @@ from khal_runtime.backends.cuda.launchgen import READERS, SLOTS, CudaReader, Mem
 from khal_runtime.backends.cuda.loader import expected_param_layout
 from khal_runtime.backends.cuda.uniform_cache import UniformCache
 from khal_runtime.buffers import FREED, DeviceBuffer
-from khal_runtime.device import Stream, _tls, as_stream, ensure_current, ready_stream
+from khal_runtime.device import Device, Stream, _tls, as_stream, ensure_current, ready_stream
 from khal_runtime.errors import CudaError
 from khal_runtime.generated import define
 from khal_runtime.launch_hooks import hooks
@@ -127,6 +127,8 @@ class LaunchPlan:
         self._offsets = [off for _, off, _ in layout]
         self._tls = threading.local()
         self._keep_lock = threading.Lock()  # guards regeneration
+        #: (cluster dims, hooks active) -> the explicit launch with that cluster (:meth:`clustered_run`)
+        self._clustered: dict[tuple[tuple[int, int, int], bool], Callable[..., None]] = {}
         self.accepted: list[set[Any]] = [set() for _ in entry.params]
         #: per storage parameter: array types whose read is inlined (type -> its record)
         self._inline: list[dict[type, interop.ArrayType]] = [{} for _ in entry.params]
@@ -310,6 +312,20 @@ class LaunchPlan:
         """``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: the explicit launch."""
         self._source = run_source(self, hooks.active)
         return self._compile(self._source, "launch", "run")  # type: ignore[no-any-return]
+
+    def clustered_run(self, cluster: tuple[int, int, int]) -> Callable[..., None]:
+        """``run`` launching clusters of ``cluster`` blocks (``launch(..., cluster=...)``), generated
+        once per cluster dims and hook state; the cluster is checked against the device the first time."""
+        key = (cluster, hooks.active)
+        fn = self._clustered.get(key)
+        if fn is None:
+            fa = self.fattrs.with_cluster(driver(), cluster, Device(self.device_id))
+            src = run_source(self, hooks.active, clustered=True)
+            fn = self._compile(src, f"clustered launch {cluster}", "run",
+                               {"launch_ex": make_launch_ex(driver(), fa), "check_attrs": fa.check_launch})
+            with self._keep_lock:
+                self._clustered[key] = fn
+        return fn
 
     def make_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
         """The kernel's call, specialised for this entry on this device: ``(n, *args,

@@ -362,15 +362,18 @@ def launch_lines(g: str, b: str, shmem: str, args: str, hooked: bool, ex: bool =
     ]
 
 
-def attrs_check_line(plan: LaunchPlan, I: str, g: str, threads: str, shmem: str) -> list[str]:  # noqa: E741, N803
+def attrs_check_line(plan: LaunchPlan, I: str, g: str, threads: str, shmem: str,  # noqa: E741, N803
+                     check: bool | None = None) -> list[str]:
     """The cooperative / cluster grid check (:meth:`.attributes.FunctionAttributes.check_launch`),
-    only for entries that have one."""
-    return [f"{I}check_attrs({g}, {threads}, {shmem})"] if plan.check_attrs is not None else []
+    only for entries that have one (``check``: whether there is one, if not the plan's own)."""
+    has = plan.check_attrs is not None if check is None else check
+    return [f"{I}check_attrs({g}, {threads}, {shmem})"] if has else []
 
 
-def run_source(plan: LaunchPlan, hooked: bool) -> str:
+def run_source(plan: LaunchPlan, hooked: bool, clustered: bool = False) -> str:
     """``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: packs into this thread's scratch
-    slot, which no memo uses."""
+    slot, which no memo uses. ``clustered``: for a cluster given at launch (its ``launch_ex``
+    carries the cluster attribute, its ``check_attrs`` the grid check)."""
     n = len(plan.entry.params)
     I = "        "  # noqa: E741, N806
     names = [f"a{i}" for i in range(n)]
@@ -384,8 +387,8 @@ def run_source(plan: LaunchPlan, hooked: bool) -> str:
     else:
         lines += [f"{I}if args: raise Short()", f"{I}addr = 0"]
     lines += ["    except Exception as exc:", "        diagnose(args, exc)", "        raise"]
-    lines += attrs_check_line(plan, "    ", "gx, gy, gz", "bx * by * bz", "shmem")
-    lines += launch_lines("gx, gy, gz", "bx, by, bz", "shmem", "args", hooked, plan.fattrs.needs_ex)
+    lines += attrs_check_line(plan, "    ", "gx, gy, gz", "bx * by * bz", "shmem", True if clustered else None)
+    lines += launch_lines("gx, gy, gz", "bx, by, bz", "shmem", "args", hooked, clustered or plan.fattrs.needs_ex)
     return "\n".join(lines) + "\n"
 
 

@@ -18,3 +18,28 @@ KHAL_ENTRY(cluster_pair_sum, 128, (KHAL_STORAGE(const float, x), KHAL_STORAGE(fl
     out[i] = s[threadIdx.x] + other[threadIdx.x];
     cluster.sync();  // the partner's shared memory must outlive its readers
 }
+
+// The same pair sum, compiled without __cluster_dims__: the cluster is chosen at launch
+// (kernels.cluster_pair_sum_at_launch.launch(grid, None, x, out, cluster=2)).
+KHAL_ENTRY(cluster_pair_sum_at_launch, 128, (KHAL_STORAGE(const float, x), KHAL_STORAGE(float, out)))
+{
+    __shared__ float s[128];
+    cg::cluster_group cluster = cg::this_cluster();
+    const unsigned rank = cluster.block_rank();
+    const unsigned long long i = (unsigned long long)blockIdx.x * 128 + threadIdx.x;
+    s[threadIdx.x] = x[i];
+    cluster.sync();
+    const float* other = cluster.map_shared_rank(s, rank ^ 1u);
+    out[i] = s[threadIdx.x] + other[threadIdx.x];
+    cluster.sync();
+}
+
+// Each block writes its rank in its cluster and the cluster's size (what the launch gave it).
+KHAL_ENTRY(cluster_shape, 32, (KHAL_STORAGE(unsigned, out)))
+{
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) {
+        out[2 * blockIdx.x] = cluster.block_rank();
+        out[2 * blockIdx.x + 1] = cluster.num_blocks();
+    }
+}
