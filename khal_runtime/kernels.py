@@ -144,7 +144,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
                 p = self._plans.get(device_id)
                 if p is None:
                     module = self._crate.module(device_id)
-                    p = self._crate.backend.plan(self, module, device_id)
+                    backend = self._crate.backend
+                    p = backends.check_plan(backend.plan(self, module, device_id), backend.name)
                     self._plans[device_id] = p
                     # 2-D / 3-D entries keep the generic path: the generated call is for 1-D counts
                     if self.func is _generic_call and self._dims == 1:

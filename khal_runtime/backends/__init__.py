@@ -35,13 +35,15 @@ from khal_runtime.errors import BackendFallbackWarning, BackendUnavailableError
 
 if TYPE_CHECKING:
     from khal_runtime.device import Device, Stream
-    from khal_runtime.manifest import Crate
+    from khal_runtime.manifest import Crate, Entry
 
 __all__ = [
     "BACKEND_ENV",
     "MODES",
     "Backend",
     "BackendStatus",
+    "LaunchPlan",
+    "check_plan",
     "backend_mode",
     "backend_status",
     "chosen",
@@ -75,6 +77,52 @@ class BackendStatus:
     adapter: dict[str, str] = field(default_factory=dict)
     #: why the chosen backend was chosen (``auto``: why CUDA was not used)
     why: str = ""
+
+
+class LaunchPlan(Protocol):
+    """What a backend's plan for one entry on one device offers the generic layer (``Kernel``,
+    Triton families, tracing, launch hooks): the contract both backends implement (CUDA's
+    :class:`khal_runtime.backends.cuda.launch.LaunchPlan`, WebGPU's ``WebGpuPlan``), checked
+    when a backend's first plan is made (:func:`check_plan`), not at the first use of a member."""
+
+    entry: Entry
+    #: the crate's name
+    crate: str
+    device_id: int
+    #: called with the plan after its launch code was generated again (a new array type inlined,
+    #: hooks installed or removed): the kernel regenerates its call
+    on_regenerate: list[Callable[[Any], None]]
+    #: the explicit launch, ``run(gx, gy, gz, bx, by, bz, shmem, stream, args)``: every argument
+    #: read and checked (a generated function on CUDA)
+    run: Callable[..., None]
+
+    def make_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
+        """The kernel's call ``(n, *args, stream=None)`` for this device; off its fast paths
+        ``slow(kernel, n, args, stream)``."""
+
+    def regenerate_code(self) -> None:
+        """Generate the launch code again (launch hooks installed or removed)."""
+
+
+#: the members of :class:`LaunchPlan`, checked on each backend's first plan
+_PLAN_MEMBERS = ("entry", "crate", "device_id", "on_regenerate", "run", "make_call", "regenerate_code")
+_checked_plans: set[type] = set()
+
+
+def check_plan(plan: Any, backend: str) -> LaunchPlan:
+    """``plan``, after checking once per plan type that it offers every member of
+    :class:`LaunchPlan` (as pluggy checks an implementation against its spec when it is
+    registered): a backend missing one fails here, naming it, not at some later launch."""
+    tp = type(plan)
+    if tp not in _checked_plans:
+        missing = [m for m in _PLAN_MEMBERS if not hasattr(plan, m)]
+        bad = [m for m in ("run", "make_call", "regenerate_code") if m not in missing and not callable(getattr(plan, m))]
+        if missing or bad:
+            raise TypeError(f"the {backend} backend's plan {tp.__qualname__} does not implement LaunchPlan: "
+                            + "; ".join(filter(None, [f"missing {', '.join(missing)}" if missing else "",
+                                                      f"not callable: {', '.join(bad)}" if bad else ""])))
+        _checked_plans.add(tp)
+    return plan  # type: ignore[no-any-return]
 
 
 class Backend(Protocol):
@@ -112,7 +160,7 @@ class Backend(Protocol):
         for the first device's arch and no PTX its driver can JIT; WebGPU: no WGSL / SPIR-V),
         or None when it has; loads nothing. Asked only of a usable backend."""
     def load_crate(self, crate: Any, device_id: int) -> Any: ...
-    def plan(self, kernel: Any, module: Any, device_id: int) -> Any: ...
+    def plan(self, kernel: Any, module: Any, device_id: int) -> LaunchPlan: ...
     def unload(self, module: Any) -> None: ...
     def bind(self, kernel: Any, plan: Any, args: tuple[Any, ...], stream: Stream) -> Any: ...
     def dispatch_indirect(self, kernel: Any, plan: Any, count: Any, args: tuple[Any, ...],
