@@ -177,6 +177,8 @@ class TritonKernel:
         #: ``launch(grid, *args, stream=None)``: generated over khal Kernels, else the slow path
         self._fast: Callable[..., None] | None = None
         self.launch: Callable[..., None] = self._launch_slow
+        #: grid -> ``functools.partial(self.launch, grid)`` (:meth:`__getitem__`)
+        self._grids: dict[Any, Callable[..., None]] = {}
         # over khal Kernels (what the generated call reads of them: their plans by device, block, crate)
         if all(hasattr(k, "_plans") and hasattr(k, "_bx") and hasattr(k, "_crate") for k in self.variants):
             self.launch = self._fast = self._generate()
@@ -331,7 +333,8 @@ class TritonKernel:
               f"            {slow}", "    elif type(stream) is Stream:", "        st = stream", "    else:",
               f"        {slow}", "    plan = plans.get(st.device_id)",
               "    if plan is None or getattr(thread, 'dev', -1) != st.device_id:", f"        {slow}",
-              "    g = grid", "    if type(g) is not int:", "        if type(g) is not tuple:",
+              "    g = grid", "    if type(g) is tuple and len(g) == 1:", "        g = g[0]",
+              "    if type(g) is not int:", "        if type(g) is not tuple:",
               "            if not callable(g):", f"                {slow}", "            g = g(constexprs)",
               "        if type(g) is int:", "            gx = g", "            gy = gz = 1",
               "        elif type(g) is tuple and 0 < len(g) <= 3:",
@@ -339,11 +342,16 @@ class TritonKernel:
               "type(gz) is not int or not (0 < gy <= 65535 and 0 < gz <= 65535):", f"                {slow}",
               "        else:", f"            {slow}", "    else:", "        gx = g", "        gy = gz = 1",
               "    if not 0 < gx <= 2147483647:", f"        {slow}"]
-        for j, k in enumerate(self.variants):
+        packs = []
+        for k in self.variants:
             ones = set(k.entry.triton.ones)
-            vals = "".join(f"v{i}, " for i in range(n) if self.arg_names[i] not in ones) + "0, 0"
-            L += [f"    {'if' if j == 0 else 'elif'} which == {j}:", f"        vals = ({vals})"]
-        L += ["    plan.run(gx, gy, gz, bx, 1, 1, shmem, st, vals)"]
+            packs.append("".join(f"v{i}, " for i in range(n) if self.arg_names[i] not in ones) + "0, 0")
+        if len(set(packs)) == 1:  # every variant takes the same values (no "== 1" assumption)
+            L += [f"    plan.run(gx, gy, gz, bx, 1, 1, shmem, st, ({packs[0]}))"]
+        else:
+            for j, vals in enumerate(packs):
+                L += [f"    {'if' if j == 0 else 'elif'} which == {j}:", f"        vals = ({vals})"]
+            L += ["    plan.run(gx, gy, gz, bx, 1, 1, shmem, st, vals)"]
         ns: dict[str, Any] = {"slow": self._launch_slow, "crate": self.variants[0]._crate, "chosen": self._fast_chosen,
                               "thread": _tls, "Stream": Stream, "constexprs": self.constexprs, "MISSING": _MISSING,
                               "DeviceBuffer": DeviceBuffer, "FREED": FREED, "BK": self._backends}
@@ -353,7 +361,19 @@ class TritonKernel:
         return define(self.source, f"triton {self.name}", ns, "launch")  # type: ignore[no-any-return]
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
-        """``k[grid](*args, stream=None)``, as a Triton kernel is called."""
+        """``k[grid](*args, stream=None)``, as a Triton kernel is called. The launcher of an int or
+        tuple grid is kept (up to 64 of them): ``k[(n,)]`` in a loop makes no new object per call."""
+        t = type(grid)
+        if t is tuple or t is int:
+            try:
+                go = self._grids.get(grid)
+            except TypeError:  # a tuple holding something unhashable: the launch names what is wrong
+                return functools.partial(self.launch, grid)
+            if go is None:
+                go = functools.partial(self.launch, grid)
+                if len(self._grids) < 64:
+                    self._grids[grid] = go
+            return go
         return functools.partial(self.launch, grid)
 
     def chosen(self, *args: Any) -> str:

@@ -733,3 +733,24 @@ def test_the_fast_call_on_a_borrowed_stream_in_a_fresh_thread(
     assert not errors, errors
     assert slow == ["add_fp32"]
     assert [la["stream"] for la in fake.launches[-3:]] == [borrowed._cu] * 3
+
+
+@pytest.mark.needs_triton
+def test_k_of_a_grid_keeps_its_launcher_and_still_checks_every_grid(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    from khal_runtime.buffers import DeviceBuffer
+
+    root, _ = built
+    ks = _load(root, fake)
+    add = ks.add_fp32
+    assert add[(4,)] is add[(4,)] and add[4] is add[4] and add[(4,)] is not add[(2, 2)]
+    x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    add[(4,)](x, y, out, 4096)
+    add[(2, 2)](x, y, out, 4096)
+    assert [la["grid"] for la in fake.launches[-2:]] == [(4, 1, 1), (2, 2, 1)]
+    kept = len(add._grids)
+    add[([3],)](x, y, out, 4096)  # unhashable inside: not kept, launched as before (a list is a dim3)
+    assert fake.launches[-1]["grid"] == (3, 1, 1) and len(add._grids) == kept
+    for g in range(100):  # more grids than are kept: each still launches its own
+        add[(g + 1,)](x, y, out, 4096)
+    assert fake.launches[-1]["grid"] == (100, 1, 1) and len(add._grids) <= 64
