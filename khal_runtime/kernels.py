@@ -113,6 +113,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         # an explicit launch may ask for (beyond 48 KB only what the entry declared)
         a = entry.attributes
         self._shared = int(a.max_dynamic_shared or 0) if a is not None else 0
+        if entry.triton is not None:  # a Triton kernel's dynamic shared memory (below 48 KB: no attribute)
+            self._shared = max(self._shared, int(entry.triton.shared))
         self._shmax = max(self._shared, DEFAULT_DYNAMIC_SHARED)
         self._lock = threading.Lock()
         return self

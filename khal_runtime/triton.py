@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from khal_runtime.arguments import dim3
 from khal_runtime.buffers import FREED, DeviceBuffer
 from khal_runtime.device import Stream, _tls
 from khal_runtime.errors import ArgumentError, ArgumentValueError, TritonAssumptionError
@@ -376,8 +377,51 @@ class TritonKernel:
             return go
         return functools.partial(self.launch, grid)
 
+    def bind(self, *args: Any, stream: Any = None) -> TritonBound:
+        """``b = k.bind(*args, stream=None)``, then ``b(grid)``: the arguments checked once (the
+        variant chosen, as a call with them would), packed once, and each ``b(grid)`` launches at
+        about the cost of a raw launch (a bound launch of the variant, :meth:`Kernel.bind`)."""
+        values = self._values(args)
+        bits = self._bits(values)
+        chosen = self._chosen.get(bits) or self._choose(bits, values)
+        keep = chosen[3]
+        if keep is not None:
+            values = [values[i] for i in keep]
+        k = chosen[2]
+        return TritonBound(self, k, k.bind(*values, stream=stream))
+
     def chosen(self, *args: Any) -> str:
         """The entry a call with ``args`` would launch (no launch)."""
         values = self._values(args)
         bits = self._bits(values)
         return str((self._chosen.get(bits) or self._choose(bits, values))[2].entry.name)
+
+
+class TritonBound:
+    """A bound launch of a Triton family (:meth:`TritonKernel.bind`): ``b(grid)``, a grid of programs
+    (an int, up to three dims, or a callable of the constexprs), launched through the chosen
+    variant's bound launch (threads = programs x block along x)."""
+
+    __slots__ = ("family", "variant", "bound", "_bx", "_last")
+
+    def __init__(self, family: TritonKernel, variant: Any, bound: Any) -> None:
+        self.family, self.variant, self.bound = family, variant, bound
+        self._bx = int(variant.entry.block_size[0])
+        #: (the last grid object, its thread counts): a repeated grid launches with the same counts
+        self._last: tuple[Any, Any] = (object(), None)
+
+    def __repr__(self) -> str:
+        return f"<TritonBound {self.family.crate}.{self.family.name} -> {self.variant.entry.name}>"
+
+    def __call__(self, grid: Any) -> None:
+        last = self._last
+        if grid is last[0]:
+            self.bound(last[1])
+            return
+        g = grid(self.family.constexprs) if callable(grid) else grid
+        if type(g) in (tuple, list) and len(g) == 1:
+            g = g[0]
+        gx, gy, gz = dim3(g, f"{self.family.name}[grid]: grid")
+        counts = (gx * self._bx, gy, gz)
+        self._last = (grid, counts)
+        self.bound(counts)

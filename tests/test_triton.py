@@ -754,3 +754,35 @@ def test_k_of_a_grid_keeps_its_launcher_and_still_checks_every_grid(
     for g in range(100):  # more grids than are kept: each still launches its own
         add[(g + 1,)](x, y, out, 4096)
     assert fake.launches[-1]["grid"] == (100, 1, 1) and len(add._grids) <= 64
+
+
+@pytest.mark.needs_triton
+def test_bind_checks_once_and_launches_the_chosen_variant_with_its_shared_memory(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    """``k.bind(*args)`` then ``b(grid)``: the variant a call would choose, its dynamic shared
+    memory (Triton's, below 48 KB: no attribute), the two null scratch pointers, grids of programs."""
+    from khal_runtime.buffers import DeviceBuffer
+
+    root, _ = built
+    ks = _load(root, fake)
+    a, b, c = (DeviceBuffer.zeros(64 * 64, np.float16) for _ in range(3))
+    mm = ks.matmul_fp16
+    args = (a, b, c, 64, 64, 64, 64, 1, 64, 1, 64, 1)
+    bound = mm.bind(*args)
+    assert bound.variant.entry.name == mm.chosen(*args) == "matmul_fp16"
+    shared = bound.variant.entry.triton.shared
+    assert 0 < shared <= 48 * 1024
+    for grid in ((1,), (1,), 1, lambda meta: (64 // meta["BLOCK_SIZE_M"],)):
+        bound(grid)
+        la = fake.launches[-1]
+        assert la["f"] == f"FUNC:{bound.variant.entry.symbol}" and la["grid"] == (1, 1, 1) and la["shmem"] == shared
+    ones = set(bound.variant.entry.triton.ones)  # compiled in: not passed
+    want = [v for name, v in zip(mm.arg_names, [a.ptr, b.ptr, c.ptr, 64, 64, 64, 64, 1, 64, 1, 64, 1])
+            if name not in ones] + [0, 0]
+    assert [int.from_bytes(s, "little") for s in fake.launches[-1]["slots"]] == want
+    mm[(1,)](*args)  # the call launches with the same shared memory
+    assert fake.launches[-1]["shmem"] == shared
+    base = mm.bind(a, b, c, 60, 64, 64, 64, 1, 64, 1, 64, 1)  # M not divisible by 16: the twin
+    assert base.variant.entry.name == "matmul_fp16__base"
+    base((2, 1, 1))
+    assert fake.launches[-1]["grid"] == (2, 1, 1)
