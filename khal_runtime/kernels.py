@@ -111,10 +111,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         self._ldims, self._lfixed = entry.launch_dims, entry.launch_block_fixed
         # launch attributes (KHAL_SHARED_MEM): the typed call's dynamic shared memory, and the most
         # an explicit launch may ask for (beyond 48 KB only what the entry declared)
-        a = entry.attributes
-        self._shared = int(a.max_dynamic_shared or 0) if a is not None else 0
-        if entry.triton is not None:  # a Triton kernel's dynamic shared memory (below 48 KB: no attribute)
-            self._shared = max(self._shared, int(entry.triton.shared))
+        self._shared = entry.dynamic_shared
         self._shmax = max(self._shared, DEFAULT_DYNAMIC_SHARED)
         self._lock = threading.Lock()
         return self

@@ -535,6 +535,15 @@ class Entry(_Model):
         f = self.launch
         return self.fixed_block and (f is None or f.block_fixed)
 
+    @property
+    def dynamic_shared(self) -> int:
+        """The dynamic shared memory every launch of the entry passes unless told otherwise: what
+        ``KHAL_SHARED_MEM`` declares, or what Triton's compile needed (below 48 KB no attribute
+        records it), else 0."""
+        a = self.attributes
+        declared = int(a.max_dynamic_shared or 0) if a is not None else 0
+        return max(declared, int(self.triton.shared)) if self.triton is not None else declared
+
     def signature(self, layouts: bool = True) -> dict[str, Any]:
         """What the entry hash covers besides the crate content (:func:`abi.entry_signature`;
         ``layouts=False``: without the uniforms' CUDA layouts, as builds before they were hashed)."""

@@ -39,9 +39,7 @@ class FunctionAttributes:
         self.function = function
         self.name = entry.name
         #: dynamic shared memory the typed call (and bound launches, indirect dispatch) launch with
-        self.shared = int(a.max_dynamic_shared or 0) if a is not None else 0
-        if entry.triton is not None:  # a Triton kernel always launches with its dynamic shared memory
-            self.shared = max(self.shared, int(entry.triton.shared))
+        self.shared = entry.dynamic_shared
         #: the most dynamic shared memory an explicit launch may ask for
         self.shared_limit = max(self.shared, DEFAULT_DYNAMIC_SHARED)
         self.cooperative = bool(a is not None and a.cooperative)
