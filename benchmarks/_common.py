@@ -181,6 +181,32 @@ def build_quietly(proj: Path, crates: Any) -> Any:
     return build_packages(proj, crates, Quiet(), cache=Cache(None))
 
 
+def build_test_package(proj: Path, package: str) -> tuple[Any, Path]:
+    """The test package at ``proj`` (its pyproject's khal hook table) built in-process by
+    :func:`build_quietly` into a temporary site, imported: (its ``kernels``, the site)."""
+    import importlib
+
+    from hatch_khal.builder import write_package_output
+    from hatch_khal.config import parse_config
+
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    raw = tomllib.loads((proj / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    _, crates = parse_config(raw["hooks"]["khal"], default_package=package)
+    result = build_quietly(proj, crates)
+    site = Path(tempfile.mkdtemp(prefix=f"khal-bench-{package}-"))
+    pkg_dir = site / package
+    pkg_dir.mkdir(parents=True)
+    (pkg_dir / "__init__.py").write_text("import khal_runtime\nkernels = khal_runtime.load(__name__)\n")
+    for out in result.packages:
+        write_package_output(out, pkg_dir)
+    sys.path.insert(0, str(site))
+    return importlib.import_module(package).kernels, site
+
+
 def device_complete_us(fn: Callable[[], Any], sync: Callable[[], Any], reps: int, per: int = 1) -> float:
     """Median wall time (us) of ``fn`` followed by ``sync`` (device-complete), divided by ``per``."""
     fn()

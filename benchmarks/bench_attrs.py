@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, Row, build_quietly, device_complete_us, guarded, interleaved_per_call_us
+from _common import ROOT, Row, build_test_package, device_complete_us, guarded, interleaved_per_call_us
 
 SECTION = "attrs"
 PKG = "khal_attrs_kernels"
@@ -38,27 +38,7 @@ def _build() -> Any:
             zf.extractall(site)
         sys.path.insert(0, str(site))
         return importlib.import_module(PKG).kernels
-    from hatch_khal.builder import write_package_output
-    from hatch_khal.config import parse_config
-
-    try:
-        import tomllib
-    except ImportError:  # pragma: no cover
-        import tomli as tomllib  # type: ignore[no-redef]
-
-    proj = ROOT / "tests" / "attrs_kernels_pkg"
-    raw = tomllib.loads((proj / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
-    _, crates = parse_config(raw["hooks"]["khal"], default_package=PKG)
-
-    result = build_quietly(proj, crates)
-    site = Path(tempfile.mkdtemp(prefix="khal-bench-attrs-"))
-    pkg_dir = site / PKG
-    pkg_dir.mkdir(parents=True)
-    (pkg_dir / "__init__.py").write_text("import khal_runtime\nkernels = khal_runtime.load(__name__)\n")
-    for out in result.packages:
-        write_package_output(out, pkg_dir)
-    sys.path.insert(0, str(site))
-    return importlib.import_module(PKG).kernels
+    return build_test_package(ROOT / "tests" / "attrs_kernels_pkg", PKG)[0]
 
 
 def run(args: Any) -> list[Row]:

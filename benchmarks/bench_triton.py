@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import ROOT, Row, build_quietly, guarded, interleaved_per_call_us
+from _common import ROOT, Row, build_test_package, guarded, interleaved_per_call_us
 
 SECTION = "triton"
 PKG = "khal_triton_kernels"
@@ -46,26 +46,9 @@ def _example() -> tuple[Any, Path, str] | None:
 
 
 def _build() -> tuple[Any, Path, str]:
-    """tests/triton_kernels_pkg built in-process by the hook's builder (this GPU's arch), imported."""
-    from hatch_khal.builder import write_package_output
-    from hatch_khal.config import parse_config
-
-    try:
-        import tomllib
-    except ImportError:  # pragma: no cover
-        import tomli as tomllib  # type: ignore[no-redef]
-
-    raw = tomllib.loads((PROJ / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
-    _, crates = parse_config(raw["hooks"]["khal"], default_package=PKG)
-    result = build_quietly(PROJ, crates)
-    site = Path(tempfile.mkdtemp(prefix="khal-bench-triton-"))
-    pkg_dir = site / PKG
-    pkg_dir.mkdir(parents=True)
-    (pkg_dir / "__init__.py").write_text("import khal_runtime\nkernels = khal_runtime.load(__name__)\n")
-    for out in result.packages:
-        write_package_output(out, pkg_dir)
-    sys.path.insert(0, str(site))
-    return importlib.import_module(PKG).kernels, site, PKG
+    """tests/triton_kernels_pkg built in-process by the hook's builder, imported."""
+    kernels, site = build_test_package(PROJ, PKG)
+    return kernels, site, PKG
 
 
 def _tutorials() -> Any:
