@@ -682,7 +682,9 @@ def test_cubins_are_assembled_by_the_ptxas_triton_uses(tmp_path: Path, monkeypat
     from hatch_khal.triton import language
 
     pytest.importorskip("triton")
-    language._tool_release.cache_clear()
+    from hatch_khal.triton.ptxas import tool_release
+
+    tool_release.cache_clear()
     monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
     bundled, bundled_release = language.ptxas_tool(90)
     assert bundled.name == "ptxas" and bundled.parent == language._ptxas_dir()

@@ -23,7 +23,6 @@ launch) and a kernel that needs global or profile scratch memory.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -50,6 +49,7 @@ from hatch_khal.reads import changed, cover
 from hatch_khal.sources import CrateSources, collect_sources
 from hatch_khal.triton import TRITON_REQUIREMENT, TRITON_VERSION
 from hatch_khal.triton.instances import POINTEE_TYPES, SCALAR_TYPES, TritonInstance, parse_instances
+from hatch_khal.triton.ptxas import tool_release
 
 if TYPE_CHECKING:
     from khal_runtime.binaries import BinaryInfo
@@ -88,16 +88,6 @@ def _ptxas_dir() -> Path:
     return Path(spec.origin).parent / "backends" / "nvidia" / "bin"
 
 
-@functools.lru_cache(maxsize=None)
-def _tool_release(path: str) -> str | None:
-    try:
-        run = subprocess.run([path, "--version"], capture_output=True, text=True, check=False, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    m = re.search(r"release (\d+\.\d+), V([\d.]+)", run.stdout) if run.returncode == 0 else None
-    return f"{m.group(1)} (V{m.group(2)})" if m else None
-
-
 def ptxas_tool(arch: int) -> tuple[Path, str]:
     """The ptxas Triton itself uses for ``arch`` (and so the one whose newest PTX ISA its PTX was
     written for), with its release: ``TRITON_PTXAS_PATH`` (``TRITON_PTXAS_BLACKWELL_PATH`` for
@@ -108,7 +98,7 @@ def ptxas_tool(arch: int) -> tuple[Path, str]:
     default = _ptxas_dir() / binary
     env = "TRITON_PTXAS_BLACKWELL_PATH" if arch >= 100 else "TRITON_PTXAS_PATH"
     for path in ([os.environ[env]] if os.environ.get(env) else []) + [str(default)]:
-        release = _tool_release(path)
+        release = tool_release(path)
         if release is not None:
             return Path(path), release
     raise KhalBuildError(f"a Triton crate's cubins need Triton's {binary}, which does not run here ({default}"

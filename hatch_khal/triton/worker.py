@@ -135,18 +135,16 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
 
 def _ptxas_release(capability: int) -> str | None:
     """The release of the ptxas this Triton used for ``capability`` (its PTX ISA is that ptxas'
-    newest), as ``hatch_khal.triton.language.ptxas_tool`` spells it."""
-    import re  # lazy (as above)
-    import subprocess  # lazy (as above)
+    newest), as the build spells it (:func:`hatch_khal.triton.ptxas.tool_release`)."""
+    from hatch_khal.triton.ptxas import tool_release  # lazy (as above)
 
     try:
         from triton.backends.nvidia.compiler import get_ptxas  # lazy (as above)
 
-        run = subprocess.run([get_ptxas(capability).path, "--version"], capture_output=True, text=True, check=False)
+        path = str(get_ptxas(capability).path)
     except Exception:  # noqa: BLE001 - another Triton layout: the build resolves ptxas itself
         return None
-    m = re.search(r"release (\d+\.\d+), V([\d.]+)", run.stdout)
-    return f"{m.group(1)} (V{m.group(2)})" if m else None
+    return tool_release(path)
 
 
 def _imported(names: set[str], crate_files: set[str]) -> list[list[str]]:
