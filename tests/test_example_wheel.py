@@ -105,6 +105,19 @@ def test_the_triton_crate_ships_every_instance_and_its_conservative_twin(manifes
     assert read_binary(wheel_files[f"example_shader_pkg/{sm90.path}"]).arch == 90
 
 
+def test_the_test_packages_triton_tutorials_are_the_examples() -> None:
+    """The Triton tutorial kernels exist twice (a crate's sources lie inside its project):
+    tests/triton_kernels_pkg tests the same source the example wheel ships, so a change to one
+    that is not made to the other fails here, not on the GPU."""
+    root = Path(__file__).resolve().parent.parent
+    ours = root / "example_shader_pkg" / "kernels" / "triton"
+    theirs = root / "tests" / "triton_kernels_pkg" / "kernels" / "triton"
+    names = sorted(p.name for p in ours.glob("*.py"))
+    assert names == sorted(p.name for p in theirs.glob("*.py")) and names
+    for name in names:
+        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), f"{name} differs: change both copies"
+
+
 def test_abi_of_saxpy(manifest) -> None:  # type: ignore[no-untyped-def]
     saxpy = manifest.crate("core").entry("saxpy")
     kinds = [(p.name, p.kind, p.element_type, p.element_size, p.writable) for p in saxpy.params]
