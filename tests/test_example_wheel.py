@@ -15,7 +15,7 @@ from hatch_khal.nvrtc import supported_archs
 from khal_runtime.binaries import khal_symbols, read_binary, read_cubin, scan_cubin
 from khal_runtime.manifest import SCHEMA_VERSION, parse_manifest
 
-from .conftest import run
+from .conftest import ROOT, run
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +109,8 @@ def test_the_test_packages_triton_tutorials_are_the_examples() -> None:
     """The Triton tutorial kernels exist twice (a crate's sources lie inside its project):
     tests/triton_kernels_pkg tests the same source the example wheel ships, so a change to one
     that is not made to the other fails here, not on the GPU."""
-    root = Path(__file__).resolve().parent.parent
-    ours = root / "example_shader_pkg" / "kernels" / "triton"
-    theirs = root / "tests" / "triton_kernels_pkg" / "kernels" / "triton"
+    ours = ROOT / "example_shader_pkg" / "kernels" / "triton"
+    theirs = ROOT / "tests" / "triton_kernels_pkg" / "kernels" / "triton"
     names = sorted(p.name for p in ours.glob("*.py"))
     assert names == sorted(p.name for p in theirs.glob("*.py")) and names
     for name in names:
