@@ -16,7 +16,8 @@ from .fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storag
 
 def test_the_checked_members_are_the_protocols() -> None:
     annotated = set(LaunchPlan.__annotations__)
-    methods = {n for n, v in vars(LaunchPlan).items() if callable(v) and not n.startswith("_")}
+    methods = {n for n, v in vars(LaunchPlan).items()
+               if (callable(v) or isinstance(v, property)) and not n.startswith("_")}
     assert set(backends._PLAN_MEMBERS) == annotated | methods
 
 
@@ -38,9 +39,13 @@ class _Incomplete:
     def regenerate_code(self) -> None:
         pass
 
+    @property
+    def call(self) -> Any:
+        raise AssertionError("check_plan must not read call: reading it makes the code")
+
 
 def test_a_plan_missing_members_is_refused_at_once_naming_them() -> None:
     with pytest.raises(TypeError, match=r"the test backend's plan _Incomplete does not implement LaunchPlan: "
-                                        r"missing on_regenerate, make_call; not callable: run"):
+                                        r"missing learn; not callable: run"):
         check_plan(_Incomplete(), "test")
     assert _Incomplete not in backends._checked_plans  # checked again next time, not remembered as good
