@@ -71,15 +71,13 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     Why a ``functools.partial``: calling it is the product's hot path, and CPython calls a
     partial through C-level vectorcall straight into its function, where an object with a
     Python ``__call__`` goes through a slot lookup and a bound-method call. ``func`` starts as
-    the generic path (``func(self, n, ...)``) and becomes the code the backend generated for the
-    entry on its first device (``LaunchPlan.call``), which holds the kernel itself, so the
-    partial has no arguments to prepend and forwards the call as it is. The partial's own
-    attributes (``func``, ``args``) are that machinery, not part of the API.
-
-    ``func`` starts as :func:`khal_runtime.calls.generic_call`; the first launch makes the plan
-    and takes up its call (:func:`khal_runtime.calls.adopt`: the kernel reads ``plan.call``, the
-    plan never calls the kernel), which sends what it does not handle to
-    :func:`khal_runtime.calls.slow_call`."""
+    the generic path (:func:`khal_runtime.calls.generic_call`, ``func(self, n, ...)``); the first
+    launch makes the plan and the kernel takes up the call the backend generated for the entry on
+    that device (``LaunchPlan.call``, read by :func:`khal_runtime.calls.adopt`: nothing is handed
+    down to the plan), which holds the kernel itself, so the partial has no arguments to prepend
+    and forwards the call as it is; what that call does not handle it sends to
+    :func:`khal_runtime.calls.slow_call`. The partial's own attributes (``func``, ``args``) are
+    that machinery, not part of the API."""
 
     __slots__ = ("entry", "name", "crate", "_crate", "_plans", "_bx", "_by", "_bz", "_flat", "_dims", "_ldims",
                  "_lfixed", "_lock", "_shared", "_shmax", "_fast")
