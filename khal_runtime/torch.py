@@ -455,13 +455,14 @@ class _Bound:
     the same objects come back, each tensor with the version and ``data_ptr()`` it had after
     the last launch (or, after an in-place op elsewhere, the same full facts), on that stream."""
 
-    __slots__ = ("args", "tensors", "facts", "versions", "deltas", "written", "device", "handle", "launch")
+    __slots__ = ("args", "tensors", "facts", "ptrs", "versions", "deltas", "written", "device", "handle", "launch")
 
     def __init__(self, args: tuple[Any, ...], tensors: tuple[Any, ...], written: tuple[Any, ...],
                  device: int, handle: int, launch: Any) -> None:
         self.args, self.tensors, self.written = args, tensors, written
         self.device, self.handle, self.launch = device, handle, launch
         self.facts = tuple(_facts(t) for t in tensors)
+        self.ptrs = tuple(f[3] for f in self.facts)
         self.versions: tuple[int, ...] = ()
         self.deltas: tuple[int, ...] = ()
 
@@ -481,44 +482,58 @@ def _same(a: Any, b: Any) -> bool:
     return tp is int or tp is bool or repr(a) == repr(b)  # 0.0 == -0.0, but not the same bits
 
 
-def _reuse(b: _Bound, args: tuple[Any, ...]) -> tuple[int, ...] | None:
-    """The tensors' versions now when ``b`` launches this call as bound, else None."""
-    for x, y in zip(args, b.args):
-        if x is not y and not _same(x, y):
-            return None
-    if _raw_stream(b.device) != b.handle:  # type: ignore[misc]  # set by _torch() in register()
-        return None
-    try:
-        vs = tuple([t._version for t in b.tensors])
-        if vs != b.versions:  # an in-place op elsewhere (or resize_, set_): the launch's facts again
-            if tuple([_facts(t) for t in b.tensors]) != b.facts:
-                return None
-        else:
-            for t, f in zip(b.tensors, b.facts):
-                if t.data_ptr() != f[3]:  # .data = ..., swap_tensors
-                    return None
-    except Exception:  # noqa: BLE001 - e.g. a tensor swapped into an inference tensor: no version
-        return None
-    return vs
-
-
 def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
     """The kernel at the ``CUDA`` key: a bound launch of this argument set on this stream if the
-    operator has one, else :func:`_launch`."""
-    def cuda_impl(threads: Any, *args: Any) -> None:
-        for b in spec.fast:
-            vs = _reuse(b, args)
-            if vs is not None:
-                b.launch(threads)
-                if b.written:
-                    _bump(b.written)  # type: ignore[misc]  # set by _torch() in register()
-                b.versions = tuple(map(int.__add__, vs, b.deltas))
-                return
-        _launch(spec, threads, args)
+    operator has one that still holds, else :func:`_launch`. A bound launch holds while the same
+    objects come back (scalars: the same value, to the sign of a zero), PyTorch's current
+    stream of its device is the one it was bound on, and each tensor has the version and
+    ``data_ptr()`` it had after the last launch, or else (an in-place op elsewhere, a
+    ``resize_``) the same facts the launch packed.
 
-    cuda_impl.__name__ = spec.op_name
-    cuda_impl.__qualname__ = f"khal_op_cuda[{spec.qualname}]"
-    return cuda_impl
+    Generated per operator, straight-line over its arguments (this runs on every call: a
+    ``map`` over the tensors reads them several times slower than ``a0._version, ...``)."""
+    n = len(spec.entry.params)
+    a = [f"a{i}" for i in range(n)]
+    if not spec.tensors:  # nothing to bind against: the typed call's own memo serves
+        src = [f"def cuda_impl(threads{''.join(', ' + x for x in a)}):",
+               f"    _launch(spec, threads, ({''.join(x + ', ' for x in a)}))"]
+    else:
+        t = [a[i] for i in spec.tensors]
+        written = "({})".format("".join(a[i] + ", " for i in spec.written))
+        src = [
+            f"def cuda_impl(threads{''.join(', ' + x for x in a)}):",
+            "    for b in spec.fast:",
+            "        A = b.args",
+            f"        if not ({' and '.join(f'{x} is A[{i}]' for i, x in enumerate(a))}):",
+            f"            if not ({' and '.join(f'_same({x}, A[{i}])' for i, x in enumerate(a))}):",
+            "                continue",
+            "        if _raw_stream(b.device) != b.handle:",
+            "            continue",
+            "        try:",
+            f"            vs = ({''.join(x + '._version, ' for x in t)})",
+            "            if vs != b.versions:  # an in-place op elsewhere, resize_, set_: the packed facts again",
+            f"                if ({''.join(f'_facts({x}), ' for x in t)}) != b.facts:",
+            "                    continue",
+            f"            elif ({''.join(x + '.data_ptr(), ' for x in t)}) != b.ptrs:  # .data =, swap_tensors",
+            "                continue",
+            "        except Exception:  # e.g. a tensor swapped into an inference tensor: no version",
+            "            continue",
+            "        b.launch(threads)",
+            *([f"        _bump({written})"] if spec.written else []),
+            "        d = b.deltas",
+            f"        b.versions = ({''.join(f'vs[{j}] + d[{j}], ' for j in range(len(t)))})",
+            "        return",
+            f"    _launch(spec, threads, ({''.join(x + ', ' for x in a)}))",
+        ]
+    src = ["def make(spec):", *("    " + ln for ln in src), "    return cuda_impl"]
+    code = compile("\n".join(src) + "\n", f"<khal torch op {spec.qualname}>", "exec")
+    scope: dict[str, Any] = {}
+    # the module's globals: _raw_stream, _bump, _launch are read at call time
+    exec(code, globals(), scope)  # noqa: S102 - made from the entry's parameter count and indices only
+    fn: Callable[..., None] = scope["make"](spec)
+    fn.__name__ = spec.op_name
+    fn.__qualname__ = f"khal_op_cuda[{spec.qualname}]"
+    return fn
 
 
 def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...]) -> None:
@@ -544,7 +559,8 @@ def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...]) -> None:
     kernel = spec.kernel
     written = tuple(args[j] for j in spec.written)
     tensors = tuple(args[j] for j in spec.tensors)
-    key = (dev, h, tuple(map(id, args))) if tensors else None
+    # what makes an argument set "seen": the same objects (scalars: the same value)
+    key = (dev, h, tuple([(type(a), a) if type(a) in _SCALAR_TYPES else id(a) for a in args])) if tensors else None
     if key is None or key not in spec.seen or any(t.is_inference() for t in tensors):
         if key is not None:
             spec.seen = (key, *spec.seen[:_SEEN_MAX - 1])
