@@ -500,6 +500,8 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
     else:
         t = [a[i] for i in spec.tensors]
         written = "({})".format("".join(a[i] + ", " for i in spec.written))
+        # the argument set's identity: each tensor's id, each scalar's value
+        ids = "".join((f"id({x}), " if i in spec.tensors else f"{x}, ") for i, x in enumerate(a))
         src = [
             f"def cuda_impl(threads{''.join(', ' + x for x in a)}):",
             "    for b in spec.fast:",
@@ -523,7 +525,7 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
             "        d = b.deltas",
             f"        b.versions = ({''.join(f'vs[{j}] + d[{j}], ' for j in range(len(t)))})",
             "        return",
-            f"    _launch(spec, threads, ({''.join(x + ', ' for x in a)}))",
+            f"    _launch(spec, threads, ({''.join(x + ', ' for x in a)}), ({ids}), {written})",
         ]
     src = ["def make(spec):", *("    " + ln for ln in src), "    return cuda_impl"]
     code = compile("\n".join(src) + "\n", f"<khal torch op {spec.qualname}>", "exec")
@@ -536,11 +538,14 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
     return fn
 
 
-def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...]) -> None:
+def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...], ids: tuple[Any, ...] | None = None,
+            written: tuple[Any, ...] | None = None) -> None:
     """The launch without a bound one: on PyTorch's current stream of the tensors' device (any
     other device is refused, naming the argument). An argument set seen lately on the same
     stream is bound and kept for :func:`_make_cuda_impl`'s fast path; others go through the
-    typed call. Each tensor the kernel may write gets its version counter bumped."""
+    typed call. Each tensor the kernel may write gets its version counter bumped. ``ids`` (what
+    makes an argument set "seen": the same objects, scalars the same value) and ``written``
+    (the tensors written) come from the generated CUDA kernel, else are computed here."""
     i = spec.first_tensor
     if i is not None:
         t = args[i]
@@ -557,17 +562,23 @@ def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...]) -> None:
     if not _loaded(spec, dev):
         _first_use(spec, dev)
     kernel = spec.kernel
-    written = tuple(args[j] for j in spec.written)
-    tensors = tuple(args[j] for j in spec.tensors)
-    # what makes an argument set "seen": the same objects (scalars: the same value)
-    key = (dev, h, tuple([(type(a), a) if type(a) in _SCALAR_TYPES else id(a) for a in args])) if tensors else None
-    if key is None or key not in spec.seen or any(t.is_inference() for t in tensors):
-        if key is not None:
-            spec.seen = (key, *spec.seen[:_SEEN_MAX - 1])
+    if written is None:
+        written = tuple([args[j] for j in spec.written])
+    if not spec.tensors:
+        kernel(threads, *kargs, stream=st)
+        return
+    if ids is None:
+        ids = tuple([(type(a), a) if type(a) in _SCALAR_TYPES else id(a) for a in args])
+    key = (dev, h, ids)
+    seen = spec.seen
+    if key not in seen or any(args[j].is_inference() for j in spec.tensors):
+        if key not in seen:
+            spec.seen = (key, *seen[:_SEEN_MAX - 1])
         kernel(threads, *kargs, stream=st)
         if written:
             _bump(written)  # type: ignore[misc]
         return
+    tensors = tuple([args[j] for j in spec.tensors])
     b = _Bound(args, tensors, written, dev, h, kernel.bind(*kargs, stream=st))
     before = tuple(t._version for t in tensors)
     b.launch(threads)
