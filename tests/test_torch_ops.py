@@ -647,3 +647,33 @@ def test_a_first_launch_inside_a_capture_is_refused_before_the_kernel_runs(
     assert rec.calls == [] and rec.binds == 0
     call("saxpy", 8, _CudaTensor(0x1000), _CudaTensor(0x2000), _CudaTensor(0x3000, n=4))  # cuda:0 is loaded
     assert len(rec.calls) == 1
+
+
+@pytest.mark.slow
+def test_inductor_calls_the_op_on_the_callers_tensors_without_copies(pkg: tuple[Any, Any],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor (on CPU: its C++ backend) re-inplaces the functionalized call: the compiled code
+    calls the operator through the dispatcher on the caller's tensor and an intermediate,
+    and copies nothing back."""
+    from torch._inductor.utils import run_and_get_code
+
+    ks, ops = pkg
+    cpu = _CpuKernels()
+    monkeypatch.setattr(khal_torch, "_launch", cpu)
+    ns = getattr(torch.ops, ks.package)
+
+    def step(x: Any, w: Any, y: Any, p: Any) -> Any:
+        h = x @ w
+        ns.saxpy(h.numel(), h.view(-1), y, p)  # y = a h + y
+        return y.sum()
+
+    p = khal_torch.uniform(ks.saxpy, SaxpyParams(a=2.0), "cpu")
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    y_eager, y_comp = torch.ones(16), torch.ones(16)
+    want = step(x, w, y_eager, p)
+    torch._dynamo.reset()
+    got, codes = run_and_get_code(torch.compile(step, fullgraph=True, backend="inductor"), x, w, y_comp, p)
+    assert torch.equal(y_comp, y_eager) and torch.allclose(got, want)
+    code = "\n".join(codes)
+    assert f"torch.ops.{ks.package}.saxpy.default(" in code
+    assert "copy_(" not in code and "clone(" not in code, code

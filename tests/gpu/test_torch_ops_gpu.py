@@ -388,3 +388,27 @@ def test_a_write_to_a_tensor_saved_for_backward_is_caught(torch: Any, ops: Any, 
     ops.saxpy(threads, x, y, p)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_inductor_calls_the_ops_in_place_without_copies(torch: Any, ops: Any, ns: Any, kt: Any,
+                                                       example_pkg: Any) -> None:
+    """The compiled step's code calls the operators through the dispatcher on the caller's
+    tensors (functionalized, then re-inplaced by Inductor) and copies nothing back."""
+    from torch._inductor.utils import run_and_get_code
+
+    n = 4099
+    threads = example_pkg.elementwise_threads(n)
+    p = kt.uniform(ops.saxpy, example_pkg.SaxpyParams(a=1.5))
+    x, y0 = _cuda(torch, _floats(n, 41)), _cuda(torch, _floats(n, 42))
+    step = _make_step(ns)
+    y_e, z_e = y0.clone(), torch.zeros_like(y0)
+    out_e = step(threads, x, y_e, p, z_e)
+    torch._dynamo.reset()
+    y_c, z_c = y0.clone(), torch.zeros_like(y0)
+    out_c, codes = run_and_get_code(torch.compile(step, fullgraph=True), threads, x, y_c, p, z_c)
+    torch.cuda.synchronize()
+    assert torch.equal(y_c, y_e) and torch.equal(z_c, z_e)
+    torch.testing.assert_close(out_c, out_e, rtol=0, atol=0)
+    code = "\n".join(codes)
+    assert "torch.ops.example_shader_pkg.saxpy.default(" in code and "torch.ops.example_shader_pkg.gelu.default(" in code
+    assert "copy_(" not in code and "clone(" not in code, code
