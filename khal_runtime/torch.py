@@ -41,6 +41,7 @@ import keyword
 import re
 import threading
 from dataclasses import dataclass
+from operator import is_
 from typing import Any, Callable, Iterator, Sequence
 
 from khal_runtime import abi, interop
@@ -95,8 +96,8 @@ class _OpSpec:
     crate_kernels: Any = None
     #: bound launches of argument sets seen twice, newest first (the CUDA kernel's fast path)
     fast: tuple[_Bound, ...] = ()
-    #: keys of the argument sets launched lately (see :func:`_launch`)
-    seen: tuple[Any, ...] = ()
+    #: (device, stream handle, arguments) of the last calls that were not bound (see :func:`_launch`)
+    seen: tuple[tuple[int, int, tuple[Any, ...]], ...] = ()
 
     @property
     def qualname(self) -> str:
@@ -392,7 +393,7 @@ _bump: Callable[[Any], None] | None = None
 _streams: dict[tuple[int, int], Stream] = {}
 #: bound launches an operator keeps, and argument sets it remembers as seen
 _FAST_MAX = 4
-_SEEN_MAX = 8
+_SEEN_MAX = 2
 #: Python scalar types an argument may be compared by value (a launch packs their value)
 _SCALAR_TYPES = frozenset({int, float, bool, complex})
 
@@ -500,8 +501,6 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
     else:
         t = [a[i] for i in spec.tensors]
         written = "({})".format("".join(a[i] + ", " for i in spec.written))
-        # the argument set's identity: each tensor's id, each scalar's value
-        ids = "".join((f"id({x}), " if i in spec.tensors else f"{x}, ") for i, x in enumerate(a))
         src = [
             f"def cuda_impl(threads{''.join(', ' + x for x in a)}):",
             "    for b in spec.fast:",
@@ -525,7 +524,7 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
             "        d = b.deltas",
             f"        b.versions = ({''.join(f'vs[{j}] + d[{j}], ' for j in range(len(t)))})",
             "        return",
-            f"    _launch(spec, threads, ({''.join(x + ', ' for x in a)}), ({ids}), {written})",
+            f"    _launch(spec, threads, ({''.join(x + ', ' for x in a)}), {written})",
         ]
     src = ["def make(spec):", *("    " + ln for ln in src), "    return cuda_impl"]
     code = compile("\n".join(src) + "\n", f"<khal torch op {spec.qualname}>", "exec")
@@ -538,14 +537,17 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
     return fn
 
 
-def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...], ids: tuple[Any, ...] | None = None,
-            written: tuple[Any, ...] | None = None) -> None:
+def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...], written: tuple[Any, ...] | None = None) -> None:
     """The launch without a bound one: on PyTorch's current stream of the tensors' device (any
-    other device is refused, naming the argument). An argument set seen lately on the same
-    stream is bound and kept for :func:`_make_cuda_impl`'s fast path; others go through the
-    typed call. Each tensor the kernel may write gets its version counter bumped. ``ids`` (what
-    makes an argument set "seen": the same objects, scalars the same value) and ``written``
-    (the tensors written) come from the generated CUDA kernel, else are computed here."""
+    other device is refused, naming the argument). An argument set one of the operator's last
+    two calls on the same stream had too (the same objects, scalars of the same value) is bound
+    and kept for :func:`_make_cuda_impl`'s fast path; others go through the typed call. Each
+    tensor the kernel may write gets its version counter bumped (``written``: those tensors, from
+    the generated CUDA kernel, else picked here).
+
+    The last two argument sets are held (as the typed call's memo holds its slots): compared by
+    ``id()`` alone, a tensor freed after one call (a compiled graph's intermediate) and the next
+    call's new one at the same address would pass for the same, and be bound every other call."""
     i = spec.first_tensor
     if i is not None:
         t = args[i]
@@ -567,13 +569,15 @@ def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...], ids: tuple[Any, 
     if not spec.tensors:
         kernel(threads, *kargs, stream=st)
         return
-    if ids is None:
-        ids = tuple([(type(a), a) if type(a) in _SCALAR_TYPES else id(a) for a in args])
-    key = (dev, h, ids)
     seen = spec.seen
-    if key not in seen or any(args[j].is_inference() for j in spec.tensors):
-        if key not in seen:
-            spec.seen = (key, *seen[:_SEEN_MAX - 1])
+    again = False
+    for d, sh, prev in seen:
+        if d == dev and sh == h and (all(map(is_, args, prev)) or all(map(_same, args, prev))):
+            again = True
+            break
+    if not again or any(args[j].is_inference() for j in spec.tensors):
+        if not again:
+            spec.seen = ((dev, h, args), *seen[:_SEEN_MAX - 1])
         kernel(threads, *kargs, stream=st)
         if written:
             _bump(written)  # type: ignore[misc]

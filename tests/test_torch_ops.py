@@ -170,7 +170,7 @@ def test_register_again_defines_nothing_new_and_rebinds_the_launch(pkg: tuple[An
     defs = set(torch.library._defs)
     spec = ops._specs["saxpy"]
     dump = torch._C._dispatch_dump(spec.qualname)  # the schema and every kernel registered
-    spec.fast, spec.seen = (object(),), ("k",)  # what a bound launch of the first load would leave
+    spec.fast, spec.seen = (object(),), ((0, 1, ()),)  # what launches of the first load would leave
     again = models_kernels(ks.package)
     assert khal_torch.register(again) is ops and khal_torch.register(again) is ops
     assert set(torch.library._defs) == defs  # no operator defined twice
@@ -513,7 +513,8 @@ class _RecordingKernel:
         self.binds = 0
 
     def __call__(self, n: int, *args: Any, stream: Any) -> None:
-        self.calls.append(("typed", n, args, stream))
+        # the scalars only: holding the tensors would keep a freed one's id from being reused
+        self.calls.append(("typed", n, tuple(a if isinstance(a, (int, float)) else None for a in args), stream))
 
     def bind(self, *args: Any, stream: Any) -> Any:
         self.binds += 1
@@ -533,7 +534,7 @@ def fast_op(pkg: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
         _modules = {0: "module", 1: "module"}
 
     def bump(ts: tuple[Any, ...]) -> None:
-        bumps.append(tuple(ts))
+        bumps.append(tuple(map(id, ts)))  # (not the tensors: a freed one's id must be free to reuse)
         for t in ts:
             t.v += 1
 
@@ -568,7 +569,7 @@ def test_an_argument_set_seen_twice_is_bound_once_and_reused(fast_op: Any) -> No
         call("saxpy", n, x, y, p)
     assert _kinds(rec) == [("typed", s0), ("bound", s0), ("bound", s0), ("bound", s0)]
     assert rec.binds == 1
-    assert bumps == [(y,)] * 4 and (x.v, y.v, p.v) == (0, 4, 0)  # the written tensor, after each launch
+    assert bumps == [(id(y),)] * 4 and (x.v, y.v, p.v) == (0, 4, 0)  # the written tensor, after each launch
     y.v += 1  # an in-place op elsewhere (y.add_(1)): same facts, the bound launch still holds
     call("saxpy", 8, x, y, p)
     assert _kinds(rec) == [("bound", s0)] and rec.binds == 1
@@ -580,6 +581,22 @@ def test_an_argument_set_seen_twice_is_bound_once_and_reused(fast_op: Any) -> No
     assert rec.binds == 3
     call("saxpy", 8, x, _CudaTensor(0x2000), p)  # another tensor object: not this argument set
     assert _kinds(rec)[-1] == ("typed", s0) and rec.binds == 3
+
+
+def test_a_new_tensor_each_call_is_never_bound(fast_op: Any) -> None:
+    """A compiled graph hands the op a new intermediate each call, often at the address (id) of
+    the one freed after the last call: that is no argument set seen twice."""
+    call, rec, _, _ = fast_op
+    x, p = _CudaTensor(0x1000), _CudaTensor(0x3000, n=4)
+    for _ in range(6):
+        y = _CudaTensor(0x2000)
+        call("saxpy", 8, x, y, p)
+        del y
+    assert [k for k, _ in _kinds(rec)] == ["typed"] * 6 and rec.binds == 0
+    ys = [_CudaTensor(0x2000), _CudaTensor(0x2100)]  # ping-pong between two buffers: both bound
+    for i in range(6):
+        call("saxpy", 8, x, ys[i % 2], p)
+    assert [k for k, _ in _kinds(rec)] == ["typed", "typed", "bound", "bound", "bound", "bound"] and rec.binds == 2
 
 
 def test_a_bound_launch_follows_the_current_stream_and_device(fast_op: Any) -> None:
@@ -614,7 +631,7 @@ def test_scalars_match_by_value_but_not_a_signed_zero(fast_op: Any) -> None:
     call("core_scale", 8, y, -0.0)
     call("core_scale", 8, y, 0.0)
     got = [(kind, args[1]) for kind, _, args, _ in rec.calls]
-    assert [k for k, _ in got] == ["typed", "bound", "bound"] and rec.binds == 3
+    assert [k for k, _ in got] == ["typed", "bound", "typed"] and rec.binds == 2  # 0.0 is another set
     assert [repr(v) for _, v in got] == ["-0.0", "-0.0", "0.0"]  # each launch packs its own zero
 
 
