@@ -412,3 +412,27 @@ def test_inductor_calls_the_ops_in_place_without_copies(torch: Any, ops: Any, ns
     code = "\n".join(codes)
     assert "torch.ops.example_shader_pkg.saxpy.default(" in code and "torch.ops.example_shader_pkg.gelu.default(" in code
     assert "copy_(" not in code and "clone(" not in code, code
+
+
+def test_a_capture_that_binds_replays_every_launch(torch: Any, ops: Any, kt: Any, example_pkg: Any) -> None:
+    """Three calls with one argument set inside ``torch.cuda.graph``: the second binds (during
+    the capture), the third reuses the bound launch; the replay runs all three."""
+    n = 4096
+    threads = example_pkg.elementwise_threads(n)
+    p = kt.uniform(ops.saxpy, example_pkg.SaxpyParams(a=1.0))
+    x, y = torch.ones(n, device="cuda"), torch.zeros(n, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ops.saxpy(threads, x, y, p)  # warm-up: loads the crate
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(3):
+            ops.saxpy(threads, x, y, p)
+    torch.cuda.synchronize()
+    assert float(y[0]) == 1.0  # captured, not run
+    g.replay()
+    torch.cuda.synchronize()
+    assert float(y.min()) == float(y.max()) == 4.0
