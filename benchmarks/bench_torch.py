@@ -5,14 +5,19 @@
    uint8 CUDA tensor, one scalar) through (op) ``torch.ops.khal_bench_kernels.five(...)``,
    (op.default) the overload compiled code calls, (a) the typed call on the same stream (torch's
    current one), (a') the typed call given ``stream=torch.cuda.current_stream()``, and (c) raw
-   ``cuLaunchKernel`` with a prepacked ``void**`` on that stream; a tiny torch op for scale.
-   Ratios to (c).
+   ``cuLaunchKernel`` with a prepacked ``void**`` on that stream; a tiny torch op for scale; and
+   what a torch user would otherwise write: an operator whose implementation launches the same
+   kernel through ``cuda.core.launch`` with the tensors' ``data_ptr()`` on torch's current stream,
+   made with (cc_op) ``torch.library.custom_op`` and (cc_lib) ``torch.library.Library.define`` +
+   ``impl`` at the CUDA key (a fake impl beside it). Ratios to (c). Bars (issue #28): (op) <= 1.5x
+   (a), and below (cc_op) and (cc_lib).
 2. Graph replay, us per kernel (device-complete): a ``torch.cuda.graph`` holding 1000 khal ops
    vs the runtime's own ``capture_graph`` of the same 1000 typed launches (bar: <= 1.2x of it),
    and raw ``cuGraphLaunch`` of a graph of 1000 raw launches for scale.
 3. A small ``torch.compile`` model step (a matmul, an elementwise ``a*h + b*g + s``, a sum), us
    per step (device-complete): torch only vs the elementwise step as the khal op, both compiled
-   with ``fullgraph=True`` (inductor) and both eager.
+   with ``fullgraph=True`` (inductor) and both eager. Bars (issue #28): compiled <= 1.05x the
+   torch-only compiled step, eager <= 1.0x torch eager.
 
 Skipped, saying why, without a usable GPU or without a CUDA build of torch. Standalone:
 ``python benchmarks/bench_torch.py``; in ``benchmarks/run.py`` as the section ``torch``.
@@ -52,7 +57,61 @@ def torch_unavailable() -> str | None:
     return None
 
 
-def _launch_rows(args: Any, torch: Any, ks: Any, ops: Any, drv: Any) -> list[Row]:
+class _RawStream:
+    """A raw CUstream handle as cuda.core takes a stream (``__cuda_stream__``)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def _cuda_core_ops(torch: Any, pkg: Any, tag: str) -> tuple[Any, Any]:
+    """(custom_op, Library op) launching ``five`` through ``cuda.core.launch`` with ``data_ptr()``
+    on torch's current stream: what a torch user writes without khal. Each looks its
+    ``cuda.core`` stream up by torch's raw handle (made once per handle)."""
+    import numpy as np
+    from bench_launch import _cuda_core_api, _cuda_core_kernel
+
+    Dev, LaunchConfig, launch = _cuda_core_api()
+    cdev = Dev(torch.cuda.current_device())
+    cdev.set_current()
+    kern = _cuda_core_kernel(pkg, pkg.symbols["five"])
+    bx = 256
+    raw = torch._C._cuda_getCurrentRawStream
+    streams: dict[int, Any] = {}
+    configs: dict[int, Any] = {}
+    f32 = np.float32
+
+    def five(n: int, x: Any, y: Any, z: Any, p: Any, s: float) -> None:
+        h = raw(x.get_device())
+        st = streams.get(h)
+        if st is None:
+            st = streams[h] = cdev.create_stream(_RawStream(h))
+        cfg = configs.get(n)
+        if cfg is None:
+            cfg = configs[n] = LaunchConfig(grid=(n + bx - 1) // bx, block=bx)
+        c = np.uint64(x.numel())
+        launch(st, cfg, kern, np.uint64(x.data_ptr()), c, np.uint64(y.data_ptr()), c, np.uint64(z.data_ptr()), c,
+               np.uint64(p.data_ptr()), f32(s))
+
+    schema = "(SymInt n, Tensor x, Tensor(a!) y, Tensor(b!) z, Tensor p, float s) -> ()"
+    ns = f"khal_bench_cc_{tag}"
+    cop = torch.library.custom_op(f"{ns}::five_custom_op", five, mutates_args=("y", "z"), schema=schema)
+    cop.register_fake(lambda *a: None)
+    lib = torch.library.Library(ns, "FRAGMENT")
+    lib.define("five_library" + schema)
+    lib.impl("five_library", five, "CUDA")
+    torch.library.register_fake(f"{ns}::five_library", lambda *a: None, lib=lib)
+    _keep.append((lib, cop, kern, streams))
+    return getattr(torch.ops, ns).five_custom_op, getattr(torch.ops, ns).five_library
+
+
+_keep: list[Any] = []
+
+
+def _launch_rows(args: Any, torch: Any, ks: Any, ops: Any, drv: Any, pkg: Any = None) -> list[Row]:
     import khal_runtime.torch as kt
 
     rows: list[Row] = []
@@ -84,6 +143,17 @@ def _launch_rows(args: Any, torch: Any, ks: Any, ops: Any, drv: Any) -> list[Row
         "a_torch_stream": lambda: five(n, tx, ty, tz, tp, 0.5, stream=torch_stream),
         "torch_add": lambda: tz.add_(1.0),
     }
+    cc_why = ""
+    if pkg is not None:
+        try:
+            cc_op, cc_lib = _cuda_core_ops(torch, pkg, str(id(ops)))
+            cc_op(n, tx, ty, tz, tp, 0.5)
+            cc_lib(n, tx, ty, tz, tp, 0.5)
+            torch.cuda.synchronize()
+            fns["cc_op"] = lambda: cc_op(n, tx, ty, tz, tp, 0.5)
+            fns["cc_lib"] = lambda: cc_lib(n, tx, ty, tz, tp, 0.5)
+        except Exception as exc:  # noqa: BLE001 - cuda.core missing or too old: say so in the table
+            cc_why = f"{type(exc).__name__}: {exc}"[:200]
     res = interleaved_per_call_us(fns, calls=args.calls, batches=args.batches, sync=torch.cuda.synchronize)
     raw = res["c"]["median"]
     labels = {
@@ -93,14 +163,28 @@ def _launch_rows(args: Any, torch: Any, ks: Any, ops: Any, drv: Any) -> list[Row
         "a": ("(a) typed call on torch's stream", "same tensors, uniform tensor, same stream"),
         "a_torch_stream": ("(a') typed call, stream=torch.cuda.current_stream()", ""),
         "torch_add": ("(info) a tiny torch op: tz.add_(1.0)", "PyTorch's own dispatch, for scale"),
+        "cc_op": ("(cc_op) torch.library.custom_op launching through cuda.core, data_ptr()",
+                  "what a torch user writes without khal"),
+        "cc_lib": ("(cc_lib) Library.define + impl(CUDA) launching through cuda.core, data_ptr()",
+                   "the same, registered at the CUDA key"),
     }
     for key, (label, note) in labels.items():
+        if key not in res:
+            rows.append(Row(SECTION, label, note=f"ERROR: not measured: {cc_why or 'no bench package'}"))
+            continue
         r = res[key]
         rows.append(Row(SECTION, label, r["median"], "us/launch", r["median"] / raw, "(c)", note=note,
                         extra={"min": r["min"], "max": r["max"]}))
-    op_ratio = res["op"]["median"] / res["a"]["median"]
-    rows.append(Row(SECTION, "(op) / (a): the custom-op dispatch on top of the typed call", None, "",
-                    op_ratio, "(a)", note=f"+{res['op']['median'] - res['a']['median']:.2f} us per call"))
+    op = res["op"]["median"]
+    op_ratio = op / res["a"]["median"]
+    rows.append(Row(SECTION, "(op) / (a): the operator's dispatch on top of the typed call", None, "",
+                    op_ratio, "(a)", "<= 1.5x", op_ratio <= 1.5,
+                    note=f"+{op - res['a']['median']:.2f} us per call"))
+    for key, what in (("cc_op", "custom_op + cuda.core"), ("cc_lib", "Library + cuda.core")):
+        if key in res:
+            ratio = op / res[key]["median"]
+            rows.append(Row(SECTION, f"(op) / ({key}): khal's op vs {what}", None, "", ratio, f"({key})",
+                            "< 1.0x", ratio < 1.0))
     return rows
 
 
@@ -228,10 +312,13 @@ def _compile_rows(args: Any, torch: Any, ks: Any, ops: Any) -> list[Row]:
     want = step_torch(x, w, g, z.clone())
     got = step_khal(x, w, g, z)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-2)  # same step, same answer
+    bars = {"khal compiled": 1.05, "khal eager": 1.0}  # issue #28
     for name in ("torch eager", "khal eager", "torch compiled", "khal compiled"):
         ref = "torch compiled" if "compiled" in name else "torch eager"
+        ratio = results[name] / results[ref]
+        bar = bars.get(name)
         rows.append(Row(SECTION, f"model step, {name} ({m}x{k} matmul + elementwise + sum)", results[name],
-                        "us/step", results[name] / results[ref], ref,
+                        "us/step", ratio, ref, f"<= {bar}x" if bar else "", ratio <= bar if bar else None,
                         note="fullgraph=True, inductor" if "compiled" in name else ""))
     return rows
 
@@ -247,11 +334,12 @@ def run(args: Any) -> list[Row]:
     from khal_runtime.backends.cuda import driver as _cuda
 
     drv = _cuda.driver()
-    ks = import_bench_package(build_bench_package()).kernels
+    pkg = build_bench_package()
+    ks = import_bench_package(pkg).kernels
     ops = kt.register(ks)
     torch.cuda.set_device(0)
     rows: list[Row] = []
-    rows += guarded(SECTION, "launch cost", rows, lambda: _launch_rows(args, torch, ks, ops, drv)) or []
+    rows += guarded(SECTION, "launch cost", rows, lambda: _launch_rows(args, torch, ks, ops, drv, pkg)) or []
     rows += guarded(SECTION, "graph replay", rows, lambda: _graph_rows(args, torch, ks, ops, drv)) or []
     rows += guarded(SECTION, "torch.compile model step", rows, lambda: _compile_rows(args, torch, ks, ops)) or []
     return rows

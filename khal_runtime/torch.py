@@ -1,4 +1,4 @@
-"""A shader package's kernels as PyTorch custom operators, for ``torch.compile`` and CUDA graphs.
+"""A shader package's kernels as PyTorch operators, for ``torch.compile`` and CUDA graphs.
 
     import torch
     import khal_runtime.torch as khal_torch
@@ -8,20 +8,31 @@
     params = khal_torch.uniform(ops.saxpy, SaxpyParams(a=2.0), "cuda")   # the struct's bytes, on the GPU
     torch.ops.example_shader_pkg.saxpy(n, x, y, params)   # eager, compiled or captured alike
 
-:func:`register` defines one operator per entry with :func:`torch.library.custom_op`:
-``(SymInt threads, <one argument per kernel parameter>) -> ()``. A storage is a ``Tensor``
-(``Tensor(a!)`` and in ``mutates_args`` when the kernel may write it), a uniform is a ``Tensor``
-holding the struct's bytes (made by :func:`uniform`), a scalar is an ``int`` / ``float`` /
-``bool`` / ``complex`` by the family of its ABI type. Each operator has a fake implementation
-(argument checks only: the kernels write their outputs in place and return nothing), so
-``torch.compile(fullgraph=True)`` traces it; its real implementation launches on PyTorch's
-current stream of the tensors' device, so it is ordered with the surrounding torch work and is
-recorded by ``torch.cuda.graph``.
+:func:`register` defines one operator per entry in a :class:`torch.library.Library` fragment of
+the namespace: ``(SymInt threads, <one argument per kernel parameter>) -> ()``. A storage is a
+``Tensor`` (``Tensor(a!)`` when the kernel may write it), a uniform is a ``Tensor`` holding the
+struct's bytes (made by :func:`uniform`), a scalar is an ``int`` / ``float`` / ``bool`` /
+``complex`` by the family of its ABI type. Each operator has a kernel at the dispatcher's
+``CUDA`` key (the launch, on PyTorch's current stream of the tensors' device, so it is ordered
+with the surrounding torch work and recorded by ``torch.cuda.graph``), a fake implementation
+(:func:`torch.library.register_fake`: argument checks only, the kernels write their outputs in
+place and return nothing), so ``torch.compile(fullgraph=True)`` traces it and functionalizes the
+written tensors (``auto_functionalized``, re-inplaced by Inductor), and a kernel for every other
+device (``CompositeExplicitAutograd``) that says the tensors must be on CUDA. The launch bumps the
+version counter of each tensor it writes, as PyTorch's in-place operators do.
+
+Not :func:`torch.library.custom_op`: its Python layers (autograd and in-place kernels, the
+dynamo-disabled wrapper, the aliasing check) cost about ten microseconds per call, and its
+version bump before the launch made the typed call's memo miss on every call. The ``CUDA``
+kernel here keeps, per operator, a few bound launches (:meth:`~khal_runtime.kernels.Kernel.bind`)
+of argument sets one of its last two calls on the same stream had too: a repeated call checks the
+arguments' identity, the tensors' version and ``data_ptr()`` (else their full facts) and the
+current stream, then launches the bound argument block.
 
 Loading a package registers nothing, and importing ``khal_runtime`` never imports torch: only
 this module does, inside :func:`register` and :func:`uniform`. Registering is explicit and
 idempotent. A generic-layer module: it reaches the CUDA backend only through the kernels' own
-launch path (``stream=`` takes the raw handle PyTorch gives).
+launch path (``stream=`` takes the raw handle PyTorch gives, ``bind()``).
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import keyword
 import re
 import threading
 from dataclasses import dataclass
+from operator import is_
 from typing import Any, Callable, Iterator, Sequence
 
 from khal_runtime import abi, interop
@@ -75,8 +87,17 @@ class _OpSpec:
     first_tensor: int | None
     #: parameter indices of storages passed as a view of the tensor's bytes
     reinterpret: tuple[int, ...]
-    opdef: Any = None
+    #: parameter indices of the tensor arguments, and of those the kernel may write
+    tensors: tuple[int, ...] = ()
+    written: tuple[int, ...] = ()
+    #: ``torch.ops.<namespace>.<op>``
     packet: Any = None
+    #: the crate the entry is in (its backend, whether it is loaded on a device)
+    crate_kernels: Any = None
+    #: bound launches of argument sets seen twice, newest first (the CUDA kernel's fast path)
+    fast: tuple[_Bound, ...] = ()
+    #: (device, stream handle, arguments) of the last calls that were not bound (see :func:`_launch`)
+    seen: tuple[tuple[int, int, tuple[Any, ...]], ...] = ()
 
     @property
     def qualname(self) -> str:
@@ -134,19 +155,24 @@ def _spec(torch: Any, namespace: str, op_name: str, kernel: Kernel) -> _OpSpec:
     mutates = []
     first = None
     reinterpret = []
+    tensors = []
+    written = []
     for i, (p, n) in enumerate(zip(entry.params, names[1:])):
         t = _schema_type(p)
         if t == "Tensor":
             first = i if first is None else first
+            tensors.append(i)
             if _READERS.of(p.kind).typed:
                 if p.element_type not in _TORCH_DTYPES:
                     reinterpret.append(i)
                 if p.writable:
                     t = f"Tensor(a{i}!)"
                     mutates.append(n)
+                    written.append(i)
         parts.append(f"{t} {n}")
     return _OpSpec(namespace, op_name, kernel.crate, entry, kernel, tuple(names),
-                   f"({', '.join(parts)}) -> ()", tuple(mutates), first, tuple(reinterpret))
+                   f"({', '.join(parts)}) -> ()", tuple(mutates), first, tuple(reinterpret),
+                   tuple(tensors), tuple(written))
 
 
 def _sanitize(name: str) -> str:
@@ -226,8 +252,11 @@ class TorchOps:
     name one crate has; ``ops.crates[<crate>].<entry>`` for every entry; ``ops.op_names`` maps
     ``"crate.entry"`` to the operator's name."""
 
-    def __init__(self, namespace: str, kernels: KernelSet, specs: list[_OpSpec]) -> None:
+    def __init__(self, namespace: str, kernels: KernelSet, specs: list[_OpSpec], library: Any) -> None:
         self.namespace = namespace
+        #: the ``torch.library.Library`` fragment holding the operators (kept: dropping it
+        #: would unregister them)
+        self.library = library
         self.package = kernels.package
         self.kernels = kernels
         self._specs = {s.op_name: s for s in specs}
@@ -277,6 +306,8 @@ class TorchOps:
         for s in self._specs.values():
             s.kernel = kernels.crates[s.crate][s.entry.name]
             s.entry = s.kernel.entry
+            s.crate_kernels = kernels.crates[s.crate]
+            s.fast, s.seen = (), ()  # bound to the previous load's kernels
         self.kernels = kernels
 
     def __repr__(self) -> str:
@@ -299,10 +330,12 @@ def registered(namespace: str) -> TorchOps | None:
 
 
 def register(kernels: KernelSet, namespace: str | None = None) -> TorchOps:
-    """Register every entry of a loaded package (``khal_runtime.load(...)``) as a PyTorch custom
+    """Register every entry of a loaded package (``khal_runtime.load(...)``) as a PyTorch
     operator, ``torch.ops.<namespace>.<entry>``; the namespace defaults to the package's import
     name (``.`` and ``-`` as ``_``). An entry name several crates define becomes
-    ``<crate>_<entry>`` for each of them.
+    ``<crate>_<entry>`` for each of them. Each operator is defined in a
+    ``torch.library.Library(namespace, "FRAGMENT")`` (:attr:`TorchOps.library`) with a kernel at
+    the ``CUDA`` key, a fake implementation and a kernel for other devices that refuses them.
 
     Idempotent: registering the same package again returns the same :class:`TorchOps` (and for
     another load of it with the same entries, e.g. after a reload, the operators launch through
@@ -335,13 +368,17 @@ def register(kernels: KernelSet, namespace: str | None = None) -> TorchOps:
             raise KhalError(f"torch.ops.{ns} already has operator(s) {', '.join(sorted(clash))} that "
                             f"hatch-khal did not register for {kernels.package!r}; pass another "
                             "namespace: register(kernels, namespace='...')")
+        lib = torch.library.Library(ns, "FRAGMENT")
         for s in specs:
-            s.opdef = torch.library.custom_op(s.qualname, _make_impl(s), mutates_args=s.mutates,
-                                              schema=s.schema)
-            s.opdef.register_fake(_make_fake(s))
+            s.crate_kernels = kernels.crates[s.crate]
+            # pt2_compliant_tag: what custom_op declares too (the op works with torch.compile)
+            lib.define(f"{s.op_name}{s.schema}", tags=(torch.Tag.pt2_compliant_tag,))
+            lib.impl(s.op_name, _make_cuda_impl(s), "CUDA")
+            lib.impl(s.op_name, _make_impl(s), "CompositeExplicitAutograd")
+            torch.library.register_fake(s.qualname, _make_fake(s), lib=lib)
             s.packet = getattr(namespace_ops, s.op_name)
             _by_qualname[s.qualname] = s
-        ops = TorchOps(ns, kernels, specs)
+        ops = TorchOps(ns, kernels, specs, lib)
         _by_namespace[ns] = ops
         return ops
 
@@ -351,12 +388,18 @@ def register(kernels: KernelSet, namespace: str | None = None) -> TorchOps:
 # ---------------------------------------------------------------------------------------------
 _torch_module: Any = None
 _raw_stream: Callable[[int], int] | None = None
+_bump: Callable[[Any], None] | None = None
 #: (device, CUstream handle) -> the runtime's Stream for it
 _streams: dict[tuple[int, int], Stream] = {}
+#: bound launches an operator keeps, and argument sets it remembers as seen
+_FAST_MAX = 4
+_SEEN_MAX = 2
+#: Python scalar types an argument may be compared by value (a launch packs their value)
+_SCALAR_TYPES = frozenset({int, float, bool, complex})
 
 
 def _torch() -> Any:
-    global _torch_module, _raw_stream
+    global _torch_module, _raw_stream, _bump
     if _torch_module is None:
         import torch  # lazy: importing khal_runtime never imports torch
 
@@ -365,6 +408,8 @@ def _torch() -> Any:
             def fast(device: int) -> int:
                 return int(torch.cuda.current_stream(device).cuda_stream)
         _raw_stream = fast
+        # torch.autograd.graph.increment_version without its wrapper (skips inference tensors)
+        _bump = getattr(torch._C, "_increment_version", None) or torch.autograd.graph.increment_version
         _torch_module = torch
     return _torch_module
 
@@ -372,7 +417,7 @@ def _torch() -> Any:
 def _stream_for(spec: _OpSpec, device: int, handle: int) -> Stream:
     """The runtime's Stream for PyTorch's stream ``handle`` on ``device`` (kept: the same handle
     gives the same object, so repeated launches stay on the runtime's fast path)."""
-    bk = spec.kernel._crate.backend
+    bk = spec.crate_kernels.backend
     if bk.name != "cuda":
         raise BackendUnavailableError(
             f"khal torch operators launch on CUDA tensors, but the process's backend is {bk.name!r} "
@@ -401,8 +446,108 @@ def _first_use(spec: _OpSpec, device: int) -> None:
             f"PyTorch asks for), or load the crate first: kernels.crates[{spec.crate!r}].load({device})")
 
 
-def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...]) -> None:
-    """The real implementation: launch on PyTorch's current stream of the tensors' device."""
+def _loaded(spec: _OpSpec, device: int) -> bool:
+    """Whether the entry's crate is loaded on ``device`` (then a launch loads nothing)."""
+    return device in getattr(spec.crate_kernels, "_modules", ())
+
+
+class _Bound:
+    """One argument set of an operator, bound (:meth:`Kernel.bind`) on one stream: reused while
+    the same objects come back, each tensor with the version and ``data_ptr()`` it had after
+    the last launch (or, after an in-place op elsewhere, the same full facts), on that stream."""
+
+    __slots__ = ("args", "tensors", "facts", "ptrs", "versions", "deltas", "written", "device", "handle", "launch")
+
+    def __init__(self, args: tuple[Any, ...], tensors: tuple[Any, ...], written: tuple[Any, ...],
+                 device: int, handle: int, launch: Any) -> None:
+        self.args, self.tensors, self.written = args, tensors, written
+        self.device, self.handle, self.launch = device, handle, launch
+        self.facts = tuple(_facts(t) for t in tensors)
+        self.ptrs = tuple(f[3] for f in self.facts)
+        self.versions: tuple[int, ...] = ()
+        self.deltas: tuple[int, ...] = ()
+
+
+def _facts(t: Any) -> tuple[Any, ...]:
+    """What the launch packed of a tensor (the typed call's full read)."""
+    return (t.is_cuda, t.get_device(), t.is_contiguous(), t.data_ptr(), t.numel(), t.dtype)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a`` is ``b``, or both are Python scalars of one type that pack the same value."""
+    if a is b:
+        return True
+    tp = type(a)
+    if tp is not type(b) or tp not in _SCALAR_TYPES or a != b:
+        return False
+    return tp is int or tp is bool or repr(a) == repr(b)  # 0.0 == -0.0, but not the same bits
+
+
+def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
+    """The kernel at the ``CUDA`` key: a bound launch of this argument set on this stream if the
+    operator has one that still holds, else :func:`_launch`. A bound launch holds while the same
+    objects come back (scalars: the same value, to the sign of a zero), PyTorch's current
+    stream of its device is the one it was bound on, and each tensor has the version and
+    ``data_ptr()`` it had after the last launch, or else (an in-place op elsewhere, a
+    ``resize_``) the same facts the launch packed.
+
+    Generated per operator, straight-line over its arguments (this runs on every call: a
+    ``map`` over the tensors reads them several times slower than ``a0._version, ...``)."""
+    n = len(spec.entry.params)
+    a = [f"a{i}" for i in range(n)]
+    if not spec.tensors:  # nothing to bind against: the typed call's own memo serves
+        src = [f"def cuda_impl(threads{''.join(', ' + x for x in a)}):",
+               f"    _launch(spec, threads, ({''.join(x + ', ' for x in a)}))"]
+    else:
+        t = [a[i] for i in spec.tensors]
+        written = "({})".format("".join(a[i] + ", " for i in spec.written))
+        src = [
+            f"def cuda_impl(threads{''.join(', ' + x for x in a)}):",
+            "    for b in spec.fast:",
+            "        A = b.args",
+            f"        if not ({' and '.join(f'{x} is A[{i}]' for i, x in enumerate(a))}):",
+            f"            if not ({' and '.join(f'_same({x}, A[{i}])' for i, x in enumerate(a))}):",
+            "                continue",
+            "        if _raw_stream(b.device) != b.handle:",
+            "            continue",
+            "        try:",
+            f"            vs = ({''.join(x + '._version, ' for x in t)})",
+            "            if vs != b.versions:  # an in-place op elsewhere, resize_, set_: the packed facts again",
+            f"                if ({''.join(f'_facts({x}), ' for x in t)}) != b.facts:",
+            "                    continue",
+            f"            elif ({''.join(x + '.data_ptr(), ' for x in t)}) != b.ptrs:  # .data =, swap_tensors",
+            "                continue",
+            "        except Exception:  # e.g. a tensor swapped into an inference tensor: no version",
+            "            continue",
+            "        b.launch(threads)",
+            *([f"        _bump({written})"] if spec.written else []),
+            "        d = b.deltas",
+            f"        b.versions = ({''.join(f'vs[{j}] + d[{j}], ' for j in range(len(t)))})",
+            "        return",
+            f"    _launch(spec, threads, ({''.join(x + ', ' for x in a)}), {written})",
+        ]
+    src = ["def make(spec):", *("    " + ln for ln in src), "    return cuda_impl"]
+    code = compile("\n".join(src) + "\n", f"<khal torch op {spec.qualname}>", "exec")
+    scope: dict[str, Any] = {}
+    # the module's globals: _raw_stream, _bump, _launch are read at call time
+    exec(code, globals(), scope)  # noqa: S102 - made from the entry's parameter count and indices only
+    fn: Callable[..., None] = scope["make"](spec)
+    fn.__name__ = spec.op_name
+    fn.__qualname__ = f"khal_op_cuda[{spec.qualname}]"
+    return fn
+
+
+def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...], written: tuple[Any, ...] | None = None) -> None:
+    """The launch without a bound one: on PyTorch's current stream of the tensors' device (any
+    other device is refused, naming the argument). An argument set one of the operator's last
+    two calls on the same stream had too (the same objects, scalars of the same value) is bound
+    and kept for :func:`_make_cuda_impl`'s fast path; others go through the typed call. Each
+    tensor the kernel may write gets its version counter bumped (``written``: those tensors, from
+    the generated CUDA kernel, else picked here).
+
+    The last two argument sets are held (as the typed call's memo holds its slots): compared by
+    ``id()`` alone, a tensor freed after one call (a compiled graph's intermediate) and the next
+    call's new one at the same address would pass for the same, and be bound every other call."""
     i = spec.first_tensor
     if i is not None:
         t = args[i]
@@ -415,15 +560,42 @@ def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...]) -> None:
     st = _streams.get((dev, h))
     if st is None:
         st = _stream_for(spec, dev, h)
-    if spec.reinterpret:
-        args = _reinterpreted(spec, args)
-    kernel = spec.kernel
-    if dev not in kernel._plans and dev not in kernel._crate._modules:
+    kargs = _reinterpreted(spec, args) if spec.reinterpret else args
+    if not _loaded(spec, dev):
         _first_use(spec, dev)
-    kernel(threads, *args, stream=st)
+    kernel = spec.kernel
+    if written is None:
+        written = tuple([args[j] for j in spec.written])
+    if not spec.tensors:
+        kernel(threads, *kargs, stream=st)
+        return
+    seen = spec.seen
+    again = False
+    for d, sh, prev in seen:
+        if d == dev and sh == h and (all(map(is_, args, prev)) or all(map(_same, args, prev))):
+            again = True
+            break
+    if not again or any(args[j].is_inference() for j in spec.tensors):
+        if not again:
+            spec.seen = ((dev, h, args), *seen[:_SEEN_MAX - 1])
+        kernel(threads, *kargs, stream=st)
+        if written:
+            _bump(written)  # type: ignore[misc]
+        return
+    tensors = tuple([args[j] for j in spec.tensors])
+    b = _Bound(args, tensors, written, dev, h, kernel.bind(*kargs, stream=st))
+    before = tuple(t._version for t in tensors)
+    b.launch(threads)
+    if written:
+        _bump(written)  # type: ignore[misc]
+    b.versions = tuple(t._version for t in tensors)
+    b.deltas = tuple(map(int.__sub__, b.versions, before))
+    spec.fast = (b, *spec.fast[:_FAST_MAX - 1])
 
 
 def _make_impl(spec: _OpSpec) -> Callable[..., None]:
+    """The kernel for every device but CUDA (``CompositeExplicitAutograd``): the launch, which
+    refuses the tensors by name."""
     def impl(threads: Any, *args: Any) -> None:
         _launch(spec, threads, args)
 

@@ -133,7 +133,6 @@ def test_schemas_declare_what_the_kernel_writes(pkg: tuple[Any, Any]) -> None:
         ("threads", "SymInt", False), ("x", "Tensor", False), ("y", "Tensor", True), ("k", "Tensor", True),
         ("p", "Tensor", False), ("gain", "float", False), ("base", "SymInt", False), ("count", "SymInt", False)]
     assert ops._specs["affine"].mutates == ("y", "k")
-    assert ops._specs["saxpy"].opdef is not None  # a torch.library.custom_op
 
 
 def test_argument_names_the_schema_cannot_take_are_renamed(pkg: tuple[Any, Any]) -> None:
@@ -142,6 +141,44 @@ def test_argument_names_the_schema_cannot_take_are_renamed(pkg: tuple[Any, Any])
     assert _args(ops.odd.default._schema) == [("khal_threads", "SymInt", False), ("in_", "Tensor", True),
                                               ("threads", "SymInt", False), ("def_", "SymInt", False)]
     assert ops._specs["odd"].mutates == ("in_",)
+
+
+def test_ops_are_dispatcher_ops_with_a_cuda_kernel_a_fake_and_a_refusing_fallback(pkg: tuple[Any, Any]) -> None:
+    """Defined with torch.library.Library, not custom_op: the launch is the kernel at the CUDA key
+    (the dispatcher calls it straight), the fake impl sits at Meta (FakeTensor, torch.compile), and
+    every other device reaches a kernel that refuses the tensors by name."""
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    ks, ops = pkg
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for spec in ops._specs.values():
+        q = spec.qualname
+        assert has(q, "CUDA") and has(q, "Meta") and has(q, "CompositeExplicitAutograd"), q
+        assert not has(q, "CompositeImplicitAutograd")  # nothing for Inductor to decompose
+        assert not has(q, "Autograd") and not has(q, "ADInplaceOrView")  # custom_op's Python layers
+        assert _maybe_get_opdef(q) is None
+        assert torch.Tag.pt2_compliant_tag in spec.packet.default.tags
+    s = ops.saxpy.default._schema
+    assert s.is_mutable and [a.name for a in s.arguments if a.alias_info and a.alias_info.is_write] == ["y"]
+    assert not ops.crates["core"].saxpy.default._schema.arguments[1].alias_info  # x is read only
+    assert ops.library.ns == ks.package and ops.library.kind == "FRAGMENT"
+    assert torch._library.simple_registry.singleton.find(ops._specs["saxpy"].qualname).fake_impl.kernel is not None
+
+
+def test_register_again_defines_nothing_new_and_rebinds_the_launch(pkg: tuple[Any, Any]) -> None:
+    ks, ops = pkg
+    defs = set(torch.library._defs)
+    spec = ops._specs["saxpy"]
+    dump = torch._C._dispatch_dump(spec.qualname)  # the schema and every kernel registered
+    spec.fast, spec.seen = (object(),), ((0, 1, ()),)  # what launches of the first load would leave
+    again = models_kernels(ks.package)
+    assert khal_torch.register(again) is ops and khal_torch.register(again) is ops
+    assert set(torch.library._defs) == defs  # no operator defined twice
+    assert torch._C._dispatch_dump(spec.qualname) == dump and "CUDA" in dump
+    assert spec.kernel is again.saxpy and spec.crate_kernels is again.crates["core"]
+    assert spec.fast == () and spec.seen == ()  # launches bound to the old load are dropped
+    khal_torch.register(ks)
+    assert spec.kernel is ks.saxpy
 
 
 def test_register_is_idempotent(pkg: tuple[Any, Any]) -> None:
@@ -359,8 +396,7 @@ def test_uniform_from_each_kind_of_host_value(pkg: tuple[Any, Any]) -> None:
     ks, ops = pkg
     want = struct.pack("<f", 2.5)
     dt = np.dtype([("a", np.float32)])
-    for op in (ops.saxpy, ops.saxpy.default, ops._specs["saxpy"].opdef, ks.saxpy, ks.saxpy.entry,
-               f"{ks.package}::saxpy"):
+    for op in (ops.saxpy, ops.saxpy.default, ks.saxpy, ks.saxpy.entry, f"{ks.package}::saxpy"):
         for value in (SaxpyParams(a=2.5), np.array((2.5,), dtype=dt)[()], want, bytearray(want)):
             t = khal_torch.uniform(op, value, "cpu")
             assert t.dtype == torch.uint8 and t.device.type == "cpu" and bytes(t.numpy()) == want
@@ -432,3 +468,229 @@ def test_first_use_inside_a_capture_is_refused_before_any_driver_call(pkg: tuple
     with pytest.raises(CaptureError, match=r"saxpy\(\) \(entry core.saxpy\) is used for the first time on cuda:0 "
                                            r"inside a graph capture.*kernels.crates\['core'\].load\(0\)"):
         khal_torch._first_use(spec, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the CUDA kernel's fast path (a bound launch per argument set seen twice on a stream)
+# ---------------------------------------------------------------------------------------------
+class _CudaTensor:
+    """What the CUDA kernel reads of a CUDA tensor (torch here has no CUDA): ``_version`` raises
+    once the tensor is an inference tensor, as torch's does."""
+
+    is_cuda = True
+    dtype = torch.float32
+
+    def __init__(self, ptr: int, n: int = 8, device: int = 0) -> None:
+        self.ptr, self.n, self.device_id, self.v, self.inference = ptr, n, device, 0, False
+
+    @property
+    def _version(self) -> int:
+        if self.inference:
+            raise RuntimeError("Inference tensors do not track version counter.")
+        return self.v
+
+    def get_device(self) -> int:
+        return self.device_id
+
+    def is_contiguous(self) -> bool:
+        return True
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def numel(self) -> int:
+        return self.n
+
+    def is_inference(self) -> bool:
+        return self.inference
+
+
+class _RecordingKernel:
+    """Stands in for the entry's Kernel: records typed calls, binds and bound launches."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, tuple[Any, ...], Any]] = []
+        self.binds = 0
+
+    def __call__(self, n: int, *args: Any, stream: Any) -> None:
+        # the scalars only: holding the tensors would keep a freed one's id from being reused
+        self.calls.append(("typed", n, tuple(a if isinstance(a, (int, float)) else None for a in args), stream))
+
+    def bind(self, *args: Any, stream: Any) -> Any:
+        self.binds += 1
+        return lambda n: self.calls.append(("bound", n, args, stream))
+
+
+@pytest.fixture
+def fast_op(pkg: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """(call(op, threads, *args), the recording kernel, stream handles by device, bumps) with
+    the real CUDA kernel of a fresh spec of the models' entries, the driver side recorded."""
+    _, ops = pkg
+    handles = {0: 0x100, 1: 0x200}
+    bumps: list[tuple[Any, ...]] = []
+    rec = _RecordingKernel()
+
+    class Crate:
+        _modules = {0: "module", 1: "module"}
+
+    def bump(ts: tuple[Any, ...]) -> None:
+        bumps.append(tuple(map(id, ts)))  # (not the tensors: a freed one's id must be free to reuse)
+        for t in ts:
+            t.v += 1
+
+    monkeypatch.setattr(khal_torch, "_raw_stream", lambda dev: handles[dev])
+    monkeypatch.setattr(khal_torch, "_bump", bump)
+    monkeypatch.setattr(khal_torch, "_streams", {})
+    monkeypatch.setattr(khal_torch, "_stream_for", lambda spec, dev, h: ("stream", dev, h))
+    impls: dict[str, Any] = {}
+
+    def call(name: str, threads: int, *args: Any) -> None:
+        if name not in impls:
+            s = ops._specs[name]
+            spec = _OpSpec(s.namespace, s.op_name, s.crate, s.entry, rec, s.arg_names, s.schema,  # type: ignore[arg-type]
+                           s.mutates, s.first_tensor, s.reinterpret, s.tensors, s.written, crate_kernels=Crate())
+            impls[name] = khal_torch._make_cuda_impl(spec)
+        impls[name](threads, *args)
+
+    return call, rec, handles, bumps
+
+
+def _kinds(rec: _RecordingKernel) -> list[tuple[str, Any]]:
+    out = [(kind, stream) for kind, _, _, stream in rec.calls]
+    rec.calls.clear()
+    return out
+
+
+def test_an_argument_set_seen_twice_is_bound_once_and_reused(fast_op: Any) -> None:
+    call, rec, handles, bumps = fast_op
+    x, y, p = _CudaTensor(0x1000), _CudaTensor(0x2000), _CudaTensor(0x3000, n=4)
+    s0 = ("stream", 0, 0x100)
+    for n in (8, 8, 8, 16):
+        call("saxpy", n, x, y, p)
+    assert _kinds(rec) == [("typed", s0), ("bound", s0), ("bound", s0), ("bound", s0)]
+    assert rec.binds == 1
+    assert bumps == [(id(y),)] * 4 and (x.v, y.v, p.v) == (0, 4, 0)  # the written tensor, after each launch
+    y.v += 1  # an in-place op elsewhere (y.add_(1)): same facts, the bound launch still holds
+    call("saxpy", 8, x, y, p)
+    assert _kinds(rec) == [("bound", s0)] and rec.binds == 1
+    y.v, y.n = y.v + 1, 4  # resize_(4): the launch would pack another count
+    call("saxpy", 8, x, y, p)
+    assert _kinds(rec) == [("bound", s0)] and rec.binds == 2  # bound again, on the new facts
+    y.ptr = 0x9000  # .data = other (the version does not move)
+    call("saxpy", 8, x, y, p)
+    assert rec.binds == 3
+    call("saxpy", 8, x, _CudaTensor(0x2000), p)  # another tensor object: not this argument set
+    assert _kinds(rec)[-1] == ("typed", s0) and rec.binds == 3
+
+
+def test_a_new_tensor_each_call_is_never_bound(fast_op: Any) -> None:
+    """A compiled graph hands the op a new intermediate each call, often at the address (id) of
+    the one freed after the last call: that is no argument set seen twice."""
+    call, rec, _, _ = fast_op
+    x, p = _CudaTensor(0x1000), _CudaTensor(0x3000, n=4)
+    for _ in range(6):
+        y = _CudaTensor(0x2000)
+        call("saxpy", 8, x, y, p)
+        del y
+    assert [k for k, _ in _kinds(rec)] == ["typed"] * 6 and rec.binds == 0
+    ys = [_CudaTensor(0x2000), _CudaTensor(0x2100)]  # ping-pong between two buffers: both bound
+    for i in range(6):
+        call("saxpy", 8, x, ys[i % 2], p)
+    assert [k for k, _ in _kinds(rec)] == ["typed", "typed", "bound", "bound", "bound", "bound"] and rec.binds == 2
+
+
+def test_a_bound_launch_follows_the_current_stream_and_device(fast_op: Any) -> None:
+    call, rec, handles, _ = fast_op
+    x, y, p = _CudaTensor(0x1000), _CudaTensor(0x2000), _CudaTensor(0x3000, n=4)
+    call("saxpy", 8, x, y, p)
+    call("saxpy", 8, x, y, p)
+    handles[0] = 0x101  # with torch.cuda.stream(side):
+    call("saxpy", 8, x, y, p)
+    call("saxpy", 8, x, y, p)
+    call("saxpy", 8, x, y, p)
+    handles[0] = 0x100  # back on the first stream: its bound launch is still kept
+    call("saxpy", 8, x, y, p)
+    a, b = ("stream", 0, 0x100), ("stream", 0, 0x101)
+    assert _kinds(rec) == [("typed", a), ("bound", a), ("typed", b), ("bound", b), ("bound", b), ("bound", a)]
+    assert rec.binds == 2
+    u, v, q = _CudaTensor(0x5000, device=1), _CudaTensor(0x6000, device=1), _CudaTensor(0x7000, n=4, device=1)
+    for _ in range(3):
+        call("saxpy", 8, u, v, q)
+    c = ("stream", 1, 0x200)
+    assert _kinds(rec) == [("typed", c), ("bound", c), ("bound", c)]
+
+
+def test_scalars_match_by_value_but_not_a_signed_zero(fast_op: Any) -> None:
+    call, rec, _, _ = fast_op
+    y = _CudaTensor(0x2000)
+    s = ("stream", 0, 0x100)
+    for value in ("2.5", "2.5", "2.5"):
+        call("core_scale", 8, y, float(value))  # a new float object each call
+    assert _kinds(rec) == [("typed", s), ("bound", s), ("bound", s)] and rec.binds == 1
+    call("core_scale", 8, y, -0.0)
+    call("core_scale", 8, y, -0.0)
+    call("core_scale", 8, y, 0.0)
+    got = [(kind, args[1]) for kind, _, args, _ in rec.calls]
+    assert [k for k, _ in got] == ["typed", "bound", "typed"] and rec.binds == 2  # 0.0 is another set
+    assert [repr(v) for _, v in got] == ["-0.0", "-0.0", "0.0"]  # each launch packs its own zero
+
+
+def test_inference_tensors_are_never_bound(fast_op: Any) -> None:
+    call, rec, _, bumps = fast_op
+    x, y, p = _CudaTensor(0x1000), _CudaTensor(0x2000), _CudaTensor(0x3000, n=4)
+    y.inference = True  # no version counter: nothing could tell an in-place change
+    for _ in range(3):
+        call("saxpy", 8, x, y, p)
+    assert [k for k, _ in _kinds(rec)] == ["typed"] * 3 and rec.binds == 0
+    y.inference = False  # (swapped back): the set was seen, so it is bound now
+    call("saxpy", 8, x, y, p)
+    call("saxpy", 8, x, y, p)
+    assert rec.binds == 1
+    y.inference = True  # torch.utils.swap_tensors made it one: reading _version now raises
+    call("saxpy", 8, x, y, p)
+    assert [k for k, _ in _kinds(rec)] == ["bound", "bound", "typed"] and rec.binds == 1
+
+
+def test_a_first_launch_inside_a_capture_is_refused_before_the_kernel_runs(
+        fast_op: Any, pkg: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from khal_runtime.errors import CaptureError
+
+    call, rec, _, _ = fast_op
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    x, y, p = _CudaTensor(0x1000, device=2), _CudaTensor(0x2000, device=2), _CudaTensor(0x3000, n=4, device=2)
+    monkeypatch.setattr(khal_torch, "_raw_stream", lambda dev: 0x300)
+    with pytest.raises(CaptureError, match=r"used for the first time on cuda:2 inside a graph capture"):
+        call("saxpy", 8, x, y, p)
+    assert rec.calls == [] and rec.binds == 0
+    call("saxpy", 8, _CudaTensor(0x1000), _CudaTensor(0x2000), _CudaTensor(0x3000, n=4))  # cuda:0 is loaded
+    assert len(rec.calls) == 1
+
+
+@pytest.mark.slow
+def test_inductor_calls_the_op_on_the_callers_tensors_without_copies(pkg: tuple[Any, Any],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor (on CPU: its C++ backend) re-inplaces the functionalized call: the compiled code
+    calls the operator through the dispatcher on the caller's tensor and an intermediate,
+    and copies nothing back."""
+    from torch._inductor.utils import run_and_get_code
+
+    ks, ops = pkg
+    cpu = _CpuKernels()
+    monkeypatch.setattr(khal_torch, "_launch", cpu)
+    ns = getattr(torch.ops, ks.package)
+
+    def step(x: Any, w: Any, y: Any, p: Any) -> Any:
+        h = x @ w
+        ns.saxpy(h.numel(), h.view(-1), y, p)  # y = a h + y
+        return y.sum()
+
+    p = khal_torch.uniform(ks.saxpy, SaxpyParams(a=2.0), "cpu")
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    y_eager, y_comp = torch.ones(16), torch.ones(16)
+    want = step(x, w, y_eager, p)
+    torch._dynamo.reset()
+    got, codes = run_and_get_code(torch.compile(step, fullgraph=True, backend="inductor"), x, w, y_comp, p)
+    assert torch.equal(y_comp, y_eager) and torch.allclose(got, want)
+    code = "\n".join(codes)
+    assert f"torch.ops.{ks.package}.saxpy.default(" in code
+    assert "copy_(" not in code and "clone(" not in code, code

@@ -327,3 +327,112 @@ def test_slang_entries_in_a_cuda_graph(torch: Any, ops: Any, kt: Any, example_pk
         np.testing.assert_array_equal(ay.cpu().numpy(), want_y)
         np.testing.assert_array_equal(ak.cpu().numpy(), want_k)
         torch.testing.assert_close(out, ay * 2.0, rtol=0, atol=0)
+
+
+def test_repeated_calls_reuse_a_bound_launch_that_follows_changes(torch: Any, ops: Any, kt: Any,
+                                                                  example_pkg: Any) -> None:
+    """The CUDA kernel binds an argument set it sees twice on a stream and reuses it: new values
+    written in place, a tensor given other memory (``.data =``), a resize and another stream
+    each give the right result, and each call bumps the written tensor's version."""
+    R = example_pkg.reference
+    n = 4099
+    threads = example_pkg.elementwise_threads(n)
+    spec = ops._specs["saxpy"]
+    p = kt.uniform(ops.saxpy, example_pkg.SaxpyParams(a=2.0))
+    x0, y0 = _floats(n, 31), _floats(n, 32)
+    x, y = _cuda(torch, x0), _cuda(torch, y0)
+    want = y0
+    for _ in range(3):
+        v = y._version
+        ops.saxpy(threads, x, y, p)
+        assert y._version > v
+        want = R.saxpy(x0, want, 2.0)
+    assert any(b.args[1] is y for b in spec.fast)  # bound, and reused on the third call
+    np.testing.assert_allclose(y.cpu().numpy(), want, rtol=1e-5, atol=1e-5)
+    x0 = _floats(n, 33)
+    x.copy_(torch.from_numpy(x0))  # new values in place
+    y.data = _cuda(torch, _floats(n, 34))  # other memory, same object
+    want = R.saxpy(x0, _floats(n, 34), 2.0)
+    ops.saxpy(threads, x, y, p)
+    np.testing.assert_allclose(y.cpu().numpy(), want, rtol=1e-5, atol=1e-5)
+    y.resize_(n // 2)  # fewer elements, same memory: the launch must not write past them
+    ops.saxpy(threads, x, y, p)
+    ops.saxpy(threads, x, y, p)
+    np.testing.assert_allclose(y.cpu().numpy(), R.saxpy(x0, R.saxpy(x0, want, 2.0), 2.0)[: n // 2], rtol=1e-5,
+                               atol=1e-5)
+    whole = torch.empty(0, device="cuda").set_(y.untyped_storage(), 0, (n,))
+    np.testing.assert_array_equal(whole[n // 2:].cpu().numpy(), want[n // 2:])
+    s = torch.cuda.Stream()
+    y2 = torch.ones(n, device="cuda")
+    for _ in range(2):  # bind on the default stream
+        ops.saxpy(threads, x, y2, p)
+    torch.cuda.synchronize()
+    y2.fill_(1.0)
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(20_000_000)  # keep the side stream busy: x is written late
+        x.fill_(3.0)
+        ops.saxpy(threads, x, y2, p)  # must launch on the side stream, after the fill
+    s.synchronize()
+    assert float(y2.min()) == float(y2.max()) == 7.0
+
+
+def test_a_write_to_a_tensor_saved_for_backward_is_caught(torch: Any, ops: Any, kt: Any, example_pkg: Any) -> None:
+    """The op bumps the version of what it writes, as PyTorch's in-place operators do: autograd
+    refuses a backward through a tensor the kernel changed after it was saved."""
+    n = 1024
+    threads = example_pkg.elementwise_threads(n)
+    p = kt.uniform(ops.saxpy, example_pkg.SaxpyParams(a=2.0))
+    w = torch.ones(n, device="cuda", requires_grad=True)
+    x, y = torch.ones(n, device="cuda"), torch.ones(n, device="cuda")
+    loss = (w * y).sum()  # saves y
+    ops.saxpy(threads, x, y, p)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_inductor_calls_the_ops_in_place_without_copies(torch: Any, ops: Any, ns: Any, kt: Any,
+                                                       example_pkg: Any) -> None:
+    """The compiled step's code calls the operators through the dispatcher on the caller's
+    tensors (functionalized, then re-inplaced by Inductor) and copies nothing back."""
+    from torch._inductor.utils import run_and_get_code
+
+    n = 4099
+    threads = example_pkg.elementwise_threads(n)
+    p = kt.uniform(ops.saxpy, example_pkg.SaxpyParams(a=1.5))
+    x, y0 = _cuda(torch, _floats(n, 41)), _cuda(torch, _floats(n, 42))
+    step = _make_step(ns)
+    y_e, z_e = y0.clone(), torch.zeros_like(y0)
+    out_e = step(threads, x, y_e, p, z_e)
+    torch._dynamo.reset()
+    y_c, z_c = y0.clone(), torch.zeros_like(y0)
+    out_c, codes = run_and_get_code(torch.compile(step, fullgraph=True), threads, x, y_c, p, z_c)
+    torch.cuda.synchronize()
+    assert torch.equal(y_c, y_e) and torch.equal(z_c, z_e)
+    torch.testing.assert_close(out_c, out_e, rtol=0, atol=0)
+    code = "\n".join(codes)
+    assert "torch.ops.example_shader_pkg.saxpy.default(" in code and "torch.ops.example_shader_pkg.gelu.default(" in code
+    assert "copy_(" not in code and "clone(" not in code, code
+
+
+def test_a_capture_that_binds_replays_every_launch(torch: Any, ops: Any, kt: Any, example_pkg: Any) -> None:
+    """Three calls with one argument set inside ``torch.cuda.graph``: the second binds (during
+    the capture), the third reuses the bound launch; the replay runs all three."""
+    n = 4096
+    threads = example_pkg.elementwise_threads(n)
+    p = kt.uniform(ops.saxpy, example_pkg.SaxpyParams(a=1.0))
+    x, y = torch.ones(n, device="cuda"), torch.zeros(n, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ops.saxpy(threads, x, y, p)  # warm-up: loads the crate
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(3):
+            ops.saxpy(threads, x, y, p)
+    torch.cuda.synchronize()
+    assert float(y[0]) == 1.0  # captured, not run
+    g.replay()
+    torch.cuda.synchronize()
+    assert float(y.min()) == float(y.max()) == 4.0
