@@ -126,7 +126,7 @@ def example_slang_plan():  # type: ignore[no-untyped-def]
     table = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
     _, crates = parse_config(table["hooks"]["khal"], default_package=EXAMPLE_PACKAGE)
     (cfg,) = [c for c in crates if c.name == EXAMPLE_CRATE]
-    return SLANG.plan(EXAMPLE, cfg)
+    return SLANG.plan(EXAMPLE, cfg).plan  # what the planning found: the Slang stage's plan and targets
 
 
 @lru_cache(maxsize=None)
