@@ -1,20 +1,12 @@
-"""The per-language seam, and the records the build stages hand each other.
+"""The per-language seam (:class:`Language`) and the records the build stages hand each other.
 
-A :class:`Language` plans a crate (:meth:`~Language.plan`: its files, content hash and, when
-known without compiling, its entries), runs what must run before the compile jobs exist
-(:meth:`~Language.prepare`: Slang's and Triton's own compiles, CUDA C++'s check of its indirect
-variants), makes the compile jobs and explains their failures, and makes the manifest entries
-once a CUDA binary of the crate is known (:meth:`~Language.finish`).
-
-Each stage returns a new frozen record: :class:`Planned` -> :class:`Prepared` -> :class:`Compiled`.
-A record carries its ``Language`` and the language's own data, typed by the two parameters every
-record and ``Language`` share: ``P``, what the language's planning found (``record.plan``), and
-``F``, what its front stage made (``record.front``). So a stage asks the record's language, never
-looks one up by name, and a language reads its own data without a cast. The one lookup by name is
-:func:`get_language`, where the planning stage turns a crate's configured ``language``
-(``khal_runtime.manifest.Crate.language``, picked by :func:`hatch_khal.config.parse_config` from the
-sources' suffix) into its ``Language``: CUDA C++ (:data:`hatch_khal.cuda.CUDA`), Slang
-(:data:`hatch_khal.slang.language.SLANG`), Triton (:data:`hatch_khal.triton.language.TRITON`).
+Each stage returns a new frozen record per crate: :class:`Planned` (files, content hash) ->
+:class:`Prepared` (after the language's front stage: Slang's and Triton's own compiles; entries
+known) -> :class:`Compiled` (the compile jobs' outputs). A record carries its ``Language`` and the
+language's own data, typed by the parameters they share (``P``: what planning found, ``record.plan``;
+``F``: what the front stage made, ``record.front``): a stage asks the record's language, never looks
+one up by name, and a language reads its data without a cast. The one lookup by name is
+:func:`get_language`, where planning turns a crate's configured ``language`` into its ``Language``.
 """
 
 from __future__ import annotations
