@@ -176,7 +176,7 @@ def run(args: Any) -> list[Row]:
             cs = [c for c in _crates(proj) if c.language == "slang"]
             if not cs:
                 raise RuntimeError("the example has no Slang crate")
-            plan = SLANG.plan(proj, cs[0])
+            plan = SLANG.plan(proj, cs[0]).plan
             out = compile_slang_crate(plan.slang, plan.targets)
             t = out.timings
             webgpu = sum(v for k, v in t.items() if k.endswith((".wgsl", ".spirv")))

@@ -1,4 +1,5 @@
-"""Stage 3: turn planned crates and their binaries into manifests and package files.
+"""Stage 3: turn the compile stage's records (:class:`~hatch_khal.languages.Compiled`) into
+manifests and package files.
 
 Every CUDA binary (compiled, cached or prebuilt) is read back: each entry symbol must carry
 the hash the current sources give. The crate's language then makes the manifest entries, each
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from khal_runtime.abi import parse_arch, symbol_for
 from khal_runtime.binaries import BinaryFormatError, BinaryInfo, khal_symbols, read_binary
@@ -32,8 +34,8 @@ from khal_runtime.manifest import (
 
 from hatch_khal.errors import KhalBuildError, PrebuiltError
 from hatch_khal.hashing import sha256_bytes
-from hatch_khal.languages import get_language
-from hatch_khal.model import CompileOutput, CratePlan, PackageOutput
+from hatch_khal.languages import Compiled
+from hatch_khal.model import PackageOutput
 from hatch_khal.stubs import stub_files
 
 __all__ = ["MAX_PREBUILT_BYTES", "assemble_packages"]
@@ -42,32 +44,27 @@ __all__ = ["MAX_PREBUILT_BYTES", "assemble_packages"]
 MAX_PREBUILT_BYTES = 256 << 20
 
 
-def _check_binary(plan: CratePlan, info: BinaryInfo, what: str, error: type[KhalBuildError]) -> None:
+def _check_binary(crate: Compiled[Any, Any], info: BinaryInfo, what: str, error: type[KhalBuildError],
+                  hint: str = "") -> None:
     """Every entry symbol (direct and indirect) carries the hash the current sources give."""
     found = khal_symbols(info)
-    var = plan.prebuilt_var
-    hint = (
-        f" ({var}={plan.prebuilt_path}); rebuild that file from the current sources or unset {var}"
-        if var
-        else ""
-    )
-    for e in plan.entries:
+    for e in crate.entries:
         got = found.get(e.name)
         if got is None:
             raise error(
-                f"crate {plan.cfg.name!r}: {what} has no kernel for entry {e.name!r} "
+                f"crate {crate.cfg.name!r}: {what} has no kernel for entry {e.name!r} "
                 f"(expected symbol {symbol_for(e.name, e.hash)}){hint}"
             )
         if got != e.hash:
             raise error(
-                f"crate {plan.cfg.name!r}: entry {e.name!r}: {what} carries hash {got}, the current "
+                f"crate {crate.cfg.name!r}: entry {e.name!r}: {what} carries hash {got}, the current "
                 f"sources give {e.hash}{hint}"
             )
-    expected = {e.name for e in plan.entries} | {f"{e.name}_indirect" for e in plan.entries}
+    expected = {e.name for e in crate.entries} | {f"{e.name}_indirect" for e in crate.entries}
     extra = sorted(set(found) - expected)
     if extra:
         raise error(
-            f"crate {plan.cfg.name!r}: {what} has kernels for entries this crate does not define "
+            f"crate {crate.cfg.name!r}: {what} has kernels for entries this crate does not define "
             f"({', '.join(extra)}): is it the binary of another crate?{hint}"
         )
 
@@ -76,24 +73,23 @@ class _Unreadable(Exception):
     pass
 
 
-def _read_prebuilt(plan: CratePlan, root: Path) -> tuple[bytes, BinaryInfo]:
-    var = plan.prebuilt_var
-    assert var is not None
+def _read_prebuilt(crate: Compiled[Any, Any], var: str, root: Path) -> tuple[bytes, BinaryInfo, Path]:
+    """The binary the variable ``var`` names (its bytes, what it holds, its path), checked."""
+    name = crate.cfg.name
     raw = os.environ[var]
     path = Path(raw)
     if not path.is_absolute():
         path = root / path
-    plan.prebuilt_path = path
     if path.is_dir():
         raise PrebuiltError(f"{var}={raw}: is a directory; point it at a .ptx or .cubin file")
     try:
         # a regular file of bounded size: never /dev/zero, a FIFO or a huge sparse file
         data = read_regular_file(path, MAX_PREBUILT_BYTES, "it", _Unreadable)
     except FileNotFoundError:
-        raise PrebuiltError(f"{var}={raw}: no such file (crate {plan.cfg.name!r})") from None
+        raise PrebuiltError(f"{var}={raw}: no such file (crate {name!r})") from None
     except _Unreadable as exc:
         reason = str(exc).removeprefix(f"{path}: ")
-        raise PrebuiltError(f"{var}={raw}: {reason} (crate {plan.cfg.name!r}); point {var} at a .ptx or "
+        raise PrebuiltError(f"{var}={raw}: {reason} (crate {name!r}); point {var} at a .ptx or "
                             ".cubin file") from None
     if not data:
         raise PrebuiltError(f"{var}={raw}: file is empty; expected PTX text or a cubin")
@@ -101,14 +97,15 @@ def _read_prebuilt(plan: CratePlan, root: Path) -> tuple[bytes, BinaryInfo]:
         info = read_binary(data, f"{var}={raw}")
     except BinaryFormatError as exc:
         raise PrebuiltError(str(exc)) from None
-    _check_binary(plan, info, f"prebuilt {info.kind} {path.name}", PrebuiltError)
-    if info.kind == "cubin" and f"sm_{info.arch}" not in plan.cfg.archs:
+    _check_binary(crate, info, f"prebuilt {info.kind} {path.name}", PrebuiltError,
+                  f" ({var}={path}); rebuild that file from the current sources or unset {var}")
+    if info.kind == "cubin" and f"sm_{info.arch}" not in crate.cfg.archs:
         raise PrebuiltError(
-            f"{var}={raw}: the cubin is for sm_{info.arch}, but crate {plan.cfg.name!r} targets "
-            f"{', '.join(plan.cfg.archs)}; build it for one of those, add sm_{info.arch} to 'archs', "
+            f"{var}={raw}: the cubin is for sm_{info.arch}, but crate {name!r} targets "
+            f"{', '.join(crate.cfg.archs)}; build it for one of those, add sm_{info.arch} to 'archs', "
             "or give PTX instead"
         )
-    return data, info
+    return data, info, path
 
 
 def _artifact(crate: str, kind: str, arch: str, data: bytes, isa: str | None) -> tuple[Artifact, str]:
@@ -119,91 +116,91 @@ def _artifact(crate: str, kind: str, arch: str, data: bytes, isa: str | None) ->
     return art, path
 
 
-def _finish_crate(plan: CratePlan, root: Path, outputs: dict[tuple[str, str], CompileOutput]
-                  ) -> tuple[Crate, dict[str, bytes]]:
-    cfg = plan.cfg
+def _finish_crate(crate: Compiled[Any, Any], root: Path) -> tuple[Crate, dict[str, bytes], tuple[str, ...]]:
+    """The crate's manifest record, its files, and what its language found worth saying."""
+    cfg = crate.cfg
     files: dict[str, bytes] = {}
     artifacts: list[Artifact] = []
     prebuilt: Prebuilt | None = None
     probe_info: BinaryInfo | None = None
-    if plan.prebuilt_var:
-        data, info = _read_prebuilt(plan, root)
-        art, path = _artifact(cfg.name, info.kind, info.arch_name, data, info.ptx_isa)
+    if crate.prebuilt_var:
+        data, info, path = _read_prebuilt(crate, crate.prebuilt_var, root)
+        art, rel = _artifact(cfg.name, info.kind, info.arch_name, data, info.ptx_isa)
         artifacts.append(art)
-        files[path] = data
-        assert plan.prebuilt_path is not None
-        prebuilt = Prebuilt(variable=plan.prebuilt_var, kind=info.kind,  # type: ignore[arg-type]
-                            file_name=plan.prebuilt_path.name)
+        files[rel] = data
+        prebuilt = Prebuilt(variable=crate.prebuilt_var, kind=info.kind,  # type: ignore[arg-type]
+                            file_name=path.name)
         probe_info = info
     else:
         isa = None
         infos: list[tuple[str, bytes, BinaryInfo]] = []
-        for job in plan.jobs:
-            data = outputs[(cfg.name, job.target)].data
+        for target, output in crate.outputs.items():
+            data = output.data
             try:
-                info = read_binary(data, f"crate {cfg.name} {job.target}")
+                info = read_binary(data, f"crate {cfg.name} {target}")
             except BinaryFormatError as exc:
                 raise KhalBuildError(f"the compiler produced an unreadable binary: {exc}") from None
-            _check_binary(plan, info, f"compiled {job.target}", KhalBuildError)
+            _check_binary(crate, info, f"compiled {target}", KhalBuildError)
             if info.kind == "ptx":
                 isa = info.ptx_isa
-            infos.append((job.target, data, info))
+            infos.append((target, data, info))
         for target, data, info in infos:
             kind = "ptx" if target.startswith("compute_") else "cubin"
             # arch-specific code (Triton writes sm_90a for sm_90) is recorded as such: the loader
             # then picks it for its own arch only, never a later one of its major
             if info.arch_specific and not parse_arch(target).suffix:
                 target += "a"
-            art, path = _artifact(cfg.name, kind, target, data, info.ptx_isa or isa)
+            art, rel = _artifact(cfg.name, kind, target, data, info.ptx_isa or isa)
             artifacts.append(art)
-            files[path] = data
+            files[rel] = data
             if probe_info is None or info.kind == "ptx":
                 probe_info = info
     assert probe_info is not None
-    parts = get_language(plan.language, cfg.name).finish(plan, probe_info)
-    if sorted((e.name, e.hash) for e in parts.entries) != sorted((e.name, e.hash) for e in plan.entries):
-        raise KhalBuildError(f"crate {cfg.name!r}: the {plan.language} language made entries "
-                             f"{[e.name for e in parts.entries]} for planned {[e.name for e in plan.entries]}")
+    parts = crate.finish(probe_info)
+    if sorted((e.name, e.hash) for e in parts.entries) != sorted((e.name, e.hash) for e in crate.entries):
+        raise KhalBuildError(f"crate {cfg.name!r}: the {crate.language.name} language made entries "
+                             f"{[e.name for e in parts.entries]} for planned {[e.name for e in crate.entries]}")
     artifacts += parts.artifacts
     files.update(parts.files)
-    plan.warnings.extend(parts.warnings)
-    crate = Crate(
+    record = Crate(
         name=cfg.name,
-        language=plan.language,  # type: ignore[arg-type]  # a registered language is a manifest one
+        language=crate.language.name,  # type: ignore[arg-type]  # a registered language is a manifest one
         package_dir=f"{MANIFEST_DIR}/{cfg.name}",
-        sources=tuple(SourceFile(path=f.rel, sha256=sha256_bytes(f.data)) for f in plan.files),
-        content_hash=plan.content_hash,
+        sources=tuple(SourceFile(path=f.rel, sha256=sha256_bytes(f.data)) for f in crate.files),
+        content_hash=crate.content_hash,
         artifacts=tuple(sorted(artifacts, key=lambda a: (a.kind, a.sm or 0, a.arch or "", a.path))),
         entries=parts.entries,
         prebuilt=prebuilt,
-        spirv=plan.spirv,
+        spirv=crate.spirv,
         globals=parts.globals or None,  # absent when none: manifests without globals read as before
     )
-    return crate, files
+    return record, files, parts.warnings
 
 
 def assemble_packages(
-    plans: list[CratePlan],
-    outputs: dict[tuple[str, str], CompileOutput],
+    crates: list[Compiled[Any, Any]],
     root: Path,
     toolchain: Toolchain,
     *,
     editable: bool = False,
-) -> list[PackageOutput]:
-    """One :class:`PackageOutput` per target package, sorted by package."""
-    crates: dict[str, list[Crate]] = {}
+) -> tuple[list[PackageOutput], list[str]]:
+    """One :class:`PackageOutput` per target package, sorted by package; and the warnings the
+    crates' languages gave, in the crates' order (the builder shows them)."""
+    records: dict[str, list[Crate]] = {}
     files: dict[str, dict[str, bytes]] = {}
-    for plan in plans:
-        crate, crate_files = _finish_crate(plan, root, outputs)
-        crates.setdefault(plan.cfg.package, []).append(crate)
-        files.setdefault(plan.cfg.package, {}).update(crate_files)
+    warnings: list[str] = []
+    for crate in crates:
+        record, crate_files, crate_warnings = _finish_crate(crate, root)
+        records.setdefault(crate.cfg.package, []).append(record)
+        files.setdefault(crate.cfg.package, {}).update(crate_files)
+        warnings.extend(crate_warnings)
     out = []
-    for package in sorted(crates):
+    for package in sorted(records):
         manifest = Manifest(
             schema_version=SCHEMA_VERSION,
             package=package.split("/")[-1],
             toolchain=toolchain,
-            crates=tuple(sorted(crates[package], key=lambda c: c.name)),
+            crates=tuple(sorted(records[package], key=lambda c: c.name)),
             editable=Editable(project_root=str(root)) if editable else None,
         )
         pkg_files = files[package]
@@ -211,4 +208,4 @@ def assemble_packages(
         # the typed kernels module: `from ._khal import kernels` (a pure function of the manifest)
         pkg_files.update(stub_files(manifest))
         out.append(PackageOutput(package, manifest, pkg_files))
-    return out
+    return out, warnings

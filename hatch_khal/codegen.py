@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from khal_runtime import abi
 from khal_runtime.abi import indirect_symbol_for, symbol_for
@@ -246,7 +246,7 @@ def explain_entry_error(log: str, decls: list[EntryDecl], display: Callable[[str
     return None
 
 
-def generate_unit(crate: str, sources: list[Path], entries: list[tuple[EntryDecl, str]],
+def generate_unit(crate: str, sources: list[Path], entries: Sequence[tuple[EntryDecl, str]],
                   without_indirect: frozenset[str] = frozenset()) -> GeneratedUnit:
     """The crate's translation unit: khal.h, each source, then the generated kernels (no indirect
     variant for the entries named in ``without_indirect``: those the build judged wrong)."""

@@ -1,4 +1,5 @@
-"""Stage 2: run each language's front stage (:func:`prepare_crates`: Slang), then compile every
+"""Stage 2: run each language's front stage (:func:`prepare_crates`: Slang, Triton; a
+:class:`~hatch_khal.languages.Planned` record becomes a ``Prepared`` one), then compile every
 job (:func:`compile_jobs`), each from the cache when it can.
 
 Every output, fresh or cached, is checked by its compiler (:meth:`Compiler.check_output`:
@@ -27,7 +28,7 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import closing
-from typing import Callable, Generator
+from typing import Any, Callable, Generator
 
 from khal_runtime.binaries import BinaryFormatError, khal_symbols, read_binary
 
@@ -38,8 +39,8 @@ from hatch_khal.cache import Cache
 from hatch_khal.compilers import get_compiler
 from hatch_khal.config import jobs_from_env
 from hatch_khal.errors import KhalBuildError
-from hatch_khal.languages import get_language
-from hatch_khal.model import CompileJob, CompileOutput, CratePlan, Reporter
+from hatch_khal.languages import Planned, Prepared
+from hatch_khal.model import CompileJob, CompileOutput, Reporter
 from hatch_khal.reads import changed, check_reads, spelled_locations
 
 __all__ = ["compile_jobs", "prepare_crates"]
@@ -211,32 +212,33 @@ def _raise_failures(failures: list[KhalBuildError]) -> None:
     raise type(failures[0])("\n\n".join(str(e) for e in failures))
 
 
-def prepare_crates(plans: list[CratePlan], cache: Cache, reporter: Reporter, *,
-                   jobs: int | None = None) -> tuple[int, int]:
+def prepare_crates(planned: list[Planned[Any, Any]], cache: Cache, reporter: Reporter, *,
+                   jobs: int | None = None) -> list[Prepared[Any, Any]]:
     """Each language's front stage (:meth:`~hatch_khal.languages.Language.prepare`), crates in
-    parallel threads (a Slang crate compiles in a worker process of its own). Returns (compiled,
-    from cache) over all crates. The first failure cancels the crates not started yet; the
-    failures of those already running are reported with it, each crate's once."""
-    if not plans:
-        return 0, 0
-    workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(plans)))
+    parallel threads (a Slang crate compiles in a worker process of its own): the crates' records,
+    in their order, each counting its units compiled and from the cache. The first failure cancels
+    the crates not started yet; the failures of those already running are reported with it, each
+    crate's once."""
+    if not planned:
+        return []
+    workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(planned)))
 
-    def one(plan: CratePlan) -> tuple[int, int] | KhalBuildError:
+    def one(crate: Planned[Any, Any]) -> Prepared[Any, Any] | KhalBuildError:
         try:
-            return get_language(plan.language, plan.cfg.name).prepare(plan, cache, reporter)
+            return crate.prepare(cache, reporter)
         except KhalBuildError as exc:
             return exc
 
     if workers == 1:
-        results: list[tuple[int, int] | KhalBuildError] = []
-        for p in plans:
-            results.append(one(p))
+        results: list[Prepared[Any, Any] | KhalBuildError] = []
+        for crate in planned:
+            results.append(one(crate))
             if isinstance(results[-1], KhalBuildError):
                 break  # the first failure stops the build
     else:
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="khal-prepare")
         try:
-            futures = [pool.submit(one, p) for p in plans]
+            futures = [pool.submit(one, crate) for crate in planned]
             for done in as_completed(futures):
                 if isinstance(done.result(), KhalBuildError):
                     break  # the first failure stops the build: the crates not started are cancelled
@@ -246,8 +248,7 @@ def prepare_crates(plans: list[CratePlan], cache: Cache, reporter: Reporter, *,
             pool.shutdown(wait=True, cancel_futures=True)
         results = [f.result() for f in futures if f.done() and not f.cancelled()]
     _raise_failures([r for r in results if isinstance(r, KhalBuildError)])
-    counts = [r for r in results if not isinstance(r, KhalBuildError)]
-    return sum(c for c, _ in counts), sum(h for _, h in counts)
+    return [r for r in results if not isinstance(r, KhalBuildError)]
 
 
 def _usable(job: CompileJob, data: bytes) -> str | None:

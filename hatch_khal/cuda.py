@@ -1,7 +1,8 @@
 """CUDA C++ crates: ``KHAL_ENTRY`` markers in ``.cu`` sources, compiled by NVRTC.
 
 The :class:`~hatch_khal.languages.Language` for ``language = "cuda"``: plan (sources,
-entries, content hash), jobs (one generated translation unit, compiled per target),
+entries, content hash: :class:`CudaPlan`), prepare (which indirect variants are wrong:
+:class:`CudaFront`), jobs (one generated translation unit, compiled per target),
 compile errors explained (missing CUDA headers, entries the scanner could not read), and
 the manifest entries with the compiler's own parameter types and sizes (the binary's probes,
 :mod:`hatch_khal.probes`).
@@ -11,6 +12,7 @@ CUDA C++ builds CUDA only: its SPIR-V status is ``not_applicable``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -28,7 +30,8 @@ from hatch_khal.entries import EntryDecl, scan_crate
 from hatch_khal.errors import ConfigError, KhalBuildError, SourceError
 from hatch_khal.hashing import canonical, crate_content_hash, entry_hash, khal_header_sha256, sha256_bytes
 from hatch_khal.headers import HeaderSet, header_hints, nvrtc_cuda_major, resolve_headers
-from hatch_khal.model import CompileJob, CrateParts, CratePlan, PlannedEntry, Reporter
+from hatch_khal.languages import Compiled, Language, Planned, Prepared
+from hatch_khal.model import CompileJob, CrateParts, PlannedEntry, Reporter
 from hatch_khal.probes import indirect_verdict, manifest_entries
 from hatch_khal.reads import cover, real_dirs
 from hatch_khal.reads import locations as path_forms
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
 
     from hatch_khal.cache import Cache
 
-__all__ = ["CUDA", "CudaLanguage", "CudaPlan", "khal_include_dir"]
+__all__ = ["CUDA", "CudaFront", "CudaLanguage", "CudaPlan", "khal_include_dir"]
 
 #: A CUDA C++ crate's WebGPU stage: there is none (write the crate in Slang for WebGPU).
 NOT_APPLICABLE = SpirvStatus(status="not_applicable", reason="CUDA C++ source")
@@ -54,26 +57,24 @@ def khal_include_dir() -> Path:
     return Path(str(resources.files("hatch_khal") / "include"))
 
 
-@dataclass(kw_only=True)
-class CudaPlan(CratePlan):
-    """A CUDA C++ crate's plan: its sources, the scanned entries and the CUDA headers."""
+@dataclass(frozen=True)
+class CudaPlan:
+    """What planning found of a CUDA C++ crate: its sources, the scanned entries, the CUDA headers."""
 
     sources: CrateSources
     #: the scanned entries, each with its entry hash
-    decls: list[tuple[EntryDecl, str]]
+    decls: tuple[tuple[EntryDecl, str], ...]
     headers: HeaderSet
     #: the project root the crate was planned under (its compile jobs' locations are relative to it)
-    root: Path = Path(".")
-    #: entries whose indirect variant the build judged wrong (set by prepare), with why: their
-    #: variant is generated in none of the binaries
-    without_indirect: dict[str, str] = field(default_factory=dict)
+    root: Path
 
 
-def _cuda_plan(plan: CratePlan) -> CudaPlan:
-    assert isinstance(plan, CudaPlan), f"crate {plan.cfg.name!r} was not planned as CUDA C++"
-    return plan
+@dataclass(frozen=True)
+class CudaFront:
+    """What prepare found: the entries whose indirect variant the build judged wrong, with why (their
+    variant is generated in none of the binaries)."""
 
-
+    without_indirect: Mapping[str, str] = field(default_factory=dict)
 
 
 _DEBUG_OPTIONS = ("-G", "--device-debug", "-dopt=off", "--dopt=off")
@@ -89,7 +90,7 @@ class CudaLanguage:
     name = "cuda"
     compiler = "nvrtc"
 
-    def plan(self, root: Path, cfg: ResolvedCrate) -> CudaPlan:
+    def plan(self, root: Path, cfg: ResolvedCrate) -> Planned[CudaPlan, CudaFront]:
         sources = collect_sources(root, cfg.name, cfg.sources, cfg.include_dirs)
         slang = [s.rel for s in sources.sources if s.path.suffix.lower() == ".slang"]
         if slang:
@@ -115,48 +116,51 @@ class CudaLanguage:
             extra["cuda_headers"] = [cfg.cuda_headers, [list(f) for f in headers.fingerprint]]
         content = crate_content_hash(sources.all_files, cfg.defines, cfg.options, extra)
         entries = [(d, entry_hash(content, d)) for d in decls]
-        return CudaPlan(cfg=cfg, language=self.name, content_hash=content, spirv=NOT_APPLICABLE,
-                        files=sources.all_files, entries=[PlannedEntry(d.name, h) for d, h in entries],
-                        sources=sources, decls=entries, headers=headers, root=root)
+        return Planned(cfg=cfg, language=self, content_hash=content, spirv=NOT_APPLICABLE,
+                       files=tuple(sources.all_files), entries=tuple(PlannedEntry(d.name, h) for d, h in entries),
+                       plan=CudaPlan(sources=sources, decls=tuple(entries), headers=headers, root=root))
 
-    def prepare(self, plan: CratePlan, cache: Cache, reporter: Reporter) -> tuple[int, int]:
+    def prepare(self, planned: Planned[CudaPlan, CudaFront], cache: Cache, reporter: Reporter
+                ) -> Prepared[CudaPlan, CudaFront]:
         """Which entries' indirect variants are wrong, before any binary that ships is compiled: from
         the PTX of the unit with every variant (the crate's PTX target, through the cache: when no
         variant is wrong it is the very PTX the build ships), or without PTX from the sources' text.
         The jobs then generate no kernel for those variants (issue #24: a variant judged wrong is in
         no binary)."""
-        p = _cuda_plan(plan)
-        p.without_indirect = {}
+        p, cfg = planned.plan, planned.cfg
         candidates = [(d, h) for d, h in p.decls if has_indirect(d)]
-        if p.prebuilt_var or not candidates:
-            return 0, 0  # a prebuilt binary is the user's: the manifest leaves the wrong variants out
-        if p.cfg.ptx_arch is None:
+        if planned.prebuilt_var or not candidates:
+            # a prebuilt binary is the user's: the manifest leaves the wrong variants out
+            return planned.prepared(CudaFront())
+        without: dict[str, str] = {}
+        if cfg.ptx_arch is None:
             for d, h in candidates:
-                sym, why = indirect_verdict(p.cfg.name, d, h, None)
+                sym, why = indirect_verdict(cfg.name, d, h, None)
                 if sym is None and why is not None:
-                    p.without_indirect[d.name] = why
-            return 0, 0
-        # the project root, as the compile stage gives it: a job's locations (and so whether a cached PTX
-        # that spells its checkout's paths is this checkout's) depend on it
-        (job,) = self.jobs(p, p.root, [p.cfg.ptx_arch])
-        outputs, compiled = compile_jobs([job], cache, reporter, explain=lambda j, e: self.explain(p, e))
-        reads = ptx_grid_reads(outputs[(p.cfg.name, job.target)].data)
+                    without[d.name] = why
+            return planned.prepared(CudaFront(without))
+        # the unit with every variant; the project root, as the compile stage gives it: a job's locations
+        # (and so whether a cached PTX that spells its checkout's paths is this checkout's) depend on it
+        every = planned.prepared(CudaFront())
+        (job,) = self.jobs(every, p.root, [cfg.ptx_arch])
+        outputs, compiled = compile_jobs([job], cache, reporter, explain=lambda j, e: self.explain(every, e))
+        reads = ptx_grid_reads(outputs[(cfg.name, job.target)].data)
         for d, h in candidates:
-            sym, why = indirect_verdict(p.cfg.name, d, h, reads)
+            sym, why = indirect_verdict(cfg.name, d, h, reads)
             if sym is None and why is not None:
-                p.without_indirect[d.name] = why
+                without[d.name] = why
         # counted once: when no variant is wrong, the compile stage takes this very PTX from the cache
         # (and counts it there as cached)
-        reused = not p.without_indirect and cache.lookup(job.key) is not None
-        return (compiled, -compiled) if reused else (compiled, 1 - compiled)
+        reused = not without and cache.lookup(job.key) is not None
+        return planned.prepared(CudaFront(without), compiled=compiled,
+                                cached=-compiled if reused else 1 - compiled)
 
-    def jobs(self, plan: CratePlan, root: Path, targets: list[str]) -> list[CompileJob]:
-        plan = _cuda_plan(plan)
-        cfg = plan.cfg
+    def jobs(self, prepared: Prepared[CudaPlan, CudaFront], root: Path, targets: list[str]) -> list[CompileJob]:
+        plan, cfg = prepared.plan, prepared.cfg
         compiler = get_compiler(self.compiler)
         ident = compiler.identity()
         unit = generate_unit(cfg.name, [s.path for s in plan.sources.sources], plan.decls,
-                             frozenset(plan.without_indirect))
+                             frozenset(prepared.front.without_indirect))
         include = [f"-I{khal_include_dir()}"] + [f"-I{d}" for d in plan.sources.include_dirs]
         include += [f"-I{d}" for d in plan.headers.include_dirs]
         defines = [f"-D{k}={v}" if v != "" else f"-D{k}" for k, v in sorted(cfg.defines.items())]
@@ -166,13 +170,13 @@ class CudaLanguage:
         locations = path_forms([root, *plan.sources.include_dirs, *(s.path.parent for s in plan.sources.sources),
                                 khal_include_dir(), *plan.headers.include_dirs])
         names_paths = any(_PATH_MACROS.search(f.data) for f in plan.sources.all_files)
-        entries = tuple((e.name, e.hash) for e in plan.entries)
+        entries = tuple((e.name, e.hash) for e in prepared.entries)
         jobs = []
         for target in targets:
             key = sha256_bytes(
                 canonical(
                     {
-                        "content": plan.content_hash,
+                        "content": prepared.content_hash,
                         "generated": unit.generated,
                         "order": [s.rel for s in plan.sources.sources],
                         "options": [*_BASE_OPTIONS, *defines, *cfg.options],
@@ -191,19 +195,19 @@ class CudaLanguage:
                                    locations=locations, names_paths=names_paths))
         return jobs
 
-    def explain(self, plan: CratePlan, error: KhalBuildError) -> KhalBuildError:
-        plan = _cuda_plan(plan)
+    def explain(self, prepared: Prepared[CudaPlan, CudaFront], error: KhalBuildError) -> KhalBuildError:
+        plan = prepared.plan
         text = str(error)
-        entry_error = explain_entry_error(text, [d for d, _ in plan.decls], plan.sources.display, plan.cfg.name)
+        entry_error = explain_entry_error(text, [d for d, _ in plan.decls], plan.sources.display, prepared.cfg.name)
         if entry_error is not None:
             return entry_error
         hints = header_hints(text, plan.headers.mode, plan.headers.nvrtc_major)
         return type(error)(f"{error}\n{hints}") if hints else error
 
-    def finish(self, plan: CratePlan, binary: BinaryInfo) -> CrateParts:
-        plan = _cuda_plan(plan)
-        entries, warnings = manifest_entries(plan.cfg.name, plan.decls, binary, plan.without_indirect,
-                                             trust_ptx=not _debug_build(plan.cfg.options))
+    def finish(self, compiled: Compiled[CudaPlan, CudaFront], binary: BinaryInfo) -> CrateParts:
+        cfg = compiled.cfg
+        entries, warnings = manifest_entries(cfg.name, compiled.plan.decls, binary, compiled.front.without_indirect,
+                                             trust_ptx=not _debug_build(cfg.options))
         ptx = binary.text if binary.kind == "ptx" and binary.text is not None else None
         found = ptx_module_globals(ptx) if ptx is not None else []
         module_globals = tuple(GlobalVar(name=n, space=sp, type=t, element_size=es, size=sz)  # type: ignore[arg-type]
@@ -211,4 +215,4 @@ class CudaLanguage:
         return CrateParts(entries=entries, warnings=tuple(warnings), globals=module_globals)
 
 
-CUDA = CudaLanguage()
+CUDA: Language[CudaPlan, CudaFront] = CudaLanguage()

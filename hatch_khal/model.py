@@ -1,22 +1,20 @@
-"""The data the build stages hand each other: reporters, crate plans, compile jobs.
+"""The plain data of the build: reporters, compile jobs and outputs, what a language finishes.
 
 Stages (one module each, in this order): :mod:`hatch_khal.plan` (sources, entries,
 hashes), :mod:`hatch_khal.compiling` (jobs, cache, workers), :mod:`hatch_khal.assemble`
 (the manifest), :mod:`hatch_khal.output` (files on disk); :mod:`hatch_khal.builder`
-runs them. Nothing here imports a stage.
+runs them. The per-crate records they hand each other (``Planned``, ``Prepared``,
+``Compiled``) are in :mod:`hatch_khal.languages`, beside the ``Language`` they carry.
+Nothing here imports a stage.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from khal_runtime.manifest import Artifact, Entry, GlobalVar, Manifest, SpirvStatus
-
-    from hatch_khal.config import ResolvedCrate
-    from hatch_khal.sources import SourceFile
+    from khal_runtime.manifest import Artifact, Entry, GlobalVar, Manifest
 
 __all__ = [
     "BuildResult",
@@ -25,7 +23,6 @@ __all__ = [
     "CompilerIdentity",
     "CoveredFile",
     "CrateParts",
-    "CratePlan",
     "PackageOutput",
     "PlannedEntry",
     "PrintReporter",
@@ -130,31 +127,6 @@ class PlannedEntry:
 
     name: str
     hash: str
-
-
-@dataclass(kw_only=True)
-class CratePlan:
-    """Everything known about a crate before its compile jobs run.
-
-    The generic fields; a language keeps what else it needs in a subclass of its own
-    (:class:`hatch_khal.cuda.CudaPlan`, :class:`hatch_khal.slang.language.SlangCratePlan`)."""
-
-    cfg: ResolvedCrate
-    language: str
-    content_hash: str
-    spirv: SpirvStatus
-    #: every file the content hash covers, sorted by key (the manifest's ``sources``)
-    files: list[SourceFile]
-    #: the entries with their hashes (the language's order): known after planning (CUDA C++) or after
-    #: the language's front stage (:meth:`hatch_khal.languages.Language.prepare`, Slang)
-    entries: list[PlannedEntry] = field(default_factory=list)
-    #: tools this crate was built with besides the compilers of its jobs ({"slang": "2026.12"})
-    tools: dict[str, str] = field(default_factory=dict)
-    prebuilt_var: str | None = None
-    prebuilt_path: Path | None = None
-    jobs: list[CompileJob] = field(default_factory=list)
-    #: what the assemble stage found worth saying (shown by the builder)
-    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Stage 1: plan every crate (sources, entries, hashes) before anything is compiled.
 
-Each crate is planned by its language (:mod:`hatch_khal.languages`); then the prebuilt-binary
-variables (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``; one that names no crate is an error) and
+Each crate is planned by its language (:mod:`hatch_khal.languages`: the one place a configured
+language name becomes its ``Language``), giving one frozen :class:`~hatch_khal.languages.Planned`
+record per crate; then the prebuilt-binary variables (``CUDA_OXIDE_SHADERS_PTX_<CRATE>``; one that names no crate is an error) and
 the targets each crate compiles for. Entry names are unique per crate (each language checks its
 own); two crates of a package may share one (the runtime's ``kernels.<name>`` is then
 ambiguous, ``kernels.<crate>.<name>`` is not), so one source can be built as several crates
@@ -13,14 +14,15 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
+from typing import Any
 
 from khal_runtime.abi import PREBUILT_ENV_PREFIX, parse_arch
 
 from hatch_khal.compilers import get_compiler
 from hatch_khal.config import ResolvedCrate, env_var_for_crate
 from hatch_khal.errors import ConfigError
-from hatch_khal.languages import get_language
-from hatch_khal.model import CratePlan, Reporter
+from hatch_khal.languages import CrateRecord, Planned, get_language
+from hatch_khal.model import Reporter
 
 __all__ = ["PREBUILT_PREFIX", "check_prebuilt_variables", "plan_crates", "targets"]
 
@@ -49,21 +51,21 @@ def check_prebuilt_variables(crates: list[ResolvedCrate], reporter: Reporter) ->
                           f"their variables: {listing}; rename the variable after its crate, or unset it")
 
 
-def plan_crates(root: Path, crates: list[ResolvedCrate], reporter: Reporter) -> list[CratePlan]:
+def plan_crates(root: Path, crates: list[ResolvedCrate], reporter: Reporter) -> list[Planned[Any, Any]]:
     check_prebuilt_variables(crates, reporter)  # first: a misnamed variable is refused before any work
-    plans = [get_language(c.language, c.name).plan(root, c) for c in crates]
-    for plan in plans:
-        var = env_var_for_crate(plan.cfg.name)
-        if os.environ.get(var, "").strip():
-            plan.prebuilt_var = var
-    return plans
+    planned = []
+    for crate in crates:
+        record = get_language(crate.language, crate.name).plan(root, crate)
+        var = env_var_for_crate(crate.name)
+        planned.append(record.prebuilt(var) if os.environ.get(var, "").strip() else record)
+    return planned
 
 
-def targets(plan: CratePlan, reporter: Reporter) -> list[str]:
+def targets(crate: CrateRecord[Any, Any], reporter: Reporter) -> list[str]:
     """The PTX arch (if any) then the cubin archs this crate compiles for, those the
     compiler cannot target dropped (defaults, with a warning) or refused (explicit ones)."""
-    cfg = plan.cfg
-    compiler = get_compiler(get_language(plan.language, cfg.name).compiler)
+    cfg = crate.cfg
+    compiler = get_compiler(crate.language.compiler)
     supported = compiler.supported_archs()
     version = compiler.identity().version
     archs: list[str] = []

@@ -25,6 +25,7 @@ the direct kernel's code reads, and whether the ids it uses fold the compiled bl
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 
 from khal_runtime import abi
 from khal_runtime.abi import indirect_symbol_for, symbol_for
@@ -157,8 +158,8 @@ def launch_facts(decl: EntryDecl, symbol: str, kernels: dict[str, KernelReads] |
     return facts_from_reads(kernels[symbol], decl.fixed_block, tagged)
 
 
-def manifest_entries(crate: str, decls: list[tuple[EntryDecl, str]], binary: BinaryInfo,
-                     without_indirect: dict[str, str] | None = None, trust_ptx: bool = True,
+def manifest_entries(crate: str, decls: Sequence[tuple[EntryDecl, str]], binary: BinaryInfo,
+                     without_indirect: Mapping[str, str] | None = None, trust_ptx: bool = True,
                      ) -> tuple[tuple[Entry, ...], list[str]]:
     """The manifest entries of a CUDA C++ crate (each decl with its entry hash), their types
     from ``binary``'s probes (its PTX, when it is one, also for the indirect check and the launch

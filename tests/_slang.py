@@ -134,7 +134,7 @@ def example_crate():  # type: ignore[no-untyped-def]
     """The example's Slang crate compiled for every target (the stage's output, with its CUDA unit)."""
     from hatch_khal.slang.stage import compile_slang_crate
 
-    plan = example_slang_plan()
+    plan = example_slang_plan().plan
     return compile_slang_crate(plan.slang, plan.targets)
 
 
@@ -144,7 +144,7 @@ def cached_example_crate(cache_dir: Path):  # type: ignore[no-untyped-def]
     from hatch_khal.cache import Cache
     from hatch_khal.slang.output import SlangOutput
 
-    plan = example_slang_plan()
+    plan = example_slang_plan().plan
     hit = Cache(cache_dir).lookup(plan.slang.cache_key(plan.targets))
     return SlangOutput.from_bytes(hit.data) if hit is not None else example_crate()
 
@@ -199,7 +199,7 @@ def webgpu_package(root: Path, name: str = "wgpu_example_pkg") -> Path:
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_bytes(data)
     crate = Crate(name=EXAMPLE_CRATE, language="slang", package_dir=f"_khal/{EXAMPLE_CRATE}",
-                  sources=p.slang.manifest_sources, content_hash=p.content_hash,
+                  sources=p.plan.slang.manifest_sources, content_hash=p.content_hash,
                   artifacts=tuple(out.webgpu_artifacts()), entries=tuple(out.entries),
                   spirv=SpirvStatus(status="built"))
     m = Manifest(schema_version=SCHEMA_VERSION, package=name, toolchain=Toolchain(hatch_khal_version="test"),

@@ -385,3 +385,64 @@ def test_cache_key_and_toolchain_follow_the_compilers_identity(tmp_path: Path, m
     monkeypatch.setattr(nvrtc.NvrtcCompiler, "identity", lambda self: CompilerIdentity("nvrtc", "99.9"))
     result, _ = build(root, cache)
     assert result.compiled == 4 and manifest_of(result)[0].toolchain.nvrtc_version == "99.9"
+
+
+@pytest.mark.needs_nvrtc
+def test_stages_ask_each_records_language_and_hand_on_frozen_records(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crate's language is looked up by name once, at planning; every later stage asks the
+    Language its record carries (here a spy over CUDA C++, with no name left to look up once
+    planning is done) and gets a new frozen record: Planned -> Prepared -> Compiled. The build is
+    the one CUDA C++ makes, from the same cache entries."""
+    import dataclasses
+    import sys
+    import types
+
+    from hatch_khal import languages
+    from hatch_khal.cuda import CUDA
+    from hatch_khal.languages import Compiled, Planned, Prepared
+
+    root = make_project(tmp_path / "p")
+    cache = tmp_path / "cache"
+    plain, _ = build(root, cache)
+    seen: list[tuple[str, str, object]] = []
+
+    class Spy:
+        name = "cuda"
+        compiler = "nvrtc"
+
+        def plan(self, root: Path, cfg):  # type: ignore[no-untyped-def]
+            return dataclasses.replace(CUDA.plan(root, cfg), language=self)
+
+        def prepare(self, planned, cache, reporter):  # type: ignore[no-untyped-def]
+            languages.LANGUAGES.clear()  # planning is over: a lookup by name now fails
+            seen.append(("prepare", planned.cfg.name, planned))
+            return CUDA.prepare(planned, cache, reporter)
+
+        def jobs(self, prepared, root, targets):  # type: ignore[no-untyped-def]
+            seen.append(("jobs", prepared.cfg.name, prepared))
+            return CUDA.jobs(prepared, root, targets)
+
+        def explain(self, prepared, error):  # type: ignore[no-untyped-def]
+            return CUDA.explain(prepared, error)
+
+        def finish(self, compiled, binary):  # type: ignore[no-untyped-def]
+            seen.append(("finish", compiled.cfg.name, compiled))
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                compiled.entries = ()
+            return CUDA.finish(compiled, binary)
+
+    spy_module = types.ModuleType("khal_test_spy_language")
+    spy_module.SPY = Spy()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, spy_module.__name__, spy_module)
+    monkeypatch.setattr(languages, "LANGUAGES", {"cuda": f"{spy_module.__name__}:SPY"})
+    result, _ = build(root, cache)
+    # the same jobs under the same cache keys: all from the cache
+    assert (plain.compiled, result.compiled, result.cached) == (4, 0, 4)
+    assert result.packages[0].files == plain.packages[0].files
+    assert [(stage, crate, type(record)) for stage, crate, record in seen] == [
+        ("prepare", "alpha", Planned), ("prepare", "beta", Planned), ("jobs", "alpha", Prepared),
+        ("jobs", "beta", Prepared), ("finish", "alpha", Compiled), ("finish", "beta", Compiled)]
+    assert all(record.language is spy_module.SPY for _, _, record in seen)  # type: ignore[attr-defined]
+    (alpha,) = [r for stage, crate, r in seen if (stage, crate) == ("finish", "alpha")]
+    assert isinstance(alpha, Compiled) and set(alpha.outputs) == {"compute_75", "sm_90"}

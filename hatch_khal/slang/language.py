@@ -1,11 +1,13 @@
 """Slang crates in the build: the :class:`~hatch_khal.languages.Language` for ``language = "slang"``.
 
 * :meth:`SlangLanguage.plan`: the Slang stage's plan (files, content hash; no Slang run) and the
-  crate's WebGPU status: built, or skipped by ``KHAL_SKIP_SPIRV`` / ``spirv = false``;
+  crate's WebGPU status: built, or skipped by ``KHAL_SKIP_SPIRV`` / ``spirv = false``
+  (:class:`SlangCratePlan`);
 * :meth:`SlangLanguage.prepare`: the Slang stage's output (the khal-ABI CUDA unit, the manifest
   entries, the WGSL / SPIR-V files), from the content-addressed cache under
   :meth:`~hatch_khal.slang.output.SlangPlan.cache_key` or compiled once (a worker process);
-  also for a prebuilt crate (``CUDA_OXIDE_SHADERS_PTX_<CRATE>`` replaces only the CUDA binaries);
+  also for a prebuilt crate (``CUDA_OXIDE_SHADERS_PTX_<CRATE>`` replaces only the CUDA binaries)
+  (:class:`SlangFront`);
 * :meth:`SlangLanguage.jobs`: the unit compiled by NVRTC per target, as CUDA C++ crates are (with
   the CUDA header wheels on the include path when the unit includes one, e.g. ``cuda_fp16.h``);
 * :meth:`SlangLanguage.finish`: reflection's parameter sizes checked against NVRTC's probes in the
@@ -30,7 +32,8 @@ from hatch_khal.config import ResolvedCrate
 from hatch_khal.errors import KhalBuildError, SourceChangedError
 from hatch_khal.hashing import canonical, sha256_bytes
 from hatch_khal.headers import HeaderSet, header_hints, nvrtc_cuda_major, resolve_headers
-from hatch_khal.model import CompileJob, CrateParts, CratePlan, PlannedEntry, Reporter
+from hatch_khal.languages import Compiled, Language, Planned, Prepared
+from hatch_khal.model import CompileJob, CrateParts, PlannedEntry, Reporter
 from hatch_khal.reads import changed, cover, real_dirs
 from hatch_khal.reads import locations as path_forms
 from hatch_khal.slang.output import ALL_TARGETS, SlangOutput, SlangPlan, normalize_targets
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
 
     from hatch_khal.cache import Cache
 
-__all__ = ["SLANG", "SlangCratePlan", "SlangLanguage", "spirv_status"]
+__all__ = ["SLANG", "SlangCratePlan", "SlangFront", "SlangLanguage", "spirv_status"]
 
 SKIP_ENV = "KHAL_SKIP_SPIRV"
 
@@ -57,36 +60,35 @@ def spirv_status(cfg: ResolvedCrate) -> SpirvStatus:
     return SpirvStatus(status="built", reason="WGSL and SPIR-V of every entry")
 
 
-@dataclass(kw_only=True)
-class SlangCratePlan(CratePlan):
-    """A Slang crate's plan: the stage's plan, the Slang targets, and (after prepare) its output."""
+@dataclass(frozen=True)
+class SlangCratePlan:
+    """What planning found of a Slang crate: the Slang stage's plan and what Slang compiles to."""
 
     slang: SlangPlan
     #: what Slang compiles to: {"cuda"} or {"cuda", "wgsl", "spirv"}
     targets: frozenset[str]
-    output: SlangOutput | None = None
-    #: the CUDA headers NVRTC gets (only when the unit includes one of them)
+
+
+@dataclass(frozen=True)
+class SlangFront:
+    """What prepare made: the Slang stage's output, and the CUDA headers NVRTC gets (resolved only
+    when the unit includes one of them)."""
+
+    output: SlangOutput
     headers: HeaderSet
 
 
-def _slang_plan(plan: CratePlan) -> SlangCratePlan:
-    assert isinstance(plan, SlangCratePlan), f"crate {plan.cfg.name!r} was not planned as Slang"
-    return plan
+SlangPlanned = Planned[SlangCratePlan, SlangFront]
+SlangPrepared = Prepared[SlangCratePlan, SlangFront]
 
 
-def _output(plan: CratePlan) -> tuple[SlangCratePlan, SlangOutput]:
-    p = _slang_plan(plan)
-    assert p.output is not None, f"crate {p.cfg.name!r}: the Slang stage has not run (Language.prepare)"
-    return p, p.output
-
-
-def _mismatch(plan: SlangCratePlan, out: SlangOutput) -> str | None:
-    """Why a cached output is not this plan's (a damaged or foreign entry), or None."""
-    if out.crate != plan.cfg.name:
+def _mismatch(planned: SlangPlanned, out: SlangOutput) -> str | None:
+    """Why a cached output is not this crate's (a damaged or foreign entry), or None."""
+    if out.crate != planned.cfg.name:
         return f"it is the output of crate {out.crate!r}"
-    if out.content_hash != plan.content_hash:
+    if out.content_hash != planned.content_hash:
         return "its content hash differs"
-    if out.targets != plan.targets:
+    if out.targets != planned.plan.targets:
         return f"it was built for {', '.join(sorted(out.targets))}"
     paths = {t.path for e in out.entries for t in e.webgpu or ()}
     if paths != set(out.webgpu_files):
@@ -94,13 +96,13 @@ def _mismatch(plan: SlangCratePlan, out: SlangOutput) -> str | None:
     return None
 
 
-def _unchanged(plan: SlangCratePlan) -> None:
+def _unchanged(planned: SlangPlanned) -> None:
     """Every file of the crate still has the bytes and stat it was hashed with (Slang read them
     after the hash): else nothing of the Slang stage is cached."""
-    for f in cover(plan.files):
+    for f in cover(planned.files):
         why = changed(f)
         if why is not None:
-            raise SourceChangedError(f"crate {plan.cfg.name!r}: {f.key} changed while Slang compiled the crate "
+            raise SourceChangedError(f"crate {planned.cfg.name!r}: {f.key} changed while Slang compiled the crate "
                                      f"({why}); nothing of this compile was cached: build again")
 
 
@@ -108,16 +110,16 @@ class SlangLanguage:
     name = "slang"
     compiler = "nvrtc"
 
-    def plan(self, root: Path, cfg: ResolvedCrate) -> SlangCratePlan:
+    def plan(self, root: Path, cfg: ResolvedCrate) -> SlangPlanned:
         sp = plan_slang_crate(root, cfg.name, list(cfg.sources), list(cfg.include_dirs), dict(cfg.defines),
                               list(cfg.options), list(cfg.slang_options))
         spirv = spirv_status(cfg)
         targets = ALL_TARGETS if spirv.status == "built" else normalize_targets(["cuda"])
-        return SlangCratePlan(cfg=cfg, language=self.name, content_hash=sp.content_hash, spirv=spirv,
-                              files=sp.files.all_files, tools={"slang": sp.slang.version}, slang=sp,
-                              targets=targets, headers=HeaderSet(cfg.cuda_headers))
+        return Planned(cfg=cfg, language=self, content_hash=sp.content_hash, spirv=spirv,
+                       files=tuple(sp.files.all_files), tools={"slang": sp.slang.version},
+                       plan=SlangCratePlan(slang=sp, targets=targets))
 
-    def _cached(self, plan: SlangCratePlan, key: str, cache: Cache) -> SlangOutput | None:
+    def _cached(self, planned: SlangPlanned, key: str, cache: Cache) -> SlangOutput | None:
         hit = cache.lookup(key)
         if hit is None:
             return None
@@ -126,25 +128,25 @@ class SlangLanguage:
         except KhalBuildError:
             why: str | None = "unreadable"
         else:
-            why = _mismatch(plan, out)
+            why = _mismatch(planned, out)
         if why is not None:
-            cache.drop(key, f"not the Slang output of crate {plan.cfg.name!r} ({why}); rebuilding it")
+            cache.drop(key, f"not the Slang output of crate {planned.cfg.name!r} ({why}); rebuilding it")
             return None
         return out
 
-    def prepare(self, plan: CratePlan, cache: Cache, reporter: Reporter) -> tuple[int, int]:
-        p = _slang_plan(plan)
-        name = p.cfg.name
+    def prepare(self, planned: SlangPlanned, cache: Cache, reporter: Reporter) -> SlangPrepared:
+        p = planned.plan
+        name = planned.cfg.name
         key = p.slang.cache_key(p.targets)
-        out = self._cached(p, key, cache)
+        out = self._cached(planned, key, cache)
         compiled = 0
         if out is None:
             with cache.locked([key]):
-                out = self._cached(p, key, cache)  # another build may have stored it meanwhile
+                out = self._cached(planned, key, cache)  # another build may have stored it meanwhile
                 if out is None:
                     reporter.info(f"khal: compiling Slang crate {name!r} to {', '.join(sorted(p.targets))}")
                     out = compile_slang_crate(p.slang, p.targets)
-                    _unchanged(p)
+                    _unchanged(planned)
                     cache.store(key, out.to_bytes(), "")
                     compiled = 1
                     for warning in out.warnings:
@@ -153,25 +155,24 @@ class SlangLanguage:
                                   f"in {out.timings.get('worker', 0.0):.2f}s")
         if not compiled:
             reporter.debug(f"khal: {name} Slang stage: cached")
-        p.output = out
-        p.entries = [PlannedEntry(e.name, e.hash) for e in out.entries]
-        p.tools["slang"] = out.slang_version
-        if out.system_includes:
-            p.headers = resolve_headers(p.cfg.cuda_headers, nvrtc_cuda_major())
-        return compiled, 1 - compiled
+        headers = (resolve_headers(planned.cfg.cuda_headers, nvrtc_cuda_major()) if out.system_includes
+                   else HeaderSet(planned.cfg.cuda_headers))
+        return planned.prepared(SlangFront(output=out, headers=headers),
+                                entries=[PlannedEntry(e.name, e.hash) for e in out.entries],
+                                tools={"slang": out.slang_version}, compiled=compiled, cached=1 - compiled)
 
-    def jobs(self, plan: CratePlan, root: Path, targets: list[str]) -> list[CompileJob]:
-        p, out = _output(plan)
+    def jobs(self, prepared: SlangPrepared, root: Path, targets: list[str]) -> list[CompileJob]:
+        out, headers = prepared.front.output, prepared.front.headers
         compiler = get_compiler(self.compiler)
         ident = compiler.identity()
-        include = tuple(f"-I{d}" for d in p.headers.include_dirs)
+        include = tuple(f"-I{d}" for d in headers.include_dirs)
         # the unit is self-contained text (Slang's prelude inlined): NVRTC reads only the CUDA headers;
         # its #line names are the crate's .slang files (NVRTC lists them too), which the key covers
         # through the Slang stage's output
-        covered = cover(p.files)
-        covered_dirs = real_dirs(p.headers.include_dirs)
-        locations = path_forms([root, *p.headers.include_dirs])
-        entries = tuple((e.name, e.hash) for e in p.entries)
+        covered = cover(prepared.files)
+        covered_dirs = real_dirs(headers.include_dirs)
+        locations = path_forms([root, *headers.include_dirs])
+        entries = tuple((e.name, e.hash) for e in prepared.entries)
         jobs = []
         for target in targets:
             key = sha256_bytes(canonical({
@@ -179,25 +180,24 @@ class SlangLanguage:
                 "unit": sha256_bytes(out.cuda_unit.encode()),
                 "name": out.unit_name,
                 "options": list(out.nvrtc_options),
-                "headers": [p.headers.mode, [list(f) for f in p.headers.fingerprint]],
+                "headers": [headers.mode, [list(f) for f in headers.fingerprint]],
                 "arch": target,
                 "compiler": [ident.name, ident.version],
                 "hatch_khal": __version__,
             }))
-            jobs.append(CompileJob(crate=p.cfg.name, target=target, compiler=compiler.name, text=out.cuda_unit,
-                                   name=out.unit_name, options=(*out.nvrtc_options, *include), key=key,
-                                   header_mode=p.cfg.cuda_headers, covered=covered, covered_dirs=covered_dirs,
-                                   entries=entries,
-                                   locations=locations))
+            jobs.append(CompileJob(crate=prepared.cfg.name, target=target, compiler=compiler.name,
+                                   text=out.cuda_unit, name=out.unit_name, options=(*out.nvrtc_options, *include),
+                                   key=key, header_mode=prepared.cfg.cuda_headers, covered=covered,
+                                   covered_dirs=covered_dirs, entries=entries, locations=locations))
         return jobs
 
-    def explain(self, plan: CratePlan, error: KhalBuildError) -> KhalBuildError:
-        p = _slang_plan(plan)
-        hints = header_hints(str(error), p.headers.mode, p.headers.nvrtc_major)
+    def explain(self, prepared: SlangPrepared, error: KhalBuildError) -> KhalBuildError:
+        headers = prepared.front.headers
+        hints = header_hints(str(error), headers.mode, headers.nvrtc_major)
         return type(error)(f"{error}\n{hints}") if hints else error
 
-    def finish(self, plan: CratePlan, binary: BinaryInfo) -> CrateParts:
-        p, out = _output(plan)
+    def finish(self, compiled: Compiled[SlangCratePlan, SlangFront], binary: BinaryInfo) -> CrateParts:
+        out = compiled.front.output
         out.check_probes(binary.globals_u64)
         return CrateParts(entries=with_launch_facts(out.entries, binary), artifacts=out.webgpu_artifacts(),
                           files=dict(out.webgpu_files))
@@ -217,4 +217,4 @@ def with_launch_facts(entries: tuple[Entry, ...], binary: BinaryInfo) -> tuple[E
     return tuple(out)
 
 
-SLANG = SlangLanguage()
+SLANG: Language[SlangCratePlan, SlangFront] = SlangLanguage()

@@ -30,7 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import metadata, util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,8 @@ from hatch_khal.__about__ import __version__
 from hatch_khal.config import ResolvedCrate, jobs_from_env
 from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, SourceChangedError, SourceError, from_name
 from hatch_khal.hashing import canonical, crate_content_hash, sha256_bytes
-from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity, CrateParts, CratePlan, PlannedEntry, Reporter
+from hatch_khal.languages import Compiled, Language, Planned, Prepared
+from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity, CrateParts, PlannedEntry, Reporter
 from hatch_khal.reads import changed, cover
 from hatch_khal.sources import CrateSources, collect_sources
 from hatch_khal.triton import TRITON_REQUIREMENT, TRITON_VERSION
@@ -56,8 +58,8 @@ if TYPE_CHECKING:
 
     from hatch_khal.cache import Cache
 
-__all__ = ["PTXAS", "TRITON", "TRITON_REQUIREMENT", "TRITON_VERSION", "TritonLanguage", "TritonPtxas",
-           "merge_ptx", "rename_kernel"]
+__all__ = ["PTXAS", "TRITON", "TRITON_REQUIREMENT", "TRITON_VERSION", "TritonFront", "TritonLanguage", "TritonPlan",
+           "TritonPtxas", "merge_ptx", "rename_kernel"]
 
 #: the PTX ISA of a Triton crate's PTX fallback: 8.0 (CUDA 12.0 drivers JIT it; Triton would
 #: write its ptxas' newest, 8.7 for 3.6, which the H200's CUDA 13.0 driver does not JIT)
@@ -197,23 +199,28 @@ class TritonPtxas:
 PTXAS = TritonPtxas()
 
 
-@dataclass(kw_only=True)
-class TritonPlan(CratePlan):
-    """A Triton crate's plan: its sources and instances; after prepare, its entries and the merged
-    PTX of every target."""
+@dataclass(frozen=True)
+class TritonPlan:
+    """What planning found of a Triton crate: its sources and instances, the targets, Triton's version."""
 
     sources: CrateSources
-    instances: list[TritonInstance]
+    instances: tuple[TritonInstance, ...]
     #: target -> (capability, ptx_version given to Triton or None)
-    targets: dict[str, tuple[int, int | None]]
+    targets: Mapping[str, tuple[int, int | None]]
     triton: str
-    final: list[Entry] = field(default_factory=list)
-    units: dict[str, str] = field(default_factory=dict)
 
 
-def _triton_plan(plan: CratePlan) -> TritonPlan:
-    assert isinstance(plan, TritonPlan), f"crate {plan.cfg.name!r} was not planned as Triton"
-    return plan
+@dataclass(frozen=True)
+class TritonFront:
+    """What prepare made: the manifest entries, and the merged PTX of every target."""
+
+    entries: tuple[Entry, ...]
+    #: target -> the PTX module of every instance, kernels renamed to their entry symbols
+    units: Mapping[str, str]
+
+
+TritonPlanned = Planned[TritonPlan, TritonFront]
+TritonPrepared = Prepared[TritonPlan, TritonFront]
 
 
 def _targets(cfg: ResolvedCrate) -> dict[str, tuple[int, int | None]]:
@@ -278,10 +285,11 @@ def _params(inst: TritonInstance) -> tuple[Param, ...]:
     return tuple(out)
 
 
-def _run_worker(plan: TritonPlan, jobs: int | None = None) -> dict[str, Any]:
+def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, Any]:
     """Every instance for every target, by Triton in worker processes: the targets split among
     up to ``KHAL_JOBS`` (default: the CPUs) workers, each compiling every instance for its share.
     The first failure kills the other workers."""
+    plan = planned.plan
     files = [str(f.path) for f in plan.sources.sources]
     targets = [[t, cap, ptx] for t, (cap, ptx) in plan.targets.items()]
     workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(targets)))
@@ -313,10 +321,10 @@ def _run_worker(plan: TritonPlan, jobs: int | None = None) -> dict[str, Any]:
                 answer: dict[str, Any] = json.loads(out)
             except ValueError:
                 tail = err.decode("utf-8", "replace")[-3000:]
-                raise KhalBuildError(f"crate {plan.cfg.name!r}: the Triton worker failed (exit {proc.returncode}):"
+                raise KhalBuildError(f"crate {planned.cfg.name!r}: the Triton worker failed (exit {proc.returncode}):"
                                      f"\n{tail}") from None
             if not answer.get("ok"):
-                raise from_name(str(answer.get("kind")), f"crate {plan.cfg.name!r}: {answer.get('message')}")
+                raise from_name(str(answer.get("kind")), f"crate {planned.cfg.name!r}: {answer.get('message')}")
             answers.append(answer)
     finally:
         for proc in procs:
@@ -351,7 +359,7 @@ class TritonLanguage:
     name = "triton"
     compiler = "triton-ptxas"
 
-    def plan(self, root: Path, cfg: ResolvedCrate) -> TritonPlan:
+    def plan(self, root: Path, cfg: ResolvedCrate) -> TritonPlanned:
         instances = parse_instances(cfg.name, cfg.instances)
         sources = collect_sources(root, cfg.name, cfg.sources, list(cfg.include_dirs))
         bad = [s.rel for s in sources.sources if s.path.suffix != ".py"]
@@ -371,17 +379,16 @@ class TritonLanguage:
         content = crate_content_hash(sources.all_files, {}, [], {
             "language": "triton", "triton": version, "instances": [i.record() for i in instances],
             "ptx_fallback": PTX_FALLBACK_VERSION, "knobs": knobs, "ptxas": ptxas})
-        return TritonPlan(cfg=cfg, language=self.name, content_hash=content, spirv=NOT_APPLICABLE,
-                          files=sources.all_files, tools={"triton": version}, sources=sources,
-                          instances=instances, targets=targets, triton=version)
+        return Planned(cfg=cfg, language=self, content_hash=content, spirv=NOT_APPLICABLE,
+                       files=tuple(sources.all_files), tools={"triton": version},
+                       plan=TritonPlan(sources=sources, instances=tuple(instances), targets=targets, triton=version))
 
-    def prepare(self, plan: CratePlan, cache: Cache, reporter: Reporter) -> tuple[int, int]:
-        p = _triton_plan(plan)
+    def prepare(self, p: TritonPlanned, cache: Cache, reporter: Reporter) -> TritonPrepared:
         if p.prebuilt_var:
             raise ConfigError(f"crate {p.cfg.name!r}: {p.prebuilt_var} gives a prebuilt binary, which Triton crates "
                               "do not take (their entries come from Triton's compiles); unset it")
         key = sha256_bytes(canonical({"what": "triton-stage", "format": STAGE_FORMAT, "content": p.content_hash,
-                                      "targets": sorted(p.targets.items()), "hatch_khal": __version__}))
+                                      "targets": sorted(p.plan.targets.items()), "hatch_khal": __version__}))
         compiled = 0
         hit = cache.lookup(key)
         answer = None
@@ -397,8 +404,8 @@ class TritonLanguage:
                     answer = None
         if answer is None:
             with cache.locked([key]):
-                reporter.info(f"khal: compiling Triton crate {p.cfg.name!r}: {len(p.instances)} instance(s) x "
-                              f"{len(p.targets)} target(s)")
+                reporter.info(f"khal: compiling Triton crate {p.cfg.name!r}: {len(p.plan.instances)} instance(s) x "
+                              f"{len(p.plan.targets)} target(s)")
                 start = time.perf_counter()
                 answer = _run_worker(p)
                 for f in cover(p.files):
@@ -409,14 +416,17 @@ class TritonLanguage:
                 cache.store(key, json.dumps(answer).encode(), "")
                 compiled = 1
                 reporter.info(f"khal: compiled Triton crate {p.cfg.name!r} in {time.perf_counter() - start:.2f}s")
-        self._entries(p, answer)
-        return compiled, 1 - compiled
+        front = self._entries(p, answer)
+        return p.prepared(front, entries=[PlannedEntry(e.name, e.hash) for e in front.entries], compiled=compiled,
+                          cached=1 - compiled)
 
-    def _entries(self, p: TritonPlan, answer: dict[str, Any]) -> None:
+    def _entries(self, p: TritonPlanned, answer: dict[str, Any]) -> TritonFront:
+        """The manifest entries of the crate's instances, from Triton's answer, and the merged PTX of
+        every target."""
         by_name = {i["name"]: i for i in answer["instances"]}
         entries: list[Entry] = []
-        per_target: dict[str, list[str]] = {t: [] for t in p.targets}
-        for inst in p.instances:
+        per_target: dict[str, list[str]] = {t: [] for t in p.plan.targets}
+        for inst in p.plan.instances:
             got = by_name[inst.name]
             for target, md in got["targets"].items():
                 why = _refusal(p.cfg.name, inst, target, md)
@@ -448,17 +458,15 @@ class TritonLanguage:
                                  grid_dims=3, attributes=attributes, triton=facts))
             for target, md in got["targets"].items():
                 per_target[target].append(rename_kernel(md["ptx"], md["name"], symbol))
-        p.final = entries
-        p.entries = [PlannedEntry(e.name, e.hash) for e in entries]
-        p.units = {t: merge_ptx(p.cfg.name, t, parts) for t, parts in per_target.items()}
+        return TritonFront(entries=tuple(entries),
+                           units={t: merge_ptx(p.cfg.name, t, parts) for t, parts in per_target.items()})
 
-    def jobs(self, plan: CratePlan, root: Path, targets: list[str]) -> list[CompileJob]:
-        p = _triton_plan(plan)
+    def jobs(self, p: TritonPrepared, root: Path, targets: list[str]) -> list[CompileJob]:
         ident = PTXAS.identity()
         entries = tuple((e.name, e.hash) for e in p.entries)
         jobs = []
         for target in targets:
-            unit = p.units[target]
+            unit = p.front.units[target]
             key = sha256_bytes(canonical({"what": "triton-unit", "unit": sha256_bytes(unit.encode()), "arch": target,
                                           "compiler": [ident.name, ident.version], "hatch_khal": __version__}))
             jobs.append(CompileJob(crate=p.cfg.name, target=target, compiler=PTXAS.name, text=unit,
@@ -466,15 +474,14 @@ class TritonLanguage:
                                    entries=entries))
         return jobs
 
-    def explain(self, plan: CratePlan, error: KhalBuildError) -> KhalBuildError:
+    def explain(self, p: TritonPrepared, error: KhalBuildError) -> KhalBuildError:
         return error
 
-    def finish(self, plan: CratePlan, binary: BinaryInfo) -> CrateParts:
-        p = _triton_plan(plan)
-        missing = [e.symbol for e in p.final if e.symbol not in binary.functions]
+    def finish(self, p: Compiled[TritonPlan, TritonFront], binary: BinaryInfo) -> CrateParts:
+        missing = [e.symbol for e in p.front.entries if e.symbol not in binary.functions]
         if missing:
             raise KhalBuildError(f"crate {p.cfg.name!r}: the binary lacks kernel(s) {', '.join(missing)}")
-        return CrateParts(entries=tuple(p.final))
+        return CrateParts(entries=p.front.entries)
 
 
-TRITON = TritonLanguage()
+TRITON: Language[TritonPlan, TritonFront] = TritonLanguage()
