@@ -101,18 +101,36 @@ class _ThreadSlots:
     owner: _ThreadOwner
 
 
-def _prepare(m: Any) -> Callable[..., Any]:
-    """A slot hit again: its launch call's arguments built once (``launch_call``), used from now on."""
-    d = m.d
-    m.call = d.prepare(*m.spec)
-    m.fn = d.prepared
-    return m.fn  # type: ignore[no-any-return]
+class _Slot:
+    """A memo slot: ``key`` (what :meth:`TritonKernel._generate` remembers of a launch, a tuple
+    ending in :data:`_TAIL` fields) and ``blocks`` (an argument block per variant)."""
+
+    __slots__ = ("key", "blocks")
+
+    key: tuple[Any, ...]
+    blocks: list[Any]
 
 
-def _failed(m: Any, result: Any) -> None:
+#: the key's last fields: the launch function and its arguments (None until prebuilt), then
+#: function, gx, gy, gz, bx, shmem, cu stream, params address (cuLaunchKernel's), the direct parts
+_TAIL = 11
+
+
+def _prepare(m: _Slot, k: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Slot ``m``'s launch ``k`` hit again: the key with the launch call's arguments built
+    (``launch_call``), kept in the slot unless it was emptied meanwhile."""
+    function, gx, gy, gz, bx, shmem, cu, addr, d = k[-9:]
+    call = d.prepare(function, (gx, gy, gz), (bx, 1, 1), shmem, cu, addr)
+    new = (*k[:-_TAIL], d.prepared, call, *k[-9:])
+    if m.key is k:
+        m.key = new
+    return new
+
+
+def _failed(k: tuple[Any, ...], result: Any) -> None:
     """A remembered launch failed: the plan's named error."""
-    _, (gx, gy, gz), (bx, by, bz), _, _, _ = m.spec
-    m.d.failed(result, gx, gy, gz, bx, by, bz)
+    _, gx, gy, gz, bx, _, _, _, d = k[-9:]
+    d.failed(result, gx, gy, gz, bx, 1, 1)
 
 
 def _scalar_kind(element_type: str | None) -> str:
@@ -231,10 +249,11 @@ class TritonKernel:
         self._scalar_kind = tuple("pointer" if self._pointer[i] else
                                   _scalar_kind(getattr(params.get(nm), "element_type", None))
                                   for i, nm in enumerate(self.arg_names))
-        #: the memo slots (:meth:`_new_slots`): their fields, class, and each thread's
-        self._slot_fields = (*(f"a{i}" for i in range(len(self.types))), "grid", "stream",
-                             *(f"p{i}" for i in self._pointers), "fn", "call", "spec", "d", "blocks")
-        self._Slot = type("TritonSlot", (), {"__slots__": self._slot_fields})
+        #: the memo slots (:meth:`_new_slots`): a slot's key, a tuple (:meth:`_generate`), is
+        #: ``EMPTY`` when it holds no launch
+        n = len(self.types)
+        self._key_len = n + 2 + len(self._pointers) + 2 + 8 + 1
+        self._empty = (NOMEMO,) * self._key_len
         self._tls = threading.local()
         #: the backends of the DeviceBuffers seen accepted (CUDA's): the fast call reads those inline
         self._backends: set[Any] = set()
@@ -360,22 +379,23 @@ class TritonKernel:
         for dev, plan in list(k._plans.items()):
             if dev not in directs:
                 direct = getattr(plan, "direct", None)
-                directs[dev] = (direct() if direct is not None else None) or False
+                parts = direct() if direct is not None else None
+                # (a plain tuple: the generated call unpacks it)
+                directs[dev] = (parts.function, parts.pack, parts.new_block, parts.launch, parts.failed, parts) \
+                    if parts is not None else False
         self._fast_chosen[bits] = (k._plans, chosen[1], k._bx, which, directs)
 
     def _new_slots(self) -> _ThreadSlots:
         """This thread's memo slots of the family (:meth:`_generate`): ``SLOTS`` of them, each
         with an argument block per variant (made at its first use), registered with
         :func:`khal_runtime.memo.register_memo` under an owner only this thread's storage holds
-        (a slot's ``stream`` is its valid flag: every ``bump_epoch`` clears it)."""
+        (a slot's ``key`` says what it holds: every ``bump_epoch`` empties it)."""
         owner = _ThreadOwner()
         slots = []
         for _ in range(SLOTS):
-            m = self._Slot()
-            for name in self._slot_fields:
-                setattr(m, name, NOMEMO)
-            m.blocks = [None] * len(self.variants)
-            register_memo(m, "stream", NOMEMO, owner=owner)
+            m = _Slot()
+            m.key, m.blocks = self._empty, [None] * len(self.variants)
+            register_memo(m, "key", self._empty, owner=owner)
             slots.append(m)
         ms = _ThreadSlots()
         ms.all = tuple(slots)
@@ -422,23 +442,25 @@ class TritonKernel:
              "    else:", f"        {slow}"]
         # 1. this thread's memo slots
         L += ["    try:", "        ms = tls.s", "    except AttributeError:", "        ms = new_slots()"]
-        if n:
-            def hit(j: int) -> str:
-                conds = [f"a0 is (m := ms.s{j}).a0"] + [f"{a} is m.{a}" for a in names[1:]]
-                conds += ["grid is m.grid", "st is m.stream", "not more"]
-                conds += [f"(m.p{i} is None or a{i}.data_ptr() == m.p{i})" for i in self._pointers]
-                return " and ".join(conds)
-            L += ["    if not hooks.active:", "        try:"]
-            for j in range(SLOTS):
-                L += [f"            {'if' if j == 0 else 'elif'} {hit(j)}:", "                pass"]
-                if j == 0:
-                    L += ["            elif not ms.filled:", "                m = None"]
-            L += ["            else:", "                m = None",
-                  "        except Exception:",  # a remembered object whose pointer can no longer be read
-                  "            m = None",
-                  "        if m is not None:", "            fn = m.fn", "            if fn is None:",
-                  "                fn = prepare(m)", "            r = fn(*m.call)", "            if r[0]:",
-                  "                failed(m, r[0])", "            return"]
+        P = len(self._pointers)  # noqa: N806
+        F = n + 2 + P  # noqa: N806  (the key's launch function; then its arguments, then the _TAIL - 2 others)
+        fields = [*names, "grid", "st"]
+        conds = [f"{x} is k[{j}]" for j, x in enumerate(fields)] + ["not more"]
+        conds += [f"(k[{n + 2 + j}] is None or a{i}.data_ptr() == k[{n + 2 + j}])"
+                  for j, i in enumerate(self._pointers)]
+        first = fields[0]
+        L += ["    if not hooks.active:", "        try:"]
+        for j in range(SLOTS):
+            hit = " and ".join([f"{first} is (k := (m := ms.s{j}).key)[0]"] + conds[1:])
+            L += [f"            {'if' if j == 0 else 'elif'} {hit}:", "                pass"]
+            if j == 0:
+                L += ["            elif not ms.filled:", "                k = None"]
+        L += ["            else:", "                k = None",
+              "        except Exception:",  # a remembered object whose pointer can no longer be read
+              "            k = None",
+              "        if k is not None:", f"            fn = k[{F}]", "            if fn is None:",
+              "                k = prepare(m, k)", f"                fn = k[{F}]", f"            r = fn(*k[{F + 1}])",
+              "            if r[0]:", "                failed(k, r[0])", "            return"]
         # 2. the full read
         L += [f"    if more{f' or {names[-1]} is MISSING' if n else ''}:",
               f"        return slow(grid, *(a for a in {given} if a is not MISSING), *more, stream=stream)",
@@ -450,10 +472,13 @@ class TritonKernel:
                       # a DeviceBuffer of a CUDA backend seen accepted, live, not a view: read inline
                       f"    elif t is DeviceBuffer and a{i}._base is None and a{i}._et != FREED and a{i}._bk in BK "
                       f"and a{i}.dtype in D{i}:", f"        v{i} = a{i}.ptr", f"        q{i} = None", "    else:",
-                      f"        rd = R{i}.get(t)", "        if rd is None:", f"            {slow}",
-                      f"        v{i}, dt = rd(a{i})", f"        if dt not in D{i}:", f"            {slow}",
-                      # what a slot can recheck: an address read again (data_ptr), or one that cannot move
-                      f"        q{i} = v{i} if rd is TORCH else None if t in STABLE else NOMEMO"]
+                      f"        rd = R{i}.get(t)", "        if rd is TORCH:",  # _torch_reader's reads, inline
+                      f"            if getattr(a{i}, 'is_cuda', True) is False:", f"                {slow}",
+                      f"            v{i} = q{i} = a{i}.data_ptr()", f"            if a{i}.dtype not in D{i}:",
+                      f"                {slow}", "        else:", "            if rd is None:", f"                {slow}",
+                      f"            v{i}, dt = rd(a{i})", f"            if dt not in D{i}:", f"                {slow}",
+                      # what a slot can recheck: an address read again (data_ptr, above), or one that cannot move
+                      f"            q{i} = None if t in STABLE else NOMEMO"]
                 if i in align:
                     L += [f"    if v{i} & {align[i]}:", f"        {slow}"]
             else:
@@ -499,26 +524,25 @@ class TritonKernel:
             direct = ["True"]
         L += [f"    if {' or '.join(direct)}:",
               "        plans[dev].run(gx, gy, gz, bx, 1, 1, shmem, st, vals)", "        return",
-              "    function, pack, new_block, launch, fail = d[:5]",
+              "    function, pack, new_block, launch, fail, parts = d",
               "    v = ms.victim", f"    ms.victim = v + 1 if v < {SLOTS - 1} else 0", "    m = ms.all[v]",
-              "    m.stream = NOMEMO", "    blk = m.blocks[which]", "    if blk is None:",
+              "    m.key = EMPTY", "    blk = m.blocks[which]", "    if blk is None:",
               "        blk = m.blocks[which] = new_block()", "    try:", "        pack(blk[0], 0, *vals)",
               "    except Exception:",  # out of range: the slow path names the argument
               f"        {slow}", "    cu = st._cu", "    addr = blk[2]",
               "    r = launch(function, gx, gy, gz, bx, 1, 1, shmem, cu, addr, 0)", "    if r[0]:",
               "        fail(r[0], gx, gy, gz, bx, 1, 1)"]
         memo = ["grid_memo is not NOMEMO"] + [f"q{i} is not NOMEMO" for i in self._pointers]
-        L += [f"    if {' and '.join(memo)}:"]
-        L += ["        " + "; ".join(f"m.{a} = {a}" for a in names)] if n else []
-        L += ["        " + "; ".join([f"m.p{i} = q{i}" for i in self._pointers] + ["m.grid = grid_memo"]),
-              "        m.spec = (function, (gx, gy, gz), (bx, 1, 1), shmem, cu, addr); m.d = d; m.fn = None",
-              "        ms.filled = True", "        if ep == EPOCH[0]:", "            m.stream = st"]
+        key = ", ".join([*names, "grid_memo", "st", *(f"q{i}" for i in self._pointers), "None", "None", "function",
+                         "gx", "gy", "gz", "bx", "shmem", "cu", "addr", "parts"])
+        L += [f"    if {' and '.join(memo)} and ep == EPOCH[0]:", f"        m.key = ({key})",
+              "        ms.filled = True"]
         ns: dict[str, Any] = {"slow": self._launch_slow, "crate": self.variants[0]._crate, "chosen": self._fast_chosen,
                               "thread": _tls, "Stream": Stream, "constexprs": self.constexprs, "MISSING": _MISSING,
                               "DeviceBuffer": DeviceBuffer, "FREED": FREED, "BK": self._backends,
                               "ready_stream": ready_stream, "tls": self._tls, "new_slots": self._new_slots,
                               "hooks": hooks, "prepare": _prepare, "failed": _failed, "EPOCH": EPOCH,
-                              "NOMEMO": NOMEMO, "TORCH": _torch_reader, "STABLE": STABLE_ARRAY_TYPES}
+                              "NOMEMO": NOMEMO, "EMPTY": self._empty, "TORCH": _torch_reader, "STABLE": STABLE_ARRAY_TYPES}
         for i in self._pointers:
             ns[f"R{i}"], ns[f"D{i}"] = self._readers[i], self._dtypes[i]
         self.source = "\n".join(L) + "\n"
