@@ -23,12 +23,24 @@ conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKerne
   khal's explicit launch of the entry (:meth:`khal_runtime.kernels.Kernel.launch`, every check):
   block ``num_warps * 32``, the instance's dynamic shared memory, the two scratch pointers null (an
   instance needing scratch memory is refused at build for now). After it, ``launch`` is Python
-  generated for the family (:meth:`TritonKernel._generate`, ``k.source``): each pointer read by
-  the reader of its type (``data_ptr()``, a DeviceBuffer's ``ptr``, CuPy's ``.data.ptr``, the
-  ``__cuda_array_interface__``), its dtype and alignment checked, the bits computed inline
-  (``p & 15``, ``n & 15``, ``== 1``), the variant looked up by them, the grid checked inline and the
-  launch made by the variant's plan (its ``run``, which packs and range-checks the values) on this
-  thread's device. Anything it has not seen accepted goes back to the checked path.
+  generated for the family (:meth:`TritonKernel._generate`, ``k.source``), two paths:
+
+  1. a repeat: the same argument objects (``is``), the same grid object (an int or a tuple; a
+     callable grid is evaluated on every call), the same stream, each tensor's ``data_ptr()`` the
+     address packed, nothing freed since (``memo.EPOCH``): the block this thread packed then is
+     launched as it is, with the launch call's arguments prebuilt (one of ``SLOTS`` memo slots per
+     thread; nothing read, checked, chosen or packed again; the address is all a Triton kernel is
+     given of a tensor, so an in-place write keeps the memo and a moved tensor does not);
+  2. else, in the same function: each pointer read by the reader of its type (``data_ptr()``, a
+     DeviceBuffer's ``ptr``, CuPy's ``.data.ptr``, the ``__cuda_array_interface__``), its dtype and
+     alignment checked, the bits computed inline (``p & 15``, ``n & 15``, ``== 1``), the variant
+     looked up by them, the grid checked inline, the values packed into a memo slot's block and
+     launched with ``cuLaunchKernel`` on this thread's device (the plan's
+     :meth:`~khal_runtime.backends.cuda.launch.LaunchPlan.direct` parts), then remembered. Scalars
+     other than Python ints and floats, entries with launch attributes and launches while launch
+     hooks are installed go through the variant's plan's ``run`` (which also packs and range-checks).
+
+  Anything it has not seen accepted goes back to the checked path, which raises the named error.
 """
 
 from __future__ import annotations
