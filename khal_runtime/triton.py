@@ -449,8 +449,9 @@ class TritonKernel:
              "    if stream is None:", "        try:", "            st = thread.ready", "        except AttributeError:",
              "            st = None", "        if st is None:", "            if crate._backend is None:",
              f"                {slow}", "            st = ready_stream()",
-             "    elif type(stream) is Stream:", "        st = stream",
-             "        if getattr(thread, 'dev', -1) != st.device_id:", f"            {slow}",
+             "    elif type(stream) is Stream:", "        st = stream", "        try:", "            cur = thread.dev",
+             "        except AttributeError:", "            cur = -1", "        if cur != st.device_id:",
+             f"            {slow}",
              "    else:", f"        {slow}"]
         # 1. this thread's memo slots
         L += ["    try:", "        ms = tls.s", "    except AttributeError:", "        ms = new_slots()"]

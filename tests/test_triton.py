@@ -912,6 +912,16 @@ def test_a_remembered_call_whose_argument_breaks_an_assumption_switches_variant_
     with pytest.raises(TypeError, match="an array of float16"):
         go(x, y, out, 4096)
     assert len(fake.launches) == count
+    mm = ks.matmul_fp16
+    p, q, r = _Tensor(0x60000, "float16"), _Tensor(0x70000, "float16"), _Tensor(0x80000, "float16")
+    unit = (p, q, r, 64, 64, 64, 64, 1, 64, 1, 64, 1)  # the unit strides the specialised variant compiles in
+    column = (p, q, r, 64, 64, 64, 1, 64, 64, 1, 64, 1)  # stride_ak is not 1: the twin, every value passed
+    for args, variant, values in ((unit, "matmul_fp16", 11), (column, "matmul_fp16__base", 14),
+                                  (unit, "matmul_fp16", 11)):
+        for _ in range(3):
+            mm[(1,)](*args)
+            assert fake.launches[-1]["f"].startswith(f"FUNC:{variant}_khal_") and len(fake.launches[-1]["slots"]) == values
+    count = len(fake.launches)
     a, b, c = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
     for _ in range(3):
         go(a, b, c, 4096)
