@@ -168,11 +168,12 @@ def make_kernels() -> tuple[Any, ...]:
                                       ("five", five, (256, 1, 1), 1), ("five2d", five, (16, 16, 1), 2)):
         e = _entry(name, params, block, dims)
         k = Kernel(runtime, e)  # type: ignore[arg-type]
-        plan = LaunchPlan(e, "bench", 0, object(), _Uniforms())  # type: ignore[arg-type]
+        plan = LaunchPlan(e, "bench", 0, object(), _Uniforms(), kernel=k)  # type: ignore[arg-type]
         k._plans[0] = plan
-        _install = getattr(k, "_install_fast", None)
-        if _install is not None and dims == 1:  # as Kernel.plan(): 2-D / 3-D entries keep the generic call
-            _install(plan)
+        if dims == 1:  # as Kernel.plan(): 2-D / 3-D entries keep the generic call
+            from khal_runtime.calls import adopt
+
+            adopt(k, plan, ())
         out.append(k)
     return out[0], out[1], st, out[2]
 

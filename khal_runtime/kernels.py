@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from khal_runtime import backends, launch_hooks
-from khal_runtime.arguments import (check_block, check_block_within, check_grid, diagnose_args, dim3, grid_for,
-                                    grid_for_threads, thread_count)
+from khal_runtime.arguments import check_block, check_block_within, check_grid, diagnose_args, dim3
 from khal_runtime.arguments import shared_mem as check_shared_mem
 from khal_runtime.device import Stream, _tls, as_stream, current_device_id, default_stream, ensure_current
 from khal_runtime.abi import DEFAULT_DYNAMIC_SHARED
+from khal_runtime.calls import adopt, generic_call
 from khal_runtime.errors import BackendUnavailableError, KhalError, LaunchAttributeError, StaleBuildError
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
 from khal_runtime.triton import TritonKernel
@@ -71,13 +71,16 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     Why a ``functools.partial``: calling it is the product's hot path, and CPython calls a
     partial through C-level vectorcall straight into its function, where an object with a
     Python ``__call__`` goes through a slot lookup and a bound-method call. ``func`` starts as
-    the generic path (``func(self, n, ...)``) and becomes the code the backend generated for the
-    entry on its first device (:meth:`_install_fast`), which holds the kernel itself, so the
-    partial has no arguments to prepend and forwards the call as it is. The partial's own
-    attributes (``func``, ``args``) are that machinery, not part of the API."""
+    the generic path (:func:`khal_runtime.calls.generic_call`, ``func(self, n, ...)``); the first
+    launch makes the plan and the kernel takes up the call the backend generated for the entry on
+    that device (``LaunchPlan.call``, read by :func:`khal_runtime.calls.adopt`: nothing is handed
+    down to the plan), which holds the kernel itself, so the partial has no arguments to prepend
+    and forwards the call as it is; what that call does not handle it sends to
+    :func:`khal_runtime.calls.slow_call`. The partial's own attributes (``func``, ``args``) are
+    that machinery, not part of the API."""
 
     __slots__ = ("entry", "name", "crate", "_crate", "_plans", "_bx", "_by", "_bz", "_flat", "_dims", "_ldims",
-                 "_lfixed", "_lock", "_shared", "_shmax")
+                 "_lfixed", "_lock", "_shared", "_shmax", "_fast")
 
     entry: Entry
     name: str
@@ -94,10 +97,13 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     _lock: threading.Lock
     _shared: int
     _shmax: int
+    #: the plan whose call is this kernel's (its first device's), None before the first launch
+    _fast: Any
 
     def __new__(cls, crate: CrateKernels, entry: Entry) -> Kernel:
-        self = super().__new__(cls, _generic_call)
-        self._set_call(_generic_call, self)
+        self = super().__new__(cls, generic_call)
+        self._set_call(generic_call, self)
+        self._fast = None
         self.entry = entry
         self.name = entry.name
         self.crate = crate.name
@@ -136,7 +142,16 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         return self.entry.params
 
     def plan(self, device_id: int) -> Any:
-        """The backend's launch plan on a device (loads the crate there on first use)."""
+        """The backend's launch plan on a device (loads the crate there on first use); the
+        kernel's call becomes the plan's, when it is the kernel's first device (a warm-up: the
+        call is generated now, and again when a launch brings argument types it has not seen)."""
+        p = self._plan(device_id)
+        if self._dims == 1:  # 2-D / 3-D entries keep the generic path: a plan's call is for 1-D counts
+            adopt(self, p, ())
+        return p
+
+    def _plan(self, device_id: int) -> Any:
+        """The plan on a device, made on first use."""
         p = self._plans.get(device_id)
         if p is None:
             with self._lock:
@@ -146,29 +161,23 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
                     backend = self._crate.backend
                     p = backends.check_plan(backend.plan(self, module, device_id), backend.name)
                     self._plans[device_id] = p
-                    # 2-D / 3-D entries keep the generic path: the generated call is for 1-D counts
-                    if self.func is _generic_call and self._dims == 1:
-                        self._install_fast(p)
         return p
 
     def _ready(self, device_id: int) -> Any:
         """The plan on ``device_id``, with that device's context current in this thread."""
         plan = self._plans.get(device_id)
         if plan is None:  # made outside any except block: its errors come unchained
-            plan = self.plan(device_id)
+            plan = self._plan(device_id)
         if getattr(_tls, "dev", -1) != device_id:
             ensure_current(device_id)
         return plan
 
-    def _install_fast(self, plan: Any) -> None:
-        """Make calls run the code generated for this entry on ``plan``'s device (other devices
-        take its slow path); regenerated when the plan inlines a new array type."""
-
-        def regenerate(p: Any) -> None:
-            self._set_call(p.make_call(_slow_call, self))  # the code holds self: no partial args
-
-        regenerate(plan)
-        plan.on_regenerate.append(regenerate)
+    def regenerate_code(self) -> None:
+        """Launch hooks came or went (the kernel is watched once it has a plan's call): read the
+        plan's call again, which is made for the hooks now installed."""
+        p = self._fast
+        if p is not None:
+            self._set_call(p.call)
 
     def _stream(self, stream: Any) -> Stream:
         """``stream=`` resolved, after this crate's backend is chosen (``auto`` must not fall back
@@ -268,33 +277,6 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
 
     def __repr__(self) -> str:
         return f"<Kernel {self.crate}.{self.name} block={self.block_size} hash={self.entry.hash}>"
-
-
-def _generic_call(self: Kernel, n: Any, *args: Any, stream: Any = None) -> None:
-    """A kernel's call before its plan exists (first use: loads the crate on the device)."""
-    _slow_call(self, n, args, self._stream(stream))
-
-
-def _slow_call(self: Kernel, n: Any, args: tuple[Any, ...], st: Stream) -> None:
-    """``Kernel.__call__`` with the stream resolved: any device, any thread count (and every
-    call of a 2-D / 3-D entry)."""
-    if self._dims == 1:
-        if isinstance(n, (tuple, list)):  # a 2-D / 3-D count for a 1-D entry: say so
-            grid_for_threads(self.name, n, (self._bx, self._by, self._bz), 1)
-        n = thread_count(self.name, n)
-        plan = self._ready(st.device_id)
-        if n > 0:
-            bx = self._bx
-            plan.run(grid_for(self.name, n, bx), 1, 1, bx, self._by, self._bz, self._shared, st, args)
-            return
-        diagnose_args(plan.entry, args)
-        return
-    gx, gy, gz = grid_for_threads(self.name, n, (self._bx, self._by, self._bz), self._dims)
-    plan = self._ready(st.device_id)
-    if gx and gy and gz:
-        plan.run(gx, gy, gz, self._bx, self._by, self._bz, self._shared, st, args)
-        return
-    diagnose_args(plan.entry, args)
 
 
 class ModuleGlobal:

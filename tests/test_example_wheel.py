@@ -15,7 +15,7 @@ from hatch_khal.nvrtc import supported_archs
 from khal_runtime.binaries import khal_symbols, read_binary, read_cubin, scan_cubin
 from khal_runtime.manifest import SCHEMA_VERSION, parse_manifest
 
-from .conftest import run
+from .conftest import ROOT, run
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +103,18 @@ def test_the_triton_crate_ships_every_instance_and_its_conservative_twin(manifes
     assert ".version 8.0" in wheel_files[f"example_shader_pkg/{ptx.path}"].decode()
     sm90 = next(a for a in c.artifacts if a.kind == "cubin" and a.arch == "sm_90a")
     assert read_binary(wheel_files[f"example_shader_pkg/{sm90.path}"]).arch == 90
+
+
+def test_the_test_packages_triton_tutorials_are_the_examples() -> None:
+    """The Triton tutorial kernels exist twice (a crate's sources lie inside its project):
+    tests/triton_kernels_pkg tests the same source the example wheel ships, so a change to one
+    that is not made to the other fails here, not on the GPU."""
+    ours = ROOT / "example_shader_pkg" / "kernels" / "triton"
+    theirs = ROOT / "tests" / "triton_kernels_pkg" / "kernels" / "triton"
+    names = sorted(p.name for p in ours.glob("*.py"))
+    assert names == sorted(p.name for p in theirs.glob("*.py")) and names
+    for name in names:
+        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), f"{name} differs: change both copies"
 
 
 def test_abi_of_saxpy(manifest) -> None:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from khal_runtime import DeviceBuffer, kernels, memo
+from khal_runtime import DeviceBuffer, calls, memo
 from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.kernels import Kernel
@@ -20,7 +20,7 @@ from tests.fakecuda import FakeDriver, fake, fake_kernels, make_entry, stream  #
 
 def test_generated_call_packs_like_the_abi(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     k, st = _kernel(fake)
-    assert isinstance(k, Kernel) and k.func is not kernels._generic_call  # generated code installed
+    assert isinstance(k, Kernel) and k.func is not calls.generic_call  # generated code installed
     monkeypatch.setattr(_tls, "dev", 0, raising=False)
     x, y, z = (DeviceBuffer(0x1000 * (i + 1), 300 + i, "float32", 0) for i in range(3))
     for u in (P(2.0, 3.0), bytes(P(2.0, 3.0)), P(2.0, 3.0)):

@@ -83,30 +83,50 @@ class LaunchPlan(Protocol):
     """What a backend's plan for one entry on one device offers the generic layer (``Kernel``,
     Triton families, tracing, launch hooks): the contract both backends implement (CUDA's
     :class:`khal_runtime.backends.cuda.launch.LaunchPlan`, WebGPU's ``WebGpuPlan``), checked
-    when a backend's first plan is made (:func:`check_plan`), not at the first use of a member."""
+    when a backend's first plan is made (:func:`check_plan`), not at the first use of a member.
+
+    Calls go one way, down: the kernel reads ``call`` and installs it; the plan's code sends
+    what it does not handle to :func:`khal_runtime.calls.slow_call`, which it imports (a layer
+    below the backends); nothing is handed down for the plan to call back. A plan whose state
+    changes (a type learnt, launch hooks installed) makes its code again when it is next read:
+    ``run`` and ``call`` are generated at most once per state."""
 
     entry: Entry
     #: the crate's name
     crate: str
     device_id: int
-    #: called with the plan after its launch code was generated again (a new array type inlined,
-    #: hooks installed or removed): the kernel regenerates its call
-    on_regenerate: list[Callable[[Any], None]]
     #: the explicit launch, ``run(gx, gy, gz, bx, by, bz, shmem, stream, args)``: every argument
     #: read and checked (a generated function on CUDA)
     run: Callable[..., None]
 
-    def make_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
-        """The kernel's call ``(n, *args, stream=None)`` for this device; off its fast paths
-        ``slow(kernel, n, args, stream)``."""
+    @property
+    def call(self) -> Callable[..., None]:
+        """The kernel's call on this device for the plan's current state, ``(n, *args,
+        stream=None)``, made when first read after a change (a property on CUDA); it holds the
+        kernel, so ``Kernel`` installs it as its ``func`` with nothing to prepend. Off its fast
+        paths it calls ``khal_runtime.calls.slow_call(kernel, n, args, stream)``; meeting an
+        argument type it was not made for, it raises ``khal_runtime.calls.Restate`` inside and
+        takes that path, which reads ``call`` again."""
+
+    def learn(self, args: tuple[Any, ...]) -> bool:
+        """Record what the types of ``args`` ask of the plan's code (an array type to inline...),
+        before it is made, so a first launch makes it once; True when the state changed. An
+        argument it cannot read is left for the launch to diagnose."""
 
     def regenerate_code(self) -> None:
-        """Generate the launch code again (launch hooks installed or removed)."""
+        """Launch hooks were installed or removed: ``run`` is made again when next used."""
 
 
 #: the members of :class:`LaunchPlan`, checked on each backend's first plan
-_PLAN_MEMBERS = ("entry", "crate", "device_id", "on_regenerate", "run", "make_call", "regenerate_code")
+_PLAN_MEMBERS = ("entry", "crate", "device_id", "run", "call", "learn", "regenerate_code")
+#: those that must be callable (``call`` is not read to check it: reading it makes it)
+_PLAN_CALLABLE = ("run", "learn", "regenerate_code")
 _checked_plans: set[type] = set()
+
+
+def _has(plan: Any, member: str) -> bool:
+    """Whether ``plan`` has ``member``, without reading a property (which may generate code)."""
+    return any(member in vars(c) for c in type(plan).__mro__) or member in getattr(plan, "__dict__", {})
 
 
 def check_plan(plan: Any, backend: str) -> LaunchPlan:
@@ -115,8 +135,8 @@ def check_plan(plan: Any, backend: str) -> LaunchPlan:
     registered): a backend missing one fails here, naming it, not at some later launch."""
     tp = type(plan)
     if tp not in _checked_plans:
-        missing = [m for m in _PLAN_MEMBERS if not hasattr(plan, m)]
-        bad = [m for m in ("run", "make_call", "regenerate_code") if m not in missing and not callable(getattr(plan, m))]
+        missing = [m for m in _PLAN_MEMBERS if not _has(plan, m)]
+        bad = [m for m in _PLAN_CALLABLE if m not in missing and not callable(getattr(plan, m))]
         if missing or bad:
             raise TypeError(f"the {backend} backend's plan {tp.__qualname__} does not implement LaunchPlan: "
                             + "; ".join(filter(None, [f"missing {', '.join(missing)}" if missing else "",

@@ -206,7 +206,8 @@ class CudaBackend:
     def plan(self, kernel: Any, module: loader.LoadedModule, device_id: int) -> LaunchPlan:
         return LaunchPlan(kernel.entry, kernel.crate, device_id, module.functions[kernel.name],
                           cache_for(device_id), module.indirect.get(kernel.name),
-                          module.attributes.get(kernel.name), module.indirect_attributes.get(kernel.name))
+                          module.attributes.get(kernel.name), module.indirect_attributes.get(kernel.name),
+                          kernel=kernel)
 
     def unload(self, module: loader.LoadedModule) -> None:
         loader.unload(module)

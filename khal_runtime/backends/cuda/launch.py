@@ -12,7 +12,11 @@ named ArgumentError / ArgumentValueError; nothing is launched then. A repeated l
 argument objects) skips the reading and packing: see :mod:`.launchgen` for the per-thread
 memo and the shared snapshots, and :mod:`khal_runtime.memo` for what clears them.
 
-Launch hooks (tracing, profiling) are compiled into the generated code only while installed
+The generated code is made from :meth:`LaunchPlan.spec` (a frozen :class:`.launchgen.CodeSpec`)
+at most once per plan state: ``run`` when first used after a change, the kernel's ``call`` when
+the kernel reads it (:func:`khal_runtime.calls.adopt`). A first launch lets the plan learn its
+arguments' types first (:meth:`LaunchPlan.learn`), so it makes each at most once. Launch hooks
+(tracing, profiling) are compiled into the generated code only while installed
 (:mod:`khal_runtime.launch_hooks`).
 """
 
@@ -28,10 +32,12 @@ from khal_runtime import abi, interop
 from khal_runtime.arguments import Short, diagnose_args, dtype_ok, struct_bytes
 from khal_runtime.backends.cuda.attributes import FunctionAttributes, make_launch_ex
 from khal_runtime.backends.cuda.driver import driver
-from khal_runtime.backends.cuda.launchgen import READERS, SLOTS, CudaReader, MemoLayout, ThreadSlots, call_source, run_source
+from khal_runtime.backends.cuda.launchgen import (READERS, SLOTS, CodeSpec, CudaReader, MemoLayout, ThreadSlots,
+                                                  call_source, run_source, spec_names)
 from khal_runtime.backends.cuda.loader import expected_param_layout
 from khal_runtime.backends.cuda.uniform_cache import UniformCache
 from khal_runtime.buffers import FREED, DeviceBuffer
+from khal_runtime.calls import Restate, slow_call
 from khal_runtime.device import Device, Stream, _tls, as_stream, ensure_current, ready_stream
 from khal_runtime.errors import CudaError
 from khal_runtime.generated import define
@@ -109,8 +115,10 @@ class LaunchPlan:
     def __init__(self, entry: Entry, crate: str, device_id: int, function: Any,
                  uniforms: UniformCache, indirect_function: Any = None,
                  attributes: FunctionAttributes | None = None,
-                 indirect_attributes: FunctionAttributes | None = None) -> None:
+                 indirect_attributes: FunctionAttributes | None = None, kernel: Any = None) -> None:
         self.entry = entry
+        #: the generic ``Kernel`` whose call this plan makes (its code sends the slow path this)
+        self.kernel = kernel
         self.indirect_attributes = indirect_attributes
         #: the entry's launch attributes on this function (.attributes: checked and set at load): the
         #: typed call's dynamic shared memory, the attribute list every launch configuration carries,
@@ -145,7 +153,7 @@ class LaunchPlan:
                             f"{self.struct.size} bytes, the layout {self.args_size}")
         self._offsets = [off for _, off, _ in layout]
         self._tls = threading.local()
-        self._keep_lock = threading.Lock()  # guards regeneration
+        self._keep_lock = threading.Lock()  # guards the state below and the code made from it
         #: (cluster dims, hooks active) -> the explicit launch with that cluster (:meth:`clustered_run`)
         self._clustered: dict[tuple[tuple[int, int, int], bool], Callable[..., None]] = {}
         self.accepted: list[set[Any]] = [set() for _ in entry.params]
@@ -155,18 +163,22 @@ class LaunchPlan:
         self._versioned: set[int] = set()
         #: per uniform parameter: host struct types converted inline (type -> "ctypes"/"bytes")
         self._uinline: list[dict[type, str]] = [{} for _ in entry.params]
-        #: called with the plan after the launch code was regenerated (a new type inlined)
-        self.on_regenerate: list[Callable[[LaunchPlan], None]] = []
+        #: the state counter: moved by every change of the state above (a type learnt), so code
+        #: made from an earlier state is made again when next read
+        self._gen = 0
+        #: the kernel's call, its source and the (state, hooks installed) it was made for
+        self._call: Callable[..., None] | None = None
+        self._call_source = ""
+        self._call_key: tuple[int, bool] | None = None
         #: the fields of memo slots and snapshots, and their classes (.launchgen)
-        self.memo = MemoLayout(self)
+        self.memo = MemoLayout(entry, self.readers)
         #: the shared snapshots, newest first; each bump_epoch() empties them
         self._shared: list[Any] = [self._shared_empty()] * SLOTS
         for j in range(SLOTS):
             register_memo(self._shared, j, self._shared[0])
         self._source = ""
-        self.call_source = ""
         #: the explicit launch ``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: generated when
-        #: first used, and again after the plan's state changed (:meth:`_regenerate`)
+        #: first used, and again after the plan's state changed (:meth:`_changed`)
         self.run: Callable[..., None] = self._run_new
         hooks.watch(self)
 
@@ -216,44 +228,125 @@ class LaunchPlan:
             raise Short()
         self.accepted[i].add(key)
 
-    def _storage_seen(self, i: int, obj: Any) -> tuple[int, int, Any]:
-        """Read a storage argument of a type not inlined yet; inline the built-in kinds (torch,
-        CuPy) the first time one is seen for this parameter."""
+    # what the arguments' types ask of the code (the plan's state) ------------------------------
+    def _wants(self, i: int, tp: type, rec: Any) -> tuple[bool, bool]:
+        """(inline the read of ``tp``, check parameter ``i``'s versions in its memos): what an
+        array of type ``tp`` would add to parameter ``i``'s state."""
+        seen = self._inline[i]
+        return (bool(rec.inline) and tp not in seen and len(seen) < MAX_INLINE,
+                tp in interop.VERSIONED_ARRAY_TYPES and i not in self._versioned)
+
+    def _take_storage(self, i: int, tp: type, rec: Any) -> bool:
+        """Add what ``tp`` asks for to parameter ``i``'s state (under ``_keep_lock``)."""
+        inline, versioned = self._wants(i, tp, rec)
+        if inline:
+            self._inline[i][tp] = rec
+        if versioned:
+            self._versioned.add(i)
+        return inline or versioned
+
+    def _uniform_kind(self, obj: Any) -> tuple[Callable[[Any], Any], str | None]:
+        """(converter, how the code converts it inline: "ctypes" / "bytes" / None) of a uniform argument."""
         tp = type(obj)
-        rec = interop.array_type(obj)
+        conv = cached_converter(tp) or uniform_converter(obj)
+        return conv, "ctypes" if is_converter(conv, "ctypes") else "bytes" if tp is bytes else None
+
+    def _changed(self) -> None:
+        """The state changed (under ``_keep_lock``): ``run`` and the call are made again when next read."""
+        self._gen += 1
+        self.run = self._run_new
+
+    def learn(self, args: tuple[Any, ...]) -> bool:
+        """Take into the state what the types of ``args`` ask of the code (array types to inline,
+        versioned parameters, struct types to convert inline), before the code is made; True when
+        it changed. An argument that cannot be read is left for the launch to diagnose."""
+        changed = False
+        versioned_types = interop.VERSIONED_ARRAY_TYPES
+        with self._keep_lock:
+            for i, obj in enumerate(args[:len(self.readers)]):
+                reader, tp = self.readers[i], type(obj)
+                try:
+                    if reader.array:
+                        if tp is DeviceBuffer or (tp in self._inline[i] and (
+                                i in self._versioned or tp not in versioned_types)):
+                            continue
+                        changed = self._take_storage(i, tp, interop.array_type(obj)) or changed
+                    elif reader.uniform:
+                        seen = self._uinline[i]
+                        if tp is dict or tp in seen or len(seen) >= MAX_INLINE:
+                            continue
+                        kind = self._uniform_kind(obj)[1]
+                        if kind is not None:
+                            seen[tp] = kind
+                            changed = True
+                except Exception:  # noqa: BLE001, S112 - a bad argument: the launch names it
+                    continue
+            if changed:
+                self._changed()
+        return changed
+
+    def _storage_read(self, i: int, obj: Any, rec: Any) -> tuple[int, int, Any]:
+        """(pointer, count, dtype key) of a storage argument of a type the code does not inline."""
         out = rec.extract(obj)
         if out[1] * self.entry.params[i].element_size > interop.ADDRESS_SPACE - out[0]:
             raise Short()  # the elements run past the address space (an extractor that lies)
         if rec.device is not None and interop.device_of(obj) not in (None, self.device_id):
             raise Short()  # on another device (the inlined code checks it too)
-        seen = self._inline[i]
-        inline = bool(rec.inline) and tp not in seen and len(seen) < MAX_INLINE
-        versioned = tp in interop.VERSIONED_ARRAY_TYPES and i not in self._versioned
-        if inline or versioned:  # new code for this parameter (two threads may both regenerate)
+        return out  # type: ignore[no-any-return]
+
+    def _storage_seen(self, i: int, obj: Any) -> tuple[int, int, Any]:
+        """``run``: read a storage argument of a type the code does not inline; the plan learns
+        the type (the built-in kinds, torch and CuPy, are inlined the first time one is seen)."""
+        tp = type(obj)
+        rec = interop.array_type(obj)
+        out = self._storage_read(i, obj, rec)
+        inline, versioned = self._wants(i, tp, rec)
+        if inline or versioned:  # (two threads may both see it: the lock takes it once)
             with self._keep_lock:
-                if inline:
-                    seen.setdefault(tp, rec)
-                if versioned:
-                    self._versioned.add(i)
-                self._regenerate()
+                if self._take_storage(i, tp, rec):
+                    self._changed()
         return out
 
+    def _storage_unseen(self, i: int, obj: Any, gen: int) -> tuple[int, int, Any]:
+        """The kernel's call (made at state ``gen``): as :meth:`_storage_seen`, but a type the
+        plan would learn, or a plan that learnt since, raises ``Restate``: the slow path makes
+        the call again for it."""
+        rec = interop.array_type(obj)
+        if gen != self._gen or any(self._wants(i, type(obj), rec)):
+            raise Restate()
+        return self._storage_read(i, obj, rec)
+
     def _uniform_seen(self, i: int, obj: Any) -> Any:
-        """Convert a uniform argument of a type not inlined yet; inline ctypes / bytes types."""
+        """``run``: convert a uniform argument of a type not inlined yet; the plan learns ctypes /
+        bytes types."""
         tp = type(obj)
         if tp is dict:  # fields by name, packed by the struct's C layout (Slang crates)
             p = self.entry.params[i]
             return struct_bytes(f"{self.entry.name}(): argument {p.name!r}", p, obj)
-        conv = cached_converter(tp) or uniform_converter(obj)
+        conv, kind = self._uniform_kind(obj)
         u = conv(obj)
-        kind = "ctypes" if is_converter(conv, "ctypes") else "bytes" if tp is bytes else None
         seen = self._uinline[i]
         if kind is not None and tp not in seen and len(seen) < MAX_INLINE:
             with self._keep_lock:
-                if tp not in seen:
+                if tp not in seen and len(seen) < MAX_INLINE:
                     seen[tp] = kind
-                    self._regenerate()
+                    self._changed()
         return u
+
+    def _uniform_unseen(self, i: int, obj: Any, gen: int) -> Any:
+        """The kernel's call (made at state ``gen``): as :meth:`_uniform_seen`, with ``Restate``
+        for a type the plan would learn, or a plan that learnt since."""
+        if gen != self._gen:
+            raise Restate()
+        tp = type(obj)
+        if tp is dict:
+            p = self.entry.params[i]
+            return struct_bytes(f"{self.entry.name}(): argument {p.name!r}", p, obj)
+        conv, kind = self._uniform_kind(obj)
+        seen = self._uinline[i]
+        if kind is not None and tp not in seen and len(seen) < MAX_INLINE:
+            raise Restate()
+        return conv(obj)
 
     def _scalar(self, i: int, obj: Any) -> Any:
         """A scalar the fast path does not pack as it is (bool, bfloat16, complex): converted by
@@ -261,7 +354,24 @@ class LaunchPlan:
         return abi.scalar_value(self.entry.params[i].element_type, obj)
 
     # code generation --------------------------------------------------------------------------
-    def _namespace(self) -> dict[str, Any]:
+    def spec(self, hooked: bool, clustered: bool = False) -> CodeSpec:
+        """The state the code is made from, frozen (``hooked``: launch hooks installed;
+        ``clustered``: a ``run`` for a cluster given at launch)."""
+        inline: list[tuple[tuple[type, Any], ...]] = []
+        uinline: list[tuple[tuple[type, str], ...]] = []
+        for i in range(len(self.readers)):  # (loops, not comprehensions: the first call's frame budget)
+            inline.append(tuple(self._inline[i].items()))
+            uinline.append(tuple(self._uinline[i].items()))
+        bx, by, bz = self.block
+        return CodeSpec(entry=self.entry, device_id=self.device_id, block=(bx, by, bz), shared=self.shared,
+                        readers=tuple(self.readers), offsets=tuple(self._offsets), inline=tuple(inline),
+                        uinline=tuple(uinline), versioned=frozenset(self._versioned), memo=self.memo,
+                        hooked=hooked, needs_ex=self.fattrs.needs_ex, attrs_check=self.check_attrs is not None,
+                        gen=self._gen, clustered=clustered)
+
+    def _namespace(self, spec: CodeSpec) -> dict[str, Any]:
+        """Every name the code made from ``spec`` reads: the plan's functions and buffers, the
+        driver's, the generic slow path (``slow_call``, ``Restate``) and the spec's types."""
         drv = driver()
         ns: dict[str, Any] = {
             "uniform_entries": self.uniforms.entries, "fetch_uniform": self.uniforms.fetch,
@@ -272,42 +382,39 @@ class LaunchPlan:
             "function": self.function, "plan": self, "diagnose": self.diagnose,
             "launch_failed": self.launch_failed, "bytes": bytes, "DeviceBuffer": DeviceBuffer,
             "thread": _tls, "ensure_current": ensure_current, "Stream": Stream,
-            "as_stream": as_stream, "uniform_seen": self._uniform_seen, "NOMEMO": NOMEMO,
+            "as_stream": as_stream, "NOMEMO": NOMEMO,
             "EPOCH": EPOCH, "STABLE_TYPES": interop.STABLE_ARRAY_TYPES,
             "MEMO_TYPES": interop.MEMO_ARRAY_TYPES, "STABLE_MEMO": (None, None),
             "tensor_memo": interop.tensor_memo, "FREED": FREED,
             "IMMUTABLE_SCALAR": IMMUTABLE_SCALAR, "uniform_reader": uniform_reader,
-            "ready_stream": ready_stream, "pack_u64": _PACK_U64, "storage_seen": self._storage_seen,
+            "ready_stream": ready_stream, "pack_u64": _PACK_U64,
+            "storage_seen": self._storage_seen, "uniform_seen": self._uniform_seen,
+            "storage_unseen": self._storage_unseen, "uniform_unseen": self._uniform_unseen,
             "check_attrs": self.check_attrs,
+            # the kernel's call only
+            "kernel": self.kernel, "slow_call": slow_call, "Restate": Restate, "MISSING": MISSING,
+            "snapshots": self._shared, "promote": self._promote, "unshare": self._unshare,
         }
-        if self.fattrs.needs_ex:  # attributes on every launch: cuLaunchKernelEx, its list prebuilt
+        if spec.needs_ex:  # attributes on every launch: cuLaunchKernelEx, its list prebuilt
             ns["launch_ex"] = make_launch_ex(drv, self.fattrs)
-        for i, reader in enumerate(self.readers):
+        for i, reader in enumerate(spec.readers):
             if reader.array:
                 ns[f"accepted_{i}"] = self.accepted[i]
-                for j, tp in enumerate(self._inline[i]):
-                    ns[f"ArrayT{i}_{j}"] = tp
-            elif reader.uniform:
-                for j, tp in enumerate(self._uinline[i]):
-                    ns[f"StructT{i}_{j}"] = tp
+        ns.update(spec_names(spec))
         return ns
 
     def regenerate_code(self) -> None:
-        """Generate the launch code again (hooks installed or removed)."""
+        """Launch hooks were installed or removed: ``run`` is made again when next used (the call
+        and the clustered runs are made per hook state)."""
         with self._keep_lock:
-            self._regenerate()
+            self.run = self._run_new
 
-    def _regenerate(self) -> None:
-        """The state changed (a type inlined, hooks): the kernel's call is generated again now
-        (``on_regenerate``), ``run`` when next used. (A first call learns its argument types
-        inside ``run``; generating ``run`` eagerly here made a source that was never run.)"""
-        self.run = self._run_new
-        for cb in list(self.on_regenerate):
-            cb(self)
-
-    def _run_new(self, *args: Any) -> None:
-        """``run`` until it is generated for the plan's current state: generate it, then run."""
-        self._current_run()(*args)
+    def _run_new(self, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int, st: Any,
+                 args: tuple[Any, ...]) -> None:
+        """``run`` until it is made for the plan's current state: learn the arguments' types, make
+        it, then run. (Learning first: the types a first launch brings are in the code it makes.)"""
+        self.learn(args)
+        self._current_run()(gx, gy, gz, bx, by, bz, shmem, st, args)
 
     def _current_run(self) -> Callable[..., None]:
         with self._keep_lock:
@@ -321,16 +428,18 @@ class LaunchPlan:
         self._current_run()
         return self._source
 
-    def _compile(self, src: str, what: str, function: str, extra: dict[str, Any] | None = None) -> Any:
+    def _compile(self, spec: CodeSpec, src: str, what: str, function: str,
+                 extra: dict[str, Any] | None = None) -> Any:
         """``function`` from ``src``, a name tracebacks and pdb show the lines of (:mod:`khal_runtime.generated`)."""
-        ns = self._namespace()
+        ns = self._namespace(spec)
         ns.update(extra or {})
         return define(src, f"{what} {self.entry.name}", ns, function)
 
     def _generate(self) -> Callable[..., None]:
         """``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: the explicit launch."""
-        self._source = run_source(self, hooks.active)
-        return self._compile(self._source, "launch", "run")  # type: ignore[no-any-return]
+        spec = self.spec(hooks.active)
+        self._source = run_source(spec)
+        return self._compile(spec, self._source, "launch", "run")  # type: ignore[no-any-return]
 
     def clustered_run(self, cluster: tuple[int, int, int]) -> Callable[..., None]:
         """``run`` launching clusters of ``cluster`` blocks (``launch(..., cluster=...)``), generated
@@ -339,8 +448,8 @@ class LaunchPlan:
         fn = self._clustered.get(key)
         if fn is None:
             fa = self.fattrs.with_cluster(driver(), cluster, Device(self.device_id))
-            src = run_source(self, hooks.active, clustered=True)
-            fn = self._compile(src, f"clustered launch {cluster}", "run",
+            spec = self.spec(hooks.active, clustered=True)
+            fn = self._compile(spec, run_source(spec), f"clustered launch {cluster}", "run",
                                {"launch_ex": make_launch_ex(driver(), fa), "check_attrs": fa.check_launch})
             with self._keep_lock:
                 self._clustered[key] = fn
@@ -357,14 +466,28 @@ class LaunchPlan:
         return DirectLaunch(self.function, self.struct.pack_into, self._new_block, drv.cuLaunchKernel,
                             self.launch_failed, prepared, prepare)
 
-    def make_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
-        """The kernel's call, specialised for this entry on this device: ``(n, *args,
-        stream=None)``, off its fast paths ``slow(kernel, n, args, st)``. The paths, and what
-        lets a launch reuse an earlier one's packed arguments: :mod:`.launchgen`."""
-        self.call_source = call_source(self, hooks.active)
-        extra = {"slow_call": slow, "kernel": kernel, "MISSING": MISSING, "snapshots": self._shared,
-                 "promote": self._promote, "unshare": self._unshare}
-        return self._compile(self.call_source, "call", "__call__", extra)  # type: ignore[no-any-return]
+    @property
+    def call(self) -> Callable[..., None]:
+        """The kernel's call, specialised for this entry on this device and the plan's current
+        state: ``(n, *args, stream=None)``, made when first read after a change (a type learnt,
+        hooks installed or removed); off its fast paths ``khal_runtime.calls.slow_call(kernel,
+        n, args, st)``. The paths, and what lets a launch reuse an earlier one's packed
+        arguments: :mod:`.launchgen`."""
+        if self._call_key != (self._gen, hooks.active):
+            with self._keep_lock:
+                key = (self._gen, hooks.active)
+                if self._call_key != key:
+                    spec = self.spec(key[1])
+                    src = call_source(spec)
+                    self._call = self._compile(spec, src, "call", "__call__")
+                    self._call_source, self._call_key = src, key
+        return self._call  # type: ignore[return-value]
+
+    @property
+    def call_source(self) -> str:
+        """The source of :attr:`call` for the plan's current state."""
+        self.call  # noqa: B018
+        return self._call_source
 
     def _shared_empty(self) -> Any:
         """A snapshot no call can match."""

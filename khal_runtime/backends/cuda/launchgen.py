@@ -1,13 +1,14 @@
 """The Python source generated for each launch plan (:class:`.launch.LaunchPlan`).
 
-Two functions per plan and device, compiled with ``exec`` from the entry's parameter kinds
-and validated integers only (never from user strings):
+Two functions per plan and device, compiled with ``exec`` from a :class:`CodeSpec` (the plan's
+code-generation state, frozen: the entry's parameter kinds, the types learnt, validated integers;
+never user strings), each at most once per state:
 
 - ``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: the explicit launch. It reads, checks
   and packs every argument into this thread's scratch block.
 - the kernel's call ``(n, a0, a1, ..., stream=None)``, three paths, fastest first:
 
-  1. the shared snapshots (``plan._shared``, ``SLOTS`` of them, newest first): launches that
+  1. the shared snapshots (``snapshots``, ``SLOTS`` of them, newest first): launches that
      were repeated before, in any thread, with the same argument objects, thread count and
      stream, and each torch tensor at the version and pointer it had then. A snapshot's
      argument block is never written again and it holds the whole argument tuple of the
@@ -22,22 +23,21 @@ and validated integers only (never from user strings):
      identity unnoticed (``interop.STABLE_ARRAY_TYPES``, torch tensors with a version
      counter: ``interop.VERSIONED_ARRAY_TYPES``, immutable scalars, re-readable uniforms).
 
-Anything off these paths goes to the kernel's slow path or to ``diagnose``, which names the
-bad argument. ``memo.bump_epoch`` (a free, a uniform-cache flush) clears every memo slot
-and snapshot at once. Each parameter's lines come from its reader's :class:`CudaReader`
+Anything off these paths goes to the generic slow path (``khal_runtime.calls.slow_call``, by
+name: an argument type the call was not made for raises ``Restate`` inside the read and goes
+there too, which makes the plan's call again) or to ``diagnose``, which names the bad argument.
+``memo.bump_epoch`` (a free, a uniform-cache flush) clears every memo slot and snapshot at once. Each parameter's lines come from its reader's :class:`CudaReader`
 (:data:`READERS`, one per ``abi.READERS``), chosen when the plan is made.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from khal_runtime import abi
 from khal_runtime.arguments import blocks_source
-
-if TYPE_CHECKING:
-    from khal_runtime.backends.cuda.launch import LaunchPlan
+from khal_runtime.manifest import Entry
 
 #: memo slots per thread and shared snapshots per plan (distinct argument sets remembered)
 SLOTS = 4
@@ -60,15 +60,15 @@ class MemoLayout:
     per-storage fields, and ``keep`` (what must outlive it).
     The version is None for an array type that cannot change (``interop.STABLE_ARRAY_TYPES``),
     else the tensor's ``_version`` when it was packed (``interop.VERSIONED_ARRAY_TYPES``).
-    A thread's slots live in ``plan._tls.s``, a :class:`ThreadSlots`.
+    A thread's slots live in ``plan_tls.s``, a :class:`ThreadSlots`.
     """
 
-    def __init__(self, plan: LaunchPlan) -> None:
-        P = len(plan.entry.params)  # noqa: N806
+    def __init__(self, entry: Entry, readers: list[CudaReader]) -> None:
+        P = len(entry.params)  # noqa: N806
         self.P = P
         self.args = [f"a{i}" for i in range(P)]
-        self.uniform = [i for i, reader in enumerate(plan.readers) if reader.uniform]
-        self.tensor = [i for i, reader in enumerate(plan.readers) if reader.array]
+        self.uniform = [i for i, reader in enumerate(readers) if reader.uniform]
+        self.tensor = [i for i, reader in enumerate(readers) if reader.array]
         per_param = [n for i in self.uniform for n in (f"reader{i}", f"bytes{i}")]
         per_param += [n for i in self.tensor for n in (f"version{i}", f"pointer{i}", f"storage{i}")]
         self.slot_fields = (*self.args, "stream", "n", "gx", *per_param, "buf", "addr", "hits", "ptrs")
@@ -98,13 +98,64 @@ class ThreadSlots:
     owner: Any
 
 
+@dataclass(frozen=True)
+class CodeSpec:
+    """What the generated code of one plan is made from: the plan's code-generation state,
+    frozen when the code is made (:meth:`.launch.LaunchPlan.spec`), so the code reads nothing of
+    the plan but what is here and the names of :func:`spec_names` (and the namespace the plan
+    passes: its functions, the driver's)."""
+
+    entry: Entry
+    device_id: int
+    #: the compiled block, and the typed call's dynamic shared memory (KHAL_SHARED_MEM, else 0)
+    block: tuple[int, int, int]
+    shared: int
+    #: per parameter, its reader's implementation (:data:`READERS`)
+    readers: tuple[CudaReader, ...]
+    #: byte offset in the argument block of each ABI slot
+    offsets: tuple[int, ...]
+    #: per parameter, the array types whose read is inlined, with their records (``ArrayT{i}_{j}``)
+    inline: tuple[tuple[tuple[type, Any], ...], ...]
+    #: per parameter, the host struct types converted inline, and how (``StructT{i}_{j}``:
+    #: "ctypes" / "bytes")
+    uinline: tuple[tuple[tuple[type, str], ...], ...]
+    #: storage parameters that have seen a versioned array (torch): their memos check it
+    versioned: frozenset[int]
+    #: the fields of memo slots and snapshots
+    memo: MemoLayout
+    #: launch hooks installed: every launch goes through ``hooks.dispatch``
+    hooked: bool
+    #: launches carry attributes (cuLaunchKernelEx, its list prebuilt: ``launch_ex``)
+    needs_ex: bool
+    #: the entry has a cooperative / cluster grid check (``check_attrs``)
+    attrs_check: bool
+    #: the plan's state counter when this was frozen: a call made from it that meets an argument
+    #: type it does not inline sees whether the plan has learnt since (``Restate``)
+    gen: int
+    #: a ``run`` for a cluster given at launch (its ``launch_ex`` carries the cluster attribute,
+    #: its ``check_attrs`` the grid check)
+    clustered: bool = False
+
+
+def spec_names(spec: CodeSpec) -> dict[str, type]:
+    """The names the code of ``spec`` gives its inlined types."""
+    out: dict[str, type] = {}
+    for i, types in enumerate(spec.inline):
+        for j, (tp, _) in enumerate(types):
+            out[f"ArrayT{i}_{j}"] = tp
+    for i, structs in enumerate(spec.uinline):
+        for j, (tp, _) in enumerate(structs):
+            out[f"StructT{i}_{j}"] = tp
+    return out
+
+
 # -- argument reading ------------------------------------------------------------------------------
-def uniform_slots(plan: LaunchPlan) -> dict[int, int]:
+def uniform_slots(spec: CodeSpec) -> dict[int, int]:
     """Parameter index -> byte offset in the argument block, of each uniform."""
     out, slot = {}, 0
-    for i, p in enumerate(plan.entry.params):
-        if plan.readers[i].uniform:
-            out[i] = plan._offsets[slot]
+    for i, p in enumerate(spec.entry.params):
+        if spec.readers[i].uniform:
+            out[i] = spec.offsets[slot]
         slot += p.abi_slots
     return out
 
@@ -117,21 +168,28 @@ def cached_upload(I: str, size: int) -> tuple[list[str], str]:  # noqa: E741, N8
             "e.ptr if e is not None and e.pending is None else fetch_uniform(u, st)")
 
 
-def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa: E741, N803
+def seen_call(what: str, i: int, gen: int | None) -> str:
+    """The call reading argument ``a{i}`` of a type the code does not inline: ``{what}_seen(i, a)``
+    in ``run`` (the plan learns the type), ``{what}_unseen(i, a, gen)`` in the kernel's call
+    (``Restate`` if the plan would learn it, or has learnt since state ``gen``)."""
+    return f"{what}_seen({i}, a{i})" if gen is None else f"{what}_unseen({i}, a{i}, {int(gen)})"
+
+
+def uniform_param_lines(spec: CodeSpec, i: int, I: str, gen: int | None) -> list[str]:  # noqa: E741, N803
     """Lines reading uniform ``a{i}`` into ``u{i}``, a device pointer to its bytes, and
     ``h{i}``, what its converter gave (bytes, or (pointer, size) of a device buffer)."""
-    a, size = f"a{i}", int(plan.entry.params[i].element_size)
-    mask = int(plan.entry.params[i].element_align) - 1
+    a, size = f"a{i}", int(spec.entry.params[i].element_size)
+    mask = int(spec.entry.params[i].element_align) - 1
     align = f" or u[0] & {mask}" if mask > 0 else ""  # a struct in device memory, misaligned
     lines: list[str] = []
-    if plan._uinline[i]:
+    if spec.uinline[i]:
         lines.append(f"{I}t = type({a})")
-        for j, kind in enumerate(plan._uinline[i].values()):
+        for j, (_, kind) in enumerate(spec.uinline[i]):
             lines.append(f"{I}{'if' if j == 0 else 'elif'} t is StructT{i}_{j}:")
             lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
-        lines += [f"{I}else:", f"{I}    u = uniform_seen({i}, {a})"]
+        lines += [f"{I}else:", f"{I}    u = {seen_call('uniform', i, gen)}"]
     else:
-        lines.append(f"{I}u = uniform_seen({i}, {a})")
+        lines.append(f"{I}u = {seen_call('uniform', i, gen)}")
     fetch, ptr = cached_upload(I + "    ", size)
     return lines + [
         f"{I}h{i} = u",
@@ -144,22 +202,22 @@ def uniform_param_lines(plan: LaunchPlan, i: int, I: str) -> list[str]:  # noqa:
     ]
 
 
-def _read_array(plan: LaunchPlan, i: int, p: Any, I: str, lines: list[str],  # noqa: E741, N803
-                by_mask: dict[int, list[str]]) -> list[str]:
+def _read_array(spec: CodeSpec, i: int, p: Any, I: str, lines: list[str],  # noqa: E741, N803
+                by_mask: dict[int, list[str]], gen: int | None) -> list[str]:
     a = f"a{i}"
     lines += [
         f"{I}t{i} = type({a})",
         f"{I}if t{i} is DeviceBuffer:",
         f"{I}    p{i} = {a}.ptr; c{i} = {a}.size",
-        f"{I}    if {a}.device_id != {int(plan.device_id)}: raise Short()",
+        f"{I}    if {a}.device_id != {int(spec.device_id)}: raise Short()",
         f"{I}    k{i} = {a}._et if {a}._base is None or {a}._base._et is not FREED else FREED",
     ]
-    for j, rec in enumerate(plan._inline[i].values()):
+    for j, (_, rec) in enumerate(spec.inline[i]):
         lines.append(f"{I}elif t{i} is ArrayT{i}_{j}:")
-        lines += [f"{I}    " + ln.format(a=a, i=i, d=int(plan.device_id)) for ln in rec.inline]
+        lines += [f"{I}    " + ln.format(a=a, i=i, d=int(spec.device_id)) for ln in rec.inline]
     lines += [
         f"{I}else:",
-        f"{I}    p{i}, c{i}, k{i} = storage_seen({i}, {a})",
+        f"{I}    p{i}, c{i}, k{i} = {seen_call('storage', i, gen)}",
         f"{I}if k{i} not in accepted_{i}: learn_dtype({i}, k{i})",
     ]
     if int(p.element_align) > 1:
@@ -171,21 +229,21 @@ def _read_array(plan: LaunchPlan, i: int, p: Any, I: str, lines: list[str],  # n
     return [f"p{i}", f"c{i}"]
 
 
-def _read_struct(plan: LaunchPlan, i: int, p: Any, I: str, lines: list[str],  # noqa: E741, N803
-                 by_mask: dict[int, list[str]]) -> list[str]:
-    lines += uniform_param_lines(plan, i, I)
+def _read_struct(spec: CodeSpec, i: int, p: Any, I: str, lines: list[str],  # noqa: E741, N803
+                 by_mask: dict[int, list[str]], gen: int | None) -> list[str]:
+    lines += uniform_param_lines(spec, i, I, gen)
     return [f"u{i}"]
 
 
-def _read_value(plan: LaunchPlan, i: int, p: Any, I: str, lines: list[str],  # noqa: E741, N803
-                by_mask: dict[int, list[str]]) -> list[str]:
+def _read_value(spec: CodeSpec, i: int, p: Any, I: str, lines: list[str],  # noqa: E741, N803
+                by_mask: dict[int, list[str]], gen: int | None) -> list[str]:
     return [scalar_pack_arg(p.element_type, i)]
 
 
 @dataclass(frozen=True)
 class CudaReader:
     """How the CUDA launch path reads an argument of one reader (:data:`READERS`), chosen once
-    per plan (``LaunchPlan.readers``): the generated code is the same as a branch would give."""
+    per plan (``CodeSpec.readers``): the generated code is the same as a branch would give."""
 
     name: str
     #: read through the interop records (inline array types, learnt dtypes); memoised by its
@@ -193,8 +251,9 @@ class CudaReader:
     array: bool
     #: a uniform: uploaded through the cache, re-read on a memo hit (``launch.uniform_reader``)
     uniform: bool
-    #: appends the lines reading ``a{i}`` and returns the ``pack_into`` arguments
-    read: Callable[[LaunchPlan, int, Any, str, list[str], dict[int, list[str]]], list[str]]
+    #: appends the lines reading ``a{i}`` and returns the ``pack_into`` arguments (``gen``: None in
+    #: ``run``, the spec's state in the kernel's call: :func:`seen_call`)
+    read: Callable[[CodeSpec, int, Any, str, list[str], dict[int, list[str]], int | None], list[str]]
 
 
 #: the CUDA launch path's implementation of each reader
@@ -205,15 +264,14 @@ READERS: abi.ReaderTable[CudaReader] = abi.ReaderTable("khal_runtime.backends.cu
 })
 
 
-def read_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
+def read_lines(spec: CodeSpec, I: str, gen: int | None) -> list[str]:  # noqa: E741, N803
     """Lines that read ``a0..`` and pack them into the block of slot ``m``. Sets ``t{i}``
     (storage types) and ``h{i}`` (uniforms as converted) on the way."""
     lines: list[str] = []
     pack_args: list[str] = []
     by_mask: dict[int, list[str]] = {}  # alignment - 1 -> the storage pointers that need it
-    for i, p in enumerate(plan.entry.params):
-        a = f"a{i}"
-        pack_args += plan.readers[i].read(plan, i, p, I, lines, by_mask)
+    for i, p in enumerate(spec.entry.params):
+        pack_args += spec.readers[i].read(spec, i, p, I, lines, by_mask, gen)
     # one test that every storage pointer just read is a multiple of its elements' alignment
     # (Param.element_align): a misaligned one is a sticky CUDA_ERROR_MISALIGNED_ADDRESS on the GPU.
     # Pointers of one alignment are or-ed together. Only after a read: a memo hit launches
@@ -252,77 +310,106 @@ def slots_lines(I: str) -> list[str]:  # noqa: E741, N803
     return [f"{I}try:", f"{I}    ms = plan_tls.s", f"{I}except AttributeError:", f"{I}    ms = new_slots()"]
 
 
-def memo_store_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
+def memo_store_lines(spec: CodeSpec, I: str) -> list[str]:  # noqa: E741, N803
     """After a full read and pack into slot ``m``: remember the arguments, only when every
     buffer is of a type that cannot change under the same identity (DeviceBuffer,
     cupy.ndarray: ``interop.STABLE_ARRAY_TYPES``) or, for the parameters that have seen a
-    torch tensor (``plan._versioned``), a tensor with a version counter, whose version,
+    torch tensor (``spec.versioned``), a tensor with a version counter, whose version,
     pointer and storage are kept for the reuse check (``interop.tensor_memo``); every scalar
     is immutable (a 0-d NumPy array is not) and every uniform can be re-read
     (``launch.uniform_reader``). The stream is stored last, and only if nothing was freed
     since the arguments were read."""
-    lo = plan.memo
-    versioned = plan._versioned
+    lo = spec.memo
+    versioned = spec.versioned
     # (one failed condition skips the rest: an inference tensor costs one tensor_memo call)
-    conds = [f"(q{i} := STABLE_MEMO if t{i} in STABLE_TYPES else tensor_memo(a{i})) is not None"
-             if i in versioned else f"t{i} in STABLE_TYPES" if reader.array
-             else f"IMMUTABLE_SCALAR[type(a{i})]"
-             for i, reader in enumerate(plan.readers) if not reader.uniform]
-    body = [f"r{i} = uniform_reader(a{i}, h{i})" for i in lo.uniform]
-    ucond = [f"r{i} is not NOMEMO" for i in lo.uniform]
-    inner = [f"m.reader{i} = r{i}; m.bytes{i} = h{i}" for i in lo.uniform]
+    conds: list[str] = []
+    for i, reader in enumerate(spec.readers):
+        if reader.uniform:
+            continue
+        conds.append(f"(q{i} := STABLE_MEMO if t{i} in STABLE_TYPES else tensor_memo(a{i})) is not None"
+                     if i in versioned else f"t{i} in STABLE_TYPES" if reader.array
+                     else f"IMMUTABLE_SCALAR[type(a{i})]")
+    body: list[str] = []
+    ucond: list[str] = []
+    inner: list[str] = []
+    for i in lo.uniform:
+        body.append(f"r{i} = uniform_reader(a{i}, h{i})")
+        ucond.append(f"r{i} is not NOMEMO")
+        inner.append(f"m.reader{i} = r{i}; m.bytes{i} = h{i}")
     for i in lo.tensor:
         inner.append(f"m.version{i} = q{i}[0]; m.pointer{i} = p{i}; m.storage{i} = q{i}[1]" if i in versioned
                      else f"m.version{i} = None")
-    inner += ["; ".join(f"m.{a} = {a}" for a in lo.args),
-              "m.n = n; m.gx = gx; m.hits = 0; ms.filled = True",
+    stores: list[str] = []
+    for a in lo.args:
+        stores.append(f"m.{a} = {a}")
+    inner += ["; ".join(stores), "m.n = n; m.gx = gx; m.hits = 0; ms.filled = True",
               "if ep == EPOCH[0]: m.stream = st"]
     out: list[str] = []
     J = I  # noqa: N806
     if conds:
         out.append(f"{I}if {' and '.join(conds)}:")
         J = I + "    "  # noqa: N806
-    out += [J + ln for ln in body]
+    for ln in body:
+        out.append(J + ln)
     if ucond:
         out.append(f"{J}if {' and '.join(ucond)}:")
         J = J + "    "  # noqa: N806
-    return out + [J + ln for ln in inner]
+    for ln in inner:
+        out.append(J + ln)
+    return out
 
 
-def tensor_unchanged(plan: LaunchPlan, m: str) -> list[str]:
+# (The conditions below are built with loops, once per function, not comprehensions per slot:
+# a first call makes them, and each comprehension is a frame of its budget, test_generated_code.)
+def tensor_unchanged(spec: CodeSpec, m: str) -> list[str]:
     """Each tensor the memo ``m`` holds (for the parameters that have seen one) has the
     version and pointer it had when packed (an array of a stable type has version None)."""
-    return [f"({m}.version{i} is None or (a{i}._version == {m}.version{i} and a{i}.data_ptr() == {m}.pointer{i}))"
-            for i in plan.memo.tensor if i in plan._versioned]
+    out: list[str] = []
+    for i in spec.memo.tensor:
+        if i in spec.versioned:
+            out.append(f"({m}.version{i} is None or (a{i}._version == {m}.version{i} "
+                       f"and a{i}.data_ptr() == {m}.pointer{i}))")
+    return out
 
 
-def slot_hit(plan: LaunchPlan, j: int) -> str:
-    """Slot ``j`` of this thread holds this launch's argument objects for this stream."""
-    args = plan.memo.args  # (>= 1: entries without parameters have no memo)
-    conds = [f"a0 is (m := ms.s{j}).a0"] + [f"{a} is m.{a}" for a in args[1:]]
+def slot_hits(spec: CodeSpec) -> list[str]:
+    """Per slot ``j``: slot ``j`` of this thread holds this launch's argument objects for this stream."""
+    conds = ["a0 is (m := ms.s{J}).a0"]  # (>= 1 argument: entries without parameters have no memo)
+    for a in spec.memo.args[1:]:
+        conds.append(f"{a} is m.{a}")
     conds += ["st is m.stream", "not _more"]
-    return " and ".join(conds + tensor_unchanged(plan, "m"))
+    hit = " and ".join(conds + tensor_unchanged(spec, "m"))
+    out: list[str] = []
+    for j in range(SLOTS):
+        out.append(hit.replace("{J}", str(j), 1))
+    return out
 
 
-def snapshot_hit(plan: LaunchPlan, j: int) -> str:
-    """Shared snapshot ``j`` is this very launch (arguments, stream, thread count, uniforms'
-    current bytes)."""
-    lo = plan.memo
-    conds = [f"a0 is (k := snapshots[{j}]).a0"] + [f"{a} is k.{a}" for a in lo.args[1:]]
+def snapshot_hits(spec: CodeSpec) -> list[str]:
+    """Per snapshot ``j``: shared snapshot ``j`` is this very launch (arguments, stream, thread
+    count, uniforms' current bytes)."""
+    lo = spec.memo
+    conds = ["a0 is (k := snapshots[{J}]).a0"]
+    for a in lo.args[1:]:
+        conds.append(f"{a} is k.{a}")
     conds += ["st is k.stream", "n is k.n", "not _more"]
-    conds += tensor_unchanged(plan, "k")
+    conds += tensor_unchanged(spec, "k")
     for i in lo.uniform:
         conds.append(f"(k.reader{i} is None or k.reader{i}(a{i}) == k.bytes{i})")
-    return " and ".join(conds)
+    hit = " and ".join(conds)
+    out: list[str] = []
+    for j in range(SLOTS):
+        out.append(hit.replace("{J}", str(j), 1))
+    return out
 
 
-def uniform_recheck_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741, N803
+def uniform_recheck_lines(spec: CodeSpec, I: str) -> list[str]:  # noqa: E741, N803
     """Slot hit: a host uniform may have new bytes under the same identity; re-read it, and
     re-pack its device pointer only if they changed."""
-    offs = uniform_slots(plan)
+    offs = uniform_slots(spec)
     lines: list[str] = []
-    for i in plan.memo.uniform:
-        fetch, ptr = cached_upload(I + "        ", int(plan.entry.params[i].element_size))
+    for i in spec.memo.uniform:
+        fetch, ptr = cached_upload(I + "        ", int(spec.entry.params[i].element_size))
         lines += [
             f"{I}r = m.reader{i}",
             f"{I}if r is not None:",
@@ -335,13 +422,14 @@ def uniform_recheck_lines(plan: LaunchPlan, I: str) -> list[str]:  # noqa: E741,
     return lines
 
 
-def guarded_chain(plan: LaunchPlan, I: str, chain: list[str], on_error: list[str]) -> list[str]:  # noqa: E741, N803
+def guarded_chain(spec: CodeSpec, I: str, chain: list[str], on_error: list[str]) -> list[str]:  # noqa: E741, N803
     """The memo checks ``chain`` at indent ``I``; where they read tensors, inside a ``try``
     (free in CPython 3.11+ until something raises) whose handler runs ``on_error``."""
-    if not plan._versioned:
-        return [I + ln for ln in chain]
-    return ([f"{I}try:"] + [f"{I}    {ln}" for ln in chain] + [f"{I}except Exception:"]
-            + [f"{I}    {ln}" for ln in on_error])
+    if not spec.versioned:
+        return [I + "\n".join(chain).replace("\n", "\n" + I)]
+    J = I + "    "  # noqa: N806
+    return [f"{I}try:", J + "\n".join(chain).replace("\n", "\n" + J), f"{I}except Exception:",
+            J + "\n".join(on_error).replace("\n", "\n" + J)]
 
 
 # -- the two functions ---------------------------------------------------------------------------
@@ -362,19 +450,16 @@ def launch_lines(g: str, b: str, shmem: str, args: str, hooked: bool, ex: bool =
     ]
 
 
-def attrs_check_line(plan: LaunchPlan, I: str, g: str, threads: str, shmem: str,  # noqa: E741, N803
-                     check: bool | None = None) -> list[str]:
+def attrs_check_line(spec: CodeSpec, I: str, g: str, threads: str, shmem: str) -> list[str]:  # noqa: E741, N803
     """The cooperative / cluster grid check (:meth:`.attributes.FunctionAttributes.check_launch`),
-    only for entries that have one (``check``: whether there is one, if not the plan's own)."""
-    has = plan.check_attrs is not None if check is None else check
-    return [f"{I}check_attrs({g}, {threads}, {shmem})"] if has else []
+    only for entries that have one (a clustered ``run`` always has)."""
+    return [f"{I}check_attrs({g}, {threads}, {shmem})"] if spec.attrs_check or spec.clustered else []
 
 
-def run_source(plan: LaunchPlan, hooked: bool, clustered: bool = False) -> str:
+def run_source(spec: CodeSpec) -> str:
     """``run(gx, gy, gz, bx, by, bz, shmem, st, args)``: packs into this thread's scratch
-    slot, which no memo uses. ``clustered``: for a cluster given at launch (its ``launch_ex``
-    carries the cluster attribute, its ``check_attrs`` the grid check)."""
-    n = len(plan.entry.params)
+    slot, which no memo uses."""
+    n = len(spec.entry.params)
     I = "        "  # noqa: E741, N806
     names = [f"a{i}" for i in range(n)]
     lines = ["def run(gx, gy, gz, bx, by, bz, shmem, st, args):", "    try:"]
@@ -382,27 +467,32 @@ def run_source(plan: LaunchPlan, hooked: bool, clustered: bool = False) -> str:
         lines.append(f"{I}{', '.join(names)}{',' if n == 1 else ''} = args")
         lines += slots_lines(I)
         lines.append(f"{I}m = ms.scratch")
-        lines += read_lines(plan, I)
+        lines += read_lines(spec, I, None)
         lines.append(f"{I}addr = m.addr")
     else:
         lines += [f"{I}if args: raise Short()", f"{I}addr = 0"]
     lines += ["    except Exception as exc:", "        diagnose(args, exc)", "        raise"]
-    lines += attrs_check_line(plan, "    ", "gx, gy, gz", "bx * by * bz", "shmem", True if clustered else None)
-    lines += launch_lines("gx, gy, gz", "bx, by, bz", "shmem", "args", hooked, clustered or plan.fattrs.needs_ex)
+    lines += attrs_check_line(spec, "    ", "gx, gy, gz", "bx * by * bz", "shmem")
+    lines += launch_lines("gx, gy, gz", "bx, by, bz", "shmem", "args", spec.hooked, spec.clustered or spec.needs_ex)
     return "\n".join(lines) + "\n"
 
 
-def call_source(plan: LaunchPlan, hooked: bool) -> str:
-    """The kernel's call ``(n, a0=MISSING, ..., *_more, stream=None)`` for ``plan``'s device;
+def call_source(spec: CodeSpec) -> str:
+    """The kernel's call ``(n, a0=MISSING, ..., *_more, stream=None)`` for ``spec``'s device;
     anything off the fast paths (another device, a non-positive or non-int thread count,
-    missing or extra arguments) goes to ``slow_call(kernel, n, args, st)``."""
-    lo = plan.memo
-    D = int(plan.device_id)  # noqa: N806
-    bx, by, bz = (int(v) for v in plan.block)
+    missing or extra arguments, an argument type it does not inline that the plan would learn:
+    ``Restate``) goes to ``slow_call(kernel, n, args, st)``."""
+    lo = spec.memo
+    hooked = spec.hooked
+    D = int(spec.device_id)  # noqa: N806
+    bx, by, bz = spec.block
     P = lo.P  # noqa: N806
-    names = [f"a{i}" for i in range(P)]
-    sig = "".join(f"{a}=MISSING, " for a in names)
-    tup = "(" + "".join(f"{a}, " for a in names) + ")"
+    names = lo.args
+    sig, tup = "", "("
+    for a in names:
+        sig += f"{a}=MISSING, "
+        tup += f"{a}, "
+    tup += ")"
     lines = [
         f"def __call__(n, {sig}*_more, stream=None):",
         "    if stream is None:",
@@ -424,11 +514,11 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
     guard = (f"st.device_id != {D} or type(n) is not int or n <= 0 or n > {MAX_FAST_THREADS} or _more"
              + (f" or {names[-1]} is MISSING" if names else ""))
     to_slow = f"return slow_call(kernel, n, tuple(a for a in {tup} if a is not MISSING) + _more, st)"
-    sh = int(plan.shared)  # the entry's dynamic shared memory (KHAL_SHARED_MEM), else 0
+    sh = int(spec.shared)  # the entry's dynamic shared memory (KHAL_SHARED_MEM), else 0
     threads = bx * by * bz
-    ex = plan.fattrs.needs_ex
+    ex = spec.needs_ex
     # the cooperative / cluster grid check, for entries that have one (no comprehension: frame budget)
-    chk = f"check_attrs(gx, 1, 1, {threads}, {sh})" if plan.check_attrs is not None else ""
+    chk = f"check_attrs(gx, 1, 1, {threads}, {sh})" if spec.attrs_check else ""
     if not P:
         lines += [f"    if {guard}:", f"        {to_slow}", "    addr = 0", f"    gx = {blocks_source('n', bx)}"]
         if chk:
@@ -437,19 +527,23 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         return "\n".join(lines) + "\n"
 
     # arguments no memo can hold (a host array first) skip the memos after one failed check
-    s0 = next((i for i, reader in enumerate(plan.readers) if reader.array), None)
+    s0 = None
+    for i, reader in enumerate(spec.readers):
+        if reader.array:
+            s0 = i
+            break
     unstable = "" if s0 is None else f" or type(a{s0}) not in MEMO_TYPES"
     # 1. shared snapshots (filled newest first: an empty first one means none)
     chain: list[str] = []
-    for j in range(SLOTS):
-        chain.append(f"{'if' if j == 0 else 'elif'} {snapshot_hit(plan, j)}:")
+    for j, hit in enumerate(snapshot_hits(spec)):
+        chain.append(f"{'if' if j == 0 else 'elif'} {hit}:")
         chain.append("    pass")
         if j == 0:
             chain += [f"elif k.a0 is NOMEMO{unstable}:", "    k = None"]
     chain += ["else:", "    k = None"]
     # a remembered tensor whose version can no longer be read (swapped with an inference
     # tensor): drop the memo being checked (``k``, set before anything can raise), read in full
-    lines += guarded_chain(plan, "    ", chain, ["unshare(k)", "k = None"])
+    lines += guarded_chain(spec, "    ", chain, ["unshare(k)", "k = None"])
     lines += ["    if k is not None:"]
     if hooked:
         lines.append("        gx = k.gx; addr = k.addr")
@@ -460,15 +554,15 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
     # 2. this thread's memo slots
     J = "        "  # noqa: N806
     I = J + "        "  # noqa: E741, N806
-    lines += [J + ln for ln in slots_lines("")]
+    lines += slots_lines(J)
     chain = []
-    for j in range(SLOTS):
-        chain.append(f"{'if' if j == 0 else 'elif'} {slot_hit(plan, j)}:")
+    for j, hit in enumerate(slot_hits(spec)):
+        chain.append(f"{'if' if j == 0 else 'elif'} {hit}:")
         chain.append("    pass")
         if j == 0:  # no slot was ever filled, or arguments that are read every time
             chain += [f"elif not ms.filled{unstable}:", "    m = None"]
     chain += ["else:", "    m = None"]
-    lines += guarded_chain(plan, J, chain, ["m.stream = NOMEMO", "m = None"])
+    lines += guarded_chain(spec, J, chain, ["m.stream = NOMEMO", "m = None"])
     lines += [
         f"{J}if m is not None:",
         f"{J}    if n is m.n:",  # the same thread count object: the same grid
@@ -480,7 +574,7 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         f"{J}    else:",
         f"{J}        {to_slow}",
     ]
-    recheck = uniform_recheck_lines(plan, I)
+    recheck = uniform_recheck_lines(spec, I)
     if recheck:
         lines += [f"{J}    try:"] + recheck
         lines += [f"{J}    except Exception as exc:", f"{J}        diagnose({tup}, exc)", f"{J}        raise"]
@@ -504,9 +598,13 @@ def call_source(plan: LaunchPlan, hooked: bool) -> str:
         f"{J}        ep = EPOCH[0]",
         f"{J}        m.stream = NOMEMO",
     ]
-    lines += read_lines(plan, I)
-    lines += memo_store_lines(plan, I)
-    lines += [f"{J}    except Exception as exc:", f"{J}        diagnose({tup}, exc)", f"{J}        raise"]
+    lines += read_lines(spec, I, spec.gen)
+    lines += memo_store_lines(spec, I)
+    # a type to learn: the slow path makes the plan's call again (outside the handler: an error
+    # there is not chained to Restate)
+    lines += [f"{J}    except Restate:", f"{J}        m = None",
+              f"{J}    except Exception as exc:", f"{J}        diagnose({tup}, exc)", f"{J}        raise",
+              f"{J}    if m is None:", f"{J}        return slow_call(kernel, n, {tup}, st)"]
     lines.append(f"{J}addr = m.addr")
     lines += launch_lines("gx, 1, 1", f"{bx}, {by}, {bz}", str(sh), tup, hooked, ex)
     return "\n".join(lines) + "\n"

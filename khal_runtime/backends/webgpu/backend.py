@@ -28,6 +28,7 @@ from khal_runtime.backends.webgpu.arrays import WgpuArray
 from khal_runtime.backends.webgpu.artifacts import entry_code
 from khal_runtime.backends.webgpu.pipeline import select_target
 from khal_runtime.buffers import DeviceBuffer
+from khal_runtime.calls import slow_call
 from khal_runtime.device import Device, Stream, as_stream
 from khal_runtime.errors import ArgumentError, BackendUnavailableError, CaptureError, KhalError, LaunchAttributeError
 from khal_runtime.graphs import Graph
@@ -78,12 +79,17 @@ class WebGpuPlan:
         self.crate = crate
         self.kp = kp
         self.device_id = device_id
-        self.on_regenerate: list[Callable[[Any], None]] = []
+        self.kernel = kernel
+        #: hooks installed -> the kernel's call made for that (:attr:`call`)
+        self._calls: dict[bool, Callable[..., None]] = {}
 
     def regenerate_code(self) -> None:
-        """Hooks were installed or removed: the kernel makes its call again."""
-        for cb in list(self.on_regenerate):
-            cb(self)
+        """Hooks were installed or removed: nothing to make again (``run`` asks the hooks at each
+        launch; :attr:`call` is made per hook state)."""
+
+    def learn(self, args: tuple[Any, ...]) -> bool:
+        """Nothing: the kernel plan's call reads every argument type alike."""
+        return False
 
     def run(self, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int, st: Stream,
             args: tuple[Any, ...]) -> None:
@@ -93,32 +99,43 @@ class WebGpuPlan:
             return
         self.kp.launch((gx, gy, gz), (bx, by, bz), args, shmem)
 
-    def make_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
+    @property
+    def call(self) -> Callable[..., None]:
+        """The kernel's call on this device while hooks are (not) installed: the kernel plan's
+        specialised call, or through ``hooks.dispatch``; another device takes the generic
+        :func:`khal_runtime.calls.slow_call`."""
+        active = hooks.active
+        fn = self._calls.get(active)
+        if fn is None:
+            fn = self._calls[active] = self._hooked_call() if active else self._plain_call()
+        return fn
+
+    def _plain_call(self) -> Callable[..., None]:
         call = self.kp.call
         device_id = self.device_id
-        if hooks.active:
-            return self._hooked_call(slow, kernel)
+        kernel = self.kernel
 
         def __call__(n: Any, *args: Any, stream: Any = None) -> None:
             if stream is not None:
                 st = stream if type(stream) is Stream else as_stream(stream)
                 if st.device_id != device_id:
-                    slow(kernel, n, args, st)
+                    slow_call(kernel, n, args, st)
                     return
             call(n, args)
 
         return __call__
 
-    def _hooked_call(self, slow: Callable[..., None], kernel: Any) -> Callable[..., None]:
+    def _hooked_call(self) -> Callable[..., None]:
         call = self.kp.call
         block = tuple(self.kp.block)
         bx = block[0]
         plan = self
+        kernel = self.kernel
 
         def __call__(n: Any, *args: Any, stream: Any = None) -> None:
             st = kernel._stream(stream)
             if st.device_id != plan.device_id:
-                slow(kernel, n, args, st)
+                slow_call(kernel, n, args, st)
                 return
             grid = ((n + bx - 1) // bx, 1, 1) if type(n) is int else (n,)
             dispatch = hooks.dispatch
@@ -364,7 +381,6 @@ class WebGpuBackend:
         code = entry_code(crate.package_dir, crate.crate, entry, target)
         kp = _kernel.KernelPlan(entry, module.device, code, f"{crate.name}", target)
         plan = WebGpuPlan(kernel, kp, device_id, crate.name)
-        hooks.watch(plan)
         self._configure(module.device)
         return plan
 

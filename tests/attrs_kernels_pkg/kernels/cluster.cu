@@ -6,7 +6,8 @@
 
 namespace cg = cooperative_groups;
 
-KHAL_ENTRY(cluster_pair_sum, 128, (KHAL_STORAGE(const float, x), KHAL_STORAGE(float, out)), KHAL_CLUSTER(2, 1, 1))
+// The pair sum of one block of 128 threads in a cluster of 2 (both entries below run it).
+__device__ void pair_sum(::khal::Storage<const float> x, ::khal::Storage<float> out)
 {
     __shared__ float s[128];
     cg::cluster_group cluster = cg::this_cluster();
@@ -19,19 +20,16 @@ KHAL_ENTRY(cluster_pair_sum, 128, (KHAL_STORAGE(const float, x), KHAL_STORAGE(fl
     cluster.sync();  // the partner's shared memory must outlive its readers
 }
 
+KHAL_ENTRY(cluster_pair_sum, 128, (KHAL_STORAGE(const float, x), KHAL_STORAGE(float, out)), KHAL_CLUSTER(2, 1, 1))
+{
+    pair_sum(x, out);
+}
+
 // The same pair sum, compiled without __cluster_dims__: the cluster is chosen at launch
 // (kernels.cluster_pair_sum_at_launch.launch(grid, None, x, out, cluster=2)).
 KHAL_ENTRY(cluster_pair_sum_at_launch, 128, (KHAL_STORAGE(const float, x), KHAL_STORAGE(float, out)))
 {
-    __shared__ float s[128];
-    cg::cluster_group cluster = cg::this_cluster();
-    const unsigned rank = cluster.block_rank();
-    const unsigned long long i = (unsigned long long)blockIdx.x * 128 + threadIdx.x;
-    s[threadIdx.x] = x[i];
-    cluster.sync();
-    const float* other = cluster.map_shared_rank(s, rank ^ 1u);
-    out[i] = s[threadIdx.x] + other[threadIdx.x];
-    cluster.sync();
+    pair_sum(x, out);
 }
 
 // Each block writes its rank in its cluster and the cluster's size (what the launch gave it).
