@@ -269,6 +269,8 @@ class TritonKernel:
         self._tls = threading.local()
         #: the backends of the DeviceBuffers seen accepted (CUDA's): the fast call reads those inline
         self._backends: set[Any] = set()
+        #: pointer types whose address never moves (DeviceBuffer views, CuPy arrays): the memo keeps them
+        self._fixed: set[type] = set()
         self.source = ""
         #: ``launch(grid, *args, stream=None)``: generated over khal Kernels, else the slow path
         self._fast: Callable[..., None] | None = None
@@ -385,6 +387,8 @@ class TritonKernel:
             self._dtypes[i].add(getattr(a, "dtype", None))
             if type(a) is DeviceBuffer:
                 self._backends.add(a._bk)  # a CUDA one: the slow path read its __cuda_array_interface__
+            if type(a) is DeviceBuffer or (reader is _cupy_reader and type(a).__module__.startswith("cupy")):
+                self._fixed.add(type(a))
         k = chosen[2]
         which = self.variants.index(k)
         directs = self._directs[which]
@@ -491,7 +495,7 @@ class TritonKernel:
                       f"                {slow}", "        else:", "            if rd is None:", f"                {slow}",
                       f"            v{i}, dt = rd(a{i})", f"            if dt not in D{i}:", f"                {slow}",
                       # what a slot can recheck: an address read again (data_ptr, above), or one that cannot move
-                      f"            q{i} = None if t in STABLE else NOMEMO"]
+                      f"            q{i} = None if t in FIXED or t in STABLE else NOMEMO"]
                 if i in align:
                     L += [f"    if v{i} & {align[i]}:", f"        {slow}"]
             else:
@@ -555,7 +559,8 @@ class TritonKernel:
                               "DeviceBuffer": DeviceBuffer, "FREED": FREED, "BK": self._backends,
                               "ready_stream": ready_stream, "tls": self._tls, "new_slots": self._new_slots,
                               "hooks": hooks, "prepare": _prepare, "failed": _failed, "EPOCH": EPOCH,
-                              "NOMEMO": NOMEMO, "EMPTY": self._empty, "TORCH": _torch_reader, "STABLE": STABLE_ARRAY_TYPES}
+                              "NOMEMO": NOMEMO, "EMPTY": self._empty, "TORCH": _torch_reader, "STABLE": STABLE_ARRAY_TYPES,
+                              "FIXED": self._fixed}
         for i in self._pointers:
             ns[f"R{i}"], ns[f"D{i}"] = self._readers[i], self._dtypes[i]
         self.source = "\n".join(L) + "\n"

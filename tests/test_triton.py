@@ -929,9 +929,18 @@ def test_a_remembered_call_whose_argument_breaks_an_assumption_switches_variant_
     with pytest.raises(ValueError, match="freed"):
         go(a, b, c, 4096)
     assert len(fake.launches) == count + 3
+    whole = DeviceBuffer.zeros(8192, np.float32)
+    view = whole[4096:]  # a view: remembered (its address cannot move), forgotten when its base is freed
+    for _ in range(3):
+        go(view, b, c, 4096)
+    assert _pointers(fake.launches[-1])[0] == whole.ptr + 4096 * 4
+    whole.free()
+    with pytest.raises(ValueError, match="freed"):
+        go(view, b, c, 4096)
+    count = len(fake.launches)
     with pytest.raises(ValueError, match=r"argument 'n_elements' \(scalar int32\).*out of range for int32"):
         go(b, b, c, 2**40)  # the direct path's pack refuses it: the slow path names it
-    assert len(fake.launches) == count + 3
+    assert len(fake.launches) == count
 
 
 @pytest.mark.needs_triton
