@@ -976,3 +976,48 @@ def test_a_remembered_call_still_reaches_the_launch_hooks_and_reports_a_failed_l
         go(x, y, out, 4096)  # the remembered launch
     with pytest.raises(CudaError, match=r"add_fp32.*CUDA_ERROR_INVALID_VALUE"):
         go(x, y, out, 2048)  # the direct one
+
+
+@pytest.mark.needs_triton
+def test_threads_remember_their_own_launches(built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    """Each thread's memo slots are its own: two threads cycling through their own argument sets
+    (more sets than slots, so slots are refilled while the other thread hits) launch exactly what
+    each call passed."""
+    import sys
+    import threading
+
+    from .fakecuda import stream
+
+    root, _ = built
+    add = _load(root, fake).add_fp32
+    add[(4,)](_Tensor(0x1000), _Tensor(0x2000), _Tensor(0x3000), 64)  # the checked first call
+    errors: list[BaseException] = []
+    streams = [stream(0x50 + t, native=f"S{t}") for t in range(2)]
+    sets = [[(_Tensor(0x100000 * (t + 1) + 0x1000 * j), _Tensor(0x200000 + 0x1000 * j), _Tensor(0x300000), 64 * j)
+             for j in range(1, 7)] for t in range(2)]
+    want = {streams[t]._cu: {(a.ptr, b.ptr, c.ptr, n) for a, b, c, n in sets[t]} for t in range(2)}
+
+    def user(t: int) -> None:
+        try:
+            from khal_runtime.device import ensure_current
+
+            ensure_current(0)
+            for i in range(300):
+                add[(4,)](*sets[t][i % 6 if i % 3 else 0], stream=streams[t])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: inside a launch too
+    try:
+        threads = [threading.Thread(target=user, args=(t,)) for t in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors
+    launched = [la for la in fake.launches if la["stream"] in want]
+    assert len(launched) == 600
+    assert all(tuple(_pointers(la)[:4]) in want[la["stream"]] for la in launched)
