@@ -428,9 +428,9 @@ class TritonKernel:
            the direct path), each holding the argument objects, the grid object (an int or a
            tuple: a callable grid is evaluated on every call) and the stream, and the packed block
            of the variant chosen. A slot whose objects are all these ones (``is``), each pointer
-           read by ``data_ptr()`` still at the address packed (an int, a DeviceBuffer or a CuPy
-           array cannot move; a freed DeviceBuffer clears every slot: ``memo.EPOCH``) launches
-           its block as it is (from its second hit with the launch call's arguments prebuilt,
+           read by ``data_ptr()`` still at the address packed (an int, a DeviceBuffer, a view of
+           one or a CuPy array cannot move; a freed DeviceBuffer clears every slot: ``memo.EPOCH``) launches
+           its block as it is (with the launch call's arguments built at its first hit and kept,
            :func:`khal_runtime.backends.cuda.launch.launch_call`): no read, check, choice or pack.
         2. Else the full read: pointers read by a reader per type, alignment and assumption bits
            inline, the variant by the bits, the grid checked, and the values packed into the least
