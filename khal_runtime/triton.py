@@ -450,7 +450,8 @@ class TritonKernel:
         sig = "".join(f"{a}=MISSING, " for a in names)
         given = "(" + "".join(f"{a}, " for a in names) + ")"
         L = [f"def launch(grid, {sig}*more, stream=None):",
-             "    if stream is None:", "        try:", "            st = thread.ready", "        except AttributeError:",
+             "    if stream is None:", "        try:", "            st = thread.ready",
+             "        except AttributeError:",
              "            st = None", "        if st is None:", "            if crate._backend is None:",
              f"                {slow}", "            st = ready_stream()",
              "    elif type(stream) is Stream:", "        st = stream", "        try:", "            cur = thread.dev",
@@ -492,7 +493,8 @@ class TritonKernel:
                       f"        rd = R{i}.get(t)", "        if rd is TORCH:",  # _torch_reader's reads, inline
                       f"            if getattr(a{i}, 'is_cuda', True) is False:", f"                {slow}",
                       f"            v{i} = q{i} = a{i}.data_ptr()", f"            if a{i}.dtype not in D{i}:",
-                      f"                {slow}", "        else:", "            if rd is None:", f"                {slow}",
+                      f"                {slow}", "        else:", "            if rd is None:",
+                      f"                {slow}",
                       f"            v{i}, dt = rd(a{i})", f"            if dt not in D{i}:", f"                {slow}",
                       # what a slot can recheck: an address read again (data_ptr, above), or one that cannot move
                       f"            q{i} = None if t in FIXED or t in STABLE else NOMEMO"]
@@ -559,7 +561,8 @@ class TritonKernel:
                               "DeviceBuffer": DeviceBuffer, "FREED": FREED, "BK": self._backends,
                               "ready_stream": ready_stream, "tls": self._tls, "new_slots": self._new_slots,
                               "hooks": hooks, "prepare": _prepare, "failed": _failed, "EPOCH": EPOCH,
-                              "NOMEMO": NOMEMO, "EMPTY": self._empty, "TORCH": _torch_reader, "STABLE": STABLE_ARRAY_TYPES,
+                              "NOMEMO": NOMEMO, "EMPTY": self._empty, "TORCH": _torch_reader,
+                              "STABLE": STABLE_ARRAY_TYPES,
                               "FIXED": self._fixed}
         for i in self._pointers:
             ns[f"R{i}"], ns[f"D{i}"] = self._readers[i], self._dtypes[i]

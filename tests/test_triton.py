@@ -902,7 +902,8 @@ def test_a_remembered_call_whose_argument_breaks_an_assumption_switches_variant_
     x.set_(0x10004)  # no longer 16-byte aligned: the conservative twin
     go(x, y, out, 4096)
     go(x, y, out, 4096)
-    assert [la["f"] for la in fake.launches[-2:]] == [f"FUNC:{base}"] * 2 and _pointers(fake.launches[-1])[0] == 0x10004
+    assert [la["f"] for la in fake.launches[-2:]] == [f"FUNC:{base}"] * 2
+    assert _pointers(fake.launches[-1])[0] == 0x10004
     x.set_(0x10002)  # not a multiple of 4 bytes: refused, nothing launched
     count = len(fake.launches)
     with pytest.raises(ValueError, match=r"argument 'x_ptr' \(\*fp32\) points at 0x10002, not a multiple of 4"):
@@ -920,7 +921,8 @@ def test_a_remembered_call_whose_argument_breaks_an_assumption_switches_variant_
                                   (unit, "matmul_fp16", 11)):
         for _ in range(3):
             mm[(1,)](*args)
-            assert fake.launches[-1]["f"].startswith(f"FUNC:{variant}_khal_") and len(fake.launches[-1]["slots"]) == values
+            la = fake.launches[-1]
+            assert la["f"].startswith(f"FUNC:{variant}_khal_") and len(la["slots"]) == values
     count = len(fake.launches)
     a, b, c = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
     for _ in range(3):
