@@ -462,14 +462,13 @@ class TritonKernel:
         L += ["    try:", "        ms = tls.s", "    except AttributeError:", "        ms = new_slots()"]
         P = len(self._pointers)  # noqa: N806
         F = n + 2 + P  # noqa: N806  (the key's launch function; then its arguments, then the _TAIL - 2 others)
-        fields = [*names, "grid", "st"]
-        conds = [f"{x} is k[{j}]" for j, x in enumerate(fields)] + ["not more"]
+        # the grid first: a callable one (new each call in Triton's idiom) fails every slot at once
+        conds = [f"{x} is k[{j}]" for j, x in enumerate(names)] + [f"st is k[{n + 1}]", "not more"]
         conds += [f"(k[{n + 2 + j}] is None or a{i}.data_ptr() == k[{n + 2 + j}])"
                   for j, i in enumerate(self._pointers)]
-        first = fields[0]
         L += ["    if not hooks.active:", "        try:"]
         for j in range(SLOTS):
-            hit = " and ".join([f"{first} is (k := (m := ms.s{j}).key)[0]"] + conds[1:])
+            hit = " and ".join([f"grid is (k := (m := ms.s{j}).key)[{n}]"] + conds)
             L += [f"            {'if' if j == 0 else 'elif'} {hit}:", "                pass"]
             if j == 0:
                 L += ["            elif not ms.filled:", "                k = None"]
