@@ -107,7 +107,7 @@ def test_repeated_calls_follow_in_place_writes_moved_tensors_and_frees(tri: Any)
     torch.cuda.synchronize()
     assert torch.equal(out, x + y), f"{kind}: after .data ="
     storage = torch.rand(n + 1, device="cuda")
-    x.set_(storage.untyped_storage(), 1, (n,))  # one float in: not 16-byte aligned
+    x.set_(storage[1:])  # one float in: not 16-byte aligned
     assert add.chosen(x, y, out, n) == "add_fp32__base"
     for _ in range(3):
         out.fill_(float("nan"))
