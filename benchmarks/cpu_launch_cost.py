@@ -5,11 +5,16 @@ everything else khal does per launch is plain Python and shows here. Used by
 ``bench_launch`` (section ``pycost``) and runnable by itself::
 
     python benchmarks/cpu_launch_cost.py
+
+The ``triton`` rows are a Triton family's call (``k[grid](...)`` / ``k.launch``): the same
+argument objects again (its memo's hit), eight argument sets in turn and a callable grid (every
+call read, checked, chosen and packed).
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import sys
 import timeit
 from pathlib import Path
@@ -246,6 +251,13 @@ def measure() -> dict[str, float]:
     rows["triton k[grid] (DeviceBuffer)"] = per_call_us(lambda: tri[(1024,)](bufs[0], bufs[1], bufs[2], n))
     rows["triton launch (DeviceBuffer)"] = per_call_us(lambda: tri.launch(1024, bufs[0], bufs[1], bufs[2], n))
     rows["triton launch (torch-like)"] = per_call_us(lambda: tri.launch(1024, tens[0], tens[1], tens[2], n))
+    rows["triton k[grid] (torch-like)"] = per_call_us(lambda: tri[(1024,)](tens[0], tens[1], tens[2], n))
+    # eight argument sets in turn (more than a thread's memo slots): every call reads, checks and packs
+    sets = [[T(0x2000_0000 * (j + 1) + 0x1000_0000 * i, n) for i in range(3)] for j in range(8)]
+    turn = itertools.cycle(sets)
+    rows["triton launch (torch-like, 8 sets in turn)"] = per_call_us(lambda: tri.launch(1024, *next(turn), n))
+    rows["triton k[lambda] (torch-like, grid callable)"] = per_call_us(
+        lambda: tri[lambda meta: (n // meta["BLOCK_SIZE"],)](tens[0], tens[1], tens[2], n))
     rows["triton launch (int addresses)"] = per_call_us(
         lambda: tri.launch(1024, bufs[0].ptr, bufs[1].ptr, bufs[2].ptr, n))
     return rows

@@ -787,3 +787,239 @@ def test_bind_checks_once_and_launches_the_chosen_variant_with_its_shared_memory
     assert base.variant.entry.name == "matmul_fp16__base"
     base((2, 1, 1))
     assert fake.launches[-1]["grid"] == (2, 1, 1)
+
+
+class _Dtype:
+    """A torch dtype's look-alike (``str`` gives ``torch.float32``)."""
+
+    def __init__(self, name: str = "float32") -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+
+class _Tensor:
+    """A torch tensor's look-alike: ``data_ptr()`` (``set_`` moves it, as ``.data =`` / ``set_`` do),
+    ``_version`` (an in-place write bumps it), and counts of the reads of its dtype."""
+
+    is_cuda = True
+
+    def __init__(self, ptr: int, dtype: str = "float32") -> None:
+        self.ptr, self._version, self._dtype, self.dtype_reads = ptr, 0, _Dtype(dtype), 0
+
+    @property
+    def dtype(self) -> _Dtype:
+        self.dtype_reads += 1
+        return self._dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def add_(self) -> None:  # an in-place write: the memory changes, the tensor does not move
+        self._version += 1
+
+    def set_(self, ptr: int) -> None:
+        self.ptr = ptr
+        self._version += 1
+
+
+_Tensor.__module__ = "torch"
+
+
+def _pointers(launch: dict[str, Any]) -> list[int]:
+    return [int.from_bytes(s, "little") for s in launch["slots"]]
+
+
+@pytest.mark.needs_triton
+def test_a_repeated_call_launches_its_remembered_block_without_reading_the_arguments_again(
+        built: tuple[Path, Any], fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The family's memo: the same tensors, grid and stream again launch the block packed the first
+    time the direct path saw them (no dtype read, no pack); an in-place write keeps it (the
+    address is what was packed), a moved tensor, another grid, stream or scalar do not."""
+    from .fakecuda import stream
+
+    root, _ = built
+    add = _load(root, fake).add_fp32
+    slow = _count_slow_launches(monkeypatch)
+    x, y, out = _Tensor(0x10000), _Tensor(0x20000), _Tensor(0x30000)
+    go = add[(4,)]
+    for _ in range(4):
+        go(x, y, out, 4096)
+    assert slow == ["add_fp32"] and len(fake.launches) == 4
+    reads = x.dtype_reads
+    ex = fake.ex_calls
+    for _ in range(3):
+        go(x, y, out, 4096)
+    assert x.dtype_reads == reads  # remembered: not read again
+    assert fake.ex_calls == ex + 3  # the prebuilt launch call (cuLaunchKernelEx, its configuration made once)
+    assert all(_pointers(la) == [0x10000, 0x20000, 0x30000, 4096, 0, 0] and la["grid"] == (4, 1, 1)
+               for la in fake.launches[-7:])
+    x.add_()  # written in place: the same address
+    go(x, y, out, 4096)
+    assert _pointers(fake.launches[-1])[:3] == [0x10000, 0x20000, 0x30000]
+    x.set_(0x40000)  # moved (set_ / .data =): read again
+    go(x, y, out, 4096)
+    go(x, y, out, 4096)
+    assert _pointers(fake.launches[-1])[:3] == [0x40000, 0x20000, 0x30000]
+    add[(2, 3)](x, y, out, 4096)  # another grid
+    assert fake.launches[-1]["grid"] == (2, 3, 1)
+    go(x, y, out, 4096)
+    assert fake.launches[-1]["grid"] == (4, 1, 1)
+    other = stream(0x99, native="OTHER")
+    go(x, y, out, 4096, stream=other)  # another stream
+    go(x, y, out, 4096, stream=other)
+    assert [la["stream"] for la in fake.launches[-2:]] == [other._cu] * 2
+    go(x, y, out, 4096)
+    assert fake.launches[-1]["stream"] != other._cu
+    go(x, y, out, 2048)  # a changed scalar
+    assert _pointers(fake.launches[-1])[3] == 2048
+    go(x, y, out, 4096)
+    assert _pointers(fake.launches[-1])[3] == 4096
+    programs = [4]
+    grid = add[lambda meta: (programs[0],)]  # one callable: evaluated on every call
+    for g in (4, 4, 3, 3):
+        programs[0] = g
+        grid(x, y, out, 4096)
+        assert fake.launches[-1]["grid"] == (g, 1, 1)
+    assert slow == ["add_fp32"]  # every one of these on the generated call
+
+
+@pytest.mark.needs_triton
+def test_a_remembered_call_whose_argument_breaks_an_assumption_switches_variant_or_refuses(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    from khal_runtime.buffers import DeviceBuffer
+
+    root, _ = built
+    ks = _load(root, fake)
+    add = ks.add_fp32
+    base = ks.crates["tutorials"].instances["add_fp32__base"].entry.symbol
+    x, y, out = _Tensor(0x10000), _Tensor(0x20000), _Tensor(0x30000)
+    go = add[(4,)]
+    for _ in range(3):
+        go(x, y, out, 4096)
+    assert fake.launches[-1]["f"] == f"FUNC:{add.entry.symbol}"
+    x.set_(0x10004)  # no longer 16-byte aligned: the conservative twin
+    go(x, y, out, 4096)
+    go(x, y, out, 4096)
+    assert [la["f"] for la in fake.launches[-2:]] == [f"FUNC:{base}"] * 2
+    assert _pointers(fake.launches[-1])[0] == 0x10004
+    x.set_(0x10002)  # not a multiple of 4 bytes: refused, nothing launched
+    count = len(fake.launches)
+    with pytest.raises(ValueError, match=r"argument 'x_ptr' \(\*fp32\) points at 0x10002, not a multiple of 4"):
+        go(x, y, out, 4096)
+    x._dtype = _Dtype("float16")  # .data = a tensor of another dtype at another address
+    x.set_(0x50000)
+    with pytest.raises(TypeError, match="an array of float16"):
+        go(x, y, out, 4096)
+    assert len(fake.launches) == count
+    mm = ks.matmul_fp16
+    p, q, r = _Tensor(0x60000, "float16"), _Tensor(0x70000, "float16"), _Tensor(0x80000, "float16")
+    unit = (p, q, r, 64, 64, 64, 64, 1, 64, 1, 64, 1)  # the unit strides the specialised variant compiles in
+    column = (p, q, r, 64, 64, 64, 1, 64, 64, 1, 64, 1)  # stride_ak is not 1: the twin, every value passed
+    for args, variant, values in ((unit, "matmul_fp16", 11), (column, "matmul_fp16__base", 14),
+                                  (unit, "matmul_fp16", 11)):
+        for _ in range(3):
+            mm[(1,)](*args)
+            la = fake.launches[-1]
+            assert la["f"].startswith(f"FUNC:{variant}_khal_") and len(la["slots"]) == values
+    count = len(fake.launches)
+    a, b, c = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    for _ in range(3):
+        go(a, b, c, 4096)
+    a.free()  # a freed buffer: every memo forgets it
+    with pytest.raises(ValueError, match="freed"):
+        go(a, b, c, 4096)
+    assert len(fake.launches) == count + 3
+    whole = DeviceBuffer.zeros(8192, np.float32)
+    view = whole[4096:]  # a view: remembered (its address cannot move), forgotten when its base is freed
+    for _ in range(3):
+        go(view, b, c, 4096)
+    assert _pointers(fake.launches[-1])[0] == whole.ptr + 4096 * 4
+    whole.free()
+    with pytest.raises(ValueError, match="freed"):
+        go(view, b, c, 4096)
+    count = len(fake.launches)
+    with pytest.raises(ValueError, match=r"argument 'n_elements' \(scalar int32\).*out of range for int32"):
+        go(b, b, c, 2**40)  # the direct path's pack refuses it: the slow path names it
+    assert len(fake.launches) == count
+
+
+@pytest.mark.needs_triton
+def test_a_remembered_call_still_reaches_the_launch_hooks_and_reports_a_failed_launch(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    from khal_runtime.errors import CudaError
+    from khal_runtime.launch_hooks import hooks
+
+    from .fakecuda import CUresult
+
+    root, _ = built
+    add = _load(root, fake).add_fp32
+    x, y, out = _Tensor(0x10000), _Tensor(0x20000), _Tensor(0x30000)
+    go = add[(4,)]
+    for _ in range(3):
+        go(x, y, out, 4096)
+    seen: list[Any] = []
+
+    def dispatch(plan: Any, grid: Any, block: Any, shmem: int, stream: Any, args: Any, launch: Any) -> None:
+        seen.append((plan.entry.name, grid, tuple(args)))
+        launch()
+
+    hooks.install(dispatch)
+    try:
+        go(x, y, out, 4096)
+        go(x, y, out, 4096)
+    finally:
+        hooks.uninstall()
+    assert seen == [("add_fp32", (4, 1, 1), (0x10000, 0x20000, 0x30000, 4096, 0, 0))] * 2
+    go(x, y, out, 4096)
+    fake.fail["cuLaunchKernel"] = CUresult.CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(CudaError, match=r"add_fp32.*CUDA_ERROR_INVALID_VALUE.*grid \(4, 1, 1\)"):
+        go(x, y, out, 4096)  # the remembered launch
+    with pytest.raises(CudaError, match=r"add_fp32.*CUDA_ERROR_INVALID_VALUE"):
+        go(x, y, out, 2048)  # the direct one
+
+
+@pytest.mark.needs_triton
+def test_threads_remember_their_own_launches(built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    """Each thread's memo slots are its own: two threads cycling through their own argument sets
+    (more sets than slots, so slots are refilled while the other thread hits) launch exactly what
+    each call passed."""
+    import sys
+    import threading
+
+    from .fakecuda import stream
+
+    root, _ = built
+    add = _load(root, fake).add_fp32
+    add[(4,)](_Tensor(0x1000), _Tensor(0x2000), _Tensor(0x3000), 64)  # the checked first call
+    errors: list[BaseException] = []
+    streams = [stream(0x50 + t, native=f"S{t}") for t in range(2)]
+    sets = [[(_Tensor(0x100000 * (t + 1) + 0x1000 * j), _Tensor(0x200000 + 0x1000 * j), _Tensor(0x300000), 64 * j)
+             for j in range(1, 7)] for t in range(2)]
+    want = {streams[t]._cu: {(a.ptr, b.ptr, c.ptr, n) for a, b, c, n in sets[t]} for t in range(2)}
+
+    def user(t: int) -> None:
+        try:
+            from khal_runtime.device import ensure_current
+
+            ensure_current(0)
+            for i in range(300):
+                add[(4,)](*sets[t][i % 6 if i % 3 else 0], stream=streams[t])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: inside a launch too
+    try:
+        threads = [threading.Thread(target=user, args=(t,)) for t in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors
+    launched = [la for la in fake.launches if la["stream"] in want]
+    assert len(launched) == 600
+    assert all(tuple(_pointers(la)[:4]) in want[la["stream"]] for la in launched)

@@ -79,6 +79,56 @@ def test_vector_add_matches_torch_in_every_variant(tri: Any, dtype: str) -> None
         assert torch.equal(out, x + y), f"{kind} {want} n={n} offset={offset}"
 
 
+def test_repeated_calls_follow_in_place_writes_moved_tensors_and_frees(tri: Any) -> None:
+    """The Triton call's memo on the GPU: the same tensors again launch the block packed the first
+    time; an in-place write is seen by the kernel (the same address), a tensor moved by ``set_`` /
+    ``.data =`` is read again, a misaligned one switches to the conservative twin, another scalar
+    is packed, and a freed DeviceBuffer is refused."""
+    import numpy as np
+    import torch
+
+    from khal_runtime import DeviceBuffer
+
+    kind, ks = tri
+    add = ks.add_fp32
+    st = _stream()
+    n = 4096
+    x, y = torch.rand(n, device="cuda"), torch.rand(n, device="cuda")
+    out = torch.full((n,), float("nan"), device="cuda")
+    go = add[(n // 1024,)]
+    for i in range(5):
+        x.add_(1.0)  # written in place between launches
+        out.fill_(float("nan"))
+        go(x, y, out, n, stream=st)
+        torch.cuda.synchronize()
+        assert torch.equal(out, x + y), f"{kind}: call {i}"
+    x.data = torch.rand(n, device="cuda")  # moved: the memo must read it again
+    go(x, y, out, n, stream=st)
+    torch.cuda.synchronize()
+    assert torch.equal(out, x + y), f"{kind}: after .data ="
+    storage = torch.rand(n + 1, device="cuda")
+    x.set_(storage[1:])  # one float in: not 16-byte aligned
+    assert add.chosen(x, y, out, n) == "add_fp32__base"
+    for _ in range(3):
+        out.fill_(float("nan"))
+        go(x, y, out, n, stream=st)
+        torch.cuda.synchronize()
+        assert torch.equal(out, x + y), f"{kind}: the conservative twin after set_"
+    half = n // 2
+    for _ in range(3):
+        out.fill_(float("nan"))
+        go(x, y, out, half, stream=st)  # a changed scalar: only the first half written
+        torch.cuda.synchronize()
+        assert torch.equal(out[:half], (x + y)[:half]) and bool(out[half:].isnan().all()), kind
+    a, b, c = (DeviceBuffer.from_numpy(np.full(n, v, np.float32)) for v in (1.0, 2.0, 0.0))
+    for _ in range(3):
+        go(a, b, c, n)
+    assert float(c.to_numpy()[-1]) == 3.0
+    a.free()
+    with pytest.raises(ValueError, match="freed"):
+        go(a, b, c, n)
+
+
 def test_fused_softmax_matches_torch(tri: Any) -> None:
     import torch
 

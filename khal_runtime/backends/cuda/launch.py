@@ -26,7 +26,7 @@ import ctypes
 import struct
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from khal_runtime import abi, interop
 from khal_runtime.arguments import Short, diagnose_args, dtype_ok, struct_bytes
@@ -46,7 +46,7 @@ from khal_runtime.manifest import Entry
 from khal_runtime.memo import EPOCH, register_memo
 from khal_runtime.uniforms import cached_converter, is_converter, uniform_converter
 
-__all__ = ["MISSING", "NOMEMO", "LaunchPlan", "launch_call"]
+__all__ = ["MISSING", "NOMEMO", "DirectLaunch", "LaunchPlan", "launch_call"]
 
 #: array types whose read a parameter's code inlines at most
 MAX_INLINE = 3
@@ -67,6 +67,25 @@ def uniform_reader(obj: Any, converted: Any) -> Any:
     if is_converter(conv, "ctypes") or is_converter(conv, "buffer"):
         return bytes
     return conv
+
+
+class DirectLaunch(NamedTuple):
+    """What a front that reads, checks and packs its own values launches an entry with
+    (:meth:`LaunchPlan.direct`; the Triton call, :mod:`khal_runtime.triton`): ``pack(block, 0,
+    *values)`` (the plan's ``struct.Struct.pack_into``: plain ints and floats, ``struct.error``
+    out of range), ``new_block()`` (an argument block, its ``void*[]`` and that array's address),
+    ``launch(function, gx, gy, gz, bx, by, bz, shmem, cu_stream, addr, 0)`` (``cuLaunchKernel``),
+    ``failed(result, gx, gy, gz, bx, by, bz)`` (the named error of a failed launch), and for a
+    launch repeated with the same block, grid and stream: ``prepared(*prepare(function, grid,
+    block, shmem, cu_stream, addr))`` (:func:`launch_call`)."""
+
+    function: Any
+    pack: Callable[..., None]
+    new_block: Callable[[], tuple[Any, Any, int]]
+    launch: Callable[..., Any]
+    failed: Callable[..., None]
+    prepared: Callable[..., Any]
+    prepare: Callable[..., tuple[Any, ...]]
 
 
 class _ImmutableScalars(dict):  # type: ignore[type-arg]
@@ -435,6 +454,17 @@ class LaunchPlan:
             with self._keep_lock:
                 self._clustered[key] = fn
         return fn
+
+    def direct(self) -> DirectLaunch | None:
+        """The parts of a launch for a front that packs its own values (:class:`DirectLaunch`),
+        or None when this entry's launches need more than a pack and ``cuLaunchKernel`` (launch
+        attributes, a cooperative / cluster grid check: such a front calls :attr:`run`)."""
+        if self.fattrs.needs_ex or self.check_attrs is not None:
+            return None
+        drv = driver()
+        prepared, prepare = launch_call(drv, self.fattrs)
+        return DirectLaunch(self.function, self.struct.pack_into, self._new_block, drv.cuLaunchKernel,
+                            self.launch_failed, prepared, prepare)
 
     @property
     def call(self) -> Callable[..., None]:
