@@ -463,7 +463,10 @@ class TritonKernel:
         P = len(self._pointers)  # noqa: N806
         F = n + 2 + P  # noqa: N806  (the key's launch function; then its arguments, then the _TAIL - 2 others)
         # the grid first: a callable one (new each call in Triton's idiom) fails every slot at once
-        conds = [f"{x} is k[{j}]" for j, x in enumerate(names)] + [f"st is k[{n + 1}]", "not more"]
+        # an argument is the remembered object, or an int equal to a remembered int (``x.numel()`` and
+        # ``t.data_ptr()`` are new objects each call; equal ints pack alike, an int equal to a float need not)
+        conds = [f"({x} is k[{j}] or type({x}) is int is type(k[{j}]) and {x} == k[{j}])"
+                 for j, x in enumerate(names)] + [f"st is k[{n + 1}]", "not more"]
         conds += [f"(k[{n + 2 + j}] is None or a{i}.data_ptr() == k[{n + 2 + j}])"
                   for j, i in enumerate(self._pointers)]
         L += ["    if not hooks.active:", "        try:"]

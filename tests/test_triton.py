@@ -852,9 +852,13 @@ def test_a_repeated_call_launches_its_remembered_block_without_reading_the_argum
     for _ in range(3):
         go(x, y, out, 4096)
     assert x.dtype_reads == reads  # remembered: not read again
-    assert fake.ex_calls == ex + 3  # the prebuilt launch call (cuLaunchKernelEx, its configuration made once)
+    assert fake.ex_calls == ex + 3
+    for _ in range(3):  # a size computed each call (``x.numel()``): an equal int, another object
+        go(x, y, out, int("4096"))
+    assert x.dtype_reads == reads and fake.ex_calls == ex + 6
+    ex = fake.ex_calls  # the prebuilt launch call (cuLaunchKernelEx, its configuration made once)
     assert all(_pointers(la) == [0x10000, 0x20000, 0x30000, 4096, 0, 0] and la["grid"] == (4, 1, 1)
-               for la in fake.launches[-7:])
+               for la in fake.launches[-10:])
     x.add_()  # written in place: the same address
     go(x, y, out, 4096)
     assert _pointers(fake.launches[-1])[:3] == [0x10000, 0x20000, 0x30000]
