@@ -199,7 +199,10 @@ def run(args: Any) -> list[Row]:
                "khal_int": lambda: go(xp, yp, op, n, stream=st),
                "plan_run": lambda: run(4, 1, 1, bx, 1, 1, shmem, st, packed),
                "raw": lambda: L(f, 4, 1, 1, bx, 1, 1, shmem, cu, addr, 0),
-               "jit": lambda: jit(x, y, o, n, BLOCK_SIZE=1024)}
+               "jit": lambda: jit(x, y, o, n, BLOCK_SIZE=1024),
+               # Triton's idiom: the grid tuple and the size made anew on every call
+               "khal_idiom": lambda: add[((x.numel() + 1023) // 1024,)](x, y, o, x.numel(), stream=st),
+               "jit_idiom": lambda: T.add_kernel[((x.numel() + 1023) // 1024,)](x, y, o, x.numel(), BLOCK_SIZE=1024)}
         got = interleaved_per_call_us(fns, calls=args.calls, batches=args.batches, sync=sync)
         raw, ours, theirs = got["raw"]["median"], got["khal"]["median"], got["jit"]["median"]
         rows.append(Row(SECTION, "vector add: raw cuLaunchKernel, void** prepacked", raw, "us/launch", 1.0, "raw"))
@@ -214,6 +217,10 @@ def run(args: Any) -> list[Row]:
         rows.append(Row(SECTION, "vector add: khal k[grid](...), 8 tensor sets in turn (no memo hit)", v, "us/launch",
                         v / raw, "raw", note=f"min {got['khal_new']['min']:.2f}; Triton JIT / this = "
                                              f"{theirs / v:.2f}x"))
+        v, vj = got["khal_idiom"]["median"], got["jit_idiom"]["median"]
+        rows.append(Row(SECTION, "vector add: khal k[(cdiv(n, B),)](..., x.numel()), grid and size new each call", v,
+                        "us/launch", v / raw, "raw", note=f"min {got['khal_idiom']['min']:.2f}; the JIT called so: "
+                                                          f"{vj:.2f} us, {vj / v:.2f}x this"))
         for key, label in (("khal_int", "vector add: khal k[grid](...), addresses as ints (no tensor reads)"),
                            ("plan_run", "vector add: the variant's LaunchPlan.run, values given (pack + launch)")):
             v = got[key]["median"]
