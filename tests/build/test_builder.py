@@ -11,8 +11,8 @@ import pytest
 from hatch_khal.errors import CompileError, ConfigError, PrebuiltError, SourceError
 from khal_runtime.binaries import khal_symbols, read_binary
 
-from ._build import build, manifest_of
-from ._projects import make_project
+from tests.helpers.build import build, manifest_of
+from tests.helpers.projects import make_project
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -185,7 +185,7 @@ def test_missing_source_and_empty_glob(tmp_path: Path) -> None:
 
 @pytest.mark.needs_nvrtc
 def test_missing_include_is_reported_with_file_line(tmp_path: Path) -> None:
-    bad = '#include "nope.cuh"\n' + (Path(__file__).parent / "_projects.py").read_text().split('OTHER_CU = """\\\n')[1].split('"""')[0]
+    bad = '#include "nope.cuh"\n' + (Path(__file__).parents[1] / "helpers" / "projects.py").read_text().split('OTHER_CU = """\\\n')[1].split('"""')[0]
     root = make_project(tmp_path / "p", files={"kernels/beta/fill.cu": bad})
     with pytest.raises(CompileError, match=r"fill\.cu\(1\).*nope\.cuh"):
         build(root, None)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ._projects import HALF_CU, make_project
-from .conftest import build_env
+from tests.helpers.projects import HALF_CU, make_project
+from tests.conftest import build_env
 
 pytestmark = pytest.mark.needs_nvrtc  # every test here builds
 

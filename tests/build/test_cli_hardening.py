@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from hatch_khal.__main__ import main
-from tests.fakecuda import make_entry, storage, write_package
+from tests.helpers.fakecuda import make_entry, storage, write_package
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BOMB = 20 << 20  # zeros: about 20 KB deflated
 
 

@@ -14,8 +14,8 @@ from hatch_khal import nvrtc
 from hatch_khal.errors import SourceChangedError, UncoveredReadError
 from hatch_khal.model import CompileJob, CompileOutput
 
-from ._build import build, manifest_of
-from ._projects import make_project
+from tests.helpers.build import build, manifest_of
+from tests.helpers.projects import make_project
 
 ALPHA_ONLY = textwrap.dedent(
     """\

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ._projects import OTHER_CU, make_project
-from .conftest import run
+from tests.helpers.projects import OTHER_CU, make_project
+from tests.conftest import run
 from .test_wheels import check_wheel, isolated_env, wheel_manifest, wheelhouse  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow

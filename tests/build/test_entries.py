@@ -61,7 +61,7 @@ def test_line_numbers_survive_block_comments() -> None:
         ("KHAL_ENTRY(k, 2048, (KHAL_SCALAR(int, x)))", "block_size"),
         ("KHAL_ENTRY(k, N, (KHAL_SCALAR(int, x)))", "block_size"),
         # what a type *is* (size_t, long double, a struct as KHAL_SCALAR) is the compiler's to say:
-        # tests/test_realkernels.py has those errors, from the build
+        # tests/build/test_real_kernels.py has those errors, from the build
         ("KHAL_ENTRY(k, 32, (KHAL_SCALAR(unsigned MyType, x)))", "type 'unsigned MyType' is not supported"),
         ("KHAL_ENTRY(k, 32, (KHAL_STORAGE(float*, x)))", "no pointers, references or arrays"),
         ("KHAL_ENTRY(k, 32, (KHAL_STORAGE(float&, x)))", "no pointers, references or arrays"),

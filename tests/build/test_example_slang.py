@@ -21,8 +21,8 @@ from hatch_khal.nvrtc import supported_archs
 from khal_runtime.binaries import khal_symbols, read_binary, webgpu_entry_points
 from khal_runtime.manifest import parse_manifest
 
-from ._slang import EXAMPLE_CRATE, EXAMPLE_PACKAGE, ROOT, needs_slang, needs_slang_or_wheel
-from .conftest import EXAMPLE, build_env, run
+from tests.helpers.slang import EXAMPLE_CRATE, EXAMPLE_PACKAGE, ROOT, needs_slang, needs_slang_or_wheel
+from tests.conftest import EXAMPLE, build_env, run
 
 pytestmark = needs_slang_or_wheel
 PKG = EXAMPLE_PACKAGE

@@ -15,7 +15,7 @@ from hatch_khal.nvrtc import supported_archs
 from khal_runtime.binaries import khal_symbols, read_binary, read_cubin, scan_cubin
 from khal_runtime.manifest import SCHEMA_VERSION, parse_manifest
 
-from .conftest import run
+from tests.conftest import run
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,9 @@ from khal_runtime.binaries import khal_symbols, read_binary
 from khal_runtime.manifest import parse_manifest
 from khal_runtime.verify import check_sources
 
-from ._build import Recorder, _crates, build, manifest_of, worker_children
-from ._projects import COMMON_CUH, HALF_CU, OTHER_CU, SCALE_CU, make_project
-from .conftest import ROOT, build_env, run
+from tests.helpers.build import Recorder, _crates, build, manifest_of, worker_children
+from tests.helpers.projects import COMMON_CUH, HALF_CU, OTHER_CU, SCALE_CU, make_project
+from tests.conftest import ROOT, build_env, run
 
 
 @pytest.fixture(autouse=True)

@@ -16,9 +16,9 @@ from hatch_khal.errors import ConfigError
 from khal_runtime.abi import parse_arch, split_symbol
 from khal_runtime.manifest import parse_manifest
 
-from ._projects import make_project
-from ._slang import needs_slang
-from .conftest import ROOT, build_env, run
+from tests.helpers.projects import make_project
+from tests.helpers.slang import needs_slang
+from tests.conftest import ROOT, build_env, run
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +106,7 @@ def build_resolved(root: Path, crates: list[Any], cache_dir: Path) -> Any:
     from hatch_khal.builder import build_packages
     from hatch_khal.cache import Cache
 
-    from ._build import Recorder
+    from tests.helpers.build import Recorder
 
     rep = Recorder()
     return build_packages(root, crates, rep, cache=Cache(cache_dir, rep.warn)), rep
@@ -341,7 +341,7 @@ float4 fmain() : SV_Target { return float4(1, 0, 0, 1); }
 def test_slang_compute_entry_without_numthreads_names_file_and_line(tmp_path: Path, numthreads: str) -> None:
     from hatch_khal.errors import SourceError
 
-    from ._slang import compile_files
+    from tests.helpers.slang import compile_files
 
     with pytest.raises(SourceError) as info:
         compile_files(tmp_path, {"k/e.slang": _SLANG_ENTRY.format(numthreads=numthreads)}, targets=("cuda",))
@@ -351,7 +351,7 @@ def test_slang_compute_entry_without_numthreads_names_file_and_line(tmp_path: Pa
 
 @needs_slang
 def test_slang_numthreads_of_one_written_out_builds(tmp_path: Path) -> None:
-    from ._slang import compile_files
+    from tests.helpers.slang import compile_files
 
     out = compile_files(tmp_path, {"k/e.slang": _SLANG_ENTRY.format(numthreads="[numthreads(1, 1, 1)]")},
                         targets=("cuda",))
@@ -367,7 +367,7 @@ def test_slang_vertex_and_fragment_entries_are_named(tmp_path: Path, monkeypatch
     from hatch_khal.errors import SourceError
     from hatch_khal.slang.worker import CRASH_ENV
 
-    from ._slang import compile_files
+    from tests.helpers.slang import compile_files
 
     if crash:
         monkeypatch.setenv(CRASH_ENV, "cuda")
@@ -385,7 +385,7 @@ def test_slang_crash_without_graphics_entries_stays_a_crash(tmp_path: Path, monk
     from hatch_khal.slang.client import SlangCrashed
     from hatch_khal.slang.worker import CRASH_ENV
 
-    from ._slang import compile_files
+    from tests.helpers.slang import compile_files
 
     monkeypatch.setenv(CRASH_ENV, "cuda")
     with pytest.raises(SlangCrashed):
@@ -432,7 +432,7 @@ def test_prebuilt_ptx_whose_entry_is_only_in_a_comment_is_refused(tmp_path: Path
     turned into a .func): the build took it, and the launch failed with CUDA_ERROR_NOT_FOUND."""
     from hatch_khal.errors import PrebuiltError
 
-    from ._build import build
+    from tests.helpers.build import build
 
     root = make_project(tmp_path / "p", hook='archs = ["sm_90"]\nptx-arch = "compute_90"\n')
     result, _ = build(root, tmp_path / "cache")
@@ -474,7 +474,7 @@ def test_restrict_on_a_by_value_parameter_is_refused_not_dropped() -> None:
 
 
 def test_restrict_underscores_still_builds(tmp_path: Path) -> None:
-    from ._build import build, manifest_of
+    from tests.helpers.build import build, manifest_of
 
     src = "KHAL_ENTRY(fill, 64, (KHAL_STORAGE(uint32_t __restrict__, out), KHAL_SCALAR(uint32_t, value)))\n{ }\n"
     root = make_project(tmp_path / "p", hook='archs = ["sm_90"]\nptx-arch = "none"\n',
@@ -488,7 +488,7 @@ def test_profiler_api_header_hint_says_what_it_is(tmp_path: Path) -> None:
     not ship it (and NVRTC refuses the header's __host__ functions where it is found)."""
     from hatch_khal.errors import CompileError
 
-    from ._build import build
+    from tests.helpers.build import build
 
     src = "#include <cuda_profiler_api.h>\nKHAL_ENTRY(fill, 64, (KHAL_STORAGE(float, o))) { }\n"
     root = make_project(tmp_path / "p", hook='archs = ["sm_90"]\nptx-arch = "none"\n',

@@ -11,8 +11,8 @@ from hatch_khal import cuda as cuda_lang
 from hatch_khal.errors import CompileError
 from hatch_khal.headers import HeaderSet, header_hint, header_requirements, resolve_headers
 
-from ._build import build, manifest_of
-from ._projects import HALF_CU, make_project
+from tests.helpers.build import build, manifest_of
+from tests.helpers.projects import HALF_CU, make_project
 
 ONE_ARCH = 'archs = ["sm_90"]\nptx-arch = "none"\n'
 

@@ -24,8 +24,8 @@ from hatch_khal.compiling import compile_jobs, plan_line
 from hatch_khal.errors import CompileError
 from hatch_khal.model import CompileJob, CompileOutput
 
-from ._build import Recorder, _crates, build, worker_children
-from ._projects import HALF_CU, make_project
+from tests.helpers.build import Recorder, _crates, build, worker_children
+from tests.helpers.projects import HALF_CU, make_project
 
 
 class _Stub:

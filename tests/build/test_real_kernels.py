@@ -5,7 +5,7 @@ macros, multi-word builtins, complex), 2-D / 3-D launch shapes and launch bounds
 variants that are correct or absent, preprocessor conditions, one source built as several
 crates, and the runtime's side of each (dtype mapping, the struct-element rule, N-D typed
 calls, blocks within launch bounds, dispatch_indirect saying why). The GPU half is
-tests/gpu/test_real_kernels.py, on the package tests/real_kernels_pkg.
+tests/runtime/cuda/test_real_kernels_gpu.py, on the package tests/packages/real_kernels_pkg.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError, Ma
 from khal_runtime.manifest import Entry, Param, parse_manifest
 from khal_runtime.verify import check_manifest, verify_package
 
-from ._projects import make_project
-from .fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storage  # noqa: F401
-from ._build import build, manifest_of
+from tests.helpers.projects import make_project
+from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storage  # noqa: F401
+from tests.helpers.build import build, manifest_of
+from tests.helpers.paths import PACKAGES
 
-REAL_PKG = Path(__file__).parent / "real_kernels_pkg"
+REAL_PKG = PACKAGES / "real_kernels_pkg"
 
 
 @pytest.fixture(autouse=True)
@@ -220,13 +221,13 @@ def test_signatures_of_entries_without_the_new_fields_are_unchanged() -> None:
 
 
 # =============================================================================================
-# the build: the real-kernels package (tests/real_kernels_pkg), once per module
+# the build: the real-kernels package (tests/packages/real_kernels_pkg), once per module
 # =============================================================================================
 
 
 @pytest.fixture(scope="module")
 def real_build(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> Any:
-    from ._build import build_test_package
+    from tests.helpers.build import build_test_package
 
     m, out, rep, _files = build_test_package(REAL_PKG, tmp_path_factory.mktemp("real"), "khal_real_kernels",
                                              session_cache)

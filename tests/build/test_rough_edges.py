@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import _HIDE, build_env, run
+from tests.conftest import _HIDE, build_env, run
 
 try:
     import tomllib
 except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_build_extra_has_what_a_build_without_isolation_needs() -> None:
@@ -45,7 +45,7 @@ _BUILD = "import sys, hatchling.build as b; b.build_editable(sys.argv[1])"
 
 @pytest.fixture
 def quickstart(tmp_path: Path) -> Path:
-    from .test_docs import write_project
+    from tests.test_docs import write_project
 
     return write_project(tmp_path / "my-shaders")
 
@@ -129,7 +129,7 @@ def test_the_default_nvrtc_writes_ptx_every_cuda13_driver_jits() -> None:
 
 def test_inspect_says_which_driver_the_ptx_needs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from hatch_khal.__main__ import main
-    from tests.fakecuda import make_entry, storage, write_package
+    from tests.helpers.fakecuda import make_entry, storage, write_package
 
     pkg = write_package(tmp_path, [make_entry("k", (storage("x"),))], package="isapkg")  # PTX ISA 9.0
     assert main(["inspect", str(pkg)]) == 0

@@ -1,6 +1,6 @@
 """The setuptools front-end (``build_khal``, hatch_khal/setuptools_ext.py).
 
-The twin of example_shader_pkg (tests/setuptools_twin/pyproject.toml + the example's
+The twin of example_shader_pkg (tests/packages/setuptools_twin/pyproject.toml + the example's
 kernels and package) is built by setuptools; its ``_khal/`` must equal, byte for byte,
 the hatchling-built example wheel's. Then: editable installs (in place, stale edits
 reported), a src layout, a setuptools project without ``[tool.khal]`` (untouched: the
@@ -20,12 +20,13 @@ import pytest
 
 from khal_runtime.manifest import parse_manifest
 
-from ._projects import COMMON_CUH, OTHER_CU, SCALE_CU
-from .conftest import EXAMPLE, ROOT, RUNTIME, build_env, run
+from tests.helpers.projects import COMMON_CUH, OTHER_CU, SCALE_CU
+from tests.conftest import EXAMPLE, ROOT, RUNTIME, build_env, run
+from tests.helpers.paths import PACKAGES
 
 pytest.importorskip("setuptools", minversion="70")
 
-TWIN = Path(__file__).resolve().parent / "setuptools_twin"
+TWIN = PACKAGES / "setuptools_twin"
 PKG = "example_shader_pkg"
 
 
@@ -269,7 +270,7 @@ print(json.dumps({
 
 def test_project_without_tool_khal_is_untouched(tmp_path: Path) -> None:
     """The plugin fires for every setuptools build: without [tool.khal] it must do nothing (a hatch
-    table without [tool.khal] is refused: tests/test_build_hardening_29.py)."""
+    table without [tool.khal] is refused: tests/build/test_hardening_29.py)."""
     proj = tmp_path / "proj"
     (proj / "plain_pkg").mkdir(parents=True)
     (proj / "plain_pkg" / "__init__.py").write_text("X = 1\n")

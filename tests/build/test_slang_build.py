@@ -23,10 +23,10 @@ from khal_runtime.binaries import khal_symbols, read_binary, webgpu_entry_points
 from khal_runtime.manifest import parse_manifest
 from khal_runtime.verify import verify_package
 
-from ._projects import SCALE_CU, COMMON_CUH
-from ._slang import MAIN_SLANG, UTIL_SLANG, needs_slang, write
-from ._build import Recorder
-from ._slang import ENTRY, one_entry
+from tests.helpers.projects import SCALE_CU, COMMON_CUH
+from tests.helpers.slang import MAIN_SLANG, UTIL_SLANG, needs_slang, write
+from tests.helpers.build import Recorder
+from tests.helpers.slang import ENTRY, one_entry
 
 pytestmark = needs_slang
 
@@ -404,7 +404,7 @@ def test_the_pinned_slangpy_is_the_tested_one() -> None:
 
     from hatch_khal.slang.library import SLANGPY_REQUIREMENT
 
-    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
     assert SLANGPY_REQUIREMENT in project["optional-dependencies"]["test"]
     assert SLANGPY_REQUIREMENT == f"slangpy=={version('slangpy')}"
 

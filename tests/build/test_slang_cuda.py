@@ -12,7 +12,7 @@ from khal_runtime.manifest import Param
 from hatch_khal.errors import CompileError
 from hatch_khal.slang.cuda_abi import DEFAULT_NVRTC_OPTIONS, build_cuda_unit, nvrtc_options
 from hatch_khal.slang.entries import SlangEntry
-from tests._slang import main_crate, needs_slang
+from tests.helpers.slang import main_crate, needs_slang
 
 
 def _nvrtc(unit: str, options: list[str], name: str = "demo.slang.cu") -> str:

@@ -9,7 +9,7 @@ from khal_runtime import abi
 from khal_runtime.manifest import Entry
 
 from hatch_khal.errors import CompileError, SourceError
-from tests._slang import ENTRY, compile_files, main_crate, needs_slang, one_entry
+from tests.helpers.slang import ENTRY, compile_files, main_crate, needs_slang, one_entry
 
 pytestmark = needs_slang
 

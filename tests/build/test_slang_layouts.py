@@ -1,6 +1,6 @@
 """The manifest's WebGPU bindings, scalar blocks and struct layouts, and the CUDA ABI, checked
 against the compiled artifacts themselves (WGSL text, SPIR-V words, NVRTC's PTX), read with the
-independent readers of tests/_slang_artifacts.py: for a crate the stage compiled here ("main") and
+independent readers of tests/helpers/slang_artifacts.py: for a crate the stage compiled here ("main") and
 for every Slang entry of the example wheel ("wheel": its manifest against its own files)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from khal_runtime.manifest import Entry, StructLayout
 
-from tests._slang import main_crate, needs_slang
-from tests._slang_artifacts import (
+from tests.helpers.slang import main_crate, needs_slang
+from tests.helpers.slang_artifacts import (
     DEC_ARRAY_STRIDE, DEC_BINDING, DEC_NON_WRITABLE, DEC_SET, SC_PUSH_CONSTANT, SC_STORAGE_BUFFER, SC_UNIFORM,
     ptx_params, read_spirv, read_wgsl, slang_name,
 )

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from hatch_khal.slang.library import PROTOTYPES, SLANGPY_REQUIREMENT, SlangNotFound, find_slang
-from tests._slang import ROOT, needs_slang, plan, write
-from tests._slang import one_entry
+from tests.helpers.slang import ROOT, needs_slang, plan, write
+from tests.helpers.slang import one_entry
 
 
 def test_missing_slangpy_says_what_to_add() -> None:

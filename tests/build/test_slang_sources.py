@@ -9,8 +9,8 @@ import pytest
 
 from hatch_khal.errors import ConfigError, SourceError
 from hatch_khal.slang.sources import collect_slang_sources
-from tests._slang import needs_slang, plan, write
-from tests._slang import one_entry
+from tests.helpers.slang import needs_slang, plan, write
+from tests.helpers.slang import one_entry
 
 FILES = {
     "k/a.slang": """\

@@ -13,7 +13,7 @@ from khal_runtime.manifest import Artifact, Crate, SpirvStatus
 
 from hatch_khal.errors import ConfigError, KhalBuildError, SourceError
 from hatch_khal.slang.output import SlangOutput
-from tests._slang import MAIN_SLANG, UTIL_SLANG, compile_files, main_crate, needs_slang, one_entry, plan
+from tests.helpers.slang import MAIN_SLANG, UTIL_SLANG, compile_files, main_crate, needs_slang, one_entry, plan
 
 pytestmark = needs_slang
 MAIN = {"k/main.slang": MAIN_SLANG, "mods/util.slang": UTIL_SLANG}

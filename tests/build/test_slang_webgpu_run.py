@@ -21,7 +21,7 @@ import pytest
 from khal_runtime import abi
 from khal_runtime.manifest import Entry, StructLayout
 
-from tests._slang import EXAMPLE, needs_slang_or_wheel
+from tests.helpers.slang import EXAMPLE, needs_slang_or_wheel
 
 pytestmark = [needs_slang_or_wheel, pytest.mark.skipif(importlib.util.find_spec("wgpu") is None,
                                               reason="wgpu-py is not installed")]

@@ -13,8 +13,8 @@ import pytest
 from hatch_khal.errors import CompileError
 from hatch_khal.slang.client import SlangCrashed
 from hatch_khal.slang.worker import CRASH_ENV
-from tests._slang import ROOT, compile_files, needs_slang
-from tests._slang import one_entry
+from tests.helpers.slang import ROOT, compile_files, needs_slang
+from tests.helpers.slang import one_entry
 
 pytestmark = needs_slang
 

@@ -23,9 +23,9 @@ import pytest
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Manifest, load_manifest
 
 from hatch_khal.stubs import PY_TYPED, kernels_module, kernels_stub, stub_files
-from tests._kernel_models import models_manifest, scalar, storage
+from tests.helpers.kernel_models import models_manifest, scalar, storage
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,9 +277,9 @@ def test_type_checkers_accept_good_calls_and_report_a_wrong_one(models_project: 
 
 
 # ---------------------------------------------------------------------------------------------
-# 2-D / 3-D entries: the 2-D and 3-D launches of tests/real_kernels_pkg, built alone
+# 2-D / 3-D entries: the 2-D and 3-D launches of tests/packages/real_kernels_pkg, built alone
 # ---------------------------------------------------------------------------------------------
-REAL_GRIDS = ROOT / "tests" / "real_kernels_pkg" / "kernels" / "real" / "grids.cu"
+REAL_GRIDS = ROOT / "tests" / "packages" / "real_kernels_pkg" / "kernels" / "real" / "grids.cu"
 
 GOOD_ND = '''\
 from __future__ import annotations
@@ -324,7 +324,7 @@ def step(a: DeviceBuffer, out: DeviceBuffer, u: DeviceBuffer, count: DeviceBuffe
 
 @pytest.fixture(scope="module")
 def grids_project(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> tuple[Path, Manifest]:
-    from tests._projects import make_project
+    from tests.helpers.projects import make_project
     from tests.test_builder import build, manifest_of
 
     tmp = tmp_path_factory.mktemp("grids")

@@ -1,5 +1,5 @@
 """Triton crates (issue #30) on the CPU: the instance tables and their errors, one real build of
-tests/triton_kernels_pkg (shared by the module: Triton compiles are slow), the entries and
+tests/packages/triton_kernels_pkg (shared by the module: Triton compiles are slow), the entries and
 artifacts it makes, entry hashes that follow a called @triton.jit helper, and the runtime on the
 fake driver (packing, scratch pointers, the variant chosen by alignment / divisibility, a stale
 manifest refused, no ``import triton`` at run time)."""
@@ -29,9 +29,10 @@ from hatch_khal.triton.language import merge_ptx, rename_kernel
 from khal_runtime.errors import HashMismatchError, TritonAssumptionError
 from khal_runtime.triton import TritonKernel
 
-from .fakecuda import FakeDriver, fake, ptx_param_layouts  # noqa: F401
+from tests.helpers.fakecuda import FakeDriver, fake, ptx_param_layouts  # noqa: F401
+from tests.helpers.paths import PACKAGES
 
-PKG = Path(__file__).parent / "triton_kernels_pkg"
+PKG = PACKAGES / "triton_kernels_pkg"
 HOOK = ("tool", "hatch", "build", "targets", "wheel", "hooks", "khal")
 
 
@@ -711,7 +712,7 @@ def test_the_fast_call_on_a_borrowed_stream_in_a_fresh_thread(
 
     from khal_runtime.buffers import DeviceBuffer
 
-    from .fakecuda import stream
+    from tests.helpers.fakecuda import stream
 
     root, _ = built
     ks = _load(root, fake)

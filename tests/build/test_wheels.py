@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ._projects import make_project
-from .conftest import ROOT, RUNTIME, build_env, run
+from tests.helpers.projects import make_project
+from tests.conftest import ROOT, RUNTIME, build_env, run
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_pip_wheel_isolated(tmp_path: Path, wheelhouse: Path, session_cache: Path, bare_python: Path) -> None:
     # pip's isolated environment is an overlay on sys.path, not a site-packages:
     # the hook must find NVRTC and the header wheels there.
-    files = {"kernels/beta/fill.cu": '#include <cuda_fp16.h>\n' + (Path(__file__).parent / "_projects.py")
+    files = {"kernels/beta/fill.cu": '#include <cuda_fp16.h>\n' + (Path(__file__).parents[1] / "helpers" / "projects.py")
              .read_text().split('OTHER_CU = """\\\n')[1].split('"""')[0]}
     proj = make_project(tmp_path / "proj", nvrtc_requirement=_nvrtc_pin(), files=files)
     run([str(bare_python), "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(proj)],

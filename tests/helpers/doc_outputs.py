@@ -8,8 +8,8 @@ which parallel compiles finish, column widths: what differs between two runs or 
 the same on any machine, the entry hashes first, is compared exactly. When the code changes what
 the tool prints, rewrite the blocks:
 
-    scripts/update-docs            # = python -m tests.doc_outputs --update
-    python -m tests.doc_outputs    # only say which blocks are stale, with the diff
+    scripts/update-docs            # = python -m tests.helpers.doc_outputs --update
+    python -m tests.helpers.doc_outputs    # only say which blocks are stale, with the diff
 
 A ```text block that looks like hatch-khal's output (``khal:`` / ``package ...`` / ``verify:``
 lines) must be generated, or say why it cannot be (``<!-- sample: needs a GPU -->``).
@@ -31,7 +31,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MARKER = "generated"
 
 
@@ -160,7 +160,7 @@ def produce(name: str, ctx: Context) -> str:
     parts = name.split("+")
     missing = [p for p in parts if p not in PRODUCERS]
     if missing:
-        raise KeyError(f"no producer {missing} (tests/doc_outputs.py PRODUCERS: {sorted(PRODUCERS)})")
+        raise KeyError(f"no producer {missing} (tests/helpers/doc_outputs.py PRODUCERS: {sorted(PRODUCERS)})")
     for p in parts:
         if p not in ctx.produced:
             ctx.produced[p] = PRODUCERS[p](ctx)
@@ -211,7 +211,7 @@ def rewrite(block, produced: str) -> None:  # noqa: ANN001
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m tests.doc_outputs", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.helpers.doc_outputs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--update", action="store_true", help="rewrite the stale blocks with what is produced now")
     args = ap.parse_args(argv)
     stale = 0

@@ -217,7 +217,7 @@ def nvrtc_params() -> dict[str, list[bytes]]:
     """Probe kernel name -> the ``.param`` declarations NVRTC emits for it (compiled once, the
     PTX kept in the temp folder under a hash of the source and NVRTC's version)."""
     from hatch_khal.headers import nvrtc_cuda_major, resolve_headers
-    from tests._synthetic import nvrtc_version
+    from tests.helpers.synthetic import nvrtc_version
 
     source = _probe_source()
     key = hashlib.sha256(f"{nvrtc_version()}\0{source}".encode()).hexdigest()[:24]
@@ -225,7 +225,7 @@ def nvrtc_params() -> dict[str, list[bytes]]:
     try:
         ptx = cached.read_bytes()
     except OSError:
-        ptx = _nvrtc_ptx(source, [Path(__file__).resolve().parent.parent / "hatch_khal" / "include",
+        ptx = _nvrtc_ptx(source, [Path(__file__).resolve().parents[2] / "hatch_khal" / "include",
                                   *resolve_headers("wheels", nvrtc_cuda_major()).include_dirs])
         tmp = cached.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(ptx)
@@ -266,7 +266,7 @@ def entry_params(entry: Entry, indirect: bool = False) -> list[str]:
         reader = abi.kind(p.kind).strategy.name
         element = p.element_type if p.element_type in abi.SCALARS else "struct"
         if element != "struct" and element not in C_TYPES:
-            raise KeyError(f"scalar type {element!r}: add its C spelling to tests/fakecuda.py C_TYPES")
+            raise KeyError(f"scalar type {element!r}: add its C spelling to tests/helpers/fakecuda.py C_TYPES")
         decls += probes[_probe_name(reader, element)]
     if indirect:
         decls += probes["khal_probe_group_count"]

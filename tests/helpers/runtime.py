@@ -1,4 +1,4 @@
-"""Runtime helpers shared by the CPU tests of the launch path (fake driver, tests/fakecuda.py): the
+"""Runtime helpers shared by the CPU tests of the launch path (fake driver, tests/helpers/fakecuda.py): the
 five-parameter entry ``five`` and its struct, torch-like tensors, a launch slot as an integer."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from khal_runtime.device import Stream
 from khal_runtime.kernels import Kernel
 from khal_runtime.manifest import Param
-from tests.fakecuda import FakeDriver, fake_kernels, make_entry, stream
+from tests.helpers.fakecuda import FakeDriver, fake_kernels, make_entry, stream
 
 
 class P(ctypes.Structure):

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "example_shader_pkg"
 
 #: Tests that run Slang skip where slangpy is not installed (they run wherever it is).

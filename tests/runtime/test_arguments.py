@@ -20,8 +20,8 @@ from khal_runtime.backends.cuda.launch import LaunchPlan
 from khal_runtime.backends.cuda.loader import expected_param_layout
 from khal_runtime.backends.cuda.uniform_cache import Upload
 from khal_runtime.errors import ArgumentError, ArgumentValueError
-from tests._synthetic import CRATE, build_package
-from tests.fakecuda import FakeDriver, fake, ptx_param_layouts  # noqa: F401  (fixture)
+from tests.helpers.synthetic import CRATE, build_package
+from tests.helpers.fakecuda import FakeDriver, fake, ptx_param_layouts  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.needs_nvrtc
 

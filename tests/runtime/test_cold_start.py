@@ -23,10 +23,10 @@ import pytest
 from khal_runtime import backends
 from khal_runtime.backends.cuda import driver as cuda_driver
 from khal_runtime.errors import BackendUnavailableError, CudaError
-from tests._synthetic import build_package
-from tests.fakecuda import FakeDriver, _reset_runtime, fake_kernels, make_entry, storage
+from tests.helpers.synthetic import build_package
+from tests.helpers.fakecuda import FakeDriver, _reset_runtime, fake_kernels, make_entry, storage
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 THREAD = "khal-cuda-init"
 
 #: what loading a package must not import (array libraries are probed, never imported; tracing's

@@ -13,7 +13,7 @@ import pytest
 
 from khal_runtime import binaries
 from khal_runtime.binaries import EM_CUDA, BinaryFormatError, read_binary, read_cubin, scan_cubin
-from tests.fakecuda import FakeDriver, fake, make_entry, storage, write_package  # noqa: F401  (fixture)
+from tests.helpers.fakecuda import FakeDriver, fake, make_entry, storage, write_package  # noqa: F401  (fixture)
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")

@@ -1,5 +1,5 @@
 """The generated per-entry ``Kernel.__call__``: same packing and the same named errors as the
-generic path, on CPU with the fake driver (tests/fakecuda.py)."""
+generic path, on CPU with the fake driver (tests/helpers/fakecuda.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from khal_runtime import DeviceBuffer, kernels, memo
 from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.kernels import Kernel
-from tests._runtime import P, Tensor, _kernel, _u64
-from tests.fakecuda import FakeDriver, fake, fake_kernels, make_entry, stream  # noqa: F401  (fixture)
+from tests.helpers.runtime import P, Tensor, _kernel, _u64
+from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels, make_entry, stream  # noqa: F401  (fixture)
 
 
 def test_generated_call_packs_like_the_abi(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -342,7 +342,7 @@ def test_cupy_arrays_are_packed_once_unversioned_tensors_every_call(fake: FakeDr
     """cupy.ndarray cannot change pointer, size, dtype or contiguity under the same object, so a
     repeated launch reuses its packed block; a torch tensor can (set_, resize_, .data =), and
     one without a version counter to tell (this one, like an inference tensor) is read again
-    on every launch (tensors with one: tests/test_torch_memo.py)."""
+    on every launch (tensors with one: tests/runtime/test_torch_memo.py)."""
     k, st = _kernel(fake)
     monkeypatch.setattr(_tls, "dev", 0, raising=False)
     p = P(1.0, 2.0)

@@ -1,7 +1,7 @@
 """Hardening, round two (issue #16), the runtime's items: each of these launched silently wrong
 work, read outside the project, hung, or ended in a raw traceback before.
 
-CPU only: the fake driver (tests/fakecuda.py) records what would be launched.
+CPU only: the fake driver (tests/helpers/fakecuda.py) records what would be launched.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ArgumentError, ArgumentValueError, ArtifactError, ManifestError, ParamLayoutError
 from khal_runtime.manifest import parse_manifest
 from khal_runtime.verify import verify_package
-from tests._synthetic import CRATE, build_package
-from tests.fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storage, uniform  # noqa: F401
+from tests.helpers.synthetic import CRATE, build_package
+from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storage, uniform  # noqa: F401
 
 
 class Params(ctypes.Structure):

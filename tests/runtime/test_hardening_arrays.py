@@ -17,8 +17,8 @@ import pytest
 from khal_runtime.arguments import Short
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
-from tests._runtime import Tensor
-from tests.fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storage, uniform  # noqa: F401
+from tests.helpers.runtime import Tensor
+from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storage, uniform  # noqa: F401
 
 
 class Params(ctypes.Structure):
@@ -267,7 +267,7 @@ def test_a_misaligned_array_is_refused_on_every_path(ks: Any, fake: FakeDriver, 
 
 
 def test_a_misaligned_tensor_is_refused_after_an_aligned_one_was_inlined(ks: Any, fake: FakeDriver) -> None:
-    from tests._runtime import VersionedTensor
+    from tests.helpers.runtime import VersionedTensor
 
     y, p = _buf(0x400000), Params(1, 2)
     for t in (Tensor(0x9000, 16), VersionedTensor(0x9000, 16)):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests._synthetic import build_package
+from tests.helpers.synthetic import build_package
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(code: str, *, env_extra: dict[str, str] | None = None, path: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -129,7 +129,7 @@ def test_the_install_hint_names_the_python_floor() -> None:
     install that installs nothing."""
     from khal_runtime.backends.webgpu._wgpu import MIN_PYTHON, install_hint
 
-    text = (Path(__file__).resolve().parent.parent / "runtime" / "pyproject.toml").read_text()
+    text = (ROOT / "runtime" / "pyproject.toml").read_text()
     assert f"python_version >= '{MIN_PYTHON[0]}.{MIN_PYTHON[1]}'" in text.split("webgpu = [", 1)[1].split("]")[0]
     assert install_hint((3, 12)) == "install it with pip install khal-runtime[webgpu] (or pip install wgpu)"
     old = install_hint((3, 10))

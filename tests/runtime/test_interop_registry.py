@@ -1,6 +1,6 @@
 """The interop registry: a library taught through the public ``register_array_type`` alone (its
 arrays, its stream objects and its dtype objects) launches on the fake driver
-(tests/fakecuda.py), and a library inside the package is one module."""
+(tests/helpers/fakecuda.py), and a library inside the package is one module."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import pytest
 
 import khal_runtime
 from khal_runtime import interop
-from tests.fakecuda import FakeDriver, fake, fake_kernels, make_entry, storage  # noqa: F401  (fixture)
+from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels, make_entry, storage  # noqa: F401  (fixture)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Property tests of the parsers on mostly *valid* inputs, with exact expectations.
 
 Each parser gets inputs generated from something real: PTX and cubins that NVRTC built
-once per session (tests/_synthetic.py's crate), then mutated in ways whose effect is
+once per session (tests/helpers/synthetic.py's crate), then mutated in ways whose effect is
 known; manifests built through the pydantic models; marker sources generated from the
 KHAL_ENTRY grammar. The properties are round trips and exact results (the arch, the
 entries and their hashes, the error type and its file:line), so a parser that rejects
@@ -45,8 +45,8 @@ from khal_runtime.manifest import (
     Toolchain,
 )
 
-from . import _synthetic
-from . import test_entries as entry_tests  # (a module: its tests are not collected twice)
+from tests.helpers import synthetic as _synthetic
+from tests.build import test_entries as entry_tests  # (a module: its tests are not collected twice)
 
 _SETTINGS = settings(max_examples=40, deadline=None, database=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

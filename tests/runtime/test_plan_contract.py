@@ -11,7 +11,7 @@ import pytest
 from khal_runtime import backends
 from khal_runtime.backends import LaunchPlan, check_plan
 
-from .fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storage  # noqa: F401
+from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storage  # noqa: F401
 
 
 def test_the_checked_members_are_the_protocols() -> None:

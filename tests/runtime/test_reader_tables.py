@@ -13,7 +13,7 @@ import pytest
 
 from khal_runtime import abi
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: every module that registers a reader table, by its ReaderTable name
 TABLES = {

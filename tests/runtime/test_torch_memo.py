@@ -15,9 +15,9 @@ from khal_runtime import DeviceBuffer, interop
 from khal_runtime.backends.cuda.launchgen import PROMOTE_AFTER
 from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentValueError
-from tests._runtime import P, _kernel, _u64
-from tests._runtime import VersionedTensor as Tensor
-from tests.fakecuda import FakeDriver, fake  # noqa: F401  (fixture)
+from tests.helpers.runtime import P, _kernel, _u64
+from tests.helpers.runtime import VersionedTensor as Tensor
+from tests.helpers.fakecuda import FakeDriver, fake  # noqa: F401  (fixture)
 
 
 class InferenceTensor(Tensor):

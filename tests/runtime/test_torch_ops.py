@@ -4,7 +4,7 @@ What can be shown without a GPU: registration, naming, idempotence, the schemas 
 mutated), the fake implementation under ``FakeTensorMode`` (CUDA fake tensors work on a CPU-only
 torch) and under ``torch.compile(fullgraph=True)``, the uniform helper, and the error paths of the
 real implementation. The real launch (eager, compiled, inside ``torch.cuda.graph``) is in
-``tests/gpu/test_torch_ops_gpu.py``.
+``tests/runtime/test_torch_ops_gpu.py``.
 
 Skipped where torch is not installed. torch is not in the ``test`` extra, so CI skips this file:
 PyPI's Linux torch is the CUDA build (a 0.55 GB wheel pulling several GB of CUDA libraries), and
@@ -35,9 +35,9 @@ torch = pytest.importorskip(
 import khal_runtime.torch as khal_torch  # noqa: E402
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError  # noqa: E402
 from khal_runtime.torch import _OpSpec  # noqa: E402
-from tests._kernel_models import ENTRIES, models_kernels, scalar, storage  # noqa: E402
+from tests.helpers.kernel_models import ENTRIES, models_kernels, scalar, storage  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _names = itertools.count()
 
 
@@ -61,7 +61,7 @@ def test_importing_the_runtime_or_this_module_imports_no_torch() -> None:
     code = textwrap.dedent("""
         import sys
         import khal_runtime, khal_runtime.kernels, khal_runtime.torch
-        from tests._kernel_models import models_kernels
+        from tests.helpers.kernel_models import models_kernels
         ks = models_kernels("khal_noimport")
         assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
         print("OK")
@@ -412,7 +412,7 @@ def test_uniform_errors_name_the_entry_and_parameter(pkg: tuple[Any, Any]) -> No
 
 
 def test_two_uniforms_need_a_param_name() -> None:
-    from tests._kernel_models import uniform as u
+    from tests.helpers.kernel_models import uniform as u
 
     ks, ops = _fresh(entries={"core": [("two", (32, 1, 1), (u("a", "A", 4), u("b", "B", 8), scalar("n", "uint32")))]})
     with pytest.raises(ArgumentError, match=r"several uniform parameters \(a, b\): pass param='<name>'"):

@@ -3,7 +3,7 @@ eager, under ``torch.compile(fullgraph=True)`` and inside ``torch.cuda.graph``, 
 call and the NumPy references. Needs a CUDA build of torch; skipped, saying why, without one.
 
 Run on the GPU machine (see the README, "Testing on a GPU"):
-``python3 -m pytest -m gpu tests/gpu/test_torch_ops_gpu.py``.
+``python3 -m pytest -m gpu tests/runtime/test_torch_ops_gpu.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def torch() -> Any:
-    from tests._gpu import require_gpu
+    from tests.helpers.gpu import require_gpu
 
     require_gpu()
     torch = pytest.importorskip("torch")

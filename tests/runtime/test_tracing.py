@@ -1,4 +1,4 @@
-"""KHAL_CUDA_TRACE / KHAL_CUDA_PROFILE / NVTX on CPU, against the fake driver (tests/fakecuda.py)."""
+"""KHAL_CUDA_TRACE / KHAL_CUDA_PROFILE / NVTX on CPU, against the fake driver (tests/helpers/fakecuda.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import Device
 from khal_runtime.errors import CudaError
 from khal_runtime.launch_hooks import hooks
-from tests.fakecuda import (  # noqa: F401 - fixture
+from tests.helpers.fakecuda import (  # noqa: F401 - fixture
     CUresult,
     FakeDriver,
     fake,
@@ -96,7 +96,7 @@ def test_parse_env_warns_on_nonsense() -> None:
 def test_trace_describes_a_dict_uniform_without_an_error() -> None:
     """A dict uniform is packed by the launch (into the struct's layout): the trace line says so
     instead of ``p=<dict: expected a uniform struct ...>`` for a launch that worked."""
-    from tests.fakecuda import uniform as _uniform
+    from tests.helpers.fakecuda import uniform as _uniform
 
     text = tracing.describe_arg(_uniform("p", "AxpbyParams", 8), {"a": 1.0, "b": 2.0})
     assert text == "p=uniform AxpbyParams (8 B, from a dict)", text
@@ -112,7 +112,7 @@ def test_write_line_follows_khal_trace_file(tmp_path, monkeypatch) -> None:
 
 
 def test_env_installs_hooks_when_a_package_is_loaded(tmp_path) -> None:
-    from tests.fakecuda import fake_kernels
+    from tests.helpers.fakecuda import fake_kernels
 
     e = make_entry("axpby", (storage("x"), storage("y", writable=True), uniform("p", "AxpbyParams"),
                              scalar("bias")), block=256)
@@ -267,7 +267,7 @@ def test_profile_collects_when_many_pending(fake: FakeDriver, monkeypatch: pytes
 
 def test_profile_at_exit_in_a_subprocess(tmp_path) -> None:
     """KHAL_CUDA_PROFILE=1: the table is printed at exit (here with no launches: nothing)."""
-    from tests.fakecuda import fake_kernels
+    from tests.helpers.fakecuda import fake_kernels
 
     fake_kernels(FakeDriver(), tmp_path, [make_entry("k", (storage("x"),))])
     env = dict(os.environ, KHAL_CUDA_PROFILE="1")

@@ -27,7 +27,7 @@ from khal_runtime.backends.cuda.loader import (
 )
 from khal_runtime.manifest import Artifact, load_manifest, package_path, parse_manifest
 from khal_runtime.verify import artifact_path, check_package, read_artifact, verify_package
-from tests._synthetic import CRATE, build_package
+from tests.helpers.synthetic import CRATE, build_package
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import numpy as np
 
 import khal_runtime
 from khal_runtime import Device, DeviceBuffer
-from tests._synthetic import build_package
+from tests.helpers.synthetic import build_package
 
 
 class P(ctypes.Structure):

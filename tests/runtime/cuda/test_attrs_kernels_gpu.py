@@ -1,6 +1,6 @@
 """Issue #26 on a GPU: kernels that use the whole GPU, against NumPy references.
 
-The package is tests/attrs_kernels_pkg: a WMMA GEMM tile with 64 KB of dynamic shared memory
+The package is tests/packages/attrs_kernels_pkg: a WMMA GEMM tile with 64 KB of dynamic shared memory
 (``KHAL_SHARED_MEM(65536)``: launched with ``launch(..., shared_mem=65536)`` and nothing else), a
 cooperative grid-sync reduction (``KHAL_COOPERATIVE``), a cluster kernel reading its partner block's
 shared memory (``KHAL_CLUSTER(2, 1, 1)``, distributed shared memory), a ``__constant__`` table and a
@@ -17,15 +17,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.helpers.paths import PACKAGES
 
 pytestmark = pytest.mark.gpu
 
-PKG = Path(__file__).resolve().parent.parent / "attrs_kernels_pkg"
+PKG = PACKAGES / "attrs_kernels_pkg"
 
 
 @pytest.fixture(scope="module")
 def rt() -> Any:
-    from tests._gpu import require_gpu
+    from tests.helpers.gpu import require_gpu
 
     require_gpu()
     import khal_runtime
@@ -36,7 +37,7 @@ def rt() -> Any:
 @pytest.fixture(scope="module")
 def attrs(rt: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``khal_attrs_kernels`` imported from its wheel."""
-    from tests._gpu import import_test_package
+    from tests.helpers.gpu import import_test_package
 
     yield from import_test_package(tmp_path_factory, PKG, "khal_attrs_kernels", "KHAL_TEST_ATTRS_WHEEL")
 

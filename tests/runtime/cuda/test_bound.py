@@ -11,8 +11,8 @@ import pytest
 from khal_runtime import DeviceBuffer
 from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentError
-from tests._runtime import P, Tensor, _kernel
-from tests.fakecuda import FakeDriver, fake  # noqa: F401  (fixture)
+from tests.helpers.runtime import P, Tensor, _kernel
+from tests.helpers.fakecuda import FakeDriver, fake  # noqa: F401  (fixture)
 
 
 def test_bind_packs_once_and_launches_with_the_thread_count(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,7 +70,7 @@ def test_bind_holds_a_tensors_storage(fake: FakeDriver, monkeypatch: pytest.Monk
     import gc
     import weakref
 
-    from tests._runtime import VersionedTensor
+    from tests.helpers.runtime import VersionedTensor
 
     k, st = _kernel(fake)
     monkeypatch.setattr(_tls, "dev", 0, raising=False)

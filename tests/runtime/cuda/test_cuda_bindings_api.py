@@ -19,7 +19,7 @@ import pytest
 pytestmark = pytest.mark.needs_cuda_bindings
 driver = pytest.importorskip("cuda.bindings.driver")  # (the marker selects; this skips the module's import)
 
-RUNTIME = Path(__file__).resolve().parent.parent / "khal_runtime"
+RUNTIME = Path(__file__).resolve().parents[3] / "khal_runtime"
 
 #: calls that the AST does not show: generated launch code (launchgen: ``cuLaunchKernel(function,
 #: gx, gy, gz, bx, by, bz, shmem, stream, addr, 0)``) and launch.launch_call's prepared tuples

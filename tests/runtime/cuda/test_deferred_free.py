@@ -8,7 +8,7 @@ from khal_runtime import capture_state, memo
 from khal_runtime.backends import cuda
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import Device
-from tests.fakecuda import FakeDriver, fake  # noqa: F401  (fixture)
+from tests.helpers.fakecuda import FakeDriver, fake  # noqa: F401  (fixture)
 
 
 def _buf(ptr: int) -> DeviceBuffer:

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 NO_TRITON = r"""
 import sys
@@ -70,7 +70,7 @@ print("ok")
 
 @pytest.fixture(scope="module")
 def torch_site(example_site: Path) -> Path:
-    from tests._gpu import require_gpu
+    from tests.helpers.gpu import require_gpu
 
     require_gpu()
     pytest.importorskip("torch")

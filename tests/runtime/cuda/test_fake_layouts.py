@@ -12,8 +12,8 @@ import pytest
 from khal_runtime import abi
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.manifest import symbol_for
-from tests import _synthetic
-from tests.fakecuda import (C_TYPES, FakeDriver, cubin_param_layouts, fake, fake_kernels, make_entry,  # noqa: F401
+from tests.helpers import synthetic as _synthetic
+from tests.helpers.fakecuda import (C_TYPES, FakeDriver, cubin_param_layouts, fake, fake_kernels, make_entry,  # noqa: F401
                             ptx_param_layouts, scalar, storage)
 
 #: each ABI scalar's NumPy dtype (bfloat16: none; its bits are float32's top half), and a value

@@ -1,6 +1,6 @@
 """The generated launch code, as a newcomer meets it: tracebacks and pdb show its lines
 (khal_runtime.generated), under names that never collide and entries that do not pile up; on
-CPU with the fake driver (tests/fakecuda.py)."""
+CPU with the fake driver (tests/helpers/fakecuda.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentError
 from khal_runtime.manifest import ScalarSlot, WebGpuTarget
 from khal_runtime.packing import ScalarPacker
-from tests._runtime import FIVE, P, Tensor, _kernel
-from tests.fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, stream  # noqa: F401  (fixture)
+from tests.helpers.runtime import FIVE, P, Tensor, _kernel
+from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, stream  # noqa: F401  (fixture)
 
 
 def _formatted(exc: BaseException) -> str:

@@ -1,6 +1,6 @@
 """Issue #24 on a GPU: kernels launched as their authors launch them, against NumPy references.
 
-The package is tests/geometry_kernels_pkg: 1-D markers whose templated helpers read the 2-D ids
+The package is tests/packages/geometry_kernels_pkg: 1-D markers whose templated helpers read the 2-D ids
 (cuSignal / CuPy / PBA style) launched on 2-D grids of 2-D blocks; cuSignal's sosfilt with one
 block per signal and as many threads as sections, chosen per launch; a grid-stride loop on any
 block; block ids read through inline PTX (no indirect variant: host_read only); hatch-khal's own
@@ -17,15 +17,16 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from tests.helpers.paths import PACKAGES
 
 pytestmark = pytest.mark.gpu
 
-PKG = Path(__file__).resolve().parent.parent / "geometry_kernels_pkg"
+PKG = PACKAGES / "geometry_kernels_pkg"
 
 
 @pytest.fixture(scope="module")
 def rt() -> Any:
-    from tests._gpu import require_gpu
+    from tests.helpers.gpu import require_gpu
 
     require_gpu()
     import khal_runtime
@@ -36,7 +37,7 @@ def rt() -> Any:
 @pytest.fixture(scope="module")
 def geo(rt: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``khal_geometry_kernels`` imported from its wheel."""
-    from tests._gpu import import_test_package
+    from tests.helpers.gpu import import_test_package
 
     yield from import_test_package(tmp_path_factory, PKG, "khal_geometry_kernels", "KHAL_TEST_GEOMETRY_WHEEL")
 

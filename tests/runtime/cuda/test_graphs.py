@@ -1,6 +1,6 @@
-"""Graph capture and indirect dispatch on CPU, against the fake driver (tests/fakecuda.py).
+"""Graph capture and indirect dispatch on CPU, against the fake driver (tests/helpers/fakecuda.py).
 
-What a real GPU must confirm is in tests/gpu/test_graphs.py and test_indirect.py; here:
+What a real GPU must confirm is in tests/runtime/cuda/test_graphs_gpu.py and test_indirect_gpu.py; here:
 the driver calls made (and not made), the capture guards and their messages, graph
 rebinding, the persistent-grid launch of the indirect variant and its extra
 parameter, the host-read path and its trace line.
@@ -24,7 +24,7 @@ from khal_runtime.backends.cuda.uniform_cache import UniformCache, Upload, cache
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.device import Device, Stream
 from khal_runtime.errors import ArgumentError, CaptureError, CudaError, KhalError
-from tests.fakecuda import (  # noqa: F401 - fixture
+from tests.helpers.fakecuda import (  # noqa: F401 - fixture
     CUresult,
     CUstreamCaptureMode,
     FakeDriver,
@@ -146,7 +146,7 @@ def test_alloc_trace(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch, tmp_path
         with pytest.raises(CaptureError):
             DeviceBuffer.alloc(3, "uint8")
     lines = out.read_text().splitlines()
-    assert lines[0].startswith("khal: alloc 40 B on device 0 at ") and "test_graphs_cpu.py" in lines[0]
+    assert lines[0].startswith("khal: alloc 40 B on device 0 at ") and "test_graphs.py" in lines[0]
     assert lines[1].startswith("khal: alloc 3 B") and lines[1].endswith("INSIDE GRAPH CAPTURE")
 
 

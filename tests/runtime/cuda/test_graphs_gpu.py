@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def rt():
-    from tests._gpu import require_gpu
+    from tests.helpers.gpu import require_gpu
 
     require_gpu()
     import khal_runtime
@@ -180,7 +180,7 @@ def _run_py(code: str, **env: str) -> subprocess.CompletedProcess[str]:
         e.pop(k, None)
     e.update(env)
     site = os.path.dirname(os.path.dirname(example_shader_pkg.__file__))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     e["PYTHONPATH"] = os.pathsep.join([site, root, e.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=300)
 

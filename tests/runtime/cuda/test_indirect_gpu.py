@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def rt():
-    from tests._gpu import require_gpu
+    from tests.helpers.gpu import require_gpu
 
     require_gpu()
     import khal_runtime
@@ -116,7 +116,7 @@ def test_env_sync_and_trace_indirect(example_pkg, rt) -> None:
     import example_shader_pkg
 
     site = os.path.dirname(os.path.dirname(example_shader_pkg.__file__))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     code = """
 import numpy as np, khal_runtime as rt
 from example_shader_pkg import kernels as K, reference as R, SimParams

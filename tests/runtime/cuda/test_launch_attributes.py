@@ -19,7 +19,8 @@ from khal_runtime import DeviceBuffer, abi
 from khal_runtime.binaries import ptx_module_globals
 from khal_runtime.errors import ArtifactError, KhalError, LaunchAttributeError, ManifestError
 from khal_runtime.manifest import LaunchAttributes
-from tests.fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storage, write_package  # noqa: F401
+from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storage, write_package  # noqa: F401
+from tests.helpers.paths import PACKAGES
 
 SHARED = LaunchAttributes(max_dynamic_shared=65536)
 COOP = LaunchAttributes(cooperative=True)
@@ -365,13 +366,13 @@ def test_a_stale_global_is_an_error_at_load(fake: FakeDriver) -> None:
         ks.j(128, _buf(), 7)
 
 
-# -- a real build (NVRTC, sm_90): tests/attrs_kernels_pkg --------------------------------------
-ATTRS_PKG = Path(__file__).parent / "attrs_kernels_pkg"
+# -- a real build (NVRTC, sm_90): tests/packages/attrs_kernels_pkg --------------------------------------
+ATTRS_PKG = PACKAGES / "attrs_kernels_pkg"
 
 
 @pytest.fixture(scope="module")
 def attrs_build(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> Any:
-    from ._build import build_test_package
+    from tests.helpers.build import build_test_package
 
     m, out, _rep, _files = build_test_package(ATTRS_PKG, tmp_path_factory.mktemp("attrs"), "khal_attrs_kernels",
                                               session_cache)

@@ -9,7 +9,7 @@ kernel whose ids do not fold the compiled block (hatch-khal's ``KHAL_GLOBAL_ID``
 wrong is in no binary. The facts are not in the entry hash, so they are re-derived from the
 shipped PTX at verify and at load: a manifest that disagrees is refused, named.
 
-The package is tests/geometry_kernels_pkg (its GPU half: tests/gpu/test_geometry_kernels.py).
+The package is tests/packages/geometry_kernels_pkg (its GPU half: tests/runtime/cuda/test_geometry_kernels_gpu.py).
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from khal_runtime.errors import ArgumentValueError, HashMismatchError, KhalError
 from khal_runtime.manifest import Manifest
 from khal_runtime.verify import verify_package
 
-from .fakecuda import FakeDriver, fake, fake_kernels  # noqa: F401
+from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels  # noqa: F401
+from tests.helpers.paths import PACKAGES
 
-GEO_PKG = Path(__file__).parent / "geometry_kernels_pkg"
+GEO_PKG = PACKAGES / "geometry_kernels_pkg"
 
 
 @pytest.fixture(autouse=True)
@@ -44,8 +45,8 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def geo_build(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> Any:
-    """(manifest, package dir, files) of tests/geometry_kernels_pkg built here (sm_90 + PTX)."""
-    from ._build import build_test_package
+    """(manifest, package dir, files) of tests/packages/geometry_kernels_pkg built here (sm_90 + PTX)."""
+    from tests.helpers.build import build_test_package
 
     m, out, _rep, files = build_test_package(GEO_PKG, tmp_path_factory.mktemp("geo"), "khal_geometry_kernels",
                                              session_cache)
@@ -167,7 +168,7 @@ def test_a_build_without_ptx_keeps_the_scanned_facts(tmp_path: Path, session_cac
     from hatch_khal.cache import Cache
     from hatch_khal.config import parse_config
 
-    from ._build import Recorder, manifest_of, tomllib  # type: ignore[attr-defined]
+    from tests.helpers.build import Recorder, manifest_of, tomllib  # type: ignore[attr-defined]
 
     root = tmp_path / "p"
     shutil.copytree(GEO_PKG, root)
@@ -348,8 +349,8 @@ def test_tampered_launch_facts_are_refused_at_verify_and_at_load(fake: FakeDrive
 def test_a_debug_build_keeps_the_scanned_facts(tmp_path: Path, session_cache: Path) -> None:
     """``-G`` keeps dead code, so its PTX reads every id the generated kernel computes: the facts
     are the scanned ones there (a 2-D grid stays refused for an x-only kernel)."""
-    from ._build import build, manifest_of
-    from ._projects import make_project
+    from tests.helpers.build import build, manifest_of
+    from tests.helpers.projects import make_project
 
     src = "KHAL_ENTRY(k, 64, (KHAL_STORAGE(float, x))) { uint64_t i = KHAL_GLOBAL_ID; if (i < x.len) x[i] = 1.0f; }\n"
     crates = ('[[tool.hatch.build.targets.wheel.hooks.khal.crates]]\nname = "dbg"\nsources = ["kernels/dbg/*.cu"]\n'
@@ -401,8 +402,8 @@ def test_khal_fixed_block_keeps_a_block_the_code_assumes(tmp_path: Path, session
     constant size) says so with ``KHAL_FIXED_BLOCK()``: its tagged asm survives into the PTX, so the
     compiled facts say the block is fixed, and ``launch()`` refuses another; the same body without it
     takes any block."""
-    from ._build import build, manifest_of
-    from ._projects import make_project
+    from tests.helpers.build import build, manifest_of
+    from tests.helpers.projects import make_project
 
     root = make_project(tmp_path / "p", hook='archs = ["sm_90"]\nptx-arch = "compute_90"\n',
                         crates='[[tool.hatch.build.targets.wheel.hooks.khal.crates]]\nname = "fx"\n'

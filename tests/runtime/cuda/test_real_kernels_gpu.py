@@ -1,6 +1,6 @@
 """Issue #19 on a GPU: kernels as their authors wrote them, against NumPy references.
 
-The package is tests/real_kernels_pkg (templated entries, typedef / macro / multi-word element
+The package is tests/packages/real_kernels_pkg (templated entries, typedef / macro / multi-word element
 types, complex numbers through thrust::complex and cuda::std::complex, 2-D and 3-D launches, a
 block chosen per launch, bodies reading blockIdx / gridDim, one source as two crates). Set
 ``KHAL_TEST_REAL_WHEEL=path/to/khal_real_kernels-*.whl`` to use a wheel built beforehand (the
@@ -17,16 +17,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.helpers.paths import PACKAGES
 
 pytestmark = pytest.mark.gpu
 
-PKG = Path(__file__).resolve().parent.parent / "real_kernels_pkg"
+PKG = PACKAGES / "real_kernels_pkg"
 POISON = 0xEFEFEFEF  # what _poisoned() fills uint32 outputs with
 
 
 @pytest.fixture(scope="module")
 def rt() -> Any:
-    from tests._gpu import require_gpu
+    from tests.helpers.gpu import require_gpu
 
     require_gpu()
     import khal_runtime
@@ -37,7 +38,7 @@ def rt() -> Any:
 @pytest.fixture(scope="module")
 def real(rt: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``khal_real_kernels`` imported from its wheel."""
-    from tests._gpu import import_test_package
+    from tests.helpers.gpu import import_test_package
 
     yield from import_test_package(tmp_path_factory, PKG, "khal_real_kernels", "KHAL_TEST_REAL_WHEEL")
 

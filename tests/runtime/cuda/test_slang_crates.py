@@ -1,5 +1,5 @@
 """The CUDA runtime on Slang crates and older manifests, through ``khal_runtime.load`` on the fake
-driver (tests/fakecuda.py): a ``dict`` uniform packed by the manifest's CUDA layout, the named
+driver (tests/helpers/fakecuda.py): a ``dict`` uniform packed by the manifest's CUDA layout, the named
 error for a dict to a CUDA C++ crate's uniform, and a schema-1 manifest (SPIR-V status
 ``not_configured``, no language) that still loads and launches."""
 
@@ -18,8 +18,8 @@ from khal_runtime.errors import ArgumentError, ArgumentValueError, HashMismatchE
 from khal_runtime.manifest import Param, StructField, StructLayout
 from khal_runtime.verify import verify_package
 
-from ._slang import needs_slang_or_wheel, stale_slang_package
-from .fakecuda import FakeDriver, fake, fake_kernels, make_entry, storage, uniform  # noqa: F401
+from tests.helpers.slang import needs_slang_or_wheel, stale_slang_package
+from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels, make_entry, storage, uniform  # noqa: F401
 
 #: ``struct P { float a; uint n; float2 w; }`` as CUDA lays it out (what a Slang build records)
 P_CUDA = StructLayout(size=16, fields=(
@@ -98,7 +98,7 @@ def test_a_stale_slang_cubin_is_refused_before_loading(fake: FakeDriver, example
                                                        tmp_path: Path) -> None:
     """The example's Slang cubin for the fake device (sm_90) beside a manifest rebuilt from an
     edited source: its symbols carry the old hashes: HashMismatchError, and nothing is loaded.
-    (On a GPU: tests/gpu/test_runtime_gpu.py::test_stale_slang_cubin_rejected.)"""
+    (On a GPU: tests/runtime/cuda/test_synthetic_gpu.py::test_stale_slang_cubin_rejected.)"""
     pkg = stale_slang_package(example_wheel, tmp_path)
     assert verify_package(pkg), "verify sees the stale symbols too"
     ks = khal_runtime.load(pkg)
@@ -113,7 +113,7 @@ def test_a_stale_slang_cubin_is_refused_before_loading(fake: FakeDriver, example
 
 def test_a_slice_passes_its_own_element_count(fake: FakeDriver, tmp_path: Path) -> None:
     """What a Slang kernel's GetDimensions returns on CUDA is the count the host passes beside the
-    pointer: a slice's, not its allocation's (the GPU check: tests/test_example_slang.py)."""
+    pointer: a slice's, not its allocation's (the GPU check: tests/build/test_example_slang.py)."""
     e = make_entry("shade", (storage("o", writable=True), _slang_uniform()), block=(64, 1, 1))
     ks = fake_kernels(fake, tmp_path, [e], crate="s", package="slang_slice_pkg", language="slang")
     big = DeviceBuffer.zeros(1000, np.float32)

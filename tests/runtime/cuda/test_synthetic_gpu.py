@@ -19,8 +19,8 @@ from khal_runtime.errors import (
     PtxTooNewError,
 )
 from khal_runtime.backends.cuda.loader import ptx_isa_supported
-from tests._gpu import require_gpu
-from tests._synthetic import CRATE, build_package
+from tests.helpers.gpu import require_gpu
+from tests.helpers.synthetic import CRATE, build_package
 
 pytestmark = pytest.mark.gpu
 
@@ -171,10 +171,10 @@ def test_stale_cubin_rejected(tmp_path: Path) -> None:
 
 def test_stale_slang_cubin_rejected(tmp_path: Path, example_wheel: Path) -> None:
     """A Slang crate's cubin from before its source was edited (the example wheel's cubins beside
-    a manifest with the edited crate's hashes: tests/_slang.py::stale_slang_package): refused
+    a manifest with the edited crate's hashes: tests/helpers/slang.py::stale_slang_package): refused
     with HashMismatchError before it is loaded, as a CUDA C++ crate's is."""
     require_gpu()
-    from tests._slang import stale_slang_package
+    from tests.helpers.slang import stale_slang_package
 
     ks = khal_runtime.load(stale_slang_package(example_wheel, tmp_path))
     first = ks.manifest.crate("slang").entries[0]

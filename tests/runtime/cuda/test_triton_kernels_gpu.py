@@ -1,4 +1,4 @@
-"""Issue #30 on a GPU: Triton tutorial kernels (vector add, fused softmax, matmul) built into a package (tests/triton_kernels_pkg),
+"""Issue #30 on a GPU: Triton tutorial kernels (vector add, fused softmax, matmul) built into a package (tests/packages/triton_kernels_pkg),
 launched without Triton, against torch and against Triton's own JIT of the same source.
 
 Built here with the build API (Triton 3.6 in this environment; no hatchling needed), twice: with an
@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.helpers.paths import PACKAGES
 
 pytestmark = pytest.mark.gpu
 
-PKG = Path(__file__).resolve().parent.parent / "triton_kernels_pkg"
+PKG = PACKAGES / "triton_kernels_pkg"
 
 
 @pytest.fixture(scope="module", params=["cubin", "ptx"])
 def tri(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from tests._gpu import require_gpu
+    from tests.helpers.gpu import require_gpu
 
     require_gpu()
     if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:

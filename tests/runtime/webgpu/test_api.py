@@ -22,11 +22,11 @@ from khal_runtime import backends
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import (ArgumentError, ArgumentValueError, BackendUnavailableError, HashMismatchError,
                                  KhalError)
-from tests._slang import EXAMPLE, needs_slang_or_wheel, webgpu_package
+from tests.helpers.slang import EXAMPLE, needs_slang_or_wheel, webgpu_package
 
 pytestmark = [pytest.mark.webgpu, needs_slang_or_wheel]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _refs() -> Any:
@@ -179,7 +179,7 @@ def test_capture_replays_and_refuses_host_reads(ks: Any) -> None:
 
 @pytest.mark.needs_nvrtc
 def test_a_cuda_only_package_under_webgpu_is_a_named_error(ks: Any, tmp_path: Path) -> None:
-    from tests._synthetic import build_package
+    from tests.helpers.synthetic import build_package
 
     cuda_only = build_package(tmp_path, "synth_cuda_only")
     k = khal_runtime.load(cuda_only.package_dir)

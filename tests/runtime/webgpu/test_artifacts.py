@@ -14,8 +14,8 @@ import pytest
 from khal_runtime.backends.webgpu.artifacts import code_loader, entry_code
 from khal_runtime.errors import ArtifactError, HashMismatchError
 from khal_runtime.manifest import Artifact, Crate, Entry
-from tests.webgpu.fixtures.make_fixtures import symbol
-from tests.webgpu.test_slang_fixtures import _saxpy
+from tests.runtime.webgpu.fixtures.make_fixtures import symbol
+from tests.runtime.webgpu.test_slang_fixtures import _saxpy
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 

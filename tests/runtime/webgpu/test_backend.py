@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from khal_runtime.errors import ArgumentError, ArgumentValueError, CaptureError, KhalError
-from tests.webgpu import _kernels as K
+from tests.runtime.webgpu import _kernels as K
 
 pytestmark = pytest.mark.webgpu
 
@@ -105,7 +105,7 @@ def test_exact_ranges_arraylength_sees_the_count(wdev: Any, stream: Any) -> None
 
 
 def test_uniform_struct_from_ctypes_bytes_numpy_and_dict(wdev: Any, stream: Any) -> None:
-    from tests.webgpu.test_packing import VALUES, _ctypes_value
+    from tests.runtime.webgpu.test_packing import VALUES, _ctypes_value
 
     k = plan("params_struct", wdev)
     want = np.array([1.5, -7, 1, 2, 3, 4, 5, 6, 7, 42, 8, 9], np.float32)
@@ -699,7 +699,7 @@ def test_launcher_dispatch_with_views_and_packed_bytes(wdev: Any, stream: Any) -
 
     from khal_runtime.backends.webgpu.launch import Launcher
     from khal_runtime.packing import UniformPacker
-    from tests.webgpu.test_packing import VALUES
+    from tests.runtime.webgpu.test_packing import VALUES
 
     sax = Launcher(plan("saxpy", wdev).pipeline)
     x, y = arr(np.arange(64, dtype=np.float32), wdev), arr(np.zeros(64, np.float32), wdev)

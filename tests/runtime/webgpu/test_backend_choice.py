@@ -1,4 +1,4 @@
-"""``KHAL_BACKEND``'s choice between CUDA (the fake driver of tests/fakecuda.py) and WebGPU (the
+"""``KHAL_BACKEND``'s choice between CUDA (the fake driver of tests/helpers/fakecuda.py) and WebGPU (the
 adapter wgpu-py finds: lavapipe on CPU machines), with packages cut from the example wheel: its
 Slang crate with only some of its binaries, its CUDA C++ crate, its Slang crate as a
 ``KHAL_SKIP_SPIRV`` build would ship it."""
@@ -19,8 +19,8 @@ from khal_runtime.backends.cuda import driver as cuda_driver
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import BackendUnavailableError, NoCompatibleBinaryError
 from khal_runtime.manifest import SCHEMA_VERSION, Artifact, Manifest, SpirvStatus, Toolchain, parse_manifest
-from tests._slang import EXAMPLE_CRATE, EXAMPLE_PACKAGE, needs_slang_or_wheel
-from tests.fakecuda import FakeDriver, _reset_runtime
+from tests.helpers.slang import EXAMPLE_CRATE, EXAMPLE_PACKAGE, needs_slang_or_wheel
+from tests.helpers.fakecuda import FakeDriver, _reset_runtime
 
 pytestmark = [pytest.mark.webgpu, needs_slang_or_wheel]
 

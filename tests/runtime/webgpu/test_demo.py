@@ -1,7 +1,7 @@
 """``python -m example_shader_pkg.demo --backend webgpu`` from the example wheel, small, on the
 adapter wgpu-py finds (lavapipe on CPU machines): the Slang particle step, direct / indirect /
 recorded replay, each agreeing with the NumPy reference (the CUDA twin:
-tests/gpu/test_graphs.py::test_slang_demo_small_on_cuda)."""
+tests/runtime/cuda/test_graphs_gpu.py::test_slang_demo_small_on_cuda)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests._slang import needs_slang_or_wheel
+from tests.helpers.slang import needs_slang_or_wheel
 
 pytestmark = [pytest.mark.webgpu, needs_slang_or_wheel]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_slang_demo_small_on_webgpu(example_site: Path) -> None:

@@ -1,5 +1,5 @@
 """Issue #24 on WebGPU (lavapipe in CI): the Slang entry with ``[numthreads(10, 10, 1)]`` of
-tests/geometry_kernels_pkg is a 2-D entry there too (``k((nx, ny))`` and a 2-D ``launch``), against
+tests/packages/geometry_kernels_pkg is a 2-D entry there too (``k((nx, ny))`` and a 2-D ``launch``), against
 NumPy; and its launch facts are checked against the shipped PTX when the crate loads on WebGPU."""
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ import khal_runtime
 from khal_runtime import backends
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ManifestError
+from tests.helpers.paths import PACKAGES
 
 pytestmark = [pytest.mark.webgpu]
 
-GEO_PKG = Path(__file__).resolve().parents[1] / "geometry_kernels_pkg"
+GEO_PKG = PACKAGES / "geometry_kernels_pkg"
 
 
 @pytest.fixture(scope="module")
 def geo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/geometry_kernels_pkg's Slang crate (sm_90 + PTX + WGSL / SPIR-V): from the wheel named
+    """tests/packages/geometry_kernels_pkg's Slang crate (sm_90 + PTX + WGSL / SPIR-V): from the wheel named
     by KHAL_TEST_GEOMETRY_WHEEL when given (the GPU machine has no Slang compiler), else built here."""
     given = os.environ.get("KHAL_TEST_GEOMETRY_WHEEL")
     if given:
@@ -38,7 +39,7 @@ def geo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from hatch_khal.cache import Cache
     from hatch_khal.config import parse_config
 
-    from tests._build import Recorder, tomllib  # type: ignore[attr-defined]
+    from tests.helpers.build import Recorder, tomllib  # type: ignore[attr-defined]
 
     root = tmp_path_factory.mktemp("geo-wgpu") / "proj"
     shutil.copytree(GEO_PKG, root)

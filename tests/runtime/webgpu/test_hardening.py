@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from khal_runtime.errors import ArgumentError
-from tests.webgpu import _kernels as K
+from tests.runtime.webgpu import _kernels as K
 
 pytestmark = pytest.mark.webgpu
 

@@ -25,12 +25,12 @@ from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ManifestError
 from khal_runtime.manifest import load_manifest
 from khal_runtime.verify import check_manifest, check_symbols, read_artifact, verify_package
-from tests._build import Recorder
-from tests._slang import needs_slang, write
+from tests.helpers.build import Recorder
+from tests.helpers.slang import needs_slang, write
 
 pytestmark = needs_slang
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PKG = "layouts_pkg"
 
 #: two read-only buffers of one type (only their names tell them apart), a struct storage, a

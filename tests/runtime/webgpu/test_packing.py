@@ -19,7 +19,7 @@ from khal_runtime.packing import (
 )
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
 from khal_runtime.manifest import Param, ScalarSlot, StructField, StructLayout, WebGpuTarget
-from tests.webgpu._kernels import CUDA_PARAMS, WGSL_PARAMS, params_ctypes, params_dtype
+from tests.runtime.webgpu._kernels import CUDA_PARAMS, WGSL_PARAMS, params_ctypes, params_dtype
 
 VALUES = {"a": 1.5, "b": -7, "v": [1.0, 2.0, 3.0, 4.0], "w": (5.0, 6.0, 7.0), "n": 42, "c": np.array([8.0, 9.0])}
 

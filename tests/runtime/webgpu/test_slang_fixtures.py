@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from khal_runtime.manifest import Binding, Entry, Param, ScalarSlot, WebGpuTarget
-from tests.webgpu import _kernels as K
-from tests.webgpu.fixtures.make_fixtures import symbol
+from tests.runtime.webgpu import _kernels as K
+from tests.runtime.webgpu.fixtures.make_fixtures import symbol
 
 pytestmark = pytest.mark.webgpu
 FIX = Path(__file__).resolve().parent / "fixtures"
@@ -75,7 +75,7 @@ def test_slang_saxpy(wdev: Any, stream: Any, target: str) -> None:
 @pytest.mark.parametrize("target", ["wgsl", "spirv"])
 def test_slang_constant_buffer_struct(wdev: Any, stream: Any, target: str) -> None:
     from khal_runtime.backends.webgpu.arrays import WgpuArray
-    from tests.webgpu.test_packing import VALUES, _ctypes_value
+    from tests.runtime.webgpu.test_packing import VALUES, _ctypes_value
 
     k = _plan(_read_params(target), target, wdev)
     want = np.array([1.5, -7, 1, 2, 3, 4, 5, 6, 7, 42, 8, 9], np.float32)

@@ -1,4 +1,4 @@
-"""Kernels of issue #26 (launch attributes, module globals); loaded by tests/gpu/test_attrs_kernels.py."""
+"""Kernels of issue #26 (launch attributes, module globals); loaded by tests/runtime/cuda/test_attrs_kernels_gpu.py."""
 
 import khal_runtime
 

@@ -1,4 +1,4 @@
-"""Kernels of issue #24, written as their authors wrote them; loaded by tests/gpu/test_geometry_kernels.py."""
+"""Kernels of issue #24, written as their authors wrote them; loaded by tests/runtime/cuda/test_geometry_kernels_gpu.py."""
 
 import khal_runtime
 

@@ -1,4 +1,4 @@
-"""Kernels of issue #19, written as their authors wrote them; loaded by tests/gpu/test_real_kernels.py."""
+"""Kernels of issue #19, written as their authors wrote them; loaded by tests/runtime/cuda/test_real_kernels_gpu.py."""
 
 import khal_runtime
 

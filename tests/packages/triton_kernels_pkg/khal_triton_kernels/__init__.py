@@ -1,4 +1,4 @@
-"""Triton tutorial kernels (issue #30), built by hatch-khal; loaded by tests/gpu/test_triton_kernels.py."""
+"""Triton tutorial kernels (issue #30), built by hatch-khal; loaded by tests/runtime/cuda/test_triton_kernels_gpu.py."""
 
 import khal_runtime
 
