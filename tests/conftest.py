@@ -91,6 +91,19 @@ _NEEDS = (("needs_nvrtc", "needs NVRTC: ", nvrtc_unavailable_reason),
 _SKIP_PREFIXES = (_GPU_SKIP, *(prefix for _, prefix, _ in _NEEDS))
 
 
+def skip_without(marker: str) -> None:
+    """Skip the running test, as ``marker`` would, where what the marker names is missing. For the
+    helpers that need it (the fake driver's parameter probes and the in-process builds need NVRTC):
+    every test that reaches one skips cleanly without carrying the marker itself."""
+    for name, prefix, why in _NEEDS:
+        if name == marker:
+            reason = why()
+            if reason is not None:
+                pytest.skip(prefix + reason)
+            return
+    raise ValueError(f"skip_without: no marker {marker!r}; known: {[name for name, _, _ in _NEEDS]}")
+
+
 def _builds_the_example(item: pytest.Item) -> bool:
     """The test builds the example wheel (its fixture, directly or through another fixture),
     which needs NVRTC unless KHAL_TEST_EXAMPLE_WHEEL gives a wheel built beforehand."""

@@ -192,6 +192,7 @@ def test_output_whose_reads_are_unknown_is_used_not_cached(tmp_path: Path, monke
     assert again.compiled == 1 and _hashes(again) == _hashes(first)
 
 
+@pytest.mark.needs_nvrtc
 def test_nvrtc_without_the_trace_option_compiles_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
     """NVRTC_ERROR_INVALID_OPTION for the trace option: compiled again without it, reads unknown."""
     def rejected(*args: Any, **kw: Any) -> Any:
@@ -206,6 +207,7 @@ def test_nvrtc_without_the_trace_option_compiles_plainly(monkeypatch: pytest.Mon
 
 # -- (4) the compiler's full identity: the NVRTC wheel's release, not its minor --------------------
 
+@pytest.mark.needs_nvrtc
 def test_nvrtc_identity_is_the_wheels_release() -> None:
     from importlib import metadata
 

@@ -106,8 +106,10 @@ def build_resolved(root: Path, crates: list[Any], cache_dir: Path) -> Any:
     from hatch_khal.builder import build_packages
     from hatch_khal.cache import Cache
 
+    from tests.conftest import skip_without
     from tests.helpers.build import Recorder
 
+    skip_without("needs_nvrtc")
     rep = Recorder()
     return build_packages(root, crates, rep, cache=Cache(cache_dir, rep.warn)), rep
 

@@ -426,6 +426,7 @@ def test_the_setuptools_command_names_the_missing_slangpy(monkeypatch: pytest.Mo
     cmd._check_slang(hook, cuda_only)  # no Slang crate: no Slang needed
 
 
+@pytest.mark.needs_nvrtc
 def test_a_module_edited_while_slang_compiles_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Slang reads the files after the hook hashed them: an edit in between (even one reverted)
     fails the build and leaves nothing in the cache (issue #24)."""
@@ -453,6 +454,7 @@ def test_a_module_edited_while_slang_compiles_is_not_cached(tmp_path: Path, monk
     assert result.compiled == 2  # the Slang stage and the cubin: nothing was cached
 
 
+@pytest.mark.needs_nvrtc
 def test_a_build_from_the_project_folder_passes_the_read_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """NVRTC lists the unit's #line names (``mods/util.slang``) among the files it read: from the
     project folder they name real files, which the crate's hash covers (issue #24)."""

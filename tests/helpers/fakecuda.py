@@ -215,8 +215,12 @@ def _probe_source() -> str:
 @lru_cache(maxsize=None)
 def nvrtc_params() -> dict[str, list[bytes]]:
     """Probe kernel name -> the ``.param`` declarations NVRTC emits for it (compiled once, the
-    PTX kept in the temp folder under a hash of the source and NVRTC's version)."""
+    PTX kept in the temp folder under a hash of the source and NVRTC's version). Without NVRTC the
+    test that needs them skips."""
     from hatch_khal.headers import nvrtc_cuda_major, resolve_headers
+    from tests.conftest import skip_without
+
+    skip_without("needs_nvrtc")
     from tests.helpers.synthetic import nvrtc_version
 
     source = _probe_source()

@@ -59,6 +59,7 @@ def test_every_scalar_is_packed_at_the_width_nvrtc_gives_its_c_type(fake: FakeDr
         assert launch["slots"][2] == want, f"{name}: packed {launch['slots'][2].hex()}, want {want.hex()}"
 
 
+@pytest.mark.needs_nvrtc
 def test_the_fake_reads_layouts_from_the_binary_ptx_and_cubin_alike(fake: FakeDriver) -> None:
     """The synthetic crate compiled by NVRTC to PTX and to a cubin: the ``.param`` declarations
     and the cubin's EIATTR_KPARAM_INFO records give the same layouts, and loading either into

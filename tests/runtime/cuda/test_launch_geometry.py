@@ -160,6 +160,7 @@ def test_wrong_indirect_variants_are_in_no_binary(geo_build: Any) -> None:
         assert all(e.symbol in b.functions for b in binaries)
 
 
+@pytest.mark.needs_nvrtc
 def test_a_build_without_ptx_keeps_the_scanned_facts(tmp_path: Path, session_cache: Path) -> None:
     """ptx-arch = "none": nothing to read the facts from, so the hashed (scanned) ones stand: the
     1-D entry whose helper reads blockIdx.y is still refused a 2-D grid there, and the variants the

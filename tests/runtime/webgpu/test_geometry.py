@@ -19,6 +19,7 @@ import khal_runtime
 from khal_runtime import backends
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ManifestError
+from tests.conftest import skip_without
 from tests.helpers.paths import PACKAGES
 
 pytestmark = [pytest.mark.webgpu]
@@ -35,6 +36,7 @@ def geo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return _slang2d_from_wheel(Path(given), tmp_path_factory.mktemp("geo-wheel"))
     if importlib.util.find_spec("slangpy") is None:
         pytest.skip("slangpy (the Slang compiler) is not installed and no KHAL_TEST_GEOMETRY_WHEEL is given")
+    skip_without("needs_nvrtc")  # the crate's CUDA unit compiles with NVRTC
     from hatch_khal.builder import build_packages
     from hatch_khal.cache import Cache
     from hatch_khal.config import parse_config

@@ -25,6 +25,7 @@ from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ManifestError
 from khal_runtime.manifest import load_manifest
 from khal_runtime.verify import check_manifest, check_symbols, read_artifact, verify_package
+from tests.conftest import skip_without
 from tests.helpers.build import Recorder
 from tests.helpers.slang import needs_slang, write
 
@@ -62,7 +63,9 @@ S, U = 10.5, 0.25
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The crate built by the hook: ``<dir>/layouts_pkg`` with its ``_khal`` folder."""
+    """The crate built by the hook: ``<dir>/layouts_pkg`` with its ``_khal`` folder (its CUDA unit
+    compiles with NVRTC: every test of it skips without)."""
+    skip_without("needs_nvrtc")
     from hatch_khal.builder import build_packages
     from hatch_khal.cache import Cache
     from hatch_khal.config import parse_config
