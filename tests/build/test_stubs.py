@@ -325,7 +325,7 @@ def step(a: DeviceBuffer, out: DeviceBuffer, u: DeviceBuffer, count: DeviceBuffe
 @pytest.fixture(scope="module")
 def grids_project(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> tuple[Path, Manifest]:
     from tests.helpers.projects import make_project
-    from tests.test_builder import build, manifest_of
+    from tests.helpers.build import build, manifest_of
 
     tmp = tmp_path_factory.mktemp("grids")
     crates = '[[tool.hatch.build.targets.wheel.hooks.khal.crates]]\nname = "real"\nsources = ["kernels/real/*.cu"]\n'
