@@ -1,4 +1,4 @@
-"""Section "attrs" (issue #26): kernels that use the whole GPU, from tests/attrs_kernels_pkg.
+"""Section "attrs" (issue #26): kernels that use the whole GPU, from tests/packages/attrs_kernels_pkg.
 
 - the WMMA GEMM tile with 64 KB of dynamic shared memory (``KHAL_SHARED_MEM(65536)``), TFLOP/s vs
   ``torch.matmul`` of the same fp16 sizes (reported, no bar: a teaching kernel against cuBLAS);
@@ -28,7 +28,7 @@ PKG = "khal_attrs_kernels"
 
 
 def _build() -> Any:
-    """tests/attrs_kernels_pkg, imported: from the wheel KHAL_TEST_ATTRS_WHEEL names (built where
+    """tests/packages/attrs_kernels_pkg, imported: from the wheel KHAL_TEST_ATTRS_WHEEL names (built where
     the CUDA headers are: the GPU machine's NVRTC lacks crt/mma.h), else built in-process by the
     hook's builder."""
     wheel = os.environ.get("KHAL_TEST_ATTRS_WHEEL")
@@ -38,7 +38,7 @@ def _build() -> Any:
             zf.extractall(site)
         sys.path.insert(0, str(site))
         return importlib.import_module(PKG).kernels
-    return build_test_package(ROOT / "tests" / "attrs_kernels_pkg", PKG)[0]
+    return build_test_package(ROOT / "tests" / "packages" / "attrs_kernels_pkg", PKG)[0]
 
 
 def run(args: Any) -> list[Row]:

@@ -1,5 +1,5 @@
 """Section "triton" (issue #30): Triton tutorial kernels compiled at build time by the hook (the
-example wheel's crate ``tutorials`` when ``--site`` holds it, else tests/triton_kernels_pkg built
+example wheel's crate ``tutorials`` when ``--site`` holds it, else tests/packages/triton_kernels_pkg built
 here), against Triton's own JIT of the same source in the same run.
 
 - host cost per launch of the vector add (4 programs): the khal call ``k[grid](...)`` with the
@@ -34,7 +34,7 @@ from _common import ROOT, Row, build_test_package, guarded, interleaved_per_call
 
 SECTION = "triton"
 PKG = "khal_triton_kernels"
-PROJ = ROOT / "tests" / "triton_kernels_pkg"
+PROJ = ROOT / "tests" / "packages" / "triton_kernels_pkg"
 SOURCES = PROJ / "kernels" / "triton"
 
 
@@ -50,7 +50,7 @@ def _example() -> tuple[Any, Path, str] | None:
 
 
 def _build() -> tuple[Any, Path, str]:
-    """tests/triton_kernels_pkg built in-process by the hook's builder, imported."""
+    """tests/packages/triton_kernels_pkg built in-process by the hook's builder, imported."""
     kernels, site = build_test_package(PROJ, PKG)
     return kernels, site, PKG
 

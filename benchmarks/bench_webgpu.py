@@ -131,7 +131,7 @@ void bw_copy4(uint3 gid : SV_DispatchThreadID, uniform RWStructuredBuffer<F4> y,
 # =============================================================================================
 def build_package(where: Path) -> Path:
     """``where/khal_webgpu_bench``: the WebGPU build (WGSL + SPIR-V) of the example's Slang crate
-    and of :data:`BENCH_SLANG`, written as the hook writes a package (as tests/_slang.py's
+    and of :data:`BENCH_SLANG`, written as the hook writes a package (as tests/helpers/slang.py's
     ``webgpu_package`` does for the example crate alone)."""
     from hatch_khal.slang.stage import plan_slang_crate
     from khal_runtime.manifest import SCHEMA_VERSION, Manifest, Toolchain

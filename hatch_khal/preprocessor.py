@@ -3,7 +3,7 @@ with line numbers kept (:func:`strip_comments`), preprocessor lines blanked, and
 directives evaluated where they can be (:class:`MacroEnv`, :func:`line_states`).
 
 Why a module of its own: the scanner (:mod:`hatch_khal.entries`) reads markers, this reads
-``#if``; both walk the text once (linear time, checked by ``tests/test_build_hardening.py``). A
+``#if``; both walk the text once (linear time, checked by ``tests/build/test_hardening.py``). A
 condition that cannot be decided here (a name the compiler or CUDA headers define) is kept as
 undecided, and the compiler decides.
 """

@@ -12,7 +12,7 @@
 #                                              $ARCHS (default sm_90) + PTX compute_75
 #   dist-cu12/ptx-only/example_shader_pkg-*.whl  the same with a cubin for sm_80 only: on an sm_90
 #                                              GPU the runtime can only load the PTX (driver JIT)
-#   dist-cu12/khal_real_kernels-*.whl          tests/real_kernels_pkg with its own NVRTC 13.0 pin
+#   dist-cu12/khal_real_kernels-*.whl          tests/packages/real_kernels_pkg with its own NVRTC 13.0 pin
 #                                              (its <thrust/complex.h> does not compile with CUDA
 #                                              12.9's CCCL under NVRTC: thrust includes <iterator>),
 #                                              so that its GPU tests run on cuda-bindings 12.9 too
@@ -37,7 +37,7 @@ prepare() {
   local tmp
   tmp=$(mktemp -d)
   "$PY" -m pip wheel -q --no-deps -w dist-cu12 . ./runtime
-  cp -r example_shader_pkg "$tmp/ex" && cp -r tests/real_kernels_pkg "$tmp/real"
+  cp -r example_shader_pkg "$tmp/ex" && cp -r tests/packages/real_kernels_pkg "$tmp/real"
   rm -rf "$tmp"/*/*/_khal
   sed -i "s/^nvrtc-requirement = .*/nvrtc-requirement = \"$NVRTC\"/" "$tmp/ex/pyproject.toml"
   grep -q "^nvrtc-requirement = \"$NVRTC\"" "$tmp/ex/pyproject.toml"
@@ -111,7 +111,7 @@ print("saxpy from the PTX-only cu12 wheel: OK")
 EOF
   echo "probe rc=$?" >>"$out/ptx-probe.txt"
   KHAL_TEST_EXAMPLE_WHEEL=$ptx "$PY" -m pytest -m gpu -q -p no:cacheprovider \
-    tests/gpu/test_example_kernels.py tests/gpu/test_cccl_kernels.py >"$out/gpu-ptx.log" 2>&1
+    tests/runtime/cuda/test_example_kernels_gpu.py tests/runtime/cuda/test_cccl_kernels_gpu.py >"$out/gpu-ptx.log" 2>&1
   echo "== $(cat "$out/versions.txt")"
   echo "== gpu tests, cu12 wheels (cubin sm_90 + PTX):"; grep -E "^(FAILED|ERROR)" "$out/gpu.log" | head -20
   tail -1 "$out/gpu.log"

@@ -44,8 +44,8 @@ def gpu_unavailable_reason() -> str | None:
 
 
 #: ``KHAL_TEST_HIDE=nvrtc`` / ``cuda-bindings``: run as if they were not installed, here and in the
-#: processes the tests start (tests/_hide/sitecustomize.py): the tests that need them then skip
-_HIDE = Path(__file__).resolve().parent / "_hide"
+#: processes the tests start (tests/helpers/hide/sitecustomize.py): the tests that need them then skip
+_HIDE = Path(__file__).resolve().parent / "helpers" / "hide"
 if os.environ.get("KHAL_TEST_HIDE"):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(_HIDE), os.environ.get("PYTHONPATH", "")) if p)
     runpy.run_path(str(_HIDE / "sitecustomize.py"))
@@ -89,6 +89,19 @@ _NEEDS = (("needs_nvrtc", "needs NVRTC: ", nvrtc_unavailable_reason),
           ("needs_cuda_bindings", "needs cuda-bindings: ", cuda_bindings_unavailable_reason),
           ("needs_triton", "needs Triton: ", triton_unavailable_reason))
 _SKIP_PREFIXES = (_GPU_SKIP, *(prefix for _, prefix, _ in _NEEDS))
+
+
+def skip_without(marker: str) -> None:
+    """Skip the running test, as ``marker`` would, where what the marker names is missing. For the
+    helpers that need it (the fake driver's parameter probes and the in-process builds need NVRTC):
+    every test that reaches one skips cleanly without carrying the marker itself."""
+    for name, prefix, why in _NEEDS:
+        if name == marker:
+            reason = why()
+            if reason is not None:
+                pytest.skip(prefix + reason)
+            return
+    raise ValueError(f"skip_without: no marker {marker!r}; known: {[name for name, _, _ in _NEEDS]}")
 
 
 def _builds_the_example(item: pytest.Item) -> bool:
@@ -202,7 +215,7 @@ def example_pkg(example_site: Path):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def example_slang(example_wheel: Path):  # type: ignore[no-untyped-def]
     """The example wheel's Slang crate: its manifest entries, WGSL / SPIR-V files and CUDA binaries."""
-    from ._slang import shipped_crate
+    from tests.helpers.slang import shipped_crate
 
     return shipped_crate(example_wheel)
 
@@ -211,6 +224,6 @@ def example_slang(example_wheel: Path):  # type: ignore[no-untyped-def]
 def example_slang_output(example_wheel: Path, session_cache: Path):  # type: ignore[no-untyped-def]
     """The example's Slang stage output (its CUDA unit included) as the session's wheel build cached
     it: no second Slang run (compiled here when the wheel was given, KHAL_TEST_EXAMPLE_WHEEL)."""
-    from ._slang import cached_example_crate
+    from tests.helpers.slang import cached_example_crate
 
     return cached_example_crate(session_cache)

@@ -25,8 +25,8 @@ from hatch_khal.frontend import runtime_dependency_problem
 from khal_runtime.errors import ManifestError
 from khal_runtime.manifest import FIRST_RUNTIME, SCHEMA_VERSION, parse_manifest, runtime_requirement
 
-from ._projects import make_project
-from .conftest import EXAMPLE, ROOT, RUNTIME, build_env, run
+from tests.helpers.projects import make_project
+from tests.conftest import EXAMPLE, ROOT, RUNTIME, build_env, run
 
 
 def _toml(path: Path) -> dict:  # type: ignore[type-arg]
@@ -140,7 +140,7 @@ def test_no_runtime_requirement_is_a_warning_with_the_line_to_write(deps: list[s
 
 
 def test_the_example_and_the_test_packages_depend_on_the_runtime_not_the_plugin() -> None:
-    for proj in (EXAMPLE, ROOT / "tests" / "real_kernels_pkg", ROOT / "tests" / "setuptools_twin"):
+    for proj in (EXAMPLE, ROOT / "tests" / "packages" / "real_kernels_pkg", ROOT / "tests" / "packages" / "setuptools_twin"):
         meta = _toml(proj / "pyproject.toml")
         assert runtime_dependency_problem(meta["project"]["dependencies"]) is None, proj
         assert "hatch-khal" in meta["build-system"]["requires"], proj

@@ -14,7 +14,7 @@ What each kind of block gets:
 * ```cpp      a ``KHAL_ENTRY`` block must parse with the hook's entry grammar.
 * ```slang    compiled by the Slang stage (CUDA, WGSL, SPIR-V), where slangpy is installed.
 * ```text     not run: output samples, grammars, diagrams (likewise ```json); but one marked
-  ``<!-- generated: NAME -->`` is what producer NAME of ``tests/doc_outputs.py`` prints (the
+  ``<!-- generated: NAME -->`` is what producer NAME of ``tests/helpers/doc_outputs.py`` prints (the
   command of the block above it, run for real; ``scripts/update-docs`` rewrites the block), and one
   that looks like hatch-khal's output must be generated or say why not (``<!-- sample: WHY -->``).
 
@@ -75,7 +75,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from .conftest import RUNTIME, build_env, run
+from tests.conftest import RUNTIME, build_env, run
 
 try:
     import tomllib
@@ -797,7 +797,7 @@ _HOOK_TABLE = "[tool.hatch.build.targets.wheel.hooks.khal]"
 
 
 def _pin_nvrtc_to_the_installed_one(pyproject: Path) -> None:
-    """The hatch projects' isolated builds get the NVRTC installed here (as tests/test_wheels.py's
+    """The hatch projects' isolated builds get the NVRTC installed here (as tests/build/test_wheels.py's
     do), not the default ``nvrtc-requirement`` (CUDA 13.0's, which a local mirror may not hold):
     what is tested is the project, not the index."""
     from importlib.metadata import version
@@ -842,7 +842,7 @@ def test_quickstart_projects_build(project: str, tmp_path: Path, session_cache: 
 
 
 # ------------------------------------------------------------------------------------------
-# output blocks produced by their command (tests/doc_outputs.py)
+# output blocks produced by their command (tests/helpers/doc_outputs.py)
 # ------------------------------------------------------------------------------------------
 
 #: the first line of a ```text block that shows what hatch-khal prints
@@ -852,7 +852,7 @@ _TOOL_OUTPUT = re.compile(r"^(khal[: ]|package \S+ \(schema|verify: )")
 def test_tool_output_blocks_are_generated_or_say_why_not() -> None:
     """A block of hatch-khal's output is produced by its command (``<!-- generated: NAME -->``),
     or says why it cannot be here (``<!-- sample: needs a GPU -->``): typed output drifts."""
-    from tests.doc_outputs import MARKER, PRODUCERS
+    from tests.helpers.doc_outputs import MARKER, PRODUCERS
 
     bad = []
     for b in all_blocks():
@@ -861,25 +861,25 @@ def test_tool_output_blocks_are_generated_or_say_why_not() -> None:
         if MARKER in b.markers:
             unknown = [p for p in b.markers[MARKER].split("+") if p not in PRODUCERS]
             if unknown:
-                bad.append(f"{b.id}: no producer {unknown} in tests/doc_outputs.py")
+                bad.append(f"{b.id}: no producer {unknown} in tests/helpers/doc_outputs.py")
             continue
         first = b.code.strip().splitlines()[0] if b.code.strip() else ""
         if _TOOL_OUTPUT.match(first) and "sample" not in b.markers:
             bad.append(f"{b.id}: hatch-khal's output typed by hand ({first[:60]!r}); mark it "
-                       "<!-- generated: NAME --> with a producer in tests/doc_outputs.py, or <!-- sample: WHY -->")
+                       "<!-- generated: NAME --> with a producer in tests/helpers/doc_outputs.py, or <!-- sample: WHY -->")
     assert not bad, "\n".join(bad)
 
 
 @pytest.fixture(scope="session")
 def doc_outputs(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One build per doc page, shared by all of its generated blocks."""
-    from tests.doc_outputs import Context
+    from tests.helpers.doc_outputs import Context
 
     return Context(tmp_path_factory.mktemp("doc-outputs"))
 
 
 def _generated_params() -> list[Any]:
-    from tests.doc_outputs import generated_blocks
+    from tests.helpers.doc_outputs import generated_blocks
 
     return [pytest.param(b, id=b.id, marks=[pytest.mark.needs_nvrtc]) for b in generated_blocks()]
 
@@ -889,18 +889,18 @@ def test_generated_block(block: Block, doc_outputs: Any) -> None:
     """The block holds what its command prints now (normalised for times, sizes, sha256 prefixes and
     the order parallel compiles finish in; entry hashes compared exactly). Stale: run
     ``scripts/update-docs``."""
-    from tests.doc_outputs import MARKER, diff, produce
+    from tests.helpers.doc_outputs import MARKER, diff, produce
 
     d = diff(block, produce(block.markers[MARKER], doc_outputs))
     assert not d, (f"{block.id} is stale: it is not what `{block.markers[MARKER]}` prints now; rewrite it "
-                   f"with scripts/update-docs (python -m tests.doc_outputs --update)\n{d}")
+                   f"with scripts/update-docs (python -m tests.helpers.doc_outputs --update)\n{d}")
 
 
 def test_generated_blocks_compare_hashes_exactly_and_rewrite_in_place(tmp_path: Path) -> None:
     """What varies between runs (times, sizes, sha256 prefixes, finishing order) is normalised; an
     entry hash is not (the docs say it is the same on any machine). ``--update`` rewrites only the
     block, fences and markers kept."""
-    from tests.doc_outputs import diff, rewrite
+    from tests.helpers.doc_outputs import diff, rewrite
 
     doc = tmp_path / "page.md"
     shown = ("khal: [1/8] compiled crate 'core' for sm_75 in 0.04s\n"
@@ -997,7 +997,7 @@ _INLINE_SAMPLES = ("khal: launch #", "khal: graph #")
 def test_inline_build_lines_have_the_shape_the_build_prints(doc_outputs: Any) -> None:
     """A `khal: ...` line quoted in prose (troubleshooting's "compiling 3 crate(s) × 8 target(s)
     with 2 threads") has the shape of a line the build prints now (numbers and names aside)."""
-    from tests.doc_outputs import produce
+    from tests.helpers.doc_outputs import produce
 
     produced = produce("quickstart-build", doc_outputs) + produce("compile-error", doc_outputs)
     shapes = {_line_shape(ln) for ln in produced.splitlines() if ln.startswith("khal: ")}

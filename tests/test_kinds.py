@@ -20,7 +20,7 @@ from hatch_khal.slang.entries import SlangEntry
 from khal_runtime import DeviceBuffer, abi
 from khal_runtime.manifest import Param
 from khal_runtime.packing import ScalarPacker
-from tests.fakecuda import FakeDriver, fake, fake_kernels, make_entry, stream  # noqa: F401  (fixture)
+from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels, make_entry, stream  # noqa: F401  (fixture)
 
 HEADER = Path(__file__).resolve().parents[1] / "hatch_khal" / "include" / "khal.h"
 

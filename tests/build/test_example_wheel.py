@@ -1,0 +1,163 @@
+"""The example shader wheel, built once per session, inspected without a GPU."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hatch_khal.config import DEFAULT_ARCHS
+from hatch_khal.nvrtc import supported_archs
+from khal_runtime.binaries import khal_symbols, read_binary, read_cubin, scan_cubin
+from khal_runtime.manifest import SCHEMA_VERSION, parse_manifest
+
+from tests.conftest import run
+from tests.helpers.paths import PACKAGES, ROOT
+
+
+@pytest.fixture(scope="module")
+def wheel_files(example_wheel: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(example_wheel) as zf:
+        return {n: zf.read(n) for n in zf.namelist()}
+
+
+@pytest.fixture(scope="module")
+def manifest(wheel_files: dict[str, bytes]):  # type: ignore[no-untyped-def]
+    return parse_manifest(wheel_files["example_shader_pkg/_khal/manifest.json"])
+
+
+def test_wheel_is_pure(example_wheel: Path) -> None:
+    assert example_wheel.name.endswith("-py3-none-any.whl")
+
+
+def test_two_crates_with_a_shared_local_header(manifest) -> None:  # type: ignore[no-untyped-def]
+    assert {c.name for c in manifest.crates} == {"core", "particles", "cccl", "slang", "tutorials"}
+    core = manifest.crate("core")
+    headers = {s.path for s in core.sources if not s.path.endswith(".cu")}
+    assert headers and all(h.startswith("kernels/include/") for h in headers)
+    # the example's kernels a user would write
+    names = {e.name for c in manifest.crates for e in c.entries}
+    assert {"saxpy", "reduce_sum", "gelu", "integrate", "collide_ground"} <= names
+
+
+def test_every_artifact_present_with_its_sha256(manifest, wheel_files) -> None:  # type: ignore[no-untyped-def]
+    for crate in manifest.crates:
+        for art in crate.artifacts:
+            data = wheel_files[f"example_shader_pkg/{art.path}"]
+            assert len(data) == art.size
+            assert hashlib.sha256(data).hexdigest() == art.sha256
+
+
+def test_cubins_cover_default_archs_and_are_elf_for_their_arch(manifest, wheel_files) -> None:  # type: ignore[no-untyped-def]
+    want = {a for a in DEFAULT_ARCHS if int(a[3:]) in supported_archs()}
+    for crate in manifest.crates:
+        # Triton writes arch-specific cubins (sm_90a, sm_100a, sm_120a: each runs on its own arch only)
+        cubins = {a.arch.removesuffix("a") if crate.language == "triton" else a.arch: a
+                  for a in crate.artifacts if a.kind == "cubin"}
+        assert set(cubins) == want, crate.name
+        for arch, art in cubins.items():
+            data = wheel_files[f"example_shader_pkg/{art.path}"]
+            info = read_binary(data)
+            assert data[:4] == b"\x7fELF" and info.kind == "cubin" and info.arch == int(arch[3:])
+            assert khal_symbols(info) | {} and all(
+                khal_symbols(info)[e.name] == e.hash for e in crate.entries
+            )
+            # the load path's struct reader and pyelftools read the same symbols and probes
+            assert scan_cubin(data) == read_cubin(data) == info
+            assert bool(info.globals_u64) == (crate.language != "triton")  # layout probes: C++ and Slang
+
+
+def test_ptx_entries_carry_hashes_and_libdevice_is_resolved(manifest, wheel_files) -> None:  # type: ignore[no-untyped-def]
+    for crate in manifest.crates:
+        (ptx,) = [a for a in crate.artifacts if a.kind == "ptx"]
+        assert ptx.arch == "compute_75"
+        text = wheel_files[f"example_shader_pkg/{ptx.path}"].decode()
+        for e in crate.entries:
+            assert f".entry {e.symbol}(" in text
+            if e.triton is None:  # Triton entries have no indirect variant (their grid is of programs)
+                assert f".entry {e.indirect_symbol}(" in text
+        assert ".extern .func" not in text and "__nv_" not in text  # erff, expf, ... inlined
+        assert f".version {ptx.ptx_isa}" in text
+
+
+def test_the_triton_crate_ships_every_instance_and_its_conservative_twin(manifest, wheel_files) -> None:  # type: ignore[no-untyped-def]
+    """README command 1 builds Triton's tutorial kernels (no GPU): each ``:16`` instance with its
+    ``__base`` twin, hashed like any entry, cubins for the default archs (sm_90 as sm_90a) and
+    PTX 8.0 for older drivers to JIT."""
+    c = manifest.crate("tutorials")
+    assert c.language == "triton"
+    assert {e.name for e in c.entries} == {"add_fp32", "add_fp32__base", "add_fp16", "add_fp16__base",
+                                            "softmax_1024", "softmax_1024__base", "matmul_fp16",
+                                            "matmul_fp16__base"}
+    add, base = c.entry("add_fp32"), c.entry("add_fp32__base")
+    assert set(add.triton.divisible) == {"x_ptr", "y_ptr", "output_ptr", "n_elements"} and not base.triton.divisible
+    assert add.hash != base.hash and add.symbol.endswith(add.hash)
+    assert add.block_size == (128, 1, 1) and c.entry("softmax_1024").block_size == (256, 1, 1)
+    from hatch_khal.triton import TRITON_VERSION
+
+    assert manifest.toolchain.triton_version == TRITON_VERSION == add.triton.triton_version
+    (ptx,) = [a for a in c.artifacts if a.kind == "ptx"]
+    assert ".version 8.0" in wheel_files[f"example_shader_pkg/{ptx.path}"].decode()
+    sm90 = next(a for a in c.artifacts if a.kind == "cubin" and a.arch == "sm_90a")
+    assert read_binary(wheel_files[f"example_shader_pkg/{sm90.path}"]).arch == 90
+
+
+def test_the_test_packages_triton_tutorials_are_the_examples() -> None:
+    """The Triton tutorial kernels exist twice (a crate's sources lie inside its project):
+    tests/packages/triton_kernels_pkg tests the same source the example wheel ships, so a change to one
+    that is not made to the other fails here, not on the GPU."""
+    ours = ROOT / "example_shader_pkg" / "kernels" / "triton"
+    theirs = PACKAGES / "triton_kernels_pkg" / "kernels" / "triton"
+    names = sorted(p.name for p in ours.glob("*.py"))
+    assert names == sorted(p.name for p in theirs.glob("*.py")) and names
+    for name in names:
+        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), f"{name} differs: change both copies"
+
+
+def test_abi_of_saxpy(manifest) -> None:  # type: ignore[no-untyped-def]
+    saxpy = manifest.crate("core").entry("saxpy")
+    kinds = [(p.name, p.kind, p.element_type, p.element_size, p.writable) for p in saxpy.params]
+    assert kinds[0][1:] == ("storage", "float32", 4, False)
+    assert kinds[1][1:] == ("storage", "float32", 4, True)
+    assert kinds[2][1] == "uniform" and kinds[2][3] == 4  # SaxpyParams { float a; }
+
+
+def test_cli_inspect_and_verify(example_wheel: Path) -> None:
+    out = run([sys.executable, "-m", "hatch_khal", "inspect", str(example_wheel)]).stdout
+    assert "crate core" in out and "entry saxpy hash" in out and "sm_90" in out
+    data = json.loads(run([sys.executable, "-m", "hatch_khal", "inspect", "--json", str(example_wheel)]).stdout)
+    assert data["schema_version"] == SCHEMA_VERSION and data["package"] == "example_shader_pkg"
+    assert "verify: OK" in run([sys.executable, "-m", "hatch_khal", "verify", str(example_wheel)]).stdout
+
+
+def test_cli_verify_catches_tampering(example_wheel: Path, tmp_path: Path) -> None:
+    bad = tmp_path / example_wheel.name
+    with zipfile.ZipFile(example_wheel) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename.endswith("core.sm_90.cubin"):
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            dst.writestr(item, data)
+    proc = run([sys.executable, "-m", "hatch_khal", "verify", str(bad)], check=False)
+    assert proc.returncode == 1 and "core.sm_90.cubin" in proc.stderr and "sha256" in proc.stderr
+
+
+def test_cli_inspect_installed_package_and_bad_paths(example_site: Path, tmp_path: Path) -> None:
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(example_site))
+    out = run([sys.executable, "-m", "hatch_khal", "inspect", "example_shader_pkg"], env=env, cwd=tmp_path).stdout
+    assert "package example_shader_pkg" in out
+    proc = run([sys.executable, "-m", "hatch_khal", "inspect", "no_such_pkg_xyz"], check=False)
+    assert proc.returncode == 2 and "neither a file" in proc.stderr
+    proc = run([sys.executable, "-m", "hatch_khal", "verify", str(tmp_path)], check=False)
+    assert proc.returncode == 2 and "no _khal/manifest.json" in proc.stderr
+
+
+def test_import_without_gpu_works(example_pkg) -> None:  # type: ignore[no-untyped-def]
+    # importing the package reads the manifest only; GPU work is deferred
+    assert "saxpy" in dir(example_pkg.kernels) or hasattr(example_pkg.kernels, "saxpy")

@@ -1,0 +1,1030 @@
+"""Triton crates (issue #30) on the CPU: the instance tables and their errors, one real build of
+tests/packages/triton_kernels_pkg (shared by the module: Triton compiles are slow), the entries and
+artifacts it makes, entry hashes that follow a called @triton.jit helper, and the runtime on the
+fake driver (packing, scratch pointers, the variant chosen by alignment / divisibility, a stale
+manifest refused, no ``import triton`` at run time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hatch_khal.cache import Cache
+from hatch_khal.config import parse_config
+from hatch_khal.errors import ConfigError
+from hatch_khal.model import PrintReporter
+from hatch_khal.triton.instances import parse_instances
+from hatch_khal.triton.language import merge_ptx, rename_kernel
+from khal_runtime.errors import HashMismatchError, TritonAssumptionError
+from khal_runtime.triton import TritonKernel
+
+from tests.helpers.fakecuda import FakeDriver, fake, ptx_param_layouts  # noqa: F401
+from tests.helpers.paths import PACKAGES
+
+PKG = PACKAGES / "triton_kernels_pkg"
+HOOK = ("tool", "hatch", "build", "targets", "wheel", "hooks", "khal")
+
+
+def _hook(pyproject: Path) -> dict[str, Any]:
+    table: Any = tomllib.loads(pyproject.read_text())
+    for key in HOOK:
+        table = table[key]
+    return dict(table)
+
+
+def _build(root: Path, package: str, cache: Path) -> Any:
+    from hatch_khal.builder import build_packages, write_package_output
+
+    _, crates = parse_config(_hook(root / "pyproject.toml"), default_package=package)
+    result = build_packages(root, crates, PrintReporter(), cache=Cache(cache, print), jobs=1)
+    for out in result.packages:
+        write_package_output(out, root / out.package)
+    return result
+
+
+# -- instances (no Triton) ------------------------------------------------------------------------
+
+def test_a_matrix_expands_and_a_specialised_instance_gets_its_conservative_twin() -> None:
+    got = parse_instances("k", [{"kernel": "add", "name": "add_{T}_{B}",
+                                 "signature": {"x": "*{T}:16", "n": "i32:16", "B": "{B}"},
+                                 "matrix": {"T": ["fp32", "fp16"], "B": [256, 1024]}}])
+    assert [i.name for i in got][:4] == ["add_fp32_256", "add_fp32_256__base", "add_fp32_1024", "add_fp32_1024__base"]
+    assert len(got) == 8
+    first, base = got[0], got[1]
+    assert first.triton_signature() == {"x": "*fp32", "n": "i32", "B": "constexpr"}
+    assert first.constexprs() == {"B": 256} and first.divisible() == ["x", "n"]
+    assert base.divisible() == [] and base.family == "add_fp32_256" and base.base
+    plain = parse_instances("k", [{"kernel": "add", "signature": {"x": "*fp32", "n": "i32", "B": 64}}])
+    assert [i.name for i in plain] == ["add"]  # nothing assumed: no twin
+    (one, twin) = parse_instances("k", [{"kernel": "mm", "signature": {"x": "*fp32", "s": "i32:1", "B": 64}}])
+    assert one.triton_signature() == {"x": "*fp32", "s": "constexpr", "B": "constexpr"} and one.ones() == ["s"]
+    assert one.constexprs() == {"B": 64} and one.compile_constexprs() == {"B": 64, "s": 1}
+    assert twin.name == "mm__base" and twin.ones() == [] and twin.triton_signature()["s"] == "i32"
+    assert parse_instances("k", [{"kernel": "add", "fallback": False,
+                                  "signature": {"x": "*fp32:16", "B": 64}}])[0].name == "add"
+
+
+@pytest.mark.parametrize(("table", "match"), [
+    ({"kernel": "add", "signature": {"x": "*fp33"}}, r"instances\[0\] \(add\): signature field 'x': 'fp33'.*not a Triton pointee"),
+    ({"kernel": "add", "signature": {"x": "*fp32:8"}}, r"field 'x': ':8'.*not a specialisation"),
+    ({"kernel": "add", "signature": {"x": "*fp32:1"}}, r"field 'x'.*':1' in '\*fp32:1' applies to integers only"),
+    ({"kernel": "add", "signature": {"f": "fp32:16"}}, r"field 'f'.*pointers and integers only"),
+    ({"kernel": "add", "signature": {"x": "*{T}"}}, r"names \{T\}, which the instance's 'matrix' does not give"),
+    ({"kernel": "add", "signature": {"x": "*fp32"}, "num_warps": 3}, r"option 'num_warps' is 3, not a power of two"),
+    ({"kernel": "add", "signature": {"x": "*fp32"}, "warps": 4}, r"unknown option\(s\) 'warps'"),
+    ({"kernel": "add", "signature": ["*fp32"]}, r"option 'signature' must be a table"),
+    ({"signature": {"x": "*fp32"}}, r"option 'kernel' must name a @triton.jit function"),
+    ({"kernel": "add", "name": "a__b", "signature": {"x": "*fp32"}}, r"entry name 'a__b'"),
+])
+def test_a_bad_instance_is_a_config_error_naming_crate_instance_and_field(table: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=r"crate 'k': instances\[0\]") as info:
+        parse_instances("k", [table])
+    assert info.match(match)
+
+
+def test_two_instances_of_one_name_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"entry name 'add' is also the name of crate 'k': instances\[0\]"):
+        parse_instances("k", [{"kernel": "add", "signature": {"x": "*fp32"}},
+                              {"kernel": "add", "signature": {"x": "*fp16"}}])
+
+
+def test_the_language_follows_py_sources_and_instances_belong_to_triton_crates() -> None:
+    _, (c,) = parse_config({"crates": [{"name": "t", "sources": ["k/*.py"], "instances": [
+        {"kernel": "a", "signature": {"x": "*fp32"}}]}]}, default_package="p")
+    assert c.language == "triton" and c.instances[0]["kernel"] == "a"
+    with pytest.raises(ConfigError, match=r"a Triton crate \(.py sources\) needs 'instances'"):
+        parse_config({"crates": [{"name": "t", "sources": ["k/*.py"]}]}, default_package="p")
+    with pytest.raises(ConfigError, match=r"option 'instances' is for Triton crates"):
+        parse_config({"crates": [{"name": "t", "sources": ["k/*.cu"], "instances": []}]}, default_package="p")
+    with pytest.raises(ConfigError, match=r"mixes CUDA C\+\+ sources .* with Triton"):
+        parse_config({"crates": [{"name": "t", "sources": ["k/*.cu", "k/*.py"]}]}, default_package="p")
+
+
+def test_ptx_of_several_kernels_merges_with_one_header_and_renamed_kernels() -> None:
+    def one(name: str) -> str:
+        return (f"//\n.version 8.0\n.target sm_80\n.address_size 64\n\n.extern .shared .align 16 .b8 global_smem[];\n"
+                f".visible .entry {name}(\n\t.param .u64 {name}_param_0\n)\n{{\n\tret;\n}}\n")
+    a = rename_kernel(one("k"), "k", "a_khal_0123456789abcdef")
+    b = rename_kernel(one("k"), "k", "b_khal_0123456789abcdef")
+    merged = merge_ptx("c", "compute_80", [a, b])
+    assert merged.count(".version 8.0") == 1 and merged.count("global_smem[]") == 1
+    assert ".entry a_khal_0123456789abcdef(" in merged and ".entry b_khal_0123456789abcdef(" in merged
+    assert "k_param_0" in merged  # parameter names are local to their entry: left as Triton wrote them
+    with pytest.raises(Exception, match="both define"):
+        merge_ptx("c", "compute_80", [a, a])
+
+
+# -- the assumption checks (no build) -------------------------------------------------------------
+
+def _variant(name: str, divisible: tuple[str, ...], launches: list[Any], ones: tuple[str, ...] = ()) -> Any:
+    facts = SimpleNamespace(kernel="add_kernel", constexprs={"BLOCK_SIZE": 1024}, types=("*fp32", "*fp32", "i32"),
+                            names=("x", "out", "n"), divisible=divisible, shared=64, ones=ones)
+    params = tuple(SimpleNamespace(name=n) for n in ("x", "out", "n", "khal_global_scratch", "khal_profile_scratch"))
+    entry = SimpleNamespace(name=name, triton=facts, params=params)
+    return SimpleNamespace(entry=entry, launch=lambda *a, **kw: launches.append((name, a, kw)))
+
+
+def test_the_most_specialised_variant_whose_assumptions_hold_is_launched() -> None:
+    launches: list[Any] = []
+    k = TritonKernel("add", "c", [_variant("add__base", (), launches), _variant("add", ("x", "out", "n"), launches)])
+    k[lambda meta: (4096 // meta["BLOCK_SIZE"],)](0x1000, 0x2000, 4096)
+    assert launches[-1] == ("add", (4, None, 0x1000, 0x2000, 4096, 0, 0), {"stream": None, "shared_mem": 64})
+    k.launch((3, 2), 0x1004, 0x2000, 4096)  # x not 16-byte aligned
+    assert launches[-1][0] == "add__base" and launches[-1][1][:2] == ((3, 2), None)
+    assert k.chosen(0x1000, 0x2000, 4095) == "add__base"  # n not divisible by 16
+    assert k.chosen(0x1000, 0x2000, 4096) == "add"
+    assert set(k._chosen) == {0b111, 0b110, 0b011}  # one choice per set of assumptions that held
+
+    class Tensor:  # torch's spelling of a device pointer
+        is_cuda = True
+
+        def data_ptr(self) -> int:
+            return 0x3000
+
+    assert k.chosen(Tensor(), Tensor(), 16) == "add"
+
+    class Half(Tensor):
+        dtype = "torch.float16"
+
+    with pytest.raises(TypeError, match=r"add\(\): argument 'x' is an array of float16, the kernel was built for "
+                                        r"\*fp32 \(float32\)"):
+        k.chosen(Half(), Tensor(), 16)
+
+
+def test_an_argument_assumed_1_is_checked_and_left_out_of_the_variant_that_assumes_it() -> None:
+    launches: list[Any] = []
+    k = TritonKernel("add", "c", [_variant("add__base", (), launches), _variant("add", ("x",), launches, ("n",))])
+    k.launch(2, 0x1000, 0x2000, 1)
+    assert launches[-1][:2] == ("add", (2, None, 0x1000, 0x2000, 0, 0))  # n compiled in: not passed
+    k.launch(2, 0x1000, 0x2000, 2)
+    assert launches[-1][:2] == ("add__base", (2, None, 0x1000, 0x2000, 2, 0, 0))
+    only = TritonKernel("add", "c", [_variant("add", (), launches, ("n",))])
+    with pytest.raises(TritonAssumptionError, match=r"n = 3 is not 1"):
+        only.launch(1, 0x1000, 0x2000, 3)
+
+
+def test_a_call_breaking_every_shipped_variant_names_the_argument_and_the_assumption() -> None:
+    k = TritonKernel("add", "c", [_variant("add", ("x", "out", "n"), [])])
+    with pytest.raises(TritonAssumptionError, match=r"add: .*x = 0x1004 is not 16-byte aligned; n = 100 is not "
+                                                    r"divisible by 16"):
+        k.launch(1, 0x1004, 0x2000, 100)
+    with pytest.raises(TypeError, match=r"add\(\) takes 3 argument\(s\) \(x, out, n\), got 2"):
+        k.launch(1, 0x1000, 0x2000)
+    with pytest.raises(TypeError, match=r"argument 'x'.*not a device pointer"):
+        k.launch(1, "x", 0x2000, 16)
+    with pytest.raises(ValueError, match=r"add\(\): argument 'out' \(\*fp32\) points at 0x2002, not a multiple of 4"):
+        k.launch(1, 0x1000, 0x2002, 16)
+
+
+# -- one real build --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    root = tmp_path_factory.mktemp("tri") / "pkg"
+    shutil.copytree(PKG, root, ignore=shutil.ignore_patterns("_khal", "__pycache__"))
+    result = _build(root, "khal_triton_kernels", tmp_path_factory.mktemp("cache"))
+    return root, result
+
+
+@pytest.mark.needs_triton
+def test_the_build_makes_one_entry_per_instance_variant_named_with_its_hash(built: tuple[Path, Any]) -> None:
+    root, result = built
+    (out,) = result.packages
+    m = out.manifest
+    assert m.toolchain.triton_version == "3.6.0"
+    (crate,) = m.crates
+    assert crate.language == "triton"
+    names = [e.name for e in crate.entries]
+    assert names == ["add_fp32", "add_fp32__base", "add_fp16", "add_fp16__base", "softmax_1024", "matmul_fp16",
+                     "matmul_fp16__base", "matmul_fp16_big"]
+    assert 0 < crate.entry("matmul_fp16").triton.shared <= 48 * 1024  # type: ignore[union-attr]
+    assert crate.entry("matmul_fp16").attributes is None  # within 48 KB: no attribute, hashed as before
+    big = crate.entry("matmul_fp16_big")
+    assert big.triton is not None and big.triton.shared > 48 * 1024
+    assert big.attributes is not None and big.attributes.max_dynamic_shared == big.triton.shared
+    add = crate.entry("add_fp32")
+    assert add.symbol == f"add_fp32_khal_{add.hash}" and add.block_size == (128, 1, 1) and add.grid_dims == 3
+    assert [p.name for p in add.params] == ["x_ptr", "y_ptr", "output_ptr", "n_elements", "khal_global_scratch",
+                                            "khal_profile_scratch"]
+    assert [(p.kind, p.element_type) for p in add.params[:4]] == [("scalar", "uint64")] * 3 + [("scalar", "int32")]
+    assert add.triton is not None and add.triton.divisible == ("x_ptr", "y_ptr", "output_ptr", "n_elements")
+    assert add.triton.constexprs == {"BLOCK_SIZE": 1024} and add.triton.types[0] == "*fp32"
+    assert crate.entry("add_fp32__base").triton.divisible == ()  # type: ignore[union-attr]
+    soft = crate.entry("softmax_1024")
+    assert soft.block_size == (256, 1, 1) and soft.triton.shared > 0  # type: ignore[union-attr]
+    kinds = sorted((a.kind, a.arch, a.ptx_isa) for a in crate.artifacts)
+    assert kinds == [("cubin", "sm_90a", "8.0"), ("ptx", "compute_80", "8.0")]  # Triton's sm_90 code is sm_90a
+    ptx = out.files[next(a.path for a in crate.artifacts if a.kind == "ptx")].decode()
+    assert ".version 8.0" in ptx and ".entry add_kernel(" not in ptx
+    for e in crate.entries:
+        assert f".entry {e.symbol}(" in ptx
+    assert str(root) not in ptx  # no line info: no build-machine path in the binaries
+    assert not list((root / "kernels").rglob("__pycache__"))  # the worker wrote no bytecode beside them
+
+
+@pytest.mark.needs_triton
+def test_the_sm_90a_cubin_is_recorded_arch_specific_and_serves_sm_90_only(built: tuple[Path, Any]) -> None:
+    import struct
+
+    from khal_runtime.backends.cuda.loader import select_candidates
+    from khal_runtime.binaries import read_binary
+
+    root, result = built
+    (out,) = result.packages
+    (crate,) = out.manifest.crates
+    cubin = next(a for a in crate.artifacts if a.kind == "cubin")
+    assert cubin.path.endswith("tutorials.sm_90a.cubin")
+    data = out.files[cubin.path]
+    assert struct.unpack_from("<I", data, 48)[0] & 0x800  # ELF ABI 7: EF_CUDA_ACCELERATORS
+    info = read_binary(data)
+    assert info.arch == 90 and info.arch_specific and info.arch_name == "sm_90a"
+    ptx = read_binary(out.files[next(a.path for a in crate.artifacts if a.kind == "ptx")])
+    assert not ptx.arch_specific and ptx.arch_name == "compute_80"  # .target sm_80: JITs on later GPUs
+    assert [a.arch for a in select_candidates(crate, (9, 0), (13, 0))] == ["sm_90a", "compute_80"]
+    # a later GPU of the major (hypothetical sm_91 / a Blackwell) gets the PTX, never the sm_90a cubin
+    assert [a.arch for a in select_candidates(crate, (9, 1), (13, 0))] == ["compute_80"]
+    assert [a.arch for a in select_candidates(crate, (10, 0), (13, 0))] == ["compute_80"]
+
+
+@pytest.mark.needs_triton
+def test_a_rebuild_compiles_nothing_and_a_changed_helper_changes_the_hashes_of_its_callers(
+        built: tuple[Path, Any], tmp_path: Path) -> None:
+    root, result = built
+    cache = tmp_path / "cache"
+    root2 = tmp_path / "pkg"
+    shutil.copytree(root, root2, ignore=shutil.ignore_patterns("_khal", "__pycache__"))
+    # the softmax instance alone (a small, quick build), before and after its helper changes
+    pyproject = root2 / "pyproject.toml"
+    text = pyproject.read_text()
+    start = text.index("[[tool.hatch.build.targets.wheel.hooks.khal.crates.instances]]\nkernel = \"add_kernel\"")
+    end = text.index("[[tool.hatch.build.targets.wheel.hooks.khal.crates.instances]]\nkernel = \"softmax_kernel\"")
+    pyproject.write_text(text[:start] + text[end:text.index("# 03-matrix-multiplication.py")])
+    first = _build(root2, "khal_triton_kernels", cache)
+    again = _build(root2, "khal_triton_kernels", cache)
+    assert again.compiled == 0
+    helper = root2 / "kernels" / "triton" / "helpers.py"
+    helper.write_text(helper.read_text().replace("return tl.sum(x, axis=0)", "return tl.sum(x, axis=0) * 1.0"))
+    changed = _build(root2, "khal_triton_kernels", cache)
+
+    def hashes(r: Any) -> dict[str, str]:
+        return {e.name: e.hash for e in r.packages[0].manifest.crates[0].entries}
+
+    assert hashes(first) == hashes(again)
+    assert hashes(first)["softmax_1024"] != hashes(changed)["softmax_1024"]
+
+
+@pytest.mark.needs_triton
+def test_a_kernel_calling_a_jit_function_outside_the_crate_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "p"
+    (root / "k").mkdir(parents=True)
+    (root / "lib").mkdir()
+    (root / "pkg").mkdir()
+    (root / "lib" / "outside.py").write_text("import triton\n\n@triton.jit\ndef twice(x):\n    return x * 2\n")
+    (root / "k" / "k.py").write_text(
+        "import sys, os\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'lib'))\n"
+        "import triton\nimport triton.language as tl\nfrom outside import twice\n\n"
+        "@triton.jit\ndef k(x_ptr, BLOCK: tl.constexpr):\n"
+        "    o = tl.arange(0, BLOCK)\n    tl.store(x_ptr + o, twice(tl.load(x_ptr + o)))\n")
+    from hatch_khal.builder import build_packages
+    from hatch_khal.errors import SourceError
+
+    _, crates = parse_config({"archs": ["sm_90"], "ptx-arch": "none", "crates": [
+        {"name": "t", "sources": ["k/*.py"], "instances": [{"kernel": "k", "signature": {"x_ptr": "*fp32",
+                                                                                       "BLOCK": 64}}]}]},
+        default_package="pkg")
+    with pytest.raises(SourceError, match=r"calls @triton.jit functions defined outside the crate's sources "
+                                          r"\(.*outside.py\)"):
+        build_packages(root, crates, PrintReporter(), cache=Cache(tmp_path / "c", print), jobs=1)
+
+
+# -- the runtime, on the fake driver -----------------------------------------------------------------
+
+def _load(root: Path, drv: FakeDriver) -> Any:
+    import khal_runtime
+
+    pkg = root / "khal_triton_kernels"
+    for ptx in (pkg / "_khal").rglob("*.ptx"):
+        drv.layouts.update({f"FUNC:{n}": lay for n, lay in ptx_param_layouts(ptx.read_bytes()).items()})
+    return khal_runtime.load(pkg)
+
+
+@pytest.mark.needs_triton
+def test_a_call_packs_pointers_scalars_and_null_scratch_and_picks_the_variant(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    from khal_runtime.buffers import DeviceBuffer
+
+    root, _ = built
+    ks = _load(root, fake)
+    add = ks.add_fp32
+    assert isinstance(add, TritonKernel)
+    assert set(ks.crates["tutorials"].instances) >= {"add_fp32", "add_fp32__base"}
+    x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    add[(4,)](x, y, out, 4096)
+    launch = fake.launches[-1]
+    e = ks.crates["tutorials"].instances["add_fp32"].entry
+    assert launch["f"] == f"FUNC:{e.symbol}"
+    assert launch["grid"] == (4, 1, 1) and launch["block"] == (128, 1, 1) and launch["shmem"] == 0
+    slots = [int.from_bytes(s, "little") for s in launch["slots"]]
+    assert slots == [x.ptr, y.ptr, out.ptr, 4096, 0, 0]
+    add[(4,)](x, y, out, 4004)  # not divisible by 16: the conservative twin
+    assert fake.launches[-1]["f"] == f"FUNC:{ks.crates['tutorials'].instances['add_fp32__base'].entry.symbol}"
+    add[(4,)](x.ptr + 4, y, out, 4096)  # a pointer 4 bytes in: the conservative twin
+    assert fake.launches[-1]["f"].startswith("FUNC:add_fp32__base_khal_")
+    a, b, c = (DeviceBuffer.zeros(64 * 64, np.float16) for _ in range(3))
+    ks.matmul_fp16[(1,)](a, b, c, 64, 64, 64, 64, 1, 64, 1, 64, 1)
+    mm = ks.crates["tutorials"].instances["matmul_fp16"].entry
+    assert fake.launches[-1]["f"] == f"FUNC:{mm.symbol}" and mm.triton.ones == ("stride_ak", "stride_bn", "stride_cn")
+    slots = [int.from_bytes(s, "little") for s in fake.launches[-1]["slots"]]
+    assert slots == [a.ptr, b.ptr, c.ptr, 64, 64, 64, 64, 64, 64, 0, 0]  # the unit strides compiled in
+    ks.matmul_fp16[(1,)](a, b, c, 64, 64, 64, 1, 64, 64, 1, 64, 1)  # a column-major A: stride_ak is not 1
+    assert fake.launches[-1]["f"].startswith("FUNC:matmul_fp16__base_khal_")
+    assert len(fake.launches[-1]["slots"]) == 14
+    soft = ks.softmax_1024
+    soft[(8,)](out, x, 1024, 1024, 4, 1000)
+    assert fake.launches[-1]["shmem"] == soft.entry.triton.shared > 0
+    assert fake.launches[-1]["block"] == (256, 1, 1)
+    big = ks.matmul_fp16_big
+    shared = big.entry.triton.shared
+    assert shared > 48 * 1024
+    assert [v for f, a, v in fake.func_attributes if f == f"FUNC:{big.entry.symbol}" and int(a) == 8] == [shared]
+    for _ in range(2):
+        big[(1,)](a, b, c, 64, 64, 64, 64, 1, 64, 1, 64, 1)
+        assert fake.launches[-1]["f"] == f"FUNC:{big.entry.symbol}" and fake.launches[-1]["shmem"] == shared
+    assert len([1 for f, _, _ in fake.func_attributes if f == f"FUNC:{big.entry.symbol}"]) == 1  # once, at load
+
+
+def _count_slow_launches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the variants launched through ``Kernel.launch`` (the Triton call's checked path)."""
+    from khal_runtime.kernels import Kernel
+
+    slow: list[str] = []
+    generic = Kernel.launch
+
+    def counted(self: Any, *a: Any, **kw: Any) -> None:
+        slow.append(self.name)
+        generic(self, *a, **kw)
+
+    monkeypatch.setattr(Kernel, "launch", counted)
+    return slow
+
+
+@pytest.mark.needs_triton
+def test_a_repeated_call_takes_the_generated_fast_call_and_keeps_every_check(
+        built: tuple[Path, Any], fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from khal_runtime.buffers import DeviceBuffer
+    from khal_runtime.errors import ArgumentError
+
+    root, _ = built
+    ks = _load(root, fake)
+    add = ks.add_fp32
+    assert "def launch(grid, a0=MISSING, a1=MISSING, a2=MISSING, a3=MISSING, *more, stream=None):" in add.source
+    slow = _count_slow_launches(monkeypatch)
+    x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    add[(4,)](x, y, out, 4096)
+    add[(4,)](x, y, out, 4096)
+    add.launch(4, x, y, out, 4096)
+    add[lambda meta: (4096 // meta["BLOCK_SIZE"],)](x, y, out, 4096)
+    assert slow == ["add_fp32"]  # the generic checks ran once for this combination of bits and types
+    e = ks.crates["tutorials"].instances["add_fp32"].entry
+    assert all(la["f"] == f"FUNC:{e.symbol}" and la["grid"] == (4, 1, 1) for la in fake.launches[-4:])
+    assert [int.from_bytes(s, "little") for s in fake.launches[-1]["slots"]] == [x.ptr, y.ptr, out.ptr, 4096, 0, 0]
+    add[(4,)](x, y, out, 4004)  # new bits: the slow path once, then fast
+    add[(4,)](x, y, out, 4004)
+    assert slow == ["add_fp32", "add_fp32__base"]
+    assert fake.launches[-1]["f"].startswith("FUNC:add_fp32__base_khal_")
+    add[(2, 3)](x, y, out, 4096)  # a 2-D grid: fast, checked inline
+    assert slow == ["add_fp32", "add_fp32__base"] and fake.launches[-1]["grid"] == (2, 3, 1)
+    with pytest.raises(ArgumentError, match="an array of float16"):  # a new dtype: the slow path's check
+        add[(4,)](DeviceBuffer.zeros(4096, np.float16), y, out, 4096)
+    with pytest.raises(ValueError, match="points at .*not a multiple of 4"):
+        add[(4,)](x, y, out.ptr + 2, 4096)
+    with pytest.raises(ValueError, match="grid"):
+        add[(0,)](x, y, out, 4096)
+    with pytest.raises(TypeError, match="takes 4 argument"):
+        add[(4,)](x, y, out)
+    gone = DeviceBuffer.zeros(4096, np.float32)
+    add[(4,)](gone, y, out, 4096)
+    gone.free()
+    with pytest.raises(ValueError, match="freed"):
+        add[(4,)](gone, y, out, 4096)
+    soft = ks.softmax_1024
+    for _ in range(2):
+        soft[(8,)](out, x, 1024, 1024, 4, 1000)
+        assert fake.launches[-1]["shmem"] == soft.entry.triton.shared > 0
+
+
+def _copy(root: Path, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    pkg = tmp_path / "khal_triton_kernels"
+    shutil.copytree(root / "khal_triton_kernels", pkg)
+    return pkg, json.loads((pkg / "_khal" / "manifest.json").read_text())
+
+
+@pytest.mark.needs_triton
+def test_a_manifest_whose_triton_facts_were_edited_is_refused(built: tuple[Path, Any], tmp_path: Path) -> None:
+    import khal_runtime
+    from khal_runtime.errors import ManifestError
+
+    root, _ = built
+    pkg, m = _copy(root, tmp_path)
+    e = next(e for e in m["crates"][0]["entries"] if e["name"] == "softmax_1024")
+    e["triton"]["shared"] = 0  # a launch with too little shared memory
+    (pkg / "_khal" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="entry 'softmax_1024'.*the manifest was edited after the build"):
+        khal_runtime.load(pkg)
+
+
+@pytest.mark.needs_triton
+def test_a_stale_binary_is_refused_with_a_hash_mismatch(built: tuple[Path, Any], tmp_path: Path,
+                                                         fake: FakeDriver) -> None:  # noqa: F811
+    import hashlib
+
+    root, _ = built
+    pkg, m = _copy(root, tmp_path)
+    crate = m["crates"][0]
+    soft = next(e for e in crate["entries"] if e["name"] == "softmax_1024")
+    for art in crate["artifacts"]:
+        path = pkg / art["path"]
+        data = path.read_bytes().replace(soft["hash"].encode(), b"0123456789abcdef")  # another build's kernel
+        path.write_bytes(data)
+        art["sha256"], art["size"] = hashlib.sha256(data).hexdigest(), len(data)
+    (pkg / "_khal" / "manifest.json").write_text(json.dumps(m))
+    ks = _load(tmp_path, fake)
+    with pytest.raises(HashMismatchError, match="softmax_1024"):
+        ks.softmax_1024[(1,)](0x1000, 0x2000, 1024, 1024, 1, 1000)
+
+
+@pytest.mark.needs_triton
+def test_the_runtime_loads_and_chooses_with_triton_unimportable(built: tuple[Path, Any]) -> None:
+    root, _ = built
+    code = (
+        "import sys\nsys.modules['triton'] = None\n"
+        "import khal_runtime\n"
+        f"ks = khal_runtime.load({str(root / 'khal_triton_kernels')!r})\n"
+        "print(ks.add_fp16.chosen(0x1000, 0x2000, 0x3000, 64), ks.add_fp16.chosen(0x1002, 0x2000, 0x3000, 64))\n"
+        "assert 'triton' not in [m for m in sys.modules if sys.modules[m] is not None and m.split('.')[0] == 'triton']\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KHAL_BACKEND"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["add_fp16", "add_fp16__base"]
+
+
+@pytest.mark.needs_triton
+def test_the_typed_stub_names_each_family_a_triton_kernel_and_type_checks(built: tuple[Path, Any],
+                                                                           tmp_path: Path) -> None:
+    import importlib.util
+
+    from hatch_khal.stubs import kernels_stub
+
+    _, result = built
+    stub = kernels_stub(result.packages[0].manifest, module_name="trik._khal")
+    assert "    add_fp32: TritonKernel" in stub and "    softmax_1024: TritonKernel" in stub
+    # the conservative twins are the launcher's, not attributes: only the family's docstring names them
+    assert not re.search(r"^\s*\w+__base\s*:", stub, re.MULTILINE)
+    assert "``add_fp32__base`` of crate ``tutorials``" in stub
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed (test extra)")
+    pkg = tmp_path / "trik" / "_khal"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__init__.pyi").write_text(stub)
+    (tmp_path / "use.py").write_text("from trik._khal import kernels\nkernels.add_fp32[(4,)](1, 2, 3, 4)\n"
+                                     "kernels['softmax_1024'].launch(1, 1, 2, 3, 4, 5, 6)\n")
+    run = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", "use.py", "trik"],
+                         cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_an_isolated_build_gets_triton_and_no_nvrtc_for_triton_crates(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from hatch_khal.plugin import KhalBuildHook
+    from hatch_khal.triton import TRITON_REQUIREMENT
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").touch()
+    meta = SimpleNamespace(core=SimpleNamespace(raw_name="pkg"))
+    tri = {"name": "t", "sources": ["k/*.py"], "instances": [{"kernel": "k", "signature": {"x": "*fp32"}}]}
+    hook = KhalBuildHook(str(tmp_path), {"crates": [tri]}, None, meta, str(tmp_path), "wheel")
+    assert hook.dependencies() == [TRITON_REQUIREMENT] == ["triton==3.6.0"]
+    both = KhalBuildHook(str(tmp_path), {"crates": [tri, {"name": "c", "sources": ["k/*.cu"]}]}, None, meta,
+                         str(tmp_path), "wheel")
+    deps = both.dependencies()
+    assert TRITON_REQUIREMENT in deps and any(d.startswith("nvidia-cuda-nvrtc") for d in deps)
+
+
+def test_clusters_and_scratch_memory_are_refused_at_build_naming_what_is_missing() -> None:
+    from hatch_khal.triton.language import _refusal
+
+    (inst,) = parse_instances("k", [{"kernel": "mm", "name": "mm", "signature": {"a": "*fp16"}}])
+    ok = {"shared": 1024, "num_ctas": 1, "launch_pdl": False, "launch_cooperative_grid": False,
+          "global_scratch_size": 0, "profile_scratch_size": 0, "num_warps": 4}
+    assert _refusal("k", inst, "sm_90", ok) is None
+    for fine in ({"shared": 65536}, {"launch_pdl": True}, {"launch_cooperative_grid": True}):
+        assert _refusal("k", inst, "sm_90", {**ok, **fine}) is None  # launch attributes now
+    for change, match in (({"num_ctas": 2}, r"num_ctas=2: .*CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION.*use num_ctas=1"),
+                          ({"global_scratch_size": 64}, r"needs scratch memory \(global 64 B")):
+        why = _refusal("k", inst, "sm_90", {**ok, **change})
+        assert why is not None and why.startswith("crate 'k': instance 'mm' (mm) for sm_90")
+        assert re.search(match, why), why
+
+
+def test_tritons_metadata_becomes_the_entrys_launch_attributes_and_they_are_hashed() -> None:
+    from hatch_khal.triton.language import launch_attributes
+    from khal_runtime import abi
+    from khal_runtime.manifest import LaunchAttributes
+
+    md = {"shared": 1024, "launch_pdl": False, "launch_cooperative_grid": False}
+    assert launch_attributes([md, md]) is None  # within 48 KB: passed at launch, hashed as before
+    big = launch_attributes([md, {**md, "shared": 98304}])  # the largest over the targets
+    assert big == LaunchAttributes(max_dynamic_shared=98304)
+    assert launch_attributes([{**md, "launch_pdl": True}]) == LaunchAttributes(pdl=True)
+    assert launch_attributes([{**md, "launch_cooperative_grid": True}]) == LaunchAttributes(cooperative=True)
+    sig = abi.entry_signature("mm", (128, 1, 1), [], grid_dims=3, triton={})
+    assert abi.entry_signature("mm", (128, 1, 1), [], grid_dims=3, attributes=big, triton={}) != sig
+
+
+def test_a_triton_entry_above_48_kb_without_its_opt_in_attribute_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from khal_runtime import abi
+    from khal_runtime.manifest import Entry, LaunchAttributes, Param, TritonFacts
+
+    scratch = (Param(name="khal_global_scratch", kind="scalar", element_type="uint64", element_size=8,
+                     element_align=8),)
+    facts = TritonFacts(kernel="mm", family="mm", num_warps=8, num_stages=3, shared=98304, names=(), types=(),
+                        cache_key="k", triton_version="3.6.0")
+    h = "0123456789abcdef"
+    with pytest.raises(ValidationError, match="98304 bytes of dynamic shared memory records them"):
+        Entry(name="mm", symbol=abi.symbol_for("mm", h), hash=h, block_size=(256, 1, 1), params=scratch, grid_dims=3,
+              triton=facts)
+    Entry(name="mm", symbol=abi.symbol_for("mm", h), hash=h, block_size=(256, 1, 1), params=scratch, grid_dims=3,
+          triton=facts, attributes=LaunchAttributes(max_dynamic_shared=98304))
+
+
+@pytest.mark.needs_triton
+def test_the_built_package_verifies_and_a_prebuilt_binary_is_refused(built: tuple[Path, Any], tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from khal_runtime.verify import verify_package
+
+    root, _ = built
+    assert verify_package(root / "khal_triton_kernels") == []
+    monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_TUTORIALS", str(tmp_path / "x.ptx"))
+    (tmp_path / "x.ptx").write_text(".version 8.0\n.target sm_80\n.address_size 64\n")
+    with pytest.raises(ConfigError, match=r"CUDA_OXIDE_SHADERS_PTX_TUTORIALS gives a prebuilt binary, which Triton "
+                                          r"crates do not take"):
+        _build(root, "khal_triton_kernels", tmp_path / "cache")
+
+
+@pytest.mark.needs_triton
+def test_the_content_hash_follows_instances_and_tritons_knobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hatch_khal.triton.language import TRITON
+
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "k.py").write_text("import triton\n")
+    table = {"archs": ["sm_90"], "crates": [{"name": "t", "sources": ["k/*.py"], "instances": [
+        {"kernel": "k", "signature": {"x": "*fp32", "B": 64}}]}]}
+
+    def content(**change: Any) -> str:
+        t = json.loads(json.dumps(table))
+        t["crates"][0]["instances"][0].update(change)
+        _, (crate,) = parse_config(t, default_package="pkg")
+        return TRITON.plan(tmp_path, crate).content_hash
+
+    base = content()
+    assert content(num_warps=8) != base and content(num_stages=2) != base
+    assert content(signature={"x": "*fp32", "B": 128}) != base and content(signature={"x": "*fp32:16", "B": 64}) != base
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    assert content() != base
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+    assert content() == base  # where Triton caches is not what it compiles
+
+
+def test_a_missing_triton_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    from hatch_khal.errors import KhalBuildError
+    from hatch_khal.triton import language
+
+    def missing(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(language.metadata, "version", missing)
+    with pytest.raises(KhalBuildError, match=r"a Triton crate needs Triton in the build environment: install "
+                                             r"triton==3\.6\.0"):
+        language.triton_version()
+
+
+@pytest.mark.needs_triton
+def test_inspect_names_the_triton_toolchain_and_each_instance(built: tuple[Path, Any]) -> None:
+    from hatch_khal.__main__ import _describe
+
+    _, result = built
+    text = "\n".join(_describe(result.packages[0].manifest))
+    assert "Triton 3.6.0" in text and "crate tutorials: Triton" in text
+    assert "entry add_fp32 = add_kernel assuming x_ptr, y_ptr, output_ptr, n_elements % 16 == 0, 4 warps" in text
+
+
+@pytest.mark.needs_triton
+def test_a_cached_build_is_compiled_again_when_a_project_module_its_sources_import_changes(tmp_path: Path) -> None:
+    from hatch_khal.builder import build_packages
+
+    root = tmp_path / "p"
+    for d in ("k", "lib", "pkg"):
+        (root / d).mkdir(parents=True)
+    consts = root / "lib" / "consts.py"
+    consts.write_text("import triton.language as tl\nSCALE = tl.constexpr(2)\n")
+    (root / "k" / "k.py").write_text(
+        "import os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'lib'))\n"
+        "import triton\nimport triton.language as tl\nfrom consts import SCALE\n\n"
+        "@triton.jit\ndef k(x_ptr, BLOCK: tl.constexpr):\n"
+        "    o = tl.arange(0, BLOCK)\n    tl.store(x_ptr + o, tl.load(x_ptr + o) * SCALE)\n")
+    _, crates = parse_config({"archs": ["sm_90"], "ptx-arch": "none", "crates": [
+        {"name": "t", "sources": ["k/*.py"], "instances": [{"kernel": "k", "signature": {"x_ptr": "*fp32",
+                                                                                       "BLOCK": 64}}]}]},
+        default_package="pkg")
+    cache = Cache(tmp_path / "c", print)
+
+    def entry_hash() -> tuple[str, int]:
+        r = build_packages(root, crates, PrintReporter(), cache=cache, jobs=1)
+        return r.packages[0].manifest.crates[0].entries[0].hash, r.compiled
+
+    first, compiled = entry_hash()
+    assert compiled > 0 and entry_hash() == (first, 0)
+    consts.write_text("import triton.language as tl\nSCALE = tl.constexpr(3)\n")
+    again, compiled = entry_hash()
+    assert compiled > 0 and again != first
+
+
+def _fake_ptxas(path: Path, release: str) -> Path:
+    path.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_cubins_are_assembled_by_the_ptxas_triton_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRITON_PTXAS_PATH makes Triton write the PTX ISA of that ptxas (9.0 for CUDA 13): the cubin
+    step must use the same tool (the one Triton ships refuses ``.version 9.0``), and its release
+    is a fact of the build."""
+    from hatch_khal.errors import KhalBuildError
+    from hatch_khal.triton import language
+
+    pytest.importorskip("triton")
+    from hatch_khal.triton.ptxas import tool_release
+
+    tool_release.cache_clear()
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    bundled, bundled_release = language.ptxas_tool(90)
+    assert bundled.name == "ptxas" and bundled.parent == language._ptxas_dir()
+    mine = _fake_ptxas(tmp_path / "ptxas", "13.0")
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(mine))
+    assert language.ptxas_tool(90) == (mine, "13.0 (V13.0.1)")
+    # Blackwell has its own variable, as in Triton's knobs
+    assert language.ptxas_tool(100)[0].name == "ptxas-blackwell"
+    # a TRITON_PTXAS_PATH that does not run falls back to Triton's own, as Triton does
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(tmp_path / "missing"))
+    assert language.ptxas_tool(90) == (bundled, bundled_release)
+    monkeypatch.setattr(language, "_ptxas_dir", lambda: tmp_path / "nowhere")
+    with pytest.raises(KhalBuildError, match=r"Triton's ptxas, which does not run here .*TRITON_PTXAS_PATH="):
+        language.ptxas_tool(90)
+
+
+@pytest.mark.needs_triton
+def test_the_fast_call_on_a_borrowed_stream_in_a_fresh_thread(
+        built: tuple[Path, Any], fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """torch's stream passed in a thread where khal never made a context current (what a torch user
+    does): the first call makes it current, the next ones take the generated call. (Written while
+    finding why a call cost 10 us on the H200: not this; the generated front and the tensor reads.)"""
+    import threading
+
+    from khal_runtime.buffers import DeviceBuffer
+
+    from tests.helpers.fakecuda import stream
+
+    root, _ = built
+    ks = _load(root, fake)
+    add = ks.add_fp32
+    slow = _count_slow_launches(monkeypatch)
+    x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    borrowed = stream(0x77, native="TORCH")
+    errors: list[BaseException] = []
+
+    def user() -> None:
+        try:
+            for _ in range(3):
+                add[(4,)](x, y, out, 4096, stream=borrowed)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=user)
+    t.start()
+    t.join()
+    assert not errors, errors
+    assert slow == ["add_fp32"]
+    assert [la["stream"] for la in fake.launches[-3:]] == [borrowed._cu] * 3
+
+
+@pytest.mark.needs_triton
+def test_k_of_a_grid_keeps_its_launcher_and_still_checks_every_grid(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    from khal_runtime.buffers import DeviceBuffer
+
+    root, _ = built
+    ks = _load(root, fake)
+    add = ks.add_fp32
+    assert add[(4,)] is add[(4,)] and add[4] is add[4] and add[(4,)] is not add[(2, 2)]
+    x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    add[(4,)](x, y, out, 4096)
+    add[(2, 2)](x, y, out, 4096)
+    assert [la["grid"] for la in fake.launches[-2:]] == [(4, 1, 1), (2, 2, 1)]
+    kept = len(add._grids)
+    add[([3],)](x, y, out, 4096)  # unhashable inside: not kept, launched as before (a list is a dim3)
+    assert fake.launches[-1]["grid"] == (3, 1, 1) and len(add._grids) == kept
+    for g in range(100):  # more grids than are kept: each still launches its own
+        add[(g + 1,)](x, y, out, 4096)
+    assert fake.launches[-1]["grid"] == (100, 1, 1) and len(add._grids) <= 64
+
+
+@pytest.mark.needs_triton
+def test_bind_checks_once_and_launches_the_chosen_variant_with_its_shared_memory(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    """``k.bind(*args)`` then ``b(grid)``: the variant a call would choose, its dynamic shared
+    memory (Triton's, below 48 KB: no attribute), the two null scratch pointers, grids of programs."""
+    from khal_runtime.buffers import DeviceBuffer
+
+    root, _ = built
+    ks = _load(root, fake)
+    a, b, c = (DeviceBuffer.zeros(64 * 64, np.float16) for _ in range(3))
+    mm = ks.matmul_fp16
+    args = (a, b, c, 64, 64, 64, 64, 1, 64, 1, 64, 1)
+    bound = mm.bind(*args)
+    assert bound.variant.entry.name == mm.chosen(*args) == "matmul_fp16"
+    shared = bound.variant.entry.triton.shared
+    assert 0 < shared <= 48 * 1024
+    for grid in ((1,), (1,), 1, lambda meta: (64 // meta["BLOCK_SIZE_M"],)):
+        bound(grid)
+        la = fake.launches[-1]
+        assert la["f"] == f"FUNC:{bound.variant.entry.symbol}" and la["grid"] == (1, 1, 1) and la["shmem"] == shared
+    ones = set(bound.variant.entry.triton.ones)  # compiled in: not passed
+    want = [v for name, v in zip(mm.arg_names, [a.ptr, b.ptr, c.ptr, 64, 64, 64, 64, 1, 64, 1, 64, 1])
+            if name not in ones] + [0, 0]
+    assert [int.from_bytes(s, "little") for s in fake.launches[-1]["slots"]] == want
+    mm[(1,)](*args)  # the call launches with the same shared memory
+    assert fake.launches[-1]["shmem"] == shared
+    base = mm.bind(a, b, c, 60, 64, 64, 64, 1, 64, 1, 64, 1)  # M not divisible by 16: the twin
+    assert base.variant.entry.name == "matmul_fp16__base"
+    base((2, 1, 1))
+    assert fake.launches[-1]["grid"] == (2, 1, 1)
+
+
+class _Dtype:
+    """A torch dtype's look-alike (``str`` gives ``torch.float32``)."""
+
+    def __init__(self, name: str = "float32") -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+
+class _Tensor:
+    """A torch tensor's look-alike: ``data_ptr()`` (``set_`` moves it, as ``.data =`` / ``set_`` do),
+    ``_version`` (an in-place write bumps it), and counts of the reads of its dtype."""
+
+    is_cuda = True
+
+    def __init__(self, ptr: int, dtype: str = "float32") -> None:
+        self.ptr, self._version, self._dtype, self.dtype_reads = ptr, 0, _Dtype(dtype), 0
+
+    @property
+    def dtype(self) -> _Dtype:
+        self.dtype_reads += 1
+        return self._dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def add_(self) -> None:  # an in-place write: the memory changes, the tensor does not move
+        self._version += 1
+
+    def set_(self, ptr: int) -> None:
+        self.ptr = ptr
+        self._version += 1
+
+
+_Tensor.__module__ = "torch"
+
+
+def _pointers(launch: dict[str, Any]) -> list[int]:
+    return [int.from_bytes(s, "little") for s in launch["slots"]]
+
+
+@pytest.mark.needs_triton
+def test_a_repeated_call_launches_its_remembered_block_without_reading_the_arguments_again(
+        built: tuple[Path, Any], fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The family's memo: the same tensors, grid and stream again launch the block packed the first
+    time the direct path saw them (no dtype read, no pack); an in-place write keeps it (the
+    address is what was packed), a moved tensor, another grid, stream or scalar do not."""
+    from tests.helpers.fakecuda import stream
+
+    root, _ = built
+    add = _load(root, fake).add_fp32
+    slow = _count_slow_launches(monkeypatch)
+    x, y, out = _Tensor(0x10000), _Tensor(0x20000), _Tensor(0x30000)
+    go = add[(4,)]
+    for _ in range(4):
+        go(x, y, out, 4096)
+    assert slow == ["add_fp32"] and len(fake.launches) == 4
+    reads = x.dtype_reads
+    ex = fake.ex_calls
+    for _ in range(3):
+        go(x, y, out, 4096)
+    assert x.dtype_reads == reads  # remembered: not read again
+    assert fake.ex_calls == ex + 3
+    for _ in range(3):  # a size computed each call (``x.numel()``): an equal int, another object
+        go(x, y, out, int("4096"))
+    assert x.dtype_reads == reads and fake.ex_calls == ex + 6
+    ex = fake.ex_calls  # the prebuilt launch call (cuLaunchKernelEx, its configuration made once)
+    assert all(_pointers(la) == [0x10000, 0x20000, 0x30000, 4096, 0, 0] and la["grid"] == (4, 1, 1)
+               for la in fake.launches[-10:])
+    x.add_()  # written in place: the same address
+    go(x, y, out, 4096)
+    assert _pointers(fake.launches[-1])[:3] == [0x10000, 0x20000, 0x30000]
+    x.set_(0x40000)  # moved (set_ / .data =): read again
+    go(x, y, out, 4096)
+    go(x, y, out, 4096)
+    assert _pointers(fake.launches[-1])[:3] == [0x40000, 0x20000, 0x30000]
+    add[(2, 3)](x, y, out, 4096)  # another grid
+    assert fake.launches[-1]["grid"] == (2, 3, 1)
+    go(x, y, out, 4096)
+    assert fake.launches[-1]["grid"] == (4, 1, 1)
+    other = stream(0x99, native="OTHER")
+    go(x, y, out, 4096, stream=other)  # another stream
+    go(x, y, out, 4096, stream=other)
+    assert [la["stream"] for la in fake.launches[-2:]] == [other._cu] * 2
+    go(x, y, out, 4096)
+    assert fake.launches[-1]["stream"] != other._cu
+    go(x, y, out, 2048)  # a changed scalar
+    assert _pointers(fake.launches[-1])[3] == 2048
+    go(x, y, out, 4096)
+    assert _pointers(fake.launches[-1])[3] == 4096
+    programs = [4]
+    grid = add[lambda meta: (programs[0],)]  # one callable: evaluated on every call
+    for g in (4, 4, 3, 3):
+        programs[0] = g
+        grid(x, y, out, 4096)
+        assert fake.launches[-1]["grid"] == (g, 1, 1)
+    assert slow == ["add_fp32"]  # every one of these on the generated call
+
+
+@pytest.mark.needs_triton
+def test_a_remembered_call_whose_argument_breaks_an_assumption_switches_variant_or_refuses(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    from khal_runtime.buffers import DeviceBuffer
+
+    root, _ = built
+    ks = _load(root, fake)
+    add = ks.add_fp32
+    base = ks.crates["tutorials"].instances["add_fp32__base"].entry.symbol
+    x, y, out = _Tensor(0x10000), _Tensor(0x20000), _Tensor(0x30000)
+    go = add[(4,)]
+    for _ in range(3):
+        go(x, y, out, 4096)
+    assert fake.launches[-1]["f"] == f"FUNC:{add.entry.symbol}"
+    x.set_(0x10004)  # no longer 16-byte aligned: the conservative twin
+    go(x, y, out, 4096)
+    go(x, y, out, 4096)
+    assert [la["f"] for la in fake.launches[-2:]] == [f"FUNC:{base}"] * 2
+    assert _pointers(fake.launches[-1])[0] == 0x10004
+    x.set_(0x10002)  # not a multiple of 4 bytes: refused, nothing launched
+    count = len(fake.launches)
+    with pytest.raises(ValueError, match=r"argument 'x_ptr' \(\*fp32\) points at 0x10002, not a multiple of 4"):
+        go(x, y, out, 4096)
+    x._dtype = _Dtype("float16")  # .data = a tensor of another dtype at another address
+    x.set_(0x50000)
+    with pytest.raises(TypeError, match="an array of float16"):
+        go(x, y, out, 4096)
+    assert len(fake.launches) == count
+    mm = ks.matmul_fp16
+    p, q, r = _Tensor(0x60000, "float16"), _Tensor(0x70000, "float16"), _Tensor(0x80000, "float16")
+    unit = (p, q, r, 64, 64, 64, 64, 1, 64, 1, 64, 1)  # the unit strides the specialised variant compiles in
+    column = (p, q, r, 64, 64, 64, 1, 64, 64, 1, 64, 1)  # stride_ak is not 1: the twin, every value passed
+    for args, variant, values in ((unit, "matmul_fp16", 11), (column, "matmul_fp16__base", 14),
+                                  (unit, "matmul_fp16", 11)):
+        for _ in range(3):
+            mm[(1,)](*args)
+            la = fake.launches[-1]
+            assert la["f"].startswith(f"FUNC:{variant}_khal_") and len(la["slots"]) == values
+    count = len(fake.launches)
+    a, b, c = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    for _ in range(3):
+        go(a, b, c, 4096)
+    a.free()  # a freed buffer: every memo forgets it
+    with pytest.raises(ValueError, match="freed"):
+        go(a, b, c, 4096)
+    assert len(fake.launches) == count + 3
+    whole = DeviceBuffer.zeros(8192, np.float32)
+    view = whole[4096:]  # a view: remembered (its address cannot move), forgotten when its base is freed
+    for _ in range(3):
+        go(view, b, c, 4096)
+    assert _pointers(fake.launches[-1])[0] == whole.ptr + 4096 * 4
+    whole.free()
+    with pytest.raises(ValueError, match="freed"):
+        go(view, b, c, 4096)
+    count = len(fake.launches)
+    with pytest.raises(ValueError, match=r"argument 'n_elements' \(scalar int32\).*out of range for int32"):
+        go(b, b, c, 2**40)  # the direct path's pack refuses it: the slow path names it
+    assert len(fake.launches) == count
+
+
+@pytest.mark.needs_triton
+def test_a_remembered_call_still_reaches_the_launch_hooks_and_reports_a_failed_launch(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    from khal_runtime.errors import CudaError
+    from khal_runtime.launch_hooks import hooks
+
+    from tests.helpers.fakecuda import CUresult
+
+    root, _ = built
+    add = _load(root, fake).add_fp32
+    x, y, out = _Tensor(0x10000), _Tensor(0x20000), _Tensor(0x30000)
+    go = add[(4,)]
+    for _ in range(3):
+        go(x, y, out, 4096)
+    seen: list[Any] = []
+
+    def dispatch(plan: Any, grid: Any, block: Any, shmem: int, stream: Any, args: Any, launch: Any) -> None:
+        seen.append((plan.entry.name, grid, tuple(args)))
+        launch()
+
+    hooks.install(dispatch)
+    try:
+        go(x, y, out, 4096)
+        go(x, y, out, 4096)
+    finally:
+        hooks.uninstall()
+    assert seen == [("add_fp32", (4, 1, 1), (0x10000, 0x20000, 0x30000, 4096, 0, 0))] * 2
+    go(x, y, out, 4096)
+    fake.fail["cuLaunchKernel"] = CUresult.CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(CudaError, match=r"add_fp32.*CUDA_ERROR_INVALID_VALUE.*grid \(4, 1, 1\)"):
+        go(x, y, out, 4096)  # the remembered launch
+    with pytest.raises(CudaError, match=r"add_fp32.*CUDA_ERROR_INVALID_VALUE"):
+        go(x, y, out, 2048)  # the direct one
+
+
+@pytest.mark.needs_triton
+def test_threads_remember_their_own_launches(built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    """Each thread's memo slots are its own: two threads cycling through their own argument sets
+    (more sets than slots, so slots are refilled while the other thread hits) launch exactly what
+    each call passed."""
+    import sys
+    import threading
+
+    from tests.helpers.fakecuda import stream
+
+    root, _ = built
+    add = _load(root, fake).add_fp32
+    add[(4,)](_Tensor(0x1000), _Tensor(0x2000), _Tensor(0x3000), 64)  # the checked first call
+    errors: list[BaseException] = []
+    streams = [stream(0x50 + t, native=f"S{t}") for t in range(2)]
+    sets = [[(_Tensor(0x100000 * (t + 1) + 0x1000 * j), _Tensor(0x200000 + 0x1000 * j), _Tensor(0x300000), 64 * j)
+             for j in range(1, 7)] for t in range(2)]
+    want = {streams[t]._cu: {(a.ptr, b.ptr, c.ptr, n) for a, b, c, n in sets[t]} for t in range(2)}
+
+    def user(t: int) -> None:
+        try:
+            from khal_runtime.device import ensure_current
+
+            ensure_current(0)
+            for i in range(300):
+                add[(4,)](*sets[t][i % 6 if i % 3 else 0], stream=streams[t])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: inside a launch too
+    try:
+        threads = [threading.Thread(target=user, args=(t,)) for t in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors
+    launched = [la for la in fake.launches if la["stream"] in want]
+    assert len(launched) == 600
+    assert all(tuple(_pointers(la)[:4]) in want[la["stream"]] for la in launched)

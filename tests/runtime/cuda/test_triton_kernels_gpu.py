@@ -1,0 +1,195 @@
+"""Issue #30 on a GPU: Triton tutorial kernels (vector add, fused softmax, matmul) built into a package (tests/packages/triton_kernels_pkg),
+launched without Triton, against torch and against Triton's own JIT of the same source.
+
+Built here with the build API (Triton 3.6 in this environment; no hatchling needed), twice: with an
+sm_90 cubin (what an H200 loads) and with an sm_80 cubin only, so that the H200 JITs the PTX
+fallback (PTX ISA 8.0: its CUDA 13.0 driver JITs up to 9.0). Outputs are poisoned before each launch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.helpers.paths import PACKAGES
+
+pytestmark = pytest.mark.gpu
+
+PKG = PACKAGES / "triton_kernels_pkg"
+
+
+@pytest.fixture(scope="module", params=["cubin", "ptx"])
+def tri(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.helpers.gpu import require_gpu
+
+    require_gpu()
+    if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
+        pytest.skip("needs Triton and torch")
+    import tomllib
+
+    import khal_runtime
+    from hatch_khal.builder import build_packages, write_package_output
+    from hatch_khal.cache import Cache
+    from hatch_khal.config import parse_config
+    from hatch_khal.model import PrintReporter
+
+    root = tmp_path_factory.mktemp(f"tri-{request.param}") / "pkg"
+    shutil.copytree(PKG, root, ignore=shutil.ignore_patterns("_khal", "__pycache__"))
+    table = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    hook = dict(table["hooks"]["khal"])
+    if request.param == "ptx":
+        hook["archs"] = ["sm_80"]  # no cubin for sm_90: the H200 JITs the compute_80 PTX
+    _, crates = parse_config(hook, default_package="khal_triton_kernels")
+    result = build_packages(root, crates, PrintReporter(), cache=Cache(tmp_path_factory.mktemp("cache"), print))
+    for out in result.packages:
+        write_package_output(out, root / out.package)
+    ks = khal_runtime.load(root / "khal_triton_kernels")
+    ks.crates["tutorials"].load()
+    return request.param, ks
+
+
+def _stream() -> Any:
+    import torch
+
+    from khal_runtime.device import as_stream
+
+    return as_stream(torch.cuda.current_stream())
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_vector_add_matches_torch_in_every_variant(tri: Any, dtype: str) -> None:
+    import torch
+
+    kind, ks = tri
+    td = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    add = getattr(ks, f"add_{dtype}")
+    st = _stream()
+    for n, offset, want in ((98432, 0, f"add_{dtype}"), (98433, 0, f"add_{dtype}__base"),
+                            (98432, 1, f"add_{dtype}__base")):
+        base = torch.rand(n + offset, device="cuda", dtype=td)
+        x = base[offset:]  # offset 1: a pointer not 16-byte aligned
+        y = torch.rand(n, device="cuda", dtype=td)
+        out = torch.full((n,), float("nan"), device="cuda", dtype=td)
+        assert add.chosen(x, y, out, n) == want
+        add[lambda meta: ((n + meta["BLOCK_SIZE"] - 1) // meta["BLOCK_SIZE"],)](x, y, out, n, stream=st)
+        torch.cuda.synchronize()
+        assert torch.equal(out, x + y), f"{kind} {want} n={n} offset={offset}"
+
+
+def test_repeated_calls_follow_in_place_writes_moved_tensors_and_frees(tri: Any) -> None:
+    """The Triton call's memo on the GPU: the same tensors again launch the block packed the first
+    time; an in-place write is seen by the kernel (the same address), a tensor moved by ``set_`` /
+    ``.data =`` is read again, a misaligned one switches to the conservative twin, another scalar
+    is packed, and a freed DeviceBuffer is refused."""
+    import numpy as np
+    import torch
+
+    from khal_runtime import DeviceBuffer
+
+    kind, ks = tri
+    add = ks.add_fp32
+    st = _stream()
+    n = 4096
+    x, y = torch.rand(n, device="cuda"), torch.rand(n, device="cuda")
+    out = torch.full((n,), float("nan"), device="cuda")
+    go = add[(n // 1024,)]
+    for i in range(5):
+        x.add_(1.0)  # written in place between launches
+        out.fill_(float("nan"))
+        go(x, y, out, n, stream=st)
+        torch.cuda.synchronize()
+        assert torch.equal(out, x + y), f"{kind}: call {i}"
+    x.data = torch.rand(n, device="cuda")  # moved: the memo must read it again
+    go(x, y, out, n, stream=st)
+    torch.cuda.synchronize()
+    assert torch.equal(out, x + y), f"{kind}: after .data ="
+    storage = torch.rand(n + 1, device="cuda")
+    x.set_(storage[1:])  # one float in: not 16-byte aligned
+    assert add.chosen(x, y, out, n) == "add_fp32__base"
+    for _ in range(3):
+        out.fill_(float("nan"))
+        go(x, y, out, n, stream=st)
+        torch.cuda.synchronize()
+        assert torch.equal(out, x + y), f"{kind}: the conservative twin after set_"
+    half = n // 2
+    for _ in range(3):
+        out.fill_(float("nan"))
+        go(x, y, out, half, stream=st)  # a changed scalar: only the first half written
+        torch.cuda.synchronize()
+        assert torch.equal(out[:half], (x + y)[:half]) and bool(out[half:].isnan().all()), kind
+    a, b, c = (DeviceBuffer.from_numpy(np.full(n, v, np.float32)) for v in (1.0, 2.0, 0.0))
+    for _ in range(3):
+        go(a, b, c, n)
+    assert float(c.to_numpy()[-1]) == 3.0
+    a.free()
+    with pytest.raises(ValueError, match="freed"):
+        go(a, b, c, n)
+
+
+def test_fused_softmax_matches_torch(tri: Any) -> None:
+    import torch
+
+    kind, ks = tri
+    x = torch.randn(1823, 781, device="cuda")
+    y = torch.full_like(x, float("nan"))
+    rows, cols = x.shape
+    ks.softmax_1024[(min(rows, 132 * 4),)](y, x, x.stride(0), y.stride(0), rows, cols, stream=_stream())
+    torch.cuda.synchronize()
+    assert torch.allclose(y, torch.softmax(x, dim=1), atol=1e-6, rtol=1e-5), kind
+
+
+def test_matmul_matches_torch(tri: Any) -> None:
+    import torch
+
+    kind, ks = tri
+    for m, n, k, a_t in ((512, 512, 512, False), (333, 200, 96, False), (256, 256, 256, True)):
+        # a_t: A column-major (stride_ak = m, not 1): the conservative twin, which takes every stride
+        a = torch.randn(k, m, device="cuda", dtype=torch.float16).t() if a_t else \
+            torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+        c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+        grid = ((m + 63) // 64 * ((n + 63) // 64),)
+        want = "matmul_fp16" if m % 16 == 0 and n % 16 == 0 and k % 16 == 0 and not a_t else "matmul_fp16__base"
+        args = (a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+        assert ks.matmul_fp16.chosen(*args) == want
+        ks.matmul_fp16[grid](*args, stream=_stream())
+        torch.cuda.synchronize()
+        assert torch.allclose(c, torch.matmul(a, b), atol=1e-2, rtol=0), f"{kind} {m}x{n}x{k}"
+
+
+def test_a_matmul_needing_more_than_48_kb_of_shared_memory_runs_opted_in(tri: Any) -> None:
+    import torch
+
+    kind, ks = tri
+    big = ks.matmul_fp16_big
+    assert big.entry.triton.shared > 48 * 1024 and big.entry.attributes.max_dynamic_shared == big.entry.triton.shared
+    m, n, k = 512, 384, 256
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+    big[((m + 127) // 128 * ((n + 127) // 128),)](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0),
+                                                  b.stride(1), c.stride(0), c.stride(1), stream=_stream())
+    torch.cuda.synchronize()
+    assert torch.allclose(c, torch.matmul(a, b), atol=1e-2, rtol=0), kind
+
+
+def test_outputs_equal_tritons_jit_of_the_same_source(tri: Any) -> None:
+    import torch
+
+    kind, ks = tri
+    sys.path.insert(0, str(PKG / "kernels" / "triton"))
+    try:
+        import tutorials  # the same source, through Triton's JIT
+    finally:
+        sys.path.pop(0)
+    n = 1 << 20
+    x, y = torch.rand(n, device="cuda"), torch.rand(n, device="cuda")
+    a, b = torch.empty_like(x), torch.empty_like(x)
+    tutorials.add_kernel[(n // 1024,)](x, y, a, n, BLOCK_SIZE=1024)
+    ks.add_fp32[(n // 1024,)](x, y, b, n, stream=_stream())
+    torch.cuda.synchronize()
+    assert torch.equal(a, b), kind

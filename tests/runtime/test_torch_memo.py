@@ -1,0 +1,237 @@
+"""The typed call's memo for torch tensors (``interop.VERSIONED_ARRAY_TYPES``), on CPU with a
+fake driver: a repeated launch with the same tensors reuses what it packed, unless a tensor's
+``_version`` or ``data_ptr()`` moved; the memo keeps each tensor's storage. With torch
+installed, the same against real tensors (CPU tensors that report ``is_cuda``)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import pytest
+
+from khal_runtime import DeviceBuffer, interop
+from khal_runtime.backends.cuda.launchgen import PROMOTE_AFTER
+from khal_runtime.device import _tls
+from khal_runtime.errors import ArgumentValueError
+from tests.helpers.runtime import P, _kernel, _u64
+from tests.helpers.runtime import VersionedTensor as Tensor
+from tests.helpers.fakecuda import FakeDriver, fake  # noqa: F401  (fixture)
+
+
+class InferenceTensor(Tensor):
+    """A tensor made under ``torch.inference_mode()``: reading ``_version`` raises, and in
+    torch that costs tens of microseconds (a C++ error with its backtrace): never read it."""
+
+    version_reads = 0
+
+    def is_inference(self) -> bool:
+        return True
+
+    @property  # type: ignore[override]
+    def _version(self) -> int:
+        InferenceTensor.version_reads += 1
+        raise RuntimeError("Inference tensors do not track version counter.")
+
+    @_version.setter
+    def _version(self, v: int) -> None:
+        pass
+
+
+InferenceTensor.__module__ = "torch"
+
+
+class SwappableTensor(Tensor):
+    """A tensor ``torch.utils.swap_tensors`` can turn into an inference tensor in place: from
+    then on reading its ``_version`` raises."""
+
+    version_reads = 0
+
+    def __init__(self, ptr: int, n: int) -> None:
+        self.inference = False
+        super().__init__(ptr, n)
+
+    def is_inference(self) -> bool:
+        return self.inference
+
+    @property  # type: ignore[override]
+    def _version(self) -> int:
+        SwappableTensor.version_reads += 1
+        if self.inference:
+            raise RuntimeError("Inference tensors do not track version counter.")
+        return self._v
+
+    @_version.setter
+    def _version(self, v: int) -> None:
+        self._v = v
+
+
+SwappableTensor.__module__ = "torch"
+
+
+@pytest.fixture
+def call(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> Any:
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    p = P(1.0, 2.0)
+
+    def launch(x: Any, y: Any, z: Any) -> tuple[tuple[int, int], ...]:
+        k(300, x, y, z, p, 0.5, stream=st)
+        last = fake.launches[-1]
+        return tuple((_u64(last, 2 * i), _u64(last, 2 * i + 1)) for i in range(3))
+
+    launch.kernel = k  # type: ignore[attr-defined]
+    return launch
+
+
+def test_torch_type_is_versioned_and_memoable() -> None:
+    t = Tensor(0x1000, 10)
+    interop.extractor_for(t)
+    assert Tensor in interop.VERSIONED_ARRAY_TYPES and Tensor in interop.MEMO_ARRAY_TYPES
+    assert Tensor not in interop.STABLE_ARRAY_TYPES
+    assert interop.tensor_memo(t) == (0, t.storage)
+    assert interop.tensor_memo(DeviceBuffer(0x1000, 1, "float32", 0)) is None
+    interop.extractor_for(InferenceTensor(0x1000, 10))
+    assert interop.tensor_memo(InferenceTensor(0x1000, 10)) is None
+
+
+@pytest.mark.parametrize("repeats", [2, PROMOTE_AFTER + 3], ids=["memo slot", "shared snapshot"])
+def test_repeated_tensors_are_packed_once_and_repacked_when_they_change(call: Any, fake: FakeDriver,
+                                                                      repeats: int) -> None:
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for _ in range(repeats):
+        call(x, y, z)
+    before, ex = Tensor.reads, fake.ex_calls
+    assert call(x, y, z) == ((0x1000, 300), (0x2000, 300), (0x3000, 300))
+    assert Tensor.reads == before  # reused: no tensor read again
+    if repeats > PROMOTE_AFTER:
+        assert fake.ex_calls == ex + 1  # from the shared snapshot
+
+    y.resize_(200)  # in place, same pointer: the version moves
+    assert call(x, y, z) == ((0x1000, 300), (0x2000, 200), (0x3000, 300))
+    assert Tensor.reads > before
+
+    z.set_data(0x9000, 300)  # ``z.data = other``: same version, another pointer
+    assert call(x, y, z) == ((0x1000, 300), (0x2000, 200), (0x9000, 300))
+    for _ in range(repeats):  # and the new state is remembered in turn
+        call(x, y, z)
+    before = Tensor.reads
+    assert call(x, y, z) == ((0x1000, 300), (0x2000, 200), (0x9000, 300))
+    assert Tensor.reads == before
+
+
+def test_the_memo_keeps_the_storage_a_tensor_had(call: Any) -> None:
+    """After ``.data =`` frees a tensor's old memory, an allocator could hand that address to
+    new data with the same pointer: the memo holds the old storage, so it cannot."""
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    old = weakref.ref(x.storage)
+    call(x, y, z)  # first sight of the type: the launch code is regenerated for it
+    call(x, y, z)  # remembered
+    x.set_data(0x5000, 300)
+    gc.collect()
+    assert old() is not None  # held by the memo slot that packed it
+    assert call(x, y, z)[0] == (0x5000, 300)
+
+
+def test_inference_tensors_are_read_every_launch(call: Any) -> None:
+    x, y, z = InferenceTensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for _ in range(3):
+        call(x, y, z)
+    before = Tensor.reads
+    call(x, y, z)
+    assert Tensor.reads == before + 3  # x, y and z: the whole set is read again
+    x.n = 100
+    assert call(x, y, z)[0] == (0x1000, 100)
+    assert InferenceTensor.version_reads == 0
+
+
+@pytest.mark.parametrize("repeats", [2, PROMOTE_AFTER + 3], ids=["memo slot", "shared snapshot"])
+def test_a_remembered_tensor_swapped_with_an_inference_tensor(call: Any, repeats: int) -> None:
+    """Its version can no longer be read: the launch reads it in full instead of failing, and
+    the memo that held it is dropped (so no later launch pays for the error again)."""
+    x, y, z = SwappableTensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for _ in range(repeats):
+        call(x, y, z)
+    x.inference, x.ptr, x.n = True, 0x8000, 100  # what torch.utils.swap_tensors(x, t) does
+    assert call(x, y, z)[0] == (0x8000, 100)
+    reads = SwappableTensor.version_reads
+    for _ in range(3):
+        assert call(x, y, z)[0] == (0x8000, 100)
+    assert SwappableTensor.version_reads == reads
+
+
+def test_a_tensor_without_memory_is_refused(call: Any) -> None:
+    """``untyped_storage().resize_(0)`` (as FSDP does) leaves a tensor with elements and a null
+    pointer: a named error, nothing launched."""
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    call(x, y, z)
+    x.set_data(0, 300)
+    with pytest.raises(ArgumentValueError, match=r"argument 'x'.*300 elements with no memory"):
+        call(x, y, z)
+    x.set_data(0, 0)  # an empty tensor may have no memory
+    assert call(x, y, z)[0] == (0, 0)
+
+
+def test_a_parameter_given_device_buffers_and_tensors(call: Any) -> None:
+    d = DeviceBuffer(0x7000, 300, "float32", 0)
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for _ in range(3):
+        assert call(d, y, z)[0] == (0x7000, 300)
+        assert call(x, y, z)[0] == (0x1000, 300)
+    x.resize_(5)
+    assert call(x, y, z)[0] == (0x1000, 5)
+    assert call(d, y, z)[0] == (0x7000, 300)
+
+
+# -- real torch ----------------------------------------------------------------------------------
+def _torch_on_cpu() -> Any:
+    """torch, and a Tensor subclass that passes the runtime's device check on CPU (the runtime
+    reads it as torch: its module starts with "torch"). The fake driver never touches memory."""
+    torch = pytest.importorskip("torch")
+
+    class CudaLooking(torch.Tensor):
+        is_cuda = True
+
+        def get_device(self) -> int:
+            return 0
+
+    CudaLooking.__module__ = "torch.khal_test"
+    return torch, lambda t: t.as_subclass(CudaLooking)
+
+
+def test_real_torch_in_place_changes_and_data_assignment(call: Any) -> None:
+    torch, cuda = _torch_on_cpu()
+    x, y, z = (cuda(torch.zeros(300)) for _ in range(3))
+
+    def now(t: Any) -> tuple[int, int]:
+        return t.data_ptr(), t.numel()
+
+    for _ in range(PROMOTE_AFTER + 2):
+        assert call(x, y, z) == (now(x), now(y), now(z))
+    y.resize_(200)  # shrinks in place: same pointer
+    assert call(x, y, z)[1] == now(y) and now(y)[1] == 200
+    z.data = torch.ones(400)  # another tensor's memory
+    assert call(x, y, z)[2] == now(z) and now(z)[1] == 400
+    x.add_(1)  # data only: repacking is harmless
+    assert call(x, y, z) == (now(x), now(y), now(z))
+    with torch.no_grad():
+        y.resize_(250)
+    assert call(x, y, z)[1] == (y.data_ptr(), 250)
+    with torch.inference_mode():
+        y.resize_(260)
+    assert call(x, y, z)[1] == (y.data_ptr(), 260)
+    with torch.inference_mode():
+        w = cuda(torch.zeros(300))  # an inference tensor: no version, read every launch
+    for _ in range(3):
+        assert call(w, y, z)[0] == now(w)
+    with torch.inference_mode():
+        w.resize_(100)
+    assert call(w, y, z)[0] == (w.data_ptr(), 100)
+    y.untyped_storage().resize_(0)  # its memory freed under it
+    with pytest.raises(ArgumentValueError, match=r"argument 'y'.*with no memory"):
+        call(x, y, z)
+    y.data = torch.zeros(260)
+    x.resize_(15, 20).t_()  # transposed in place: no longer contiguous
+    with pytest.raises(ArgumentValueError, match=r"argument 'x'.*non-contiguous tensor"):
+        call(x, y, z)
