@@ -254,11 +254,13 @@ def build_bench_package(archs: list[str] | None = None, where: Path | None = Non
 def crate_unit(root: Path, cfg: Any) -> tuple[str, list[str]]:
     """(the hook's translation unit, its compile options) for a resolved crate, exactly as
     the builder makes them (so nvcc / CuPy can compile the very same text)."""
-    from hatch_khal.cuda import CUDA
+    from hatch_khal.cuda import CUDA, CudaFront
 
     root = root.resolve()
-    plan = CUDA.plan(root, cfg)
-    job = CUDA.jobs(plan, root, ["compute_75"])[0]  # the unit and options are the same for every arch
+    # the unit with every indirect variant (the bench crates have no wrong one, so it is the unit
+    # the build compiles); the unit and options are the same for every arch
+    prepared = CUDA.plan(root, cfg).prepared(CudaFront())
+    job = prepared.jobs(root, ["compute_75"])[0]
     return job.text, list(job.options)
 
 
