@@ -78,6 +78,32 @@ def main() -> None:
     print(f"{'step':<16} {'device-complete us':>20} {'host enqueue us':>16}")
     for name in fns:
         print(f"{name:<16} {statistics.median(full[name]):>20.1f} {statistics.median(host[name]):>16.1f}")
+    # the op alone, host time per call (interleaved): what the compiled step pays for it
+    from _common import interleaved_per_call_us
+
+    from khal_runtime.device import as_stream
+
+    st = as_stream(torch.cuda.current_stream())
+    params = BenchParams(2.0, 1.0)
+    h0 = x @ w
+    default = torch.ops.khal_bench_kernels.five.default
+    only_op = torch.compile(lambda h, g, z: five(n, h, g, z, tp, 0.5), fullgraph=True)
+    only_pw = torch.compile(lambda h, g, z: z.copy_(2.0 * h + 1.0 * g + 0.5), fullgraph=True)
+    fresh = [torch.empty_like(h0) for _ in range(4)]
+    turn = iter(lambda: fresh[int(time.perf_counter_ns()) & 3], None)
+    parts = {
+        "typed call, same h": lambda: ks.five(n, h0, g, z, params, 0.5, stream=st),
+        "op.default, same h": lambda: default(n, h0, g, z, tp, 0.5),
+        "op.default, h in turn (4)": lambda: default(n, next(turn), g, z, tp, 0.5),
+        "compiled: the op alone, same h": lambda: only_op(h0, g, z),
+        "compiled: torch pointwise, same h": lambda: only_pw(h0, g, z),
+        "empty_like alone": lambda: torch.empty_like(h0),
+    }
+    got = interleaved_per_call_us(parts, calls=100, batches=30, sync=sync)
+    print(f"\n{'the op alone':<40} {'host us/call':>12}")
+    for name, v in got.items():
+        print(f"{name:<40} {v['median']:>12.2f}")
+
     from torch.profiler import ProfilerActivity, profile
 
     for name in ("torch compiled", "khal compiled"):
