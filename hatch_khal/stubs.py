@@ -104,9 +104,14 @@ def _triton_doc(c: Crate, family: str) -> list[str]:
     args = ", ".join(f"{n}: {ty}" for n, ty in zip(t.names, t.types))
     out = [f"Triton kernel ``{t.kernel}``: ``{family}`` of crate ``{c.name}`` (hash ``{first.hash}``).", "",
            f"``k[grid]({args}, stream=None)``; grid in programs."]
-    for e, _ in variants:
+    if t.config is not None:
+        out.append(f"Autotuned: one variant per config of its @triton.autotune, chosen per value of "
+                   f"({', '.join(t.autotune_key)}) " + ("by timing on first use." if t.choose is None else
+                                                         f"by the crate's rule: config {t.choose}."))
+    for e, v in variants:
         if e is not first:
-            out.append(f"``{e.name}`` of crate ``{c.name}`` (hash ``{e.hash}``): when a call breaks an assumption.")
+            when = "when a call breaks an assumption" if v.base else f"config {v.config}"
+            out.append(f"``{e.name}`` of crate ``{c.name}`` (hash ``{e.hash}``): {when}.")
     return out
 
 
@@ -201,8 +206,9 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
         visible[c.name] = []
         for e in c.entries:
             if e.triton is not None:
-                if not e.triton.base:
-                    visible[c.name].append((e.name, "TritonKernel"))
+                # one attribute per family (an autotuned family has an entry per config)
+                if not e.triton.base and (e.triton.family, "TritonKernel") not in visible[c.name]:
+                    visible[c.name].append((e.triton.family, "TritonKernel"))
                 continue
             entry_classes[(c.name, e.name)] = fresh(f"Kernel_{_ident(c.name)}__{e.name}")
             visible[c.name].append((e.name, entry_classes[(c.name, e.name)]))

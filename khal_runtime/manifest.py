@@ -18,8 +18,9 @@ what the compiler made of it), template instantiations, 2-D / 3-D launch shapes
 entry has no indirect variant (``indirect_reason``). Version 4 added the launch facts of the
 compiled kernel (``launch``: the grid axes it reads, whether its ids fold the compiled block, where
 those facts come from), re-derived from the shipped PTX at load. Entries' launch attributes
-(``attributes``) and crates' module globals (``globals``) are optional fields of version 4: a
-manifest without them reads as before, and an older runtime refuses one with them (unknown field).
+(``attributes``), crates' module globals (``globals``) and the autotune facts of Triton entries
+(``triton.config`` / ``autotune_key`` / ``choose``) are optional fields of version 4: a manifest
+without them reads (and hashes) as before, and an older runtime refuses one with them (unknown field).
 """
 
 from __future__ import annotations
@@ -376,6 +377,10 @@ class LaunchAttributes(_Model):
         return ", ".join(parts)
 
 
+#: TritonFacts' fields of autotuned entries, hashed only when set
+_TRITON_AUTOTUNE_FIELDS = ("config", "autotune_key", "choose")
+
+
 class TritonFacts(_Model):
     """A Triton entry: one compiled instance of a ``@triton.jit`` kernel (docs/guide/triton.md).
 
@@ -407,14 +412,30 @@ class TritonFacts(_Model):
     #: Triton's ``JITFunction.cache_key`` (the kernel and every @triton.jit function it calls)
     cache_key: str
     triton_version: str
+    #: an instance built with ``autotune = true``: the index of the ``triton.Config`` of the kernel's
+    #: ``@triton.autotune`` this entry was compiled with (its kwargs are among ``constexprs``); the
+    #: family's entries of every config are timed on first use per key, or chosen by ``choose``
+    config: Optional[int] = Field(default=None, ge=0)
+    #: the autotuner's ``key``: the arguments whose values select a config (one choice per their values)
+    autotune_key: tuple[str, ...] = ()
+    #: the author's rule (the instance's option ``choose``): the config to launch, no timing
+    choose: Optional[int] = Field(default=None, ge=0)
 
     def record(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        """What the entry hash covers: every field; the autotune ones only when set, so that an
+        entry built before they existed hashes as it did."""
+        out = self.model_dump(mode="json")
+        for name in _TRITON_AUTOTUNE_FIELDS:
+            if out[name] in (None, []):
+                del out[name]
+        return out
 
     @model_validator(mode="after")
     def _consistent(self) -> TritonFacts:
         if len(self.names) != len(self.types) or not set(self.divisible) | set(self.ones) <= set(self.names):
             raise ValueError(f"Triton kernel {self.kernel!r}: its argument names, types and assumptions disagree")
+        if self.config is None and (self.autotune_key or self.choose is not None):
+            raise ValueError(f"Triton kernel {self.kernel!r}: an autotune key or rule without a config")
         return self
 
 

@@ -40,7 +40,7 @@ POINTEE_TYPES = {**SCALAR_TYPES, "fp8e4nv": "uint8", "fp8e5": "uint8"}
 #: scalar kernel arguments passed by value (Triton's by-value types)
 BY_VALUE = {"i1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "fp16", "bf16", "fp32", "fp64"}
 _TYPE = re.compile(r"^(\*?)([a-z0-9]+)(?::(\d+))?$")
-_KEYS = {"kernel", "name", "signature", "matrix", "num_warps", "num_stages", "fallback"}
+_KEYS = {"kernel", "name", "signature", "matrix", "num_warps", "num_stages", "fallback", "autotune", "choose"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -77,6 +77,10 @@ class TritonInstance:
     family: str = ""
     #: this is the conservative twin (no ``:16`` assumptions) of ``family``
     base: bool = False
+    #: build one variant per ``triton.Config`` of the kernel's ``@triton.autotune`` (option ``autotune``)
+    autotune: bool = False
+    #: the author's rule for the config (option ``choose``): its index; None: timed on first use per key
+    choose: int | None = None
 
     @property
     def runtime_args(self) -> tuple[TritonArg, ...]:
@@ -101,10 +105,15 @@ class TritonInstance:
         return [a.name for a in self.args if a.one]
 
     def record(self) -> dict[str, Any]:
-        """What the entry hash covers of the instance."""
-        return {"kernel": self.kernel, "signature": self.triton_signature(), "constexprs": self.constexprs(),
-                "divisible": self.divisible(), "ones": self.ones(), "num_warps": self.num_warps,
-                "num_stages": self.num_stages}
+        """What the entry hash covers of the instance (the autotune options only when given: an
+        instance without them hashes as before they existed)."""
+        out: dict[str, Any] = {"kernel": self.kernel, "signature": self.triton_signature(),
+                               "constexprs": self.constexprs(), "divisible": self.divisible(), "ones": self.ones(),
+                               "num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.autotune:
+            out["autotune"] = True
+            out["choose"] = self.choose
+        return out
 
 
 def _literal(text: str) -> int | float | bool | None:
@@ -178,6 +187,26 @@ def _positive(where: str, key: str, raw: Any, default: int, power_of_two: bool) 
     return raw
 
 
+def _choose(where: str, table: Mapping[str, Any], autotune: bool) -> int | None:
+    """Option ``choose``: the config an autotuned instance launches, by the author's rule
+    (``"time"``, the default: timed on the user's GPU at first use per key; ``"first"``: config 0;
+    an index), or None for timing."""
+    raw = table.get("choose")
+    if raw is None:
+        return None
+    if not autotune:
+        raise ConfigError(f"{where}: option 'choose' picks one of the kernel's @triton.autotune configs: it needs "
+                          "autotune = true")
+    if raw == "time":
+        return None
+    if raw == "first":
+        return 0
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise ConfigError(f"{where}: option 'choose' is {raw!r}, not \"time\" (timed on the GPU at first use), "
+                          "\"first\" or the index of a config (0, 1, ...)")
+    return raw
+
+
 def parse_instances(crate: str, raw: Any) -> list[TritonInstance]:
     """The crate's instances, matrices expanded, each with its conservative twin. ConfigError naming
     the crate, the instance and the field for anything it cannot build."""
@@ -211,6 +240,10 @@ def parse_instances(crate: str, raw: Any) -> list[TritonInstance]:
             raise ConfigError(f"{where}: option 'fallback' must be true or false (got {fallback!r})")
         warps = _positive(where, "num_warps", table.get("num_warps"), 4, True)
         stages = _positive(where, "num_stages", table.get("num_stages"), 3, False)
+        autotune = table.get("autotune", False)
+        if not isinstance(autotune, bool):
+            raise ConfigError(f"{where}: option 'autotune' must be true or false (got {autotune!r})")
+        choose = _choose(where, table, autotune)
         keys = list(matrix)
         for values in itertools.product(*(matrix[k] for k in keys)):
             combo = dict(zip(keys, values))
@@ -235,9 +268,11 @@ def parse_instances(crate: str, raw: Any) -> list[TritonInstance]:
                     raise ConfigError(f"{here}: entry name {name_!r} is also the name of {seen[name_]}; give the "
                                       "instances distinct names (option 'name', with {KEY} from the matrix)")
                 seen[name_] = here
-            inst = TritonInstance(name, kernel, tuple(args), warps, stages, family=name)
+            inst = TritonInstance(name, kernel, tuple(args), warps, stages, family=name, autotune=autotune,
+                                  choose=choose)
             out.append(inst)
             if fallback and any(a.divisible or a.one for a in args):
                 plain = tuple(TritonArg(a.name, a.type, a.value) for a in args)
-                out.append(TritonInstance(f"{name}__base", kernel, plain, warps, stages, family=name, base=True))
+                out.append(TritonInstance(f"{name}__base", kernel, plain, warps, stages, family=name, base=True,
+                                          autotune=autotune, choose=choose))
     return out

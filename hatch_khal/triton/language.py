@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata, util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,7 +50,8 @@ from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity, CrateP
 from hatch_khal.reads import changed, cover
 from hatch_khal.sources import CrateSources, collect_sources
 from hatch_khal.triton import TRITON_REQUIREMENT, TRITON_VERSION
-from hatch_khal.triton.instances import POINTEE_TYPES, SCALAR_TYPES, TritonInstance, parse_instances
+from hatch_khal.triton.instances import (POINTEE_TYPES, SCALAR_TYPES, TritonArg, TritonInstance,
+                                        parse_instances)
 from hatch_khal.triton.ptxas import tool_release
 
 if TYPE_CHECKING:
@@ -295,7 +296,8 @@ def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, An
     workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(targets)))
     instances = [{"name": i.name, "kernel": i.kernel, "signature": i.triton_signature(),
                   "constexprs": i.compile_constexprs(), "divisible": i.divisible(),
-                  "num_warps": i.num_warps, "num_stages": i.num_stages} for i in plan.instances]
+                  "num_warps": i.num_warps, "num_stages": i.num_stages, "autotune": i.autotune,
+                  "choose": i.choose} for i in plan.instances]
     env = _worker.environment()
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the author's sources
     scratch = None
@@ -338,7 +340,11 @@ def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, An
     for other in answers[1:]:
         for mine, theirs in zip(merged["instances"], other["instances"]):
             assert mine["name"] == theirs["name"] and mine["cache_key"] == theirs["cache_key"]
-            mine["targets"].update(theirs["targets"])
+            if "configs" in mine:
+                for c, d in zip(mine["configs"], theirs["configs"]):
+                    c["targets"].update(d["targets"])
+            else:
+                mine["targets"].update(theirs["targets"])
     return merged
 
 
@@ -353,6 +359,28 @@ def _imports_changed(answer: dict[str, Any]) -> str | None:
         if sha256_bytes(data) != digest:
             return f"{path}, which its sources imported, changed"
     return None
+
+
+def _variants(instances: tuple[TritonInstance, ...], by_name: Mapping[str, Any]
+              ) -> list[tuple[TritonInstance, dict[str, Any], dict[str, Any]]]:
+    """Each entry to make: (its instance, the worker's answer for it, its autotune facts). An
+    instance with ``autotune`` becomes one ``<name>__c<j>`` per config of the kernel's autotuner,
+    the config's kwargs among its constexprs, its warps and stages, in the instance's family."""
+    out: list[tuple[TritonInstance, dict[str, Any], dict[str, Any]]] = []
+    for inst in instances:
+        got = by_name[inst.name]
+        if not inst.autotune:
+            out.append((inst, got, {}))
+            continue
+        given = {a.name: a for a in inst.args}
+        for c in got["configs"]:
+            kw = c["constexprs"]
+            args = tuple(given[n] if n in given else TritonArg(n, None, kw[n]) for n in got["arg_names"])
+            variant = replace(inst, name=f"{inst.name}__c{c['index']}", args=args, num_warps=c["num_warps"],
+                              num_stages=c["num_stages"])
+            out.append((variant, {**got, "targets": c["targets"]},
+                        {"config": c["index"], "autotune_key": tuple(got["autotune_key"]), "choose": inst.choose}))
+    return out
 
 
 class TritonLanguage:
@@ -426,8 +454,7 @@ class TritonLanguage:
         by_name = {i["name"]: i for i in answer["instances"]}
         entries: list[Entry] = []
         per_target: dict[str, list[str]] = {t: [] for t in p.plan.targets}
-        for inst in p.plan.instances:
-            got = by_name[inst.name]
+        for inst, got, tune in _variants(p.plan.instances, by_name):
             for target, md in got["targets"].items():
                 why = _refusal(p.cfg.name, inst, target, md)
                 if why is not None:
@@ -445,7 +472,7 @@ class TritonLanguage:
                                 types=tuple(a.type for a in inst.runtime_args if a.type is not None),
                                 divisible=tuple(inst.divisible()), ones=tuple(inst.ones()),
                                 constexprs=inst.constexprs(),
-                                cache_key=got["cache_key"], triton_version=answer["triton"])
+                                cache_key=got["cache_key"], triton_version=answer["triton"], **tune)
             params = _params(inst)
             block = (inst.num_warps * 32, 1, 1)
             attributes = launch_attributes(list(got["targets"].values()))

@@ -5,12 +5,22 @@ crate's modules are the author's code: they are never imported into the hook's p
 It reads one JSON request on stdin and writes one JSON answer on stdout:
 
 * request: ``{"files": [abs path, ...], "instances": [{"name", "kernel", "signature",
-  "constexprs", "divisible", "num_warps", "num_stages"}], "targets": [[target, capability,
-  ptx_version or null], ...]}``
+  "constexprs", "divisible", "num_warps", "num_stages", "autotune", "choose"}], "targets":
+  [[target, capability, ptx_version or null], ...]}``
 * answer: ``{"ok": true, "triton": version, "instances": [{"name", "cache_key", "deps": [file...],
   "arg_names", "targets": {target: {"ptx", "name", "shared", "num_warps", "num_ctas",
   "global_scratch_size", "profile_scratch_size", "launch_pdl", "launch_cooperative_grid"}}}]}``,
-  or ``{"ok": false, "kind": error class name, "message": ...}``.
+  or ``{"ok": false, "kind": error class name, "message": ...}``. An instance with ``autotune``
+  answers ``"configs": [{"index", "constexprs", "num_warps", "num_stages", "num_ctas", "maxnreg",
+  "targets"}, ...]`` (one per ``triton.Config`` of the kernel's ``@triton.autotune``) and
+  ``"autotune_key"`` instead of ``"targets"``.
+
+A kernel may be decorated with ``@triton.autotune`` and ``@triton.heuristics`` (Triton's
+``Autotuner`` / ``Heuristics``): the worker unwraps them to the ``@triton.jit`` function, whose
+``cache_key`` the entry hash covers as for a plain one. A heuristic's constexpr must be given by
+the instance (the runtime has no Triton to run the heuristic); an autotuner's configs are built
+only for ``autotune = true``; its host hooks (``reset_to_zero``, ``restore_value``, ``pre_hook`` /
+``post_hook``, ``prune_configs_by``) only with a rule (``choose``), a config's ``pre_hook`` never.
 
 Line info is off (``TRITON_DISABLE_LINE_INFO``): no build-machine path reaches the binaries, and
 the PTX of several instances merges into one module without clashing ``.file`` tables.
@@ -80,15 +90,20 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
     files = {os.path.realpath(f) for f in req["files"]}
     out = []
     for inst in req["instances"]:
-        found = [(path, m.__dict__[inst["kernel"]]) for path, m in modules.items()
-                 if isinstance(m.__dict__.get(inst["kernel"]), JITFunction)
-                 and m.__dict__[inst["kernel"]].fn.__module__ == m.__name__]
+        found = []
+        for path, m in modules.items():
+            obj = m.__dict__.get(inst["kernel"])
+            fn, _, _ = _unwrap(obj, JITFunction)
+            if fn is not None and fn.fn.__module__ == m.__name__:
+                found.append((path, obj))
         if len(found) != 1:
             where = ", ".join(p for p, _ in found) if found else "none of the crate's sources"
             raise _Refused("ConfigError", f"instance {inst['name']!r}: option 'kernel' names {inst['kernel']!r}, a "
-                           f"@triton.jit function that {where} define{'s' if len(found) == 1 else ''}: it must be "
-                           "defined in exactly one source of the crate")
-        fn = found[0][1]
+                           "@triton.jit function (under @triton.autotune / @triton.heuristics or not) that "
+                           f"{where} define{'s' if len(found) == 1 else ''}: it must be defined in exactly one "
+                           "source of the crate")
+        fn, tuner, heuristics = _unwrap(found[0][1], JITFunction)
+        assert fn is not None
         args = list(fn.arg_names)
         seen: dict[int, str] = {}
         _deps(fn, JITFunction, seen)
@@ -101,36 +116,168 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
                            f"functions defined outside the crate's sources ({', '.join(outside)}): the entry hash "
                            "could not cover them; add their files to the crate's 'sources'")
         sig = inst["signature"]
-        if list(sig) != args:
-            raise _Refused("ConfigError", f"instance {inst['name']!r}: the signature names {list(sig)}, kernel "
-                           f"{inst['kernel']!r} takes {args}")
-        constexprs = dict(inst["constexprs"])
-        attrs = {(args.index(a),): [["tt.divisibility", 16]] for a in inst["divisible"]}
-        targets: dict[str, Any] = {}
-        for target, capability, ptx_version in req["targets"]:
-            options: dict[str, Any] = {"num_warps": inst["num_warps"], "num_stages": inst["num_stages"]}
-            if ptx_version is not None:
-                options["ptx_version"] = ptx_version
-            src = ASTSource(fn, sig, constexprs, attrs)
-            try:
-                compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
-            except Exception as exc:  # noqa: BLE001 - Triton's compile errors carry the source line
-                raise _Refused("CompileError", f"instance {inst['name']!r} for {target}: {type(exc).__name__}: "
-                               f"{exc}") from None
-            md = compiled.metadata
-            targets[target] = {
-                "ptx": compiled.asm["ptx"], "name": md.name, "shared": int(md.shared),
-                "num_warps": int(md.num_warps), "num_ctas": int(md.num_ctas),
-                "global_scratch_size": int(md.global_scratch_size),
-                "profile_scratch_size": int(getattr(md, "profile_scratch_size", 0)),
-                "launch_pdl": bool(getattr(md, "launch_pdl", False)),
-                "launch_cooperative_grid": bool(getattr(md, "launch_cooperative_grid", False)),
-                "ptxas": _ptxas_release(capability),
-            }
-        out.append({"name": inst["name"], "cache_key": fn.cache_key, "arg_names": args,
-                    "deps": sorted(set(seen.values())), "targets": targets})
+        _check_heuristics(inst, heuristics, sig)
+        configs = _configs(inst, tuner, args, sig)
+        variants = []
+        for config in configs:
+            variants.append({**config, "targets": _compile_variant(
+                triton, ASTSource, GPUTarget, req["targets"], inst, fn, args, sig, config)})
+        entry: dict[str, Any] = {"name": inst["name"], "cache_key": fn.cache_key, "arg_names": args,
+                                 "deps": sorted(set(seen.values()))}
+        if inst.get("autotune"):
+            entry["configs"] = variants
+            entry["autotune_key"] = [str(k) for k in tuner.keys]
+        else:
+            entry["targets"] = variants[0]["targets"]
+        out.append(entry)
     return {"ok": True, "triton": triton.__version__, "instances": out,
             "imported": _imported(set(sys.modules) - before, files)}
+
+
+def _unwrap(obj: Any, jit: type) -> tuple[Any, Any, list[str]]:
+    """The @triton.jit function under ``obj``'s @triton.autotune / @triton.heuristics decorators (None
+    when ``obj`` is none of them), the Autotuner (the outermost, or None) and the names of the
+    constexprs every @triton.heuristics computes."""
+    from triton.runtime.autotuner import Autotuner, Heuristics  # lazy (as above)
+
+    tuner = None
+    heuristics: list[str] = []
+    for _ in range(16):
+        if isinstance(obj, jit):
+            return obj, tuner, heuristics
+        if isinstance(obj, Autotuner):
+            tuner = tuner or obj
+        elif isinstance(obj, Heuristics):
+            heuristics += [str(k) for k in obj.values]
+        else:
+            return None, None, []
+        obj = obj.fn
+    return None, None, []
+
+
+def _configs(inst: dict[str, Any], tuner: Any, args: list[str], sig: dict[str, Any]) -> list[dict[str, Any]]:
+    """What to compile of an instance: itself (``[{}]``: its signature gives every argument), or with
+    ``autotune``, one variant per ``triton.Config`` of the kernel's autotuner (its kwargs as
+    constexprs, its num_warps / num_stages / maxnreg); each checked against the signature."""
+    name, kernel = inst["name"], inst["kernel"]
+    where = f"instance {name!r}"
+    if not inst.get("autotune"):
+        if list(sig) != args:
+            hint = ""
+            if tuner is not None and set(sig) < set(args):
+                given = sorted({k for c in tuner.configs for k in c.kwargs} - set(sig))
+                hint = (f"; kernel {kernel!r} is @triton.autotune'd: give its configs' constexprs "
+                        f"({', '.join(given)}) in the signature, or set autotune = true to build one variant per "
+                        "config, chosen at run time")
+            raise _Refused("ConfigError", f"{where}: the signature names {list(sig)}, kernel {kernel!r} takes "
+                           f"{args}{hint}")
+        return [{}]
+    if tuner is None:
+        raise _Refused("ConfigError", f"{where}: option 'autotune' is true, but kernel {kernel!r} is not "
+                       "decorated with @triton.autotune (it has no configs to build); drop the option")
+    rule = inst.get("choose")
+    if rule is None:
+        what = []
+        if tuner.reset_to_zero:
+            what.append(f"reset_to_zero={list(tuner.reset_to_zero)}")
+        if tuner.restore_value:
+            what.append(f"restore_value={list(tuner.restore_value)}")
+        if tuner.user_defined_pre_hook or tuner.user_defined_post_hook:
+            what.append("a pre_hook / post_hook")
+        if tuner.early_config_prune is not None or tuner.perf_model is not None:
+            what.append("prune_configs_by")
+        if what:
+            raise _Refused("ConfigError", f"{where}: kernel {kernel!r}'s @triton.autotune has {', '.join(what)}: "
+                           "host code Triton runs around its benchmark, which khal's runtime (no Triton) cannot "
+                           "run, so it cannot time the configs on the caller's buffers; give a rule instead: "
+                           "choose = N (the index of the config to launch) or choose = \"first\"")
+    for a in tuner.keys:
+        if a not in args:
+            raise _Refused("ConfigError", f"{where}: kernel {kernel!r}'s @triton.autotune key names {a!r}, which "
+                           f"is not one of its arguments ({', '.join(args)})")
+    out = []
+    for j, c in enumerate(tuner.configs):
+        here = f"{where}: config {j} of kernel {kernel!r}'s @triton.autotune ({c})"
+        if c.pre_hook is not None:
+            raise _Refused("ConfigError", f"{here} has a pre_hook, host code Triton runs before every launch of it, "
+                           "which khal's runtime (no Triton) cannot run; drop the config's pre_hook (do its work "
+                           "before the call) or build the kernel without autotune = true")
+        if getattr(c, "ir_override", None) is not None:
+            raise _Refused("ConfigError", f"{here} has an ir_override, which Triton crates do not build; drop it")
+        kw = dict(c.kwargs)
+        unknown = sorted(set(kw) - set(args))
+        if unknown:
+            raise _Refused("ConfigError", f"{here} sets {', '.join(unknown)}, which kernel {kernel!r} does not take")
+        twice = sorted(set(kw) & set(sig))
+        if twice:
+            raise _Refused("ConfigError", f"{here} sets {', '.join(twice)}, which the instance's signature gives "
+                           "too: leave them out of the signature (each config gives its own)")
+        missing = [a for a in args if a not in sig and a not in kw]
+        if missing or [a for a in args if a in sig] != list(sig):
+            raise _Refused("ConfigError", f"{where}: the signature names {list(sig)}; with config {j}'s "
+                           f"{sorted(kw)} kernel {kernel!r} takes {args}: the signature lists the kernel's "
+                           "arguments in order, less the constexprs every config sets")
+        bad = {k: v for k, v in kw.items() if not isinstance(v, (bool, int, float))}
+        if bad:
+            raise _Refused("ConfigError", f"{here}: constexpr(s) {bad} are not an int, float or bool")
+        out.append({"index": j, "constexprs": kw, "num_warps": int(c.num_warps), "num_stages": int(c.num_stages),
+                    "num_ctas": int(c.num_ctas), "maxnreg": None if c.maxnreg is None else int(c.maxnreg)})
+    if not out:
+        raise _Refused("ConfigError", f"{where}: kernel {kernel!r}'s @triton.autotune has no configs")
+    if isinstance(rule, int) and not 0 <= rule < len(out):
+        raise _Refused("ConfigError", f"{where}: option 'choose' is {rule}, but kernel {kernel!r}'s "
+                       f"@triton.autotune has {len(out)} config(s) (indexes 0 to {len(out) - 1})")
+    return out
+
+
+def _check_heuristics(inst: dict[str, Any], heuristics: list[str], sig: dict[str, Any]) -> None:
+    """A @triton.heuristics constexpr is computed from the arguments at each call, host code the
+    runtime (no Triton) cannot run: the instance must give its value."""
+    missing = [h for h in heuristics if h not in sig or sig[h] != "constexpr"]
+    if missing:
+        raise _Refused("ConfigError", f"instance {inst['name']!r}: kernel {inst['kernel']!r} computes "
+                       f"{', '.join(missing)} from its arguments at each call (@triton.heuristics), host code "
+                       "khal's runtime (no Triton) cannot run: give each a value in the instance's signature "
+                       f"({missing[0]} = ...) and, where its value follows from an argument, an assumption that "
+                       "makes it hold (n = \"i32:16\" for a value that needs n divisible by 16)")
+
+
+def _compile_variant(triton: Any, ast_source: Any, gpu_target: Any, targets_req: list[Any], inst: dict[str, Any],
+                     fn: Any, args: list[str], sig: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """One variant of an instance (``config``: an autotune config's, or ``{}``) compiled for every target."""
+    kw = config.get("constexprs", {})
+    full = {a: sig[a] if a in sig else "constexpr" for a in args}
+    constexprs = {**inst["constexprs"], **kw}
+    num_warps = config.get("num_warps", inst["num_warps"])
+    num_stages = config.get("num_stages", inst["num_stages"])
+    label = inst["name"] + (f" (config {config['index']})" if config else "")
+    attrs = {(args.index(a),): [["tt.divisibility", 16]] for a in inst["divisible"]}
+    targets: dict[str, Any] = {}
+    for target, capability, ptx_version in targets_req:
+        options: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages}
+        if config.get("num_ctas", 1) != 1:
+            options["num_ctas"] = config["num_ctas"]
+        if config.get("maxnreg") is not None:
+            options["maxnreg"] = config["maxnreg"]
+        if ptx_version is not None:
+            options["ptx_version"] = ptx_version
+        src = ast_source(fn, full, constexprs, attrs)
+        try:
+            compiled = triton.compile(src, target=gpu_target("cuda", capability, 32), options=options)
+        except Exception as exc:  # noqa: BLE001 - Triton's compile errors carry the source line
+            raise _Refused("CompileError", f"instance {label!r} for {target}: {type(exc).__name__}: "
+                           f"{exc}") from None
+        md = compiled.metadata
+        targets[target] = {
+            "ptx": compiled.asm["ptx"], "name": md.name, "shared": int(md.shared),
+            "num_warps": int(md.num_warps), "num_ctas": int(md.num_ctas),
+            "global_scratch_size": int(md.global_scratch_size),
+            "profile_scratch_size": int(getattr(md, "profile_scratch_size", 0)),
+            "launch_pdl": bool(getattr(md, "launch_pdl", False)),
+            "launch_cooperative_grid": bool(getattr(md, "launch_cooperative_grid", False)),
+            "ptxas": _ptxas_release(capability),
+        }
+    return targets
 
 
 def _ptxas_release(capability: int) -> str | None:
