@@ -22,6 +22,7 @@ __all__ = [
     "ParamLayoutError",
     "PtxTooNewError",
     "TritonAssumptionError",
+    "TritonAutotuneError",
     "StaleBuildError",
 ]
 
@@ -105,6 +106,12 @@ class TritonAssumptionError(ArgumentValueError):
     """A Triton entry's call breaks an assumption every binary the crate ships for it was compiled
     with (a pointer not 16-byte aligned, an integer not divisible by 16), and the crate has no
     conservative instance (``fallback = false``)."""
+
+
+class TritonAutotuneError(KhalError, RuntimeError):
+    """An autotuned Triton family (``autotune = true``) cannot launch or name the config asked for:
+    no config is chosen yet for these key values where nothing may time them (``bind``,
+    ``chosen``), or a pin (``k.pin``, ``KHAL_TRITON_CONFIG``) names a config it does not have."""
 
 
 class CaptureError(KhalError, RuntimeError):

@@ -46,18 +46,20 @@ conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKerne
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from typing import Any, Callable
 
-from khal_runtime import abi
+from khal_runtime import abi, capture_state
 from khal_runtime.arguments import dim3
 from khal_runtime.buffers import FREED, DeviceBuffer
-from khal_runtime.device import Stream, _tls, ready_stream
-from khal_runtime.errors import ArgumentError, ArgumentValueError, TritonAssumptionError
+from khal_runtime.device import Stream, _tls, as_stream, default_stream, ready_stream
+from khal_runtime.errors import (ArgumentError, ArgumentValueError, CaptureError, TritonAssumptionError,
+                                 TritonAutotuneError)
 from khal_runtime.generated import define
 from khal_runtime.interop import STABLE_ARRAY_TYPES
 from khal_runtime.launch_hooks import hooks
-from khal_runtime.memo import EPOCH, register_memo
+from khal_runtime.memo import EPOCH, bump_epoch, register_memo
 
 #: bytes of a pointee (``*fp32`` -> 4): a pointer must be a multiple of it
 _POINTEE_SIZE = {"i1": 1, "i8": 1, "u8": 1, "fp8e4nv": 1, "fp8e5": 1, "i16": 2, "u16": 2, "fp16": 2, "bf16": 2,
@@ -91,6 +93,13 @@ def device_pointer(obj: Any, where: str) -> int:
 
 #: memo slots per thread and family (distinct launches remembered, as the typed call's)
 SLOTS = 4
+#: timing an autotuned family's configs: rounds (round robin over the configs, the best round
+#: kept) of this many launches each between a pair of the backend's timer events, after one
+#: warm-up launch of each config
+TUNE_ROUNDS = 3
+TUNE_LAUNCHES = 5
+#: ``KHAL_TRITON_CONFIG="family=N,crate.family=N"``: the config an autotuned family launches (no timing)
+CONFIG_VAR = "KHAL_TRITON_CONFIG"
 #: a slot field no argument is identical to
 NOMEMO = object()
 
@@ -248,12 +257,12 @@ class TritonKernel:
         self._count = len(self.types)
         #: assumption bits -> (the variant's launch, its dynamic shared memory, the variant, the indexes of
         #: the values it takes, or None for all of them: a variant assuming an argument 1 does not take it)
-        self._chosen: dict[int, tuple[Any, int, Any, tuple[int, ...] | None]] = {}
+        self._chosen: dict[Any, tuple[Any, int, Any, tuple[int, ...] | None]] = {}
         #: the fast call's state (:meth:`_generate`): per pointer argument, type -> reader and the dtypes
         #: seen accepted; assumption bits -> (the variant's plans by device, its shared memory, block, index)
         self._readers: dict[int, dict[type, Callable[[Any], tuple[int, Any]]]] = {i: {} for i in self._pointers}
         self._dtypes: dict[int, set[Any]] = {i: set() for i in self._pointers}
-        self._fast_chosen: dict[int, tuple[dict[int, Any], int, int, int, dict[int, Any]]] = {}
+        self._fast_chosen: dict[Any, tuple[Any, ...]] = {}
         #: per variant, device -> its plan's direct launch parts (``LaunchPlan.direct``), False for none
         self._directs: list[dict[int, Any]] = [{} for _ in self.variants]
         #: per argument, how the direct path takes it when a scalar (:func:`_scalar_kind`)
@@ -277,6 +286,23 @@ class TritonKernel:
         self.launch: Callable[..., None] = self._launch_slow
         #: grid -> ``functools.partial(self.launch, grid)`` (:meth:`__getitem__`)
         self._grids: dict[Any, Callable[..., None]] = {}
+        #: an autotuned family (``autotune = true``): its variants' configs, the indexes of the autotuner's
+        #: key arguments (a choice per their values), the rule or pin, and the choices made (key -> config)
+        self.tuned = getattr(facts, "config", None) is not None
+        self.configs: dict[int, dict[str, Any]] = {}
+        self._key_args: tuple[int, ...] = ()
+        self._rule: int | None = None
+        self._pin: int | None = None
+        self.choices: dict[tuple[Any, ...], int] = {}
+        if self.tuned:
+            for k in self.variants:
+                t = k.entry.triton
+                self.configs.setdefault(t.config, {"constexprs": dict(t.constexprs), "num_warps": t.num_warps,
+                                                   "num_stages": t.num_stages})
+            self.configs = dict(sorted(self.configs.items()))
+            self._key_args = tuple(self.arg_names.index(n) for n in facts.autotune_key if n in self.arg_names)
+            self._rule = facts.choose
+            self._pin = _env_pin(crate, name, tuple(self.configs))
         # over khal Kernels (what the generated call reads of them: their plans by device, block, crate)
         if all(hasattr(k, "_plans") and hasattr(k, "_bx") and hasattr(k, "_crate") for k in self.variants):
             self.launch = self._fast = self._generate()
@@ -304,6 +330,10 @@ class TritonKernel:
                                                    if i >= self._count or self.arg_names[i] not in ones)
                 self._chosen[bits] = (k.launch, k.entry.triton.shared, k, keep)
                 return self._chosen[bits]
+        raise self._broken(bits, values)
+
+    def _broken(self, bits: int, values: list[Any]) -> TritonAssumptionError:
+        """The error of a call whose assumption ``bits`` no variant's assumptions fit."""
         broken = []
         for i, (arg, what) in enumerate(self._checks):
             if not bits >> i & 1:
@@ -314,9 +344,141 @@ class TritonKernel:
                     broken.append(f"{name} = {v:#x} is not 16-byte aligned")
                 else:
                     broken.append(f"{name} = {v} is not divisible by 16")
-        raise TritonAssumptionError(
+        return TritonAssumptionError(
             f"{self.name}: every binary the crate ships assumes what this call breaks: {'; '.join(broken)} "
             "(build the instance with its conservative twin: leave 'fallback' on)")
+
+    # -- autotuned families ----------------------------------------------------------------------------
+
+    def _variant_choice(self, k: Any) -> tuple[Any, int, Any, tuple[int, ...] | None]:
+        ones = set(k.entry.triton.ones)
+        keep = None if not ones else tuple(i for i in range(self._count + 2)
+                                           if i >= self._count or self.arg_names[i] not in ones)
+        return (k.launch, k.entry.triton.shared, k, keep)
+
+    def _candidates(self, bits: int, values: list[Any]) -> dict[int, Any]:
+        """Per config, its most specialised variant whose assumptions ``bits`` hold."""
+        out: dict[int, Any] = {}
+        for mask, k in self._masks:
+            c = k.entry.triton.config
+            if c not in out and mask & bits == mask:
+                out[c] = k
+        if not out:
+            raise self._broken(bits, values)
+        return out
+
+    def _key(self, bits: int, values: list[Any]) -> tuple[Any, ...]:
+        """The cache key of an autotuned call: its assumption bits, then the values of the autotuner's
+        key arguments (the dtypes, Triton's other part of the key, are the family's own)."""
+        key = (bits, *(values[i] for i in self._key_args))
+        try:
+            hash(key)
+        except TypeError:
+            raise ArgumentError(f"{self.name}(): an argument of the autotune key "
+                                f"({', '.join(self.arg_names[i] for i in self._key_args)}) is not a number") from None
+        return key
+
+    def _config_for(self, key: tuple[Any, ...], cands: dict[int, Any], grid: Any, values: list[Any],
+                    stream: Any) -> int:
+        """The config of an autotuned call: the pin, the crate's rule, the one chosen before for these
+        key values, the only one, else the fastest of ``cands`` timed now on the call's stream."""
+        rule = self._pin if self._pin is not None else self._rule
+        if rule is not None:
+            if rule not in cands:
+                raise TritonAssumptionError(
+                    f"{self.name}: config {rule} ({'pinned' if self._pin is not None else 'the crate rule'}) has no "
+                    f"variant whose assumptions this call meets (configs that fit: {sorted(cands)})")
+            return rule
+        known = self.choices.get(key[1:])
+        if known is not None and known in cands:
+            return known
+        if len(cands) == 1:
+            return int(next(iter(cands)))
+        st = stream if type(stream) is Stream else _tls.__dict__.get("stream") or default_stream() \
+            if stream is None else as_stream(stream)
+        if capture_state.capturing(st):
+            raise CaptureError(
+                f"{self.name}: autotuned, and no config is chosen yet for {self._key_text(key)}: choosing times "
+                f"its {len(cands)} configs on the GPU, which a graph capture cannot hold. Call it once with these "
+                f"key values before capturing (a warm-up, as torch.cuda.graph asks), or pin a config (the instance's "
+                f"'choose', {CONFIG_VAR}, or k.pin(n))")
+        best = self._time(cands, grid, values, st)
+        self.choices[key[1:]] = best
+        return best
+
+    def _key_text(self, key: tuple[Any, ...]) -> str:
+        return ", ".join(f"{self.arg_names[i]}={v!r}" for i, v in zip(self._key_args, key[1:])) or "its call"
+
+    def _time(self, cands: dict[int, Any], grid: Any, values: list[Any], st: Any) -> int:
+        """The config of ``cands`` whose launches take the least GPU time on ``st``, measured by the
+        backend's timer (CUDA events: what the profiler uses), on the call's own arguments."""
+        timer = st._bk.timer()
+        runs = []
+        for c, k in cands.items():
+            launch, shmem, _, keep = self._variant_choice(k)
+            g = grid(k.entry.triton.constexprs) if callable(grid) else grid
+            if type(g) in (tuple, list) and len(g) == 1:
+                g = g[0]
+            vals = values if keep is None else [values[i] for i in keep]
+            runs.append((c, functools.partial(launch, g, None, *vals, stream=st, shared_mem=shmem)))
+        if timer is None:  # a backend that times nothing: the first config, as a rule would
+            return runs[0][0]
+        for _, run in runs:
+            run()  # warm-up: loads the module, the first launch's costs
+        best: dict[int, float] = {}
+        for _ in range(TUNE_ROUNDS):
+            for c, run in runs:
+                start = timer.start(st)
+                for _ in range(TUNE_LAUNCHES):
+                    run()
+                ms = timer.elapsed_ms(timer.stop(start, st), True)
+                if ms is not None and ms >= 0:
+                    best[c] = min(best.get(c, ms), ms)
+        return min(best, key=lambda c: (best[c], c)) if best else runs[0][0]
+
+    def _tuned_choice(self, bits: int, values: list[Any], grid: Any, stream: Any
+                      ) -> tuple[tuple[Any, ...], tuple[Any, int, Any, tuple[int, ...] | None]]:
+        key = self._key(bits, values)
+        chosen = self._chosen.get(key)
+        if chosen is None:
+            cands = self._candidates(bits, values)
+            chosen = self._variant_choice(cands[self._config_for(key, cands, grid, values, stream)])
+            self._chosen[key] = chosen
+        return key, chosen
+
+    def _known_choice(self, args: tuple[Any, ...], what: str
+                      ) -> tuple[list[Any], tuple[Any, int, Any, tuple[int, ...] | None]]:
+        """The variant a call with ``args`` launches, with no launch and no timing (``bind``, ``chosen``)."""
+        values = self._values(args)
+        bits = self._bits(values)
+        if not self.tuned:
+            return values, self._chosen.get(bits) or self._choose(bits, values)
+        key = self._key(bits, values)
+        chosen = self._chosen.get(key)
+        if chosen is not None:
+            return values, chosen
+        cands = self._candidates(bits, values)
+        rule = self._pin if self._pin is not None else self._rule
+        known = rule if rule is not None else self.choices.get(key[1:])
+        if known is None and len(cands) == 1:
+            known = next(iter(cands))
+        if known is None or known not in cands:
+            raise TritonAutotuneError(
+                f"{self.name}.{what}: autotuned, and no config is chosen yet for {self._key_text(key)}: call it once "
+                f"with these key values first (the first call times the configs), or pin one (k.pin(n))")
+        return values, self._variant_choice(cands[known])
+
+    def pin(self, config: int | None) -> None:
+        """Launch config ``config`` of this autotuned family from now on, for every key (no timing);
+        None: back to the crate's rule or timing. Choices already made stay in ``choices``."""
+        if not self.tuned:
+            raise TritonAutotuneError(f"{self.name}: not an autotuned family (its instance has no autotune = true)")
+        if config is not None and config not in self.configs:
+            raise TritonAutotuneError(f"{self.name}.pin({config!r}): its configs are {sorted(self.configs)}")
+        self._pin = config
+        self._chosen.clear()
+        self._fast_chosen.clear()
+        bump_epoch()  # every remembered launch goes: the next call chooses again
 
     def _pointer_of(self, i: int, a: Any) -> int:
         """Argument ``i`` (a pointer, not an int) as a device address, its dtype checked."""
@@ -358,12 +520,15 @@ class TritonKernel:
                 bits |= bit
         if self._bits1:
             bits = self._bits(values)
-        chosen = self._chosen.get(bits)
-        if chosen is None:
-            chosen = self._choose(bits, values)
+        key: Any = bits
+        if self.tuned:
+            key, chosen = self._tuned_choice(bits, values, grid, stream)
+        else:
+            got = self._chosen.get(bits)
+            chosen = got if got is not None else self._choose(bits, values)
         if type(grid) is not int:
             if callable(grid):
-                grid = grid(self.constexprs)
+                grid = grid(chosen[2].entry.triton.constexprs if self.tuned else self.constexprs)
             if type(grid) in (tuple, list) and len(grid) == 1:
                 grid = grid[0]
         keep = chosen[3]
@@ -371,11 +536,11 @@ class TritonKernel:
             values = [values[i] for i in keep]
         chosen[0](grid, None, *values, stream=stream, shared_mem=chosen[1])
         if self._fast is not None:
-            self._learn(bits, chosen, args)
+            self._learn(key, chosen, args)
 
-    def _learn(self, bits: int, chosen: tuple[Any, int, Any, tuple[int, ...] | None], args: tuple[Any, ...]) -> None:
+    def _learn(self, bits: Any, chosen: tuple[Any, int, Any, tuple[int, ...] | None], args: tuple[Any, ...]) -> None:
         """After a launch the slow path checked: let the fast call take these pointer types and
-        dtypes, and these assumption bits."""
+        dtypes, and these assumption bits (of an autotuned family: these bits and key values)."""
         for i in self._pointers:
             a = args[i]
             if type(a) is int:
@@ -399,7 +564,10 @@ class TritonKernel:
                 # (a plain tuple: the generated call unpacks it)
                 directs[dev] = (parts.function, parts.pack, parts.new_block, parts.launch, parts.failed, parts) \
                     if parts is not None else False
-        self._fast_chosen[bits] = (k._plans, chosen[1], k._bx, which, directs)
+        if self.tuned:
+            self._fast_chosen[bits] = (k._plans, chosen[1], k._bx, which, directs, k.entry.triton.constexprs)
+        else:
+            self._fast_chosen[bits] = (k._plans, chosen[1], k._bx, which, directs)
 
     def _new_slots(self) -> _ThreadSlots:
         """This thread's memo slots of the family (:meth:`_generate`): ``SLOTS`` of them, each
@@ -511,12 +679,19 @@ class TritonKernel:
             else:
                 cond = f"type(v{arg}) is int and v{arg} == 1"
             L += [f"    if {cond}:", f"        bits |= {1 << i}"]
-        L += ["    c = chosen.get(bits)", "    if c is None:", f"        {slow}",
-              "    plans, shmem, bx, which, directs = c", "    dev = st.device_id", "    d = directs.get(dev)",
+        if self.tuned:  # the choice per assumption bits and the autotuner's key values (a number each)
+            tkey = ", ".join(["bits", *(f"v{i}" for i in self._key_args)])
+            L += ["    try:", f"        c = chosen.get(({tkey}))", "    except TypeError:", f"        {slow}",
+                  "    if c is None:", f"        {slow}", "    plans, shmem, bx, which, directs, cx = c"]
+        else:
+            L += ["    c = chosen.get(bits)", "    if c is None:", f"        {slow}",
+                  "    plans, shmem, bx, which, directs = c"]
+        L += ["    dev = st.device_id", "    d = directs.get(dev)",
               "    if d is None:", f"        {slow}",
               "    g = grid", "    if type(g) is tuple and len(g) == 1:", "        g = g[0]",
               "    if type(g) is not int:", "        if type(g) is not tuple:",
-              "            if not callable(g):", f"                {slow}", "            g = g(constexprs)",
+              "            if not callable(g):", f"                {slow}",
+              f"            g = g({'cx' if self.tuned else 'constexprs'})",
               "            grid_memo = NOMEMO",  # a callable's result can change: evaluated on every call
               "        else:", "            grid_memo = grid",
               "        if type(g) is int:", "            gx = g", "            gy = gz = 1",
@@ -591,9 +766,7 @@ class TritonKernel:
         """``b = k.bind(*args, stream=None)``, then ``b(grid)``: the arguments checked once (the
         variant chosen, as a call with them would), packed once, and each ``b(grid)`` launches at
         about the cost of a raw launch (a bound launch of the variant, :meth:`Kernel.bind`)."""
-        values = self._values(args)
-        bits = self._bits(values)
-        chosen = self._chosen.get(bits) or self._choose(bits, values)
+        values, chosen = self._known_choice(args, "bind()")
         keep = chosen[3]
         if keep is not None:
             values = [values[i] for i in keep]
@@ -601,10 +774,29 @@ class TritonKernel:
         return TritonBound(self, k, k.bind(*values, stream=stream))
 
     def chosen(self, *args: Any) -> str:
-        """The entry a call with ``args`` would launch (no launch)."""
-        values = self._values(args)
-        bits = self._bits(values)
-        return str((self._chosen.get(bits) or self._choose(bits, values))[2].entry.name)
+        """The entry a call with ``args`` would launch (no launch; of an autotuned family, the config
+        chosen for their key values, the rule's or the pinned one)."""
+        return str(self._known_choice(args, "chosen()")[1][2].entry.name)
+
+
+def _env_pin(crate: str, name: str, configs: tuple[int, ...]) -> int | None:
+    """The config ``KHAL_TRITON_CONFIG`` pins for family ``name`` of ``crate`` (``name=N`` or
+    ``crate.name=N``, comma separated), or None."""
+    raw = os.environ.get(CONFIG_VAR, "").strip()
+    if not raw:
+        return None
+    for item in raw.split(","):
+        who, _, n = item.strip().partition("=")
+        if who.strip() in (name, f"{crate}.{name}"):
+            try:
+                pin = int(n)
+            except ValueError:
+                pin = -1
+            if pin not in configs:
+                raise TritonAutotuneError(f"{CONFIG_VAR}={raw!r}: {item.strip()!r} does not name one of "
+                                          f"{crate}.{name}'s configs ({', '.join(map(str, configs))})")
+            return pin
+    return None
 
 
 class TritonBound:
@@ -628,7 +820,7 @@ class TritonBound:
         if grid is last[0]:
             self.bound(last[1])
             return
-        g = grid(self.family.constexprs) if callable(grid) else grid
+        g = grid(self.variant.entry.triton.constexprs) if callable(grid) else grid
         if type(g) in (tuple, list) and len(g) == 1:
             g = g[0]
         gx, gy, gz = dim3(g, f"{self.family.name}[grid]: grid")
