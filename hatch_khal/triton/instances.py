@@ -18,6 +18,10 @@ assumes it is 1, compiled in, as Triton's JIT does for unit strides) or a conste
 bool, or a string that reads as one after the matrix is applied). An instance with ``:16`` / ``:1``
 assumptions is built twice: as written, and as a conservative ``<name>__base`` entry without them
 (``fallback = false`` leaves it out), so that a call that breaks an assumption still runs.
+
+``autotune = true`` (a kernel under ``@triton.autotune``): the worker builds one variant per
+``triton.Config`` (the signature leaves out the constexprs the configs set); ``choose`` is the
+author's rule for the config (``"time"``: timed at run time, ``"first"``, an index).
 """
 
 from __future__ import annotations
