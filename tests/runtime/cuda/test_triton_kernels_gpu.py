@@ -193,3 +193,115 @@ def test_outputs_equal_tritons_jit_of_the_same_source(tri: Any) -> None:
     ks.add_fp32[(n // 1024,)](x, y, b, n, stream=_stream())
     torch.cuda.synchronize()
     assert torch.equal(a, b), kind
+
+
+# -- autotuned kernels (tests/packages/triton_kernels_pkg/kernels/autotuned) ------------------------
+
+TUNED = PACKAGES / "triton_kernels_pkg" / "kernels" / "autotuned" / "autotuned.py"
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The autotuned kernels built for sm_90 (timed per key on the H200), a rule-chosen one, and the
+    same kernel with the instance's own constexpr."""
+    from tests.helpers.gpu import require_gpu
+
+    require_gpu()
+    if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
+        pytest.skip("needs Triton and torch")
+    import khal_runtime
+    from hatch_khal.builder import build_packages, write_package_output
+    from hatch_khal.cache import Cache
+    from hatch_khal.config import parse_config
+    from hatch_khal.model import PrintReporter
+
+    root = tmp_path_factory.mktemp("tuned") / "p"
+    (root / "k").mkdir(parents=True)
+    (root / "pkg").mkdir()
+    shutil.copy(TUNED, root / "k" / "autotuned.py")
+    sig = {"x_ptr": "*fp32:16", "y_ptr": "*fp32:16", "out_ptr": "*fp32:16", "n_elements": "i32:16", "alpha": "fp32"}
+    _, crates = parse_config({"archs": ["sm_90"], "ptx-arch": "none", "crates": [{"name": "tuned", "sources": [
+        "k/*.py"], "instances": [
+        {"kernel": "scaled_add", "signature": sig, "autotune": True},
+        {"kernel": "scaled_add", "name": "scaled_add_plain", "signature": {**sig, "BLOCK_SIZE": 256}},
+        {"kernel": "copy_even", "signature": {"x_ptr": "*fp32", "out_ptr": "*fp32", "n_elements": "i32",
+                                              "EVEN": False}, "autotune": True},
+        {"kernel": "accumulate", "signature": {"x_ptr": "*fp32", "out_ptr": "*fp32", "n_elements": "i32"},
+         "autotune": True, "choose": 1}]}]}, default_package="pkg")
+    result = build_packages(root, crates, PrintReporter(), cache=Cache(tmp_path_factory.mktemp("cache"), print))
+    for out in result.packages:
+        write_package_output(out, root / out.package)
+    return khal_runtime.load(root / "pkg")
+
+
+def _meta_grid(n: int) -> Any:
+    return lambda meta: ((n + meta["BLOCK_SIZE"] - 1) // meta["BLOCK_SIZE"],)
+
+
+def test_an_autotuned_kernel_matches_torch_with_a_config_chosen_per_key(tuned: Any) -> None:
+    import torch
+
+    k = tuned.scaled_add
+    assert k.tuned and sorted(k.configs) == [0, 1]
+    st = _stream()
+    for n, offset in ((98432, 0), (4096, 0), (98433, 0), (98432, 1), (1 << 20, 0)):
+        x = torch.rand(n + offset, device="cuda")[offset:]
+        y = torch.rand(n, device="cuda")
+        for alpha in (2.0, -0.5):  # the first call of a key times the configs, the second reuses the choice
+            out = torch.full((n,), float("nan"), device="cuda")
+            k[_meta_grid(n)](x, y, out, n, alpha, stream=st)
+            torch.cuda.synchronize()
+            assert torch.allclose(out, x * alpha + y, rtol=1e-6, atol=1e-6), f"n={n} offset={offset} alpha={alpha}"
+        assert k.choices[(n,)] in (0, 1)
+        want = "scaled_add__c" if n % 16 == 0 and offset == 0 else "scaled_add__base__c"
+        assert k.chosen(x, y, out, n, 1.0) == f"{want}{k.choices[(n,)]}"
+    assert set(k.choices) == {(98432,), (4096,), (98433,), (1 << 20,)}
+    plain = tuned.scaled_add_plain  # the instance's own BLOCK_SIZE: no autotuning
+    x, y = torch.rand(4096, device="cuda"), torch.rand(4096, device="cuda")
+    out = torch.full_like(x, float("nan"))
+    plain[_meta_grid(4096)](x, y, out, 4096, 3.0, stream=st)
+    torch.cuda.synchronize()
+    assert not plain.tuned and torch.allclose(out, x * 3.0 + y, rtol=1e-6, atol=1e-6)
+
+
+def test_an_autotuned_kernel_in_a_captured_graph_uses_the_choice_made_before(tuned: Any) -> None:
+    import torch
+
+    from khal_runtime.device import default_stream
+    from khal_runtime.errors import CaptureError
+
+    k = tuned.scaled_add
+    st = default_stream()  # khal's own stream (a capture cannot be on the legacy default stream)
+    n = 65536
+    x, y = torch.rand(n, device="cuda"), torch.rand(n, device="cuda")
+    out = torch.full_like(x, float("nan"))
+    with st.capture():
+        with pytest.raises(CaptureError, match="before capturing"):
+            k[_meta_grid(n)](x, y, out, n, 2.0, stream=st)
+    torch.cuda.synchronize()
+    k[_meta_grid(n)](x, y, out, n, 2.0, stream=st)  # the warm-up: timed here
+    with st.capture() as cap:
+        k[_meta_grid(n)](x, y, out, n, 2.0, stream=st)
+    st.synchronize()
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    cap.graph.launch(st)
+    st.synchronize()
+    torch.cuda.synchronize()
+    assert torch.allclose(out, x * 2.0 + y, rtol=1e-6, atol=1e-6)
+
+
+def test_a_heuristic_given_by_the_instance_and_a_rule_chosen_config_match_torch(tuned: Any) -> None:
+    import torch
+
+    st = _stream()
+    n = 10000
+    x = torch.rand(n, device="cuda")
+    out = torch.full_like(x, float("nan"))
+    tuned.copy_even[_meta_grid(n)](x, out, n, stream=st)
+    torch.cuda.synchronize()
+    assert torch.equal(out, x)
+    acc = torch.zeros_like(x)
+    tuned.accumulate[_meta_grid(n)](x, acc, n, stream=st)  # choose = 1: no timing on acc (atomics)
+    torch.cuda.synchronize()
+    assert torch.equal(acc, x) and tuned.accumulate.choices == {}
