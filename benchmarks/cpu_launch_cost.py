@@ -178,9 +178,11 @@ def make_kernels() -> tuple[Any, ...]:
     return out[0], out[1], st, out[2]
 
 
-def make_triton_kernel() -> Any:
+def make_triton_kernel(configs: int = 0) -> Any:
     """A Triton family (``add`` over x, y, out: ``*fp32:16``, n: ``i32:16``, and its ``__base``
-    twin) over two Kernels wired to the no-op driver, as :func:`make_kernels` wires them."""
+    twin) over two Kernels wired to the no-op driver, as :func:`make_kernels` wires them.
+    ``configs``: an autotuned family of that many configs (each with its twin; key ``n``; the
+    crate's rule picks the last, so that no timing is needed on the no-op driver)."""
     from khal_runtime.backends import cuda
     from khal_runtime.backends.cuda.launch import LaunchPlan
     from khal_runtime.kernels import Kernel
@@ -193,10 +195,14 @@ def make_triton_kernel() -> Any:
               Param(name="n", kind="scalar", element_type="int32", element_size=4, element_align=4),
               *(Param(name=n, **u64) for n in ("khal_global_scratch", "khal_profile_scratch")))  # type: ignore[arg-type]
     variants = []
-    for name, divisible in (("add", ("x", "y", "out", "n")), ("add__base", ())):
+    tune: list[dict[str, Any]] = [{}] if not configs else [
+        {"config": j, "autotune_key": ("n",), "choose": configs - 1} for j in range(configs)]
+    for name, divisible, t in ((f"add{'__c' + str(t['config']) if t else ''}{base}", div, t)
+                               for t in tune for base, div in (("", ("x", "y", "out", "n")), ("__base", ()))):
         facts = TritonFacts(kernel="add_kernel", family="add", base=not divisible, num_warps=4, num_stages=3, shared=0,
                             names=("x", "y", "out", "n"), types=("*fp32", "*fp32", "*fp32", "i32"),
-                            divisible=divisible, constexprs={"BLOCK_SIZE": 1024}, cache_key="k", triton_version="3.6.0")
+                            divisible=divisible, constexprs={"BLOCK_SIZE": 1024}, cache_key="k", triton_version="3.6.0",
+                            **t)
         h = "0123456789abcdef"
         e = Entry(name=name, symbol=symbol_for(name, h), hash=h, block_size=(128, 1, 1), params=params, grid_dims=3,
                   triton=facts)
@@ -260,6 +266,11 @@ def measure() -> dict[str, float]:
         lambda: tri[lambda meta: (n // meta["BLOCK_SIZE"],)](tens[0], tens[1], tens[2], n))
     rows["triton launch (int addresses)"] = per_call_us(
         lambda: tri.launch(1024, bufs[0].ptr, bufs[1].ptr, bufs[2].ptr, n))
+    # an autotuned family (two configs, key n): the choice is cached, the same paths as above
+    tuned = make_triton_kernel(configs=2)
+    rows["triton autotuned launch (torch-like)"] = per_call_us(lambda: tuned.launch(1024, tens[0], tens[1], tens[2], n))
+    rows["triton autotuned launch (torch-like, 8 sets in turn)"] = per_call_us(
+        lambda: tuned.launch(1024, *next(turn), n))
     return rows
 
 

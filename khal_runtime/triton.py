@@ -54,7 +54,7 @@ from khal_runtime import abi, capture_state
 from khal_runtime.arguments import dim3
 from khal_runtime.buffers import FREED, DeviceBuffer
 from khal_runtime.device import Stream, _tls, as_stream, default_stream, ready_stream
-from khal_runtime.errors import (ArgumentError, ArgumentValueError, CaptureError, TritonAssumptionError,
+from khal_runtime.errors import (ArgumentError, ArgumentValueError, CaptureError, KhalError, TritonAssumptionError,
                                  TritonAutotuneError)
 from khal_runtime.generated import define
 from khal_runtime.interop import STABLE_ARRAY_TYPES
@@ -394,8 +394,12 @@ class TritonKernel:
             return known
         if len(cands) == 1:
             return int(next(iter(cands)))
-        st = stream if type(stream) is Stream else _tls.__dict__.get("stream") or default_stream() \
-            if stream is None else as_stream(stream)
+        if type(stream) is Stream:
+            st = stream
+        elif stream is None:
+            st = _tls.__dict__.get("stream") or default_stream()
+        else:
+            st = as_stream(stream)
         if capture_state.capturing(st):
             raise CaptureError(
                 f"{self.name}: autotuned, and no config is chosen yet for {self._key_text(key)}: choosing times "
@@ -411,7 +415,9 @@ class TritonKernel:
 
     def _time(self, cands: dict[int, Any], grid: Any, values: list[Any], st: Any) -> int:
         """The config of ``cands`` whose launches take the least GPU time on ``st``, measured by the
-        backend's timer (CUDA events: what the profiler uses), on the call's own arguments."""
+        backend's timer (CUDA events: what the profiler uses), on the call's own arguments. A config
+        whose warm-up launch is refused (a named khal error: more resources than the device has) is
+        left out, as Triton's autotuner leaves out one that runs out of resources."""
         timer = st._bk.timer()
         runs = []
         for c, k in cands.items():
@@ -423,8 +429,15 @@ class TritonKernel:
             runs.append((c, functools.partial(launch, g, None, *vals, stream=st, shared_mem=shmem)))
         if timer is None:  # a backend that times nothing: the first config, as a rule would
             return runs[0][0]
-        for _, run in runs:
-            run()  # warm-up: loads the module, the first launch's costs
+        refused: list[KhalError] = []
+        for c, run in list(runs):
+            try:
+                run()  # warm-up: loads the module, the first launch's costs
+            except KhalError as exc:  # this config cannot launch here (more shared memory than the device has)
+                refused.append(exc)
+                runs.remove((c, run))
+        if not runs:
+            raise refused[0]
         best: dict[int, float] = {}
         for _ in range(TUNE_ROUNDS):
             for c, run in runs:

@@ -318,3 +318,25 @@ def test_the_authors_rule_and_a_pin_choose_without_timing(
     with pytest.raises(TritonAutotuneError, match=r"KHAL_TRITON_CONFIG='scaled_add=7': 'scaled_add=7' does not name "
                                                   r"one of tuned.scaled_add's configs \(0, 1\)"):
         _load(built[0], fake).scaled_add  # noqa: B018
+
+
+@pytest.mark.needs_triton
+def test_a_config_that_cannot_launch_on_the_device_is_left_out_of_the_timing(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    from khal_runtime.buffers import DeviceBuffer
+    from khal_runtime.errors import LaunchAttributeError
+
+    ks = _load(built[0], fake)
+    k = ks.scaled_add
+    tried: list[str] = []
+
+    def refused(*a: Any, **kw: Any) -> None:
+        tried.append("c0")
+        raise LaunchAttributeError("scaled_add__c0: more shared memory than the device has")
+
+    ks.crates["tuned"].instances["scaled_add__c0"].launch = refused
+    x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    fake.elapsed = iter([1.0] * TUNE_ROUNDS)
+    k[(4,)](x, y, out, 4096, 2.0)
+    assert tried == ["c0"] and k.choices == {(4096,): 1}
+    assert {la["f"] for la in fake.launches} == {_symbol(ks, "scaled_add__c1")}
