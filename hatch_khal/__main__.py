@@ -218,6 +218,9 @@ def _describe(manifest: Manifest) -> list[str]:
             if tri is not None:  # a Triton instance: its kernel, what it assumes, its shared memory
                 tmpl = f" = {tri.kernel}" + (f" assuming {', '.join(tri.divisible)} % 16 == 0" if tri.divisible
                                              else "") + f", {tri.num_warps} warps, {tri.shared} B shared"
+                if tri.config is not None:  # an autotuned family's variant: its config and how it is chosen
+                    tmpl += (f", autotune config {tri.config} {tri.constexprs} (key {', '.join(tri.autotune_key)}; "
+                             + ("timed at first use)" if tri.choose is None else f"rule: config {tri.choose})"))
             lines.append(f"    entry {e.name}{tmpl} hash {e.hash} block {block}{shape}  ({params})")
             if e.attributes is not None and e.attributes.describe():
                 lines.append(f"      launch attributes: {e.attributes.describe()}")

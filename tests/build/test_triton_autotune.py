@@ -8,6 +8,7 @@ the author's rule, the pin, and repeated calls on the memo path."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -340,3 +341,16 @@ def test_a_config_that_cannot_launch_on_the_device_is_left_out_of_the_timing(
     k[(4,)](x, y, out, 4096, 2.0)
     assert tried == ["c0"] and k.choices == {(4096,): 1}
     assert {la["f"] for la in fake.launches} == {_symbol(ks, "scaled_add__c1")}
+
+
+@pytest.mark.needs_triton
+def test_inspect_shows_each_variants_config_and_how_it_is_chosen(built: tuple[Path, Any]) -> None:
+    import subprocess
+    import sys
+
+    root, _ = built
+    out = subprocess.run([sys.executable, "-m", "hatch_khal", "inspect", str(root / "pkg")], capture_output=True,
+                         text=True, check=True).stdout
+    assert re.search(r"entry scaled_add__c1 = scaled_add assuming .*, 8 warps, .* autotune config 1 "
+                     r"\{'BLOCK_SIZE': 1024\} \(key n_elements; timed at first use\)", out), out
+    assert "entry accumulate__c0 = accumulate, 4 warps" in out and "rule: config 1)" in out
