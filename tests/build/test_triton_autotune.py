@@ -354,3 +354,20 @@ def test_inspect_shows_each_variants_config_and_how_it_is_chosen(built: tuple[Pa
     assert re.search(r"entry scaled_add__c1 = scaled_add assuming .*, 8 warps, .* autotune config 1 "
                      r"\{'BLOCK_SIZE': 1024\} \(key n_elements; timed at first use\)", out), out
     assert "entry accumulate__c0 = accumulate, 4 warps" in out and "rule: config 1)" in out
+
+
+@pytest.mark.needs_triton
+@pytest.mark.parametrize(("field", "value"), [("autotune_key", ["alpha"]), ("config", 1), ("choose", 0)])
+def test_a_manifest_whose_autotune_facts_were_edited_is_refused(built: tuple[Path, Any], tmp_path: Path,
+                                                                 field: str, value: Any) -> None:
+    import khal_runtime
+    from khal_runtime.errors import ManifestError
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(built[0] / "pkg", pkg)
+    m = json.loads((pkg / "_khal" / "manifest.json").read_text())
+    e = next(e for e in m["crates"][0]["entries"] if e["name"] == "scaled_add__c0")
+    e["triton"][field] = value
+    (pkg / "_khal" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="entry 'scaled_add__c0'.*the manifest was edited after the build"):
+        khal_runtime.load(pkg)
