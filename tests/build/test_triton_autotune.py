@@ -7,6 +7,7 @@ the author's rule, the pin, and repeated calls on the memo path."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -209,7 +210,7 @@ def test_the_first_call_per_key_times_every_config_and_later_calls_reuse_the_cho
     assert isinstance(k, TritonKernel) and k.tuned and sorted(k.configs) == [0, 1]
     x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
     # config 1 is faster for n=4096 (each event pair: config 0, then config 1, per round)
-    fake.elapsed = iter([2.0, 1.0] * TUNE_ROUNDS)
+    fake.elapsed = itertools.cycle([2.0, 1.0])
     k[_grid(4096)](x, y, out, 4096, 2.0)
     per_config = 1 + TUNE_ROUNDS * TUNE_LAUNCHES
     timed = fake.launches[:-1]
@@ -226,7 +227,7 @@ def test_the_first_call_per_key_times_every_config_and_later_calls_reuse_the_cho
     k[_grid(4096)](x.ptr + 4, y, out, 4096, 3.0)
     assert len(fake.launches) == before + 2 and fake.launches[-1]["f"] == _symbol(ks, "scaled_add__base__c1")
     # another key: timed again (config 0 faster this time), and each key keeps its own choice
-    fake.elapsed = iter([1.0, 3.0] * TUNE_ROUNDS)
+    fake.elapsed = itertools.cycle([1.0, 3.0])
     k[_grid(2048)](x, y, out, 2048, 2.0)
     assert len(fake.launches) == before + 2 + 2 * per_config + 1
     assert fake.launches[-1]["f"] == _symbol(ks, "scaled_add__c0") and fake.launches[-1]["grid"] == (16, 1, 1)
@@ -252,7 +253,7 @@ def test_repeated_calls_stay_on_the_memo_path_after_the_choice(
 
     monkeypatch.setattr(Kernel, "launch", counted)
     x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
-    fake.elapsed = iter([2.0, 1.0] * TUNE_ROUNDS)
+    fake.elapsed = itertools.cycle([2.0, 1.0])
     k[(4,)](x, y, out, 4096, 2.0)
     n = len(slow)
     assert n == 2 * (1 + TUNE_ROUNDS * TUNE_LAUNCHES) + 1  # the timing and the launch, through the checked path
@@ -279,7 +280,7 @@ def test_a_capture_never_times_it_uses_the_cached_choice_or_says_to_run_once_bef
                                                r"capturing"):
             k[(4,)](x, y, out, 4096, 2.0, stream=st)
         assert not fake.launches  # nothing timed, nothing launched
-    fake.elapsed = iter([1.0, 2.0] * TUNE_ROUNDS)
+    fake.elapsed = itertools.cycle([1.0, 2.0])
     k[(4,)](x, y, out, 4096, 2.0, stream=st)  # the warm-up: timed, config 0
     records = fake.names().count("cuEventRecord")
     with st.capture():
@@ -337,7 +338,7 @@ def test_a_config_that_cannot_launch_on_the_device_is_left_out_of_the_timing(
 
     ks.crates["tuned"].instances["scaled_add__c0"].launch = refused
     x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
-    fake.elapsed = iter([1.0] * TUNE_ROUNDS)
+    fake.elapsed = itertools.cycle([1.0])
     k[(4,)](x, y, out, 4096, 2.0)
     assert tried == ["c0"] and k.choices == {(4096,): 1}
     assert {la["f"] for la in fake.launches} == {_symbol(ks, "scaled_add__c1")}
