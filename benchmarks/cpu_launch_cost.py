@@ -246,6 +246,9 @@ def measure() -> dict[str, float]:
     rows["five typed call (torch-like)"] = per_call_us(lambda: five(n, tens[0], tens[1], tens[2], p, 0.5))
     rows["five typed call (torch-like, no version)"] = per_call_us(
         lambda: five(n, tens_u[0], tens_u[1], tens_u[2], p, 0.5))
+    rows["torch-like tensor made (for the row below)"] = per_call_us(lambda: T(0x1000_0000, n))
+    rows["five typed call (torch-like, a new first tensor each call)"] = per_call_us(
+        lambda: five(n, T(0x1000_0000, n), tens[1], tens[2], p, 0.5))
     rows["five typed call (cupy-like)"] = per_call_us(lambda: five(n, cps[0], cps[1], cps[2], p, 0.5))
     bound = five.bind(bufs[0], bufs[1], bufs[2], DeviceBuffer(0x7000, 8, "uint8", 0), 0.5, stream=st)
     rows["five bound launch (bind once)"] = per_call_us(lambda: bound(n))
