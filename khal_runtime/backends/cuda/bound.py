@@ -146,12 +146,16 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
                 return None
         if check_attrs is not None:  # cooperative / clustered: the grid checked once per thread count
             check_attrs(*g, bx * by * bz, shared)
-        state[1] = (n, call_args(f, g, (bx, by, bz), shared, cu, addr), g)
+        prev = state[1]
+        # another count with the same grid keeps the launch configuration (making one costs microseconds)
+        state[1] = (n, prev[1] if prev[2] == g and prev[1] else call_args(f, g, (bx, by, bz), shared, cu, addr), g)
         return g
 
     def call(n: int) -> None:
         last = state[1]
-        if n is last[0] and state[0] == E[0]:
+        # the same count: the same object, or an equal int (a count that went through torch's
+        # dispatcher, or was computed, is a new object each call)
+        if (n is last[0] or type(n) is int and n == last[0]) and state[0] == E[0]:
             g = last[2]
         else:
             got = slow(n)
