@@ -140,15 +140,20 @@ class UniformPool:
         if not self._dirty:
             return
         with self._lock:
-            dirty, self._dirty = self._dirty, []
             q = self.device.queue
-            for s in dirty:
+            dirty = self._dirty
+            # a slab leaves the list only once written: a write that raises (wgpu-py reports an
+            # earlier error of the device at its next call) leaves it and the later ones to the next
+            # submit; dropped, their regions stayed in ``entries`` and read as zeros for good
+            while dirty:
+                s = dirty[0]
                 lo, hi = s.lo, s.hi
-                s.lo, s.hi = len(s.mirror), 0
                 try:
                     q.write_buffer(s.buffer, lo, memoryview(s.mirror)[lo:hi])
                 except Exception as exc:  # noqa: BLE001
                     raise WebGpuError(f"writing uniforms on {self.device.describe()} failed: {exc}") from None
+                s.lo, s.hi = len(s.mirror), 0
+                del dirty[0]
             self.commits += 1
 
     def _recycle(self) -> None:

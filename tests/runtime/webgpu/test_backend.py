@@ -119,6 +119,45 @@ def test_uniform_struct_from_ctypes_bytes_numpy_and_dict(wdev: Any, stream: Any)
         np.testing.assert_array_equal(out.to_numpy(), want, err_msg=type(value).__name__)
 
 
+def test_a_uniform_write_that_raises_is_written_at_the_next_submit(wdev: Any, stream: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """wgpu-py reports an earlier error of the device at its next call, which can be the uniform
+    pool's ``write_buffer`` before a submit: the region must still reach the GPU at the next submit
+    (the pool dropped the slab from its dirty list before writing it, and every later region of
+    that slab read as zeros for the rest of the process)."""
+    from khal_runtime.backends.webgpu.errors import WebGpuError
+
+    k = plan("params_struct", wdev)
+    want = np.array([1.5, -7, 1, 2, 3, 4, 5, 6, 7, 42, 8, 9], np.float32)
+    from tests.runtime.webgpu.test_packing import _ctypes_value
+
+    real = wdev.queue
+
+    class Once:
+        failed = False
+
+        def write_buffer(self, *a: Any) -> Any:
+            if not Once.failed:
+                Once.failed = True
+                raise RuntimeError("an earlier validation error")
+            return real.write_buffer(*a)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    c = _ctypes_value()
+    c.n = 4242  # bytes no earlier test uploaded
+    want[9] = 4242
+    out = arr(np.zeros(12, np.float32), wdev)
+    monkeypatch.setattr(wdev, "queue", Once())
+    k.call(1, (out, c))
+    with pytest.raises(WebGpuError, match="writing uniforms"):
+        stream.flush()
+    monkeypatch.setattr(wdev, "queue", real)
+    k.call(1, (out, c))  # the same bytes: the region already made
+    np.testing.assert_array_equal(out.to_numpy(), want)
+
+
 def test_scalars_in_a_uniform_block(wdev: Any, stream: Any) -> None:
     k = plan("saxpy", wdev)
     x = arr(np.arange(300, dtype=np.float32), wdev)
