@@ -142,9 +142,12 @@ class UniformPool:
         with self._lock:
             q = self.device.queue
             dirty = self._dirty
-            # a slab leaves the list only once written: a write that raises (wgpu-py reports an
-            # earlier error of the device at its next call) leaves it and the later ones to the next
-            # submit; dropped, their regions stayed in ``entries`` and read as zeros for good
+            # A slab leaves the list only once written. A flush can run inside the write (a finalizer
+            # the garbage collector runs there frees memory, which flushes): its own commit then
+            # finds the slab still listed and writes it before it submits, where taking the list
+            # first let that submit run the dispatches before their uniforms were written (they read
+            # zeros). A write that raises (wgpu-py reports an earlier error of the device at its next
+            # call) leaves the slab to the next submit.
             while dirty:
                 s = dirty[0]
                 lo, hi = s.lo, s.hi
@@ -152,8 +155,9 @@ class UniformPool:
                     q.write_buffer(s.buffer, lo, memoryview(s.mirror)[lo:hi])
                 except Exception as exc:  # noqa: BLE001
                     raise WebGpuError(f"writing uniforms on {self.device.describe()} failed: {exc}") from None
-                s.lo, s.hi = len(s.mirror), 0
-                del dirty[0]
+                if dirty and dirty[0] is s and (s.lo, s.hi) == (lo, hi):  # not written (or grown) meanwhile
+                    s.lo, s.hi = len(s.mirror), 0
+                    del dirty[0]
             self.commits += 1
 
     def _recycle(self) -> None:

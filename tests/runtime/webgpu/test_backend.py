@@ -158,6 +158,39 @@ def test_a_uniform_write_that_raises_is_written_at_the_next_submit(wdev: Any, st
     np.testing.assert_array_equal(out.to_numpy(), want)
 
 
+def test_a_flush_inside_the_uniform_write_still_writes_before_it_submits(wdev: Any, stream: Any,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finalizer that the garbage collector runs inside the pool's ``write_buffer`` can flush the
+    stream (freeing memory does): that nested submit must not run the dispatch before its uniform is
+    written (it read zeros, in one CI run out of the suite's order)."""
+    from tests.runtime.webgpu.test_packing import _ctypes_value
+
+    k = plan("params_struct", wdev)
+    want = np.array([1.5, -7, 1, 2, 3, 4, 5, 6, 7, 4343, 8, 9], np.float32)
+    real = wdev.queue
+    nested: list[int] = []
+
+    class Reentrant:
+        def write_buffer(self, *a: Any) -> Any:
+            if not nested:
+                nested.append(1)
+                stream.flush()  # what a finalizer freeing a buffer does, before the write lands
+            return real.write_buffer(*a)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    c = _ctypes_value()
+    c.n = 4343  # bytes no earlier test uploaded
+    out = arr(np.zeros(12, np.float32), wdev)
+    monkeypatch.setattr(wdev, "queue", Reentrant())
+    k.call(1, (out, c))
+    got = out.to_numpy()
+    monkeypatch.setattr(wdev, "queue", real)
+    assert nested
+    np.testing.assert_array_equal(got, want)
+
+
 def test_scalars_in_a_uniform_block(wdev: Any, stream: Any) -> None:
     k = plan("saxpy", wdev)
     x = arr(np.arange(300, dtype=np.float32), wdev)
