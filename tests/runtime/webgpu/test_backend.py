@@ -245,15 +245,25 @@ def test_ordering_upload_dispatch_upload_dispatch(wdev: Any, stream: Any) -> Non
 
 
 def test_batching_1000_dispatches_one_submit(wdev: Any, stream: Any) -> None:
+    import gc
+
     k = plan("saxpy", wdev)
     stream.batch = 1000
     x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
-    s0 = stream.submits
-    for _ in range(999):
+    # earlier tests' arrays freed by a collection during the loop would flush (freeing memory does):
+    # collected first, and no collection while the batch fills
+    gc.collect()
+    stream.flush()
+    gc.disable()
+    try:
+        s0 = stream.submits
+        for _ in range(999):
+            k.call(64, (y, x, 1.0, 64))
+        assert stream.submits == s0 and stream.pending == 999
         k.call(64, (y, x, 1.0, 64))
-    assert stream.submits == s0 and stream.pending == 999
-    k.call(64, (y, x, 1.0, 64))
-    assert stream.submits == s0 + 1 and stream.pending == 0
+        assert stream.submits == s0 + 1 and stream.pending == 0
+    finally:
+        gc.enable()
     np.testing.assert_array_equal(y.to_numpy(), np.full(64, 1000, np.float32))
 
 
