@@ -119,6 +119,24 @@ def test_uniform_struct_from_ctypes_bytes_numpy_and_dict(wdev: Any, stream: Any)
         np.testing.assert_array_equal(out.to_numpy(), want, err_msg=type(value).__name__)
 
 
+class _FirstWrite:
+    """A stand-in for the device's queue: its first ``write_buffer`` runs ``action`` first (which
+    may raise, as wgpu-py reporting an earlier error does, or flush, as a finalizer does); every
+    other call goes to the real queue."""
+
+    def __init__(self, real: Any, action: Any) -> None:
+        self.real, self.action, self.done = real, action, False
+
+    def write_buffer(self, *a: Any) -> Any:
+        if not self.done:
+            self.done = True
+            self.action()
+        return self.real.write_buffer(*a)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
 def test_a_uniform_write_that_raises_is_written_at_the_next_submit(wdev: Any, stream: Any,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """wgpu-py reports an earlier error of the device at its next call, which can be the uniform
@@ -133,23 +151,14 @@ def test_a_uniform_write_that_raises_is_written_at_the_next_submit(wdev: Any, st
 
     real = wdev.queue
 
-    class Once:
-        failed = False
-
-        def write_buffer(self, *a: Any) -> Any:
-            if not Once.failed:
-                Once.failed = True
-                raise RuntimeError("an earlier validation error")
-            return real.write_buffer(*a)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
+    def fail() -> None:
+        raise RuntimeError("an earlier validation error")
 
     c = _ctypes_value()
     c.n = 4242  # bytes no earlier test uploaded
     want[9] = 4242
     out = arr(np.zeros(12, np.float32), wdev)
-    monkeypatch.setattr(wdev, "queue", Once())
+    monkeypatch.setattr(wdev, "queue", _FirstWrite(real, fail))
     k.call(1, (out, c))
     with pytest.raises(WebGpuError, match="writing uniforms"):
         stream.flush()
@@ -168,26 +177,16 @@ def test_a_flush_inside_the_uniform_write_still_writes_before_it_submits(wdev: A
     k = plan("params_struct", wdev)
     want = np.array([1.5, -7, 1, 2, 3, 4, 5, 6, 7, 4343, 8, 9], np.float32)
     real = wdev.queue
-    nested: list[int] = []
-
-    class Reentrant:
-        def write_buffer(self, *a: Any) -> Any:
-            if not nested:
-                nested.append(1)
-                stream.flush()  # what a finalizer freeing a buffer does, before the write lands
-            return real.write_buffer(*a)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
-
+    # what a finalizer freeing a buffer does inside the write, before the write lands
+    queue = _FirstWrite(real, stream.flush)
     c = _ctypes_value()
     c.n = 4343  # bytes no earlier test uploaded
     out = arr(np.zeros(12, np.float32), wdev)
-    monkeypatch.setattr(wdev, "queue", Reentrant())
+    monkeypatch.setattr(wdev, "queue", queue)
     k.call(1, (out, c))
     got = out.to_numpy()
     monkeypatch.setattr(wdev, "queue", real)
-    assert nested
+    assert queue.done
     np.testing.assert_array_equal(got, want)
 
 
