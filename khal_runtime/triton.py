@@ -179,10 +179,11 @@ def _stream_of(stream: Any) -> Stream:
 def _extras(facts: Any) -> tuple[int, int, int] | None:
     """What a Triton entry's launch needs beyond a plain one: (CTAs per program, global and profile
     scratch bytes per CTA), or None when it needs neither clusters nor scratch."""
-    g, p = facts.global_scratch, facts.profile_scratch
-    if facts.num_ctas is None and g is None and p is None:
+    g, p = getattr(facts, "global_scratch", None), getattr(facts, "profile_scratch", None)
+    ctas = getattr(facts, "num_ctas", None)
+    if ctas is None and g is None and p is None:
         return None
-    return (facts.ctas, g.size if g is not None else 0, p.size if p is not None else 0)
+    return (ctas or 1, g.size if g is not None else 0, p.size if p is not None else 0)
 
 
 #: a dtype key no accepted set holds (a tensor off the GPU, a freed buffer): the fast call goes slow
