@@ -1211,3 +1211,51 @@ def test_a_captured_scratch_launch_takes_the_streams_buffer_for_its_graph_and_re
     graph.update(lambda: desc[(2, 2)](x, y, out, 64, 64, stream=st))  # a re-capture: the graph's own buffer
     assert _pointers(fake.launches[-1])[5] == warm and len(_allocs(fake)) == before
     assert graph.scratch_bytes >= 4 * 384
+
+
+def _triton_entry(name: str, attributes: Any) -> Any:
+    """A Triton entry (``x: *fp32, n: i32``) with launch attributes, hashed as a build hashes it."""
+    from khal_runtime import abi
+    from khal_runtime.manifest import Entry, Param, TritonFacts
+    from tests.helpers.fakecuda import CONTENT
+
+    facts = TritonFacts(kernel="k", family=name, num_warps=4, num_stages=3, shared=0, names=("x", "n"),
+                        types=("*fp32", "i32"), cache_key="ck", triton_version="3.6.0")
+    u64 = {"kind": "scalar", "element_type": "uint64", "element_size": 8, "element_align": 8}
+    params = (Param(name="x", **u64), Param(name="n", kind="scalar", element_type="int32", element_size=4,
+                                            element_align=4),
+              Param(name="khal_global_scratch", **u64), Param(name="khal_profile_scratch", **u64))
+    sig = abi.entry_signature(name, (128, 1, 1), params, grid_dims=3, attributes=attributes, triton=facts.record())
+    h = abi.entry_hash(CONTENT, sig)
+    return Entry(name=name, symbol=abi.symbol_for(name, h), hash=h, block_size=(128, 1, 1), params=params,
+                 grid_dims=3, attributes=attributes, triton=facts)
+
+
+def test_tritons_pdl_and_cooperative_metadata_reach_every_launch_of_the_family(
+        fake: FakeDriver, tmp_path: Path) -> None:  # noqa: F811
+    """``launch_pdl`` / ``launch_cooperative_grid`` (the entry's attributes, from Triton's metadata)
+    are on each launch's cuLaunchKernelEx, whichever path launches it: checked, generated, remembered,
+    bound, captured."""
+    from khal_runtime.manifest import LaunchAttributes
+    from tests.helpers.fakecuda import fake_kernels
+
+    entries = [_triton_entry("pdl", LaunchAttributes(pdl=True)),
+               _triton_entry("coop", LaunchAttributes(cooperative=True)),
+               _triton_entry("plain", None)]
+    ks = fake_kernels(fake, tmp_path, entries, language="triton")
+    want = {"pdl": [("CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION", 1)],
+            "coop": [("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", 1)], "plain": []}
+    for name, attrs in want.items():
+        k = getattr(ks, name)
+        assert isinstance(k, TritonKernel)
+        n = len(fake.launches)
+        for _ in range(3):
+            k[(4,)](0x1000, 64)
+        k.bind(0x1000, 64)(2)
+        st = k.variants[0]._stream(None)
+        with st.capture():
+            k[(4,)](0x1000, 64)
+        got = fake.launches[n:]
+        assert len(got) == 5 and all(la["attrs"] == attrs for la in got), (name, [la["attrs"] for la in got])
+        assert all(la["f"] == f"FUNC:{k.entry.symbol}" for la in got)
+    assert fake.occupancy_calls  # the cooperative grid checked against what can be co-resident
