@@ -20,7 +20,10 @@ saying to run the step once before capturing (the warm-up grows the buffer). Re-
 (:meth:`Graph.update`, ``rebind``) reuses the scratch the graph held: replays of one graph never
 overlap. The beginning and the end of a capture of the runtime empty every launch memo
 (:func:`khal_runtime.memo.bump_epoch`) and change :data:`GENERATION`, which bound launches check,
-so that no launch inside a capture reuses an eager launch's pointer, nor the other way round.
+so that no launch inside a capture reuses an eager launch's pointer; a launch whose pointers are a
+capture's is never remembered (:func:`pointers` says so), so that no eager launch reuses those. A
+remembered or bound launch made before another library's capture and repeated inside it is not seen
+(the runtime sees only its own captures begin): it passes the stream's eager buffer.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from khal_runtime.device import Device
 from khal_runtime.errors import CaptureError
 from khal_runtime.memo import bump_epoch
 
-__all__ = ["GENERATION", "held", "pointer", "release"]
+__all__ = ["GENERATION", "held", "pointer", "pointers", "release"]
 
 #: sizes are rounded up to this (cuMemAlloc aligns every allocation to at least 256 bytes, more
 #: than any scratch alignment a manifest may record)
@@ -71,14 +74,27 @@ def _round(nbytes: int) -> int:
     return (nbytes + GRAIN - 1) // GRAIN * GRAIN
 
 
-def pointer(st: Any, nbytes: int, what: str) -> int:
+def pointers(st: Any, global_bytes: int, profile_bytes: int, what: str) -> tuple[int, int, bool]:
+    """The two scratch pointers of a launch on stream ``st`` (:func:`pointer` each), and whether
+    the stream is capturing: a launch whose pointers are a capture's must not be remembered for
+    eager launches (the runtime does not see another library's capture end)."""
+    if not global_bytes and not profile_bytes:
+        return 0, 0, False
+    if st.is_capturing():
+        key = (st.device_id, st.handle)
+        return (_captured(st, key, global_bytes, what) if global_bytes else 0,
+                _captured(st, key, profile_bytes, what) if profile_bytes else 0, True)
+    return pointer(st, global_bytes, what, False), pointer(st, profile_bytes, what, False), False
+
+
+def pointer(st: Any, nbytes: int, what: str, check_capture: bool = True) -> int:
     """A device pointer to at least ``nbytes`` of scratch memory for a launch on stream ``st``
     (a :class:`~khal_runtime.device.Stream`), 256-byte aligned; 0 when ``nbytes`` is 0. ``what``
-    names the launch in errors."""
+    names the launch in errors; ``check_capture``: False when the caller knows ``st`` is not capturing."""
     if not nbytes:
         return 0
     key = (st.device_id, st.handle)
-    if st.is_capturing():
+    if check_capture and st.is_capturing():
         return _captured(st, key, nbytes, what)
     got = _pools.get(key)
     if got is not None and got[1] >= nbytes:

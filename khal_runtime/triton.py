@@ -594,9 +594,8 @@ class TritonKernel:
         st = _stream_of(stream)
         values = list(values)
         programs = gx * gy * gz * ctas
-        what = f"{self.name} ({k.entry.name})"
-        values[-2] = scratch.pointer(st, programs * gsize, what)
-        values[-1] = scratch.pointer(st, programs * psize, what)
+        values[-2], values[-1], _ = scratch.pointers(st, programs * gsize, programs * psize,
+                                                     f"{self.name} ({k.entry.name})")
         k.launch((gx * ctas, gy, gz), None, *values, stream=st, shared_mem=shmem)
 
     def _learn(self, bits: Any, chosen: tuple[Any, int, Any, tuple[int, ...] | None], args: tuple[Any, ...]) -> None:
@@ -764,10 +763,11 @@ class TritonKernel:
               "    if not 0 < gx <= 2147483647:", f"        {slow}"]
         tail = "0, 0"
         if any(ex is not None for ex in self._extras):  # clusters / scratch memory (:meth:`_launch_variant`)
+            # a launch whose scratch is a capture's (scap) is not remembered: an eager repeat must not reuse it
             L += ["    ex = EXTRAS[which]", "    if ex is not None:", "        ctas, gs, ps = ex",
                   "        progs = gx * gy * gz * ctas",
-                  "        s0 = scratch_ptr(st, progs * gs, NAME) if gs else 0",
-                  "        s1 = scratch_ptr(st, progs * ps, NAME) if ps else 0",
+                  "        s0, s1, scap = scratch_ptrs(st, progs * gs, progs * ps, NAME)",
+                  "        if scap:", "            grid_memo = NOMEMO",
                   "        gx = gx * ctas", "        if gx > 2147483647:", f"            {slow}",
                   "    else:", "        s0 = s1 = 0"]
             tail = "s0, s1"
@@ -810,7 +810,7 @@ class TritonKernel:
                               "hooks": hooks, "prepare": _prepare, "failed": _failed, "EPOCH": EPOCH,
                               "NOMEMO": NOMEMO, "EMPTY": self._empty, "TORCH": _torch_reader,
                               "STABLE": STABLE_ARRAY_TYPES,
-                              "FIXED": self._fixed, "EXTRAS": self._extras, "scratch_ptr": scratch.pointer,
+                              "FIXED": self._fixed, "EXTRAS": self._extras, "scratch_ptrs": scratch.pointers,
                               "NAME": self.name}
         for i in self._pointers:
             ns[f"R{i}"], ns[f"D{i}"] = self._readers[i], self._dtypes[i]
@@ -906,9 +906,10 @@ class _TritonBoundExtras(TritonBound):
     """A bound launch of a variant with clusters or scratch memory (:func:`_extras`): ``num_ctas``
     blocks per program, and the arguments bound again whenever the grid needs a scratch pointer
     other than the one packed (more memory than the stream's buffer held, a capture began or
-    ended: :data:`khal_runtime.scratch.GENERATION`)."""
+    ended: :data:`khal_runtime.scratch.GENERATION`; after a launch into a capture, the next one
+    looks again)."""
 
-    __slots__ = ("_values", "_stream", "_ctas", "_sizes", "_packed")
+    __slots__ = ("_values", "_stream", "_ctas", "_sizes", "_packed", "_gen")
 
     def __init__(self, family: TritonKernel, variant: Any, values: list[Any], stream: Any) -> None:
         super().__init__(family, variant, None)
@@ -916,31 +917,32 @@ class _TritonBoundExtras(TritonBound):
         assert ex is not None
         self._ctas, self._sizes = ex[0], ex[1:]
         self._values, self._stream = list(values), stream
-        #: (generation, global pointer, profile pointer) the bound launch packed
-        self._packed: tuple[int, int, int] | None = None
+        #: the scratch pointers the bound launch packed (None: not bound yet)
+        self._packed: tuple[int, int] | None = None
+        #: the scratch generation they are good for; None: look again at the next launch
+        self._gen: int | None = None
         if not any(self._sizes):  # clusters only: bound once
             self.bound = variant.bind(*values, stream=stream)
-            self._packed = (-1, 0, 0)
+            self._packed = (0, 0)
 
     def __call__(self, grid: Any) -> None:
         last = self._last
-        packed = self._packed
-        if grid is last[0] and packed is not None and (packed[0] < 0 or packed[0] == scratch.GENERATION[0]):
+        if grid is last[0] and (not any(self._sizes) or self._gen == scratch.GENERATION[0]):
             self.bound(last[1])
             return
         g = grid(self.variant.entry.triton.constexprs) if callable(grid) else grid
         if type(g) in (tuple, list) and len(g) == 1:
             g = g[0]
         gx, gy, gz = dim3(g, f"{self.family.name}[grid]: grid")
-        if packed is None or packed[0] >= 0:
+        if any(self._sizes):
             gen = scratch.GENERATION[0]
             programs = gx * gy * gz * self._ctas
-            what = f"{self.family.name} ({self.variant.entry.name})"
-            ptrs = (scratch.pointer(self._stream, programs * self._sizes[0], what),
-                    scratch.pointer(self._stream, programs * self._sizes[1], what))
-            if packed is None or packed[1:] != ptrs:
-                self.bound = self.variant.bind(*self._values[:-2], *ptrs, stream=self._stream)
-            self._packed = (gen, *ptrs)
+            s0, s1, captured = scratch.pointers(self._stream, programs * self._sizes[0], programs * self._sizes[1],
+                                                f"{self.family.name} ({self.variant.entry.name})")
+            if self._packed != (s0, s1):
+                self.bound = self.variant.bind(*self._values[:-2], s0, s1, stream=self._stream)
+                self._packed = (s0, s1)
+            self._gen = None if captured else gen
         counts = (gx * self._ctas * self._bx, gy, gz)
         self._last = (grid, counts)
         self.bound(counts)

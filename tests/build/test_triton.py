@@ -1259,3 +1259,33 @@ def test_tritons_pdl_and_cooperative_metadata_reach_every_launch_of_the_family(
         assert len(got) == 5 and all(la["attrs"] == attrs for la in got), (name, [la["attrs"] for la in got])
         assert all(la["f"] == f"FUNC:{k.entry.symbol}" for la in got)
     assert fake.occupancy_calls  # the cooperative grid checked against what can be co-resident
+
+
+@pytest.mark.needs_triton
+def test_a_scratch_launch_in_another_librarys_capture_takes_the_streams_buffer_for_good(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    """A capture the runtime did not begin (``torch.cuda.graph``: the driver says the stream is
+    capturing): the launch takes the stream's buffer, kept for the process, and the stream's next
+    eager launch allocates a new one."""
+    from khal_runtime import scratch
+    from khal_runtime.buffers import DeviceBuffer
+    from khal_runtime.errors import CaptureError
+    from tests.helpers.fakecuda import CUstreamCaptureMode, stream
+
+    root, _ = built
+    desc = _hopper(root, fake).desc_add_fp32
+    x, y, out = (DeviceBuffer.zeros(64 * 64, np.float32) for _ in range(3))
+    theirs = stream(0x77, native="TORCH")
+    desc[(2, 2)](x, y, out, 64, 64, stream=theirs)  # the warm-up
+    warm = _pointers(fake.launches[-1])[5]
+    fake.capturing[theirs._cu] = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL  # their capture begins
+    fake.captured[theirs._cu] = []
+    desc[(2, 2)](x, y, out, 64, 64, stream=theirs)
+    desc[(2, 1)](x, y, out, 64, 64, stream=theirs)
+    assert [_pointers(la)[5] for la in fake.captured[theirs._cu]] == [warm, warm]
+    with pytest.raises(CaptureError, match="needs 24576 bytes of scratch memory"):
+        desc[(8, 8)](x, y, out, 64, 64, stream=theirs)
+    del fake.capturing[theirs._cu]  # it ends
+    assert scratch.held()["foreign"] == 4 * 384 and scratch.held()["pools"] == 0
+    desc[(2, 2)](x, y, out, 64, 64, stream=theirs)
+    assert _pointers(fake.launches[-1])[5] != warm and scratch.held()["pools"] == 4 * 384
