@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from khal_runtime.errors import CaptureError
 
-__all__ = ["add_foreign_probe", "capturing", "current_capture", "defer", "flush_deferred",
+__all__ = ["add_foreign_probe", "add_listener", "capturing", "current_capture", "defer", "flush_deferred",
            "forbid_in_capture", "pop", "push"]
 
 #: Per thread: ``captures`` = the captures this thread began (innermost last).
@@ -37,9 +37,21 @@ def _captures() -> list[Any]:
         return _state.captures  # type: ignore[no-any-return]
 
 
+#: called, with no arguments, whenever a capture of the runtime begins or ends (:func:`add_listener`)
+_listeners: list[Callable[[], None]] = []
+
+
+def add_listener(listener: Callable[[], None]) -> None:
+    """Have ``listener()`` called each time a capture of the runtime begins or ends, in the
+    capturing thread (:mod:`khal_runtime.scratch`: no launch memo crosses a capture's edge)."""
+    _listeners.append(listener)
+
+
 def push(capture: Any) -> None:
     """A capture began in this thread."""
     _captures().append(capture)
+    for listener in _listeners:
+        listener()
 
 
 def pop(capture: Any) -> None:
@@ -47,6 +59,8 @@ def pop(capture: Any) -> None:
     caps = _captures()
     if capture in caps:
         caps.remove(capture)
+        for listener in _listeners:
+            listener()
 
 
 def capturing(stream: Any = None) -> bool:

@@ -19,7 +19,8 @@ entry has no indirect variant (``indirect_reason``). Version 4 added the launch 
 compiled kernel (``launch``: the grid axes it reads, whether its ids fold the compiled block, where
 those facts come from), re-derived from the shipped PTX at load. Entries' launch attributes
 (``attributes``), crates' module globals (``globals``) and the autotune facts of Triton entries
-(``triton.config`` / ``autotune_key`` / ``choose``) are optional fields of version 4: a manifest
+(``triton.config`` / ``autotune_key`` / ``choose``), their clusters and scratch memory
+(``triton.num_ctas`` / ``global_scratch`` / ``profile_scratch``) are optional fields of version 4: a manifest
 without them reads (and hashes) as before, and an older runtime refuses one with them (unknown field).
 """
 
@@ -63,6 +64,7 @@ __all__ = [
     "StructField",
     "StructLayout",
     "Toolchain",
+    "TritonScratch",
     "WebGpuTarget",
     "load_manifest",
     "package_path",
@@ -377,8 +379,24 @@ class LaunchAttributes(_Model):
         return ", ".join(parts)
 
 
-#: TritonFacts' fields of autotuned entries, hashed only when set
-_TRITON_AUTOTUNE_FIELDS = ("config", "autotune_key", "choose")
+#: TritonFacts' optional fields (autotuned entries; clusters and scratch memory), hashed only when set
+_TRITON_OPTIONAL_FIELDS = ("config", "autotune_key", "choose", "num_ctas", "global_scratch", "profile_scratch")
+
+
+class TritonScratch(_Model):
+    """Scratch memory a Triton kernel needs per program (``metadata.global_scratch_size`` /
+    ``_align``, or ``profile_scratch_*``; the largest over the crate's targets): the launch passes a
+    pointer to ``programs x num_ctas x size`` bytes aligned to ``align``."""
+
+    size: int = Field(ge=1, le=1 << 30)
+    align: int = Field(default=1, ge=1, le=256)
+
+    @field_validator("align")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError(f"scratch alignment {v} is not a power of two")
+        return v
 
 
 class TritonFacts(_Model):
@@ -420,12 +438,26 @@ class TritonFacts(_Model):
     autotune_key: tuple[str, ...] = ()
     #: the author's rule (the instance's option ``choose``): the config to launch, no timing
     choose: Optional[int] = Field(default=None, ge=0)
+    #: CTAs per program (the instance's ``num_ctas``), above 1: each program is a thread-block
+    #: cluster of ``num_ctas`` blocks along x (``attributes.cluster_dims``, compiled in as
+    #: ``.reqnctapercluster``); a launch of ``gx`` programs launches ``gx * num_ctas`` blocks.
+    #: None: 1
+    num_ctas: Optional[int] = Field(default=None, ge=2, le=16)
+    #: the global scratch memory the kernel needs (None: none; its parameter is passed null)
+    global_scratch: Optional[TritonScratch] = None
+    #: the profile scratch memory the kernel needs (Triton's instrumentation; None: none)
+    profile_scratch: Optional[TritonScratch] = None
+
+    @property
+    def ctas(self) -> int:
+        """CTAs (blocks) per program."""
+        return self.num_ctas or 1
 
     def record(self) -> dict[str, Any]:
-        """What the entry hash covers: every field; the autotune ones only when set, so that an
+        """What the entry hash covers: every field; the optional ones only when set, so that an
         entry built before they existed hashes as it did."""
         out = self.model_dump(mode="json")
-        for name in _TRITON_AUTOTUNE_FIELDS:
+        for name in _TRITON_OPTIONAL_FIELDS:
             if out[name] in (None, []):
                 del out[name]
         return out
@@ -520,6 +552,11 @@ class Entry(_Model):
         if tf is not None and tf.shared > abi.DEFAULT_DYNAMIC_SHARED and (a is None or a.max_dynamic_shared != tf.shared):
             raise ValueError(f"entry {self.name!r}: a Triton instance with {tf.shared} bytes of dynamic shared memory "
                              "records them as its attributes' max_dynamic_shared (opted in at load)")
+        if tf is not None and (a.cluster_dims if a is not None else None) != \
+                ((tf.num_ctas, 1, 1) if tf.num_ctas else None):
+            raise ValueError(f"entry {self.name!r}: a Triton instance of {tf.ctas} CTA(s) per program records "
+                             f"{'cluster dims (' + str(tf.num_ctas) + ', 1, 1)' if tf.num_ctas else 'no cluster dims'} "
+                             "as its attributes' cluster_dims")
         if a is not None and (a.cooperative or a.cluster_dims) and self.indirect_symbol is not None:
             raise ValueError(f"entry {self.name!r}: a cooperative or clustered entry has no indirect variant")
         if self.fixed_block and self.launch_bounds is not None:

@@ -21,8 +21,11 @@ conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKerne
   :class:`~khal_runtime.errors.TritonAssumptionError` naming the argument and the assumption.
 * The first call of each combination of assumption bits, pointer types and dtypes goes through
   khal's explicit launch of the entry (:meth:`khal_runtime.kernels.Kernel.launch`, every check):
-  block ``num_warps * 32``, the instance's dynamic shared memory, the two scratch pointers null (an
-  instance needing scratch memory is refused at build for now). After it, ``launch`` is Python
+  block ``num_warps * 32``, the instance's dynamic shared memory, the two scratch pointers null
+  unless the instance needs scratch memory (then pointers to the stream's scratch buffer for the
+  grid's programs, :mod:`khal_runtime.scratch`), ``num_ctas`` blocks per program (a cluster,
+  compiled in) when above 1 (:meth:`TritonKernel._launch_variant`; the fast call does the same
+  inline). After it, ``launch`` is Python
   generated for the family (:meth:`TritonKernel._generate`, ``k.source``), two paths:
 
   1. a repeat: the same argument objects (``is``), the same grid object (an int or a tuple; a
@@ -50,7 +53,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from khal_runtime import abi, capture_state
+from khal_runtime import abi, capture_state, scratch
 from khal_runtime.arguments import dim3
 from khal_runtime.buffers import FREED, DeviceBuffer
 from khal_runtime.device import Stream, _tls, as_stream, default_stream, ready_stream
@@ -161,6 +164,26 @@ def _scalar_kind(element_type: str | None) -> str:
         return "other"
     family = abi.SCALARS[element_type].family
     return "int" if family in ("int", "uint") else "float" if family == "float" else "other"
+
+
+def _stream_of(stream: Any) -> Stream:
+    """``stream=`` of a launch as a Stream (as :meth:`khal_runtime.kernels.Kernel.launch` reads it)."""
+    if type(stream) is Stream:
+        return stream
+    if stream is None:
+        st: Stream | None = _tls.__dict__.get("stream")
+        return st if st is not None else default_stream()
+    return as_stream(stream)
+
+
+def _extras(facts: Any) -> tuple[int, int, int] | None:
+    """What a Triton entry's launch needs beyond a plain one: (CTAs per program, global and profile
+    scratch bytes per CTA), or None when it needs neither clusters nor scratch."""
+    g, p = getattr(facts, "global_scratch", None), getattr(facts, "profile_scratch", None)
+    ctas = getattr(facts, "num_ctas", None)
+    if ctas is None and g is None and p is None:
+        return None
+    return (ctas or 1, g.size if g is not None else 0, p.size if p is not None else 0)
 
 
 #: a dtype key no accepted set holds (a tensor off the GPU, a freed buffer): the fast call goes slow
@@ -276,6 +299,8 @@ class TritonKernel:
         self._key_len = n + 2 + len(self._pointers) + 2 + 8 + 1
         self._empty = (NOMEMO,) * self._key_len
         self._tls = threading.local()
+        #: per variant, its clusters and scratch (:func:`_extras`), None for a plain launch
+        self._extras = tuple(_extras(k.entry.triton) for k in self.variants)
         #: the backends of the DeviceBuffers seen accepted (CUDA's): the fast call reads those inline
         self._backends: set[Any] = set()
         #: pointer types whose address never moves (DeviceBuffer views, CuPy arrays): the memo keeps them
@@ -426,7 +451,10 @@ class TritonKernel:
             if type(g) in (tuple, list) and len(g) == 1:
                 g = g[0]
             vals = values if keep is None else [values[i] for i in keep]
-            runs.append((c, functools.partial(launch, g, None, *vals, stream=st, shared_mem=shmem)))
+            if _extras(k.entry.triton) is not None:
+                runs.append((c, functools.partial(self._launch_variant, k, g, vals, st, shmem)))
+            else:
+                runs.append((c, functools.partial(launch, g, None, *vals, stream=st, shared_mem=shmem)))
         if timer is None:  # a backend that times nothing: the first config, as a rule would
             return runs[0][0]
         refused: list[KhalError] = []
@@ -547,9 +575,28 @@ class TritonKernel:
         keep = chosen[3]
         if keep is not None:
             values = [values[i] for i in keep]
-        chosen[0](grid, None, *values, stream=stream, shared_mem=chosen[1])
+        if _extras(chosen[2].entry.triton) is not None:
+            self._launch_variant(chosen[2], grid, values, stream, chosen[1])
+        else:
+            chosen[0](grid, None, *values, stream=stream, shared_mem=chosen[1])
         if self._fast is not None:
             self._learn(key, chosen, args)
+
+    def _launch_variant(self, k: Any, grid: Any, values: list[Any], stream: Any, shmem: int) -> None:
+        """Launch variant ``k`` (an entry with clusters or scratch memory, :func:`_extras`) over
+        ``grid`` programs through its Kernel's launch: ``num_ctas`` blocks per program along x, and
+        the scratch pointers (the last two of ``values``) to the stream's scratch memory for that
+        many programs (:func:`khal_runtime.scratch.pointer`)."""
+        ex = _extras(k.entry.triton)
+        assert ex is not None
+        ctas, gsize, psize = ex
+        gx, gy, gz = dim3(grid, f"{self.name}[grid]: grid")
+        st = _stream_of(stream)
+        values = list(values)
+        programs = gx * gy * gz * ctas
+        values[-2], values[-1], _ = scratch.pointers(st, programs * gsize, programs * psize,
+                                                     f"{self.name} ({k.entry.name})")
+        k.launch((gx * ctas, gy, gz), None, *values, stream=st, shared_mem=shmem)
 
     def _learn(self, bits: Any, chosen: tuple[Any, int, Any, tuple[int, ...] | None], args: tuple[Any, ...]) -> None:
         """After a launch the slow path checked: let the fast call take these pointer types and
@@ -714,10 +761,20 @@ class TritonKernel:
               "        else:", f"            {slow}", "    else:", "        gx = g", "        gy = gz = 1",
               "        grid_memo = grid",
               "    if not 0 < gx <= 2147483647:", f"        {slow}"]
+        tail = "0, 0"
+        if any(ex is not None for ex in self._extras):  # clusters / scratch memory (:meth:`_launch_variant`)
+            # a launch whose scratch is a capture's (scap) is not remembered: an eager repeat must not reuse it
+            L += ["    ex = EXTRAS[which]", "    if ex is not None:", "        ctas, gs, ps = ex",
+                  "        progs = gx * gy * gz * ctas",
+                  "        s0, s1, scap = scratch_ptrs(st, progs * gs, progs * ps, NAME)",
+                  "        if scap:", "            grid_memo = NOMEMO",
+                  "        gx = gx * ctas", "        if gx > 2147483647:", f"            {slow}",
+                  "    else:", "        s0 = s1 = 0"]
+            tail = "s0, s1"
         packs = []
         for k in self.variants:
             ones = set(k.entry.triton.ones)
-            packs.append("".join(f"v{i}, " for i in range(n) if self.arg_names[i] not in ones) + "0, 0")
+            packs.append("".join(f"v{i}, " for i in range(n) if self.arg_names[i] not in ones) + tail)
         if len(set(packs)) == 1:  # every variant takes the same values (no "== 1" assumption)
             L += [f"    vals = ({packs[0]})"]
         else:
@@ -753,7 +810,8 @@ class TritonKernel:
                               "hooks": hooks, "prepare": _prepare, "failed": _failed, "EPOCH": EPOCH,
                               "NOMEMO": NOMEMO, "EMPTY": self._empty, "TORCH": _torch_reader,
                               "STABLE": STABLE_ARRAY_TYPES,
-                              "FIXED": self._fixed}
+                              "FIXED": self._fixed, "EXTRAS": self._extras, "scratch_ptrs": scratch.pointers,
+                              "NAME": self.name}
         for i in self._pointers:
             ns[f"R{i}"], ns[f"D{i}"] = self._readers[i], self._dtypes[i]
         self.source = "\n".join(L) + "\n"
@@ -784,6 +842,8 @@ class TritonKernel:
         if keep is not None:
             values = [values[i] for i in keep]
         k = chosen[2]
+        if _extras(k.entry.triton) is not None:
+            return _TritonBoundExtras(self, k, values, _stream_of(stream))
         return TritonBound(self, k, k.bind(*values, stream=stream))
 
     def chosen(self, *args: Any) -> str:
@@ -838,5 +898,51 @@ class TritonBound:
             g = g[0]
         gx, gy, gz = dim3(g, f"{self.family.name}[grid]: grid")
         counts = (gx * self._bx, gy, gz)
+        self._last = (grid, counts)
+        self.bound(counts)
+
+
+class _TritonBoundExtras(TritonBound):
+    """A bound launch of a variant with clusters or scratch memory (:func:`_extras`): ``num_ctas``
+    blocks per program, and the arguments bound again whenever the grid needs a scratch pointer
+    other than the one packed (more memory than the stream's buffer held, a capture began or
+    ended: :data:`khal_runtime.scratch.GENERATION`; after a launch into a capture, the next one
+    looks again)."""
+
+    __slots__ = ("_values", "_stream", "_ctas", "_sizes", "_packed", "_gen")
+
+    def __init__(self, family: TritonKernel, variant: Any, values: list[Any], stream: Any) -> None:
+        super().__init__(family, variant, None)
+        ex = _extras(variant.entry.triton)
+        assert ex is not None
+        self._ctas, self._sizes = ex[0], ex[1:]
+        self._values, self._stream = list(values), stream
+        #: the scratch pointers the bound launch packed (None: not bound yet)
+        self._packed: tuple[int, int] | None = None
+        #: the scratch generation they are good for; None: look again at the next launch
+        self._gen: int | None = None
+        if not any(self._sizes):  # clusters only: bound once
+            self.bound = variant.bind(*values, stream=stream)
+            self._packed = (0, 0)
+
+    def __call__(self, grid: Any) -> None:
+        last = self._last
+        if grid is last[0] and (not any(self._sizes) or self._gen == scratch.GENERATION[0]):
+            self.bound(last[1])
+            return
+        g = grid(self.variant.entry.triton.constexprs) if callable(grid) else grid
+        if type(g) in (tuple, list) and len(g) == 1:
+            g = g[0]
+        gx, gy, gz = dim3(g, f"{self.family.name}[grid]: grid")
+        if any(self._sizes):
+            gen = scratch.GENERATION[0]
+            programs = gx * gy * gz * self._ctas
+            s0, s1, captured = scratch.pointers(self._stream, programs * self._sizes[0], programs * self._sizes[1],
+                                                f"{self.family.name} ({self.variant.entry.name})")
+            if self._packed != (s0, s1):
+                self.bound = self.variant.bind(*self._values[:-2], s0, s1, stream=self._stream)
+                self._packed = (s0, s1)
+            self._gen = None if captured else gen
+        counts = (gx * self._ctas * self._bx, gy, gz)
         self._last = (grid, counts)
         self.bound(counts)

@@ -11,6 +11,7 @@ kernel's argument order::
     matrix = { T = ["fp32", "fp16"] }      # one instance per combination
     num_warps = 4
     num_stages = 3
+    num_ctas = 1                           # optional, sm_90+: each program a cluster of this many CTAs
 
 A value is a type (``*fp32``: a pointer to fp32; ``i32``; ``:16`` after it: the binary may assume
 the pointer 16-byte aligned, the integer divisible by 16; ``:1`` after an integer: the binary
@@ -44,7 +45,8 @@ POINTEE_TYPES = {**SCALAR_TYPES, "fp8e4nv": "uint8", "fp8e5": "uint8"}
 #: scalar kernel arguments passed by value (Triton's by-value types)
 BY_VALUE = {"i1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "fp16", "bf16", "fp32", "fp64"}
 _TYPE = re.compile(r"^(\*?)([a-z0-9]+)(?::(\d+))?$")
-_KEYS = {"kernel", "name", "signature", "matrix", "num_warps", "num_stages", "fallback", "autotune", "choose"}
+_KEYS = {"kernel", "name", "signature", "matrix", "num_warps", "num_stages", "num_ctas", "fallback", "autotune",
+         "choose"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -85,6 +87,8 @@ class TritonInstance:
     autotune: bool = False
     #: the author's rule for the config (option ``choose``): its index; None: timed on first use per key
     choose: int | None = None
+    #: CTAs per program (option ``num_ctas``, sm_90+): each program a thread-block cluster of that many
+    num_ctas: int = 1
 
     @property
     def runtime_args(self) -> tuple[TritonArg, ...]:
@@ -117,6 +121,8 @@ class TritonInstance:
         if self.autotune:
             out["autotune"] = True
             out["choose"] = self.choose
+        if self.num_ctas != 1:
+            out["num_ctas"] = self.num_ctas
         return out
 
 
@@ -244,6 +250,10 @@ def parse_instances(crate: str, raw: Any) -> list[TritonInstance]:
             raise ConfigError(f"{where}: option 'fallback' must be true or false (got {fallback!r})")
         warps = _positive(where, "num_warps", table.get("num_warps"), 4, True)
         stages = _positive(where, "num_stages", table.get("num_stages"), 3, False)
+        ctas = table.get("num_ctas", 1)
+        if isinstance(ctas, bool) or not isinstance(ctas, int) or ctas not in (1, 2, 4, 8):
+            raise ConfigError(f"{where}: option 'num_ctas' is {ctas!r}, not 1, 2, 4 or 8 (the CTAs of a program's "
+                              "thread-block cluster, sm_90+; 16 is not portable)")
         autotune = table.get("autotune", False)
         if not isinstance(autotune, bool):
             raise ConfigError(f"{where}: option 'autotune' must be true or false (got {autotune!r})")
@@ -273,10 +283,10 @@ def parse_instances(crate: str, raw: Any) -> list[TritonInstance]:
                                       "instances distinct names (option 'name', with {KEY} from the matrix)")
                 seen[name_] = here
             inst = TritonInstance(name, kernel, tuple(args), warps, stages, family=name, autotune=autotune,
-                                  choose=choose)
+                                  choose=choose, num_ctas=ctas)
             out.append(inst)
             if fallback and any(a.divisible or a.one for a in args):
                 plain = tuple(TritonArg(a.name, a.type, a.value) for a in args)
                 out.append(TritonInstance(f"{name}__base", kernel, plain, warps, stages, family=name, base=True,
-                                          autotune=autotune, choose=choose))
+                                          autotune=autotune, choose=choose, num_ctas=ctas))
     return out

@@ -16,9 +16,12 @@
 
 An instance's launch attributes come from Triton's metadata (:func:`launch_attributes`): dynamic
 shared memory above 48 KB (``Entry.attributes.max_dynamic_shared``: the loader opts the function in
-once), ``launch_pdl`` (``pdl``) and ``launch_cooperative_grid`` (``cooperative``). Refused at build
-(each names the instance and what is missing): ``num_ctas > 1`` (a cluster dimension given at
-launch) and a kernel that needs global or profile scratch memory.
+once), ``launch_pdl`` (``pdl``), ``launch_cooperative_grid`` (``cooperative``) and ``num_ctas > 1``
+(``cluster_dims = (num_ctas, 1, 1)``: Triton compiles the cluster in, ``.reqnctapercluster``, and a
+launch of ``gx`` programs is ``gx * num_ctas`` blocks). The scratch memory a kernel needs per program
+(``global_scratch_size`` / ``_align``, ``profile_scratch_*``; on sm_90 a device-side tensor descriptor,
+``tl.make_tensor_descriptor``, needs global scratch) goes into its :class:`TritonFacts`, the largest
+over the targets; the runtime allocates it (:mod:`khal_runtime.scratch`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from khal_runtime import abi
-from khal_runtime.manifest import Entry, LaunchAttributes, Param, SpirvStatus, TritonFacts
+from khal_runtime.manifest import Entry, LaunchAttributes, Param, SpirvStatus, TritonFacts, TritonScratch
 
 from hatch_khal import _worker
 from hatch_khal.compilers import binary_mismatch
@@ -65,8 +68,9 @@ __all__ = ["PTXAS", "TRITON", "TRITON_REQUIREMENT", "TRITON_VERSION", "TritonFro
 #: the PTX ISA of a Triton crate's PTX fallback: 8.0 (CUDA 12.0 drivers JIT it; Triton would
 #: write its ptxas' newest, 8.7 for 3.6, which the H200's CUDA 13.0 driver does not JIT)
 PTX_FALLBACK_VERSION = 80
-#: the worker's answer as the cache holds it: 2 records the release of the ptxas Triton used per target
-STAGE_FORMAT = 2
+#: the worker's answer as the cache holds it: 2 records the release of the ptxas Triton used per target,
+#: 3 the scratch alignments
+STAGE_FORMAT = 3
 NOT_APPLICABLE = SpirvStatus(status="not_applicable", reason="Triton source")
 #: the two trailing parameters every Triton kernel takes
 SCRATCH_PARAMS = ("khal_global_scratch", "khal_profile_scratch")
@@ -243,15 +247,17 @@ def _targets(cfg: ResolvedCrate) -> dict[str, tuple[int, int | None]]:
 
 def _refusal(crate: str, inst: TritonInstance, target: str, md: dict[str, Any]) -> str | None:
     where = f"crate {crate!r}: instance {inst.name!r} ({inst.kernel}) for {target}"
-    if md["num_ctas"] > 1:
-        return (f"{where} has num_ctas={md['num_ctas']}: its programs are clusters of CTAs, launched with a cluster "
-                "dimension given at launch (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), which hatch-khal does not set "
-                "(its clusters are compiled in, KHAL_CLUSTER); use num_ctas=1")
-    if md["global_scratch_size"] or md["profile_scratch_size"]:
-        return (f"{where} needs scratch memory (global {md['global_scratch_size']} B, profile "
-                f"{md['profile_scratch_size']} B per program), which Triton crates do not allocate yet")
+    if md["num_ctas"] > abi.MAX_PORTABLE_CLUSTER:
+        return (f"{where} has num_ctas={md['num_ctas']}: a cluster of more than {abi.MAX_PORTABLE_CLUSTER} CTAs is "
+                "not portable (Triton opts its functions in to non-portable sizes), which hatch-khal does not do; "
+                f"use num_ctas={abi.MAX_PORTABLE_CLUSTER} or fewer")
     if md["num_warps"] != inst.num_warps:
         return f"{where}: Triton compiled it with {md['num_warps']} warps, the instance asks for {inst.num_warps}"
+    for kind in ("global", "profile"):
+        align = int(md.get(f"{kind}_scratch_align", 1))
+        if md[f"{kind}_scratch_size"] and (align > 256 or align & (align - 1)):
+            return (f"{where} needs {kind} scratch memory aligned to {align} bytes; the runtime's allocations are "
+                    "aligned to 256 bytes, and hatch-khal takes a power of two up to that")
     return None
 
 
@@ -259,14 +265,26 @@ def launch_attributes(mds: list[dict[str, Any]]) -> LaunchAttributes | None:
     """The launch attributes of an instance from Triton's metadata of each of its targets: its
     dynamic shared memory (the largest) as ``max_dynamic_shared`` when above 48 KB (below, every
     launch passes it with no attribute: entries hash as before), PDL and a cooperative grid when
-    any target's compile asked for them. None when it needs none."""
+    any target's compile asked for them, and a cluster of ``num_ctas`` CTAs along x (compiled in by
+    Triton: ``.reqnctapercluster``) when above 1. None when it needs none."""
     shared = max(int(md["shared"]) for md in mds)
     pdl = any(bool(md["launch_pdl"]) for md in mds)
     cooperative = any(bool(md["launch_cooperative_grid"]) for md in mds)
-    if shared <= abi.DEFAULT_DYNAMIC_SHARED and not pdl and not cooperative:
+    ctas = max(int(md.get("num_ctas", 1)) for md in mds)
+    if shared <= abi.DEFAULT_DYNAMIC_SHARED and not pdl and not cooperative and ctas == 1:
         return None
     return LaunchAttributes(max_dynamic_shared=shared if shared > abi.DEFAULT_DYNAMIC_SHARED else None,
-                            pdl=pdl, cooperative=cooperative)
+                            pdl=pdl, cooperative=cooperative, cluster_dims=(ctas, 1, 1) if ctas > 1 else None)
+
+
+def scratch_needs(mds: list[dict[str, Any]], kind: str) -> TritonScratch | None:
+    """The ``kind`` ("global" / "profile") scratch memory an instance needs per program, from
+    Triton's metadata of each of its targets (the largest size and alignment: one target may need
+    none, sm_80 lowering a tensor descriptor to plain loads), or None when no target needs any."""
+    size = max(int(md.get(f"{kind}_scratch_size", 0)) for md in mds)
+    if not size:
+        return None
+    return TritonScratch(size=size, align=max(int(md.get(f"{kind}_scratch_align", 1)) for md in mds))
 
 
 def _params(inst: TritonInstance) -> tuple[Param, ...]:
@@ -296,7 +314,8 @@ def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, An
     workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(targets)))
     instances = [{"name": i.name, "kernel": i.kernel, "signature": i.triton_signature(),
                   "constexprs": i.compile_constexprs(), "divisible": i.divisible(),
-                  "num_warps": i.num_warps, "num_stages": i.num_stages, "autotune": i.autotune,
+                  "num_warps": i.num_warps, "num_stages": i.num_stages, "num_ctas": i.num_ctas,
+                  "autotune": i.autotune,
                   "choose": i.choose} for i in plan.instances]
     env = _worker.environment()
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the author's sources
@@ -465,6 +484,8 @@ class TritonLanguage:
                     raise CompileError(f"crate {p.cfg.name!r}: Triton wrote {target} PTX for ptxas {used}, but the "
                                        f"cubins would be assembled by ptxas {ours} ({tool}): set TRITON_PTXAS_PATH "
                                        "to the one Triton should use")
+            mds = list(got["targets"].values())
+            ctas = max(int(md["num_ctas"]) for md in mds)
             facts = TritonFacts(kernel=inst.kernel, family=inst.family, base=inst.base, num_warps=inst.num_warps,
                                 num_stages=inst.num_stages,
                                 shared=max(md["shared"] for md in got["targets"].values()),
@@ -472,10 +493,13 @@ class TritonLanguage:
                                 types=tuple(a.type for a in inst.runtime_args if a.type is not None),
                                 divisible=tuple(inst.divisible()), ones=tuple(inst.ones()),
                                 constexprs=inst.constexprs(),
-                                cache_key=got["cache_key"], triton_version=answer["triton"], **tune)
+                                cache_key=got["cache_key"], triton_version=answer["triton"],
+                                num_ctas=ctas if ctas > 1 else None,
+                                global_scratch=scratch_needs(mds, "global"),
+                                profile_scratch=scratch_needs(mds, "profile"), **tune)
             params = _params(inst)
             block = (inst.num_warps * 32, 1, 1)
-            attributes = launch_attributes(list(got["targets"].values()))
+            attributes = launch_attributes(mds)
             # Triton grids have up to three axes of programs (tl.program_id(0..2))
             sig = abi.entry_signature(inst.name, block, params, grid_dims=3, attributes=attributes,
                                       triton=facts.record())

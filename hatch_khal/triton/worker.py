@@ -5,11 +5,12 @@ crate's modules are the author's code: they are never imported into the hook's p
 It reads one JSON request on stdin and writes one JSON answer on stdout:
 
 * request: ``{"files": [abs path, ...], "instances": [{"name", "kernel", "signature",
-  "constexprs", "divisible", "num_warps", "num_stages", "autotune", "choose"}], "targets":
+  "constexprs", "divisible", "num_warps", "num_stages", "num_ctas", "autotune", "choose"}], "targets":
   [[target, capability, ptx_version or null], ...]}``
 * answer: ``{"ok": true, "triton": version, "instances": [{"name", "cache_key", "deps": [file...],
   "arg_names", "targets": {target: {"ptx", "name", "shared", "num_warps", "num_ctas",
-  "global_scratch_size", "profile_scratch_size", "launch_pdl", "launch_cooperative_grid"}}}]}``,
+  "global_scratch_size", "global_scratch_align", "profile_scratch_size", "profile_scratch_align",
+  "launch_pdl", "launch_cooperative_grid"}}}]}``,
   or ``{"ok": false, "kind": error class name, "message": ...}``. An instance with ``autotune``
   answers ``"configs": [{"index", "constexprs", "num_warps", "num_stages", "num_ctas", "maxnreg",
   "targets"}, ...]`` (one per ``triton.Config`` of the kernel's ``@triton.autotune``) and
@@ -255,8 +256,9 @@ def _compile_variant(triton: Any, ast_source: Any, gpu_target: Any, targets_req:
     targets: dict[str, Any] = {}
     for target, capability, ptx_version in targets_req:
         options: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages}
-        if config.get("num_ctas", 1) != 1:
-            options["num_ctas"] = config["num_ctas"]
+        num_ctas = config.get("num_ctas", inst.get("num_ctas", 1))
+        if num_ctas != 1:
+            options["num_ctas"] = num_ctas
         if config.get("maxnreg") is not None:
             options["maxnreg"] = config["maxnreg"]
         if ptx_version is not None:
@@ -272,7 +274,9 @@ def _compile_variant(triton: Any, ast_source: Any, gpu_target: Any, targets_req:
             "ptx": compiled.asm["ptx"], "name": md.name, "shared": int(md.shared),
             "num_warps": int(md.num_warps), "num_ctas": int(md.num_ctas),
             "global_scratch_size": int(md.global_scratch_size),
+            "global_scratch_align": int(getattr(md, "global_scratch_align", 1)),
             "profile_scratch_size": int(getattr(md, "profile_scratch_size", 0)),
+            "profile_scratch_align": int(getattr(md, "profile_scratch_align", 1)),
             "launch_pdl": bool(getattr(md, "launch_pdl", False)),
             "launch_cooperative_grid": bool(getattr(md, "launch_cooperative_grid", False)),
             "ptxas": _ptxas_release(capability),

@@ -203,7 +203,8 @@ def test_the_build_makes_one_entry_per_instance_variant_named_with_its_hash(buil
     (out,) = result.packages
     m = out.manifest
     assert m.toolchain.triton_version == "3.6.0"
-    (crate,) = m.crates
+    assert sorted(c.name for c in m.crates) == ["hopper", "tutorials"]
+    crate = m.crate("tutorials")
     assert crate.language == "triton"
     names = [e.name for e in crate.entries]
     assert names == ["add_fp32", "add_fp32__base", "add_fp16", "add_fp16__base", "softmax_1024", "matmul_fp16",
@@ -242,7 +243,7 @@ def test_the_sm_90a_cubin_is_recorded_arch_specific_and_serves_sm_90_only(built:
 
     root, result = built
     (out,) = result.packages
-    (crate,) = out.manifest.crates
+    crate = out.manifest.crate("tutorials")
     cubin = next(a for a in crate.artifacts if a.kind == "cubin")
     assert cubin.path.endswith("tutorials.sm_90a.cubin")
     data = out.files[cubin.path]
@@ -430,6 +431,10 @@ def _copy(root: Path, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     return pkg, json.loads((pkg / "_khal" / "manifest.json").read_text())
 
 
+def _tutorials(m: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in m["crates"] if c["name"] == "tutorials")  # type: ignore[no-any-return]
+
+
 @pytest.mark.needs_triton
 def test_a_manifest_whose_triton_facts_were_edited_is_refused(built: tuple[Path, Any], tmp_path: Path) -> None:
     import khal_runtime
@@ -437,7 +442,7 @@ def test_a_manifest_whose_triton_facts_were_edited_is_refused(built: tuple[Path,
 
     root, _ = built
     pkg, m = _copy(root, tmp_path)
-    e = next(e for e in m["crates"][0]["entries"] if e["name"] == "softmax_1024")
+    e = next(e for e in _tutorials(m)["entries"] if e["name"] == "softmax_1024")
     e["triton"]["shared"] = 0  # a launch with too little shared memory
     (pkg / "_khal" / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ManifestError, match="entry 'softmax_1024'.*the manifest was edited after the build"):
@@ -451,7 +456,7 @@ def test_a_stale_binary_is_refused_with_a_hash_mismatch(built: tuple[Path, Any],
 
     root, _ = built
     pkg, m = _copy(root, tmp_path)
-    crate = m["crates"][0]
+    crate = _tutorials(m)
     soft = next(e for e in crate["entries"] if e["name"] == "softmax_1024")
     for art in crate["artifacts"]:
         path = pkg / art["path"]
@@ -525,20 +530,25 @@ def test_an_isolated_build_gets_triton_and_no_nvrtc_for_triton_crates(tmp_path: 
     assert TRITON_REQUIREMENT in deps and any(d.startswith("nvidia-cuda-nvrtc") for d in deps)
 
 
-def test_clusters_and_scratch_memory_are_refused_at_build_naming_what_is_missing() -> None:
+def test_clusters_and_scratch_memory_build_and_what_the_runtime_cannot_launch_is_refused() -> None:
     from hatch_khal.triton.language import _refusal
 
     (inst,) = parse_instances("k", [{"kernel": "mm", "name": "mm", "signature": {"a": "*fp16"}}])
     ok = {"shared": 1024, "num_ctas": 1, "launch_pdl": False, "launch_cooperative_grid": False,
-          "global_scratch_size": 0, "profile_scratch_size": 0, "num_warps": 4}
+          "global_scratch_size": 0, "global_scratch_align": 1, "profile_scratch_size": 0, "profile_scratch_align": 1,
+          "num_warps": 4}
     assert _refusal("k", inst, "sm_90", ok) is None
-    for fine in ({"shared": 65536}, {"launch_pdl": True}, {"launch_cooperative_grid": True}):
-        assert _refusal("k", inst, "sm_90", {**ok, **fine}) is None  # launch attributes now
-    for change, match in (({"num_ctas": 2}, r"num_ctas=2: .*CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION.*use num_ctas=1"),
-                          ({"global_scratch_size": 64}, r"needs scratch memory \(global 64 B")):
+    for fine in ({"shared": 65536}, {"launch_pdl": True}, {"launch_cooperative_grid": True}, {"num_ctas": 8},
+                 {"global_scratch_size": 384, "global_scratch_align": 128}, {"profile_scratch_size": 64}):
+        assert _refusal("k", inst, "sm_90", {**ok, **fine}) is None  # launched by the runtime now
+    for change, match in (({"num_ctas": 16}, r"num_ctas=16: a cluster of more than 8 CTAs is not portable"),
+                          ({"global_scratch_size": 64, "global_scratch_align": 512},
+                           r"global scratch memory aligned to 512 bytes")):
         why = _refusal("k", inst, "sm_90", {**ok, **change})
         assert why is not None and why.startswith("crate 'k': instance 'mm' (mm) for sm_90")
         assert re.search(match, why), why
+    with pytest.raises(ConfigError, match=r"option 'num_ctas' is 3, not 1, 2, 4 or 8"):
+        parse_instances("k", [{"kernel": "mm", "signature": {"a": "*fp16"}, "num_ctas": 3}])
 
 
 def test_tritons_metadata_becomes_the_entrys_launch_attributes_and_they_are_hashed() -> None:
@@ -1028,3 +1038,254 @@ def test_threads_remember_their_own_launches(built: tuple[Path, Any], fake: Fake
     launched = [la for la in fake.launches if la["stream"] in want]
     assert len(launched) == 600
     assert all(tuple(_pointers(la)[:4]) in want[la["stream"]] for la in launched)
+
+
+# -- scratch memory and clusters (the hopper crate: sm_90 only) ------------------------------------
+
+@pytest.mark.needs_triton
+def test_a_tensor_descriptor_kernel_records_its_scratch_and_a_num_ctas_kernel_its_cluster(
+        built: tuple[Path, Any]) -> None:
+    from khal_runtime.manifest import TritonScratch
+
+    _, result = built
+    (out,) = result.packages
+    crate = out.manifest.crate("hopper")
+    assert [(a.kind, a.arch) for a in crate.artifacts] == [("cubin", "sm_90a")]
+    desc = crate.entry("desc_add_fp32")
+    assert desc.triton is not None and desc.attributes is None
+    # Triton 3.6 on sm_90: three device-side descriptors, 128 bytes each, per program
+    assert desc.triton.global_scratch == TritonScratch(size=384, align=128) and desc.triton.profile_scratch is None
+    assert desc.triton.num_ctas is None and "global_scratch" in desc.triton.record()
+    assert [p.name for p in desc.params][-2:] == ["khal_global_scratch", "khal_profile_scratch"]
+    cl = crate.entry("add_cluster_fp32")
+    assert cl.triton is not None and cl.triton.num_ctas == 2 and cl.triton.global_scratch is None
+    assert cl.attributes is not None and cl.attributes.cluster_dims == (2, 1, 1)
+    assert cl.symbol.encode() in out.files[crate.artifacts[0].path]
+    plain = out.manifest.crate("tutorials").entry("add_fp32").triton
+    assert plain is not None and not {"num_ctas", "global_scratch", "profile_scratch"} & set(plain.record())
+
+
+@pytest.mark.needs_triton
+def test_an_edited_scratch_size_is_refused_and_a_manifest_without_the_fields_loads(
+        built: tuple[Path, Any], tmp_path: Path) -> None:
+    import khal_runtime
+    from khal_runtime.errors import ManifestError
+
+    root, _ = built
+    pkg, m = _copy(root, tmp_path)
+    hopper = next(c for c in m["crates"] if c["name"] == "hopper")
+    assert all("num_ctas" not in e["triton"] and "global_scratch" not in e["triton"] for e in _tutorials(m)["entries"])
+    desc = next(e for e in hopper["entries"] if e["name"] == "desc_add_fp32")
+    desc["triton"]["global_scratch"]["size"] = 128  # too little scratch for the kernel's descriptors
+    (pkg / "_khal" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="entry 'desc_add_fp32'.*the manifest was edited after the build"):
+        khal_runtime.load(pkg)
+
+
+def _hopper(root: Path, drv: FakeDriver) -> Any:
+    """The built package on the fake driver, its hopper crate's cubin (no PTX) declaring its layouts."""
+    from tests.helpers.fakecuda import cubin_param_layouts
+
+    pkg = root / "khal_triton_kernels"
+    cubin = next((pkg / "_khal" / "hopper").glob("*.cubin")).read_bytes()
+    drv.layouts.update({f"FUNC:{n}": lay for n, lay in cubin_param_layouts(cubin).items()})
+    return _load(root, drv)
+
+
+def _allocs(drv: FakeDriver) -> list[int]:
+    return [c[1] for c in drv.calls if c[0] == "cuMemAlloc"]
+
+
+@pytest.mark.needs_triton
+def test_a_scratch_kernel_gets_the_streams_buffer_grown_when_a_grid_needs_more_and_kept(
+        built: tuple[Path, Any], fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from khal_runtime import scratch
+    from khal_runtime.buffers import DeviceBuffer
+    from tests.helpers.fakecuda import stream
+
+    root, _ = built
+    ks = _hopper(root, fake)
+    desc = ks.desc_add_fp32
+    slow = _count_slow_launches(monkeypatch)
+    x, y, out = (DeviceBuffer.zeros(64 * 64, np.float32) for _ in range(3))
+    fake.calls.clear()
+    desc[(2, 2)](x, y, out, 64, 64)  # the checked path
+    la = fake.launches[-1]
+    assert la["grid"] == (2, 2, 1) and la["block"] == (128, 1, 1)
+    first = _pointers(la)[5]
+    assert _pointers(la)[:5] == [x.ptr, y.ptr, out.ptr, 64, 64] and _pointers(la)[6] == 0
+    assert first != 0 and first % 256 == 0 and _allocs(fake) == [4 * 384]  # 4 programs x 384 B
+    for _ in range(3):  # the generated call: full read, then the memo
+        desc[(2, 2)](x, y, out, 64, 64)
+        assert _pointers(fake.launches[-1])[5] == first
+    assert slow == ["desc_add_fp32"] and len(_allocs(fake)) == 1  # kept, not an allocation per launch
+    desc[(1,)](x, y, out, 64, 64)  # fewer programs: the same buffer
+    assert _pointers(fake.launches[-1])[5] == first and len(_allocs(fake)) == 1
+    desc[(8, 8)](x, y, out, 64, 64)  # 64 programs need 24576 B: grown (at least doubled)
+    grown = _pointers(fake.launches[-1])[5]
+    assert grown != first and _allocs(fake)[1] == 64 * 384 and first not in fake.freed  # the old one kept
+    desc[(2, 2)](x, y, out, 64, 64)  # a remembered launch may keep the old buffer: valid, only this stream's
+    assert _pointers(fake.launches[-1])[5] in (first, grown)
+    assert scratch.held() == {"pools": 64 * 384, "retired": 4 * 384, "foreign": 0}
+    other = stream(0x99, native="OTHER")
+    desc[(2, 2)](x, y, out, 64, 64, stream=other)  # another stream: a buffer of its own
+    mine = _pointers(fake.launches[-1])[5]
+    assert fake.launches[-1]["stream"] == other._cu and mine not in (first, grown) and len(_allocs(fake)) == 3
+    b = desc.bind(x, y, out, 64, 64)  # bind(): the pointer for each grid
+    b((2, 2))
+    assert fake.launches[-1]["grid"] == (2, 2, 1) and _pointers(fake.launches[-1])[5] == grown
+    b((16, 16))  # 256 programs: grown again, and bound again with the new pointer
+    assert fake.launches[-1]["grid"] == (16, 16, 1) and _allocs(fake)[-1] == 256 * 384
+    assert _pointers(fake.launches[-1])[5] not in (first, grown, mine)
+    scratch.release()
+    assert scratch.held() == {"pools": 0, "retired": 0, "foreign": 0} and first in fake.freed
+    desc[(2, 2)](x, y, out, 64, 64)  # allocated again (release emptied the memo: DeviceBuffer.free)
+    assert _pointers(fake.launches[-1])[5] not in fake.freed and len(_allocs(fake)) == 5
+
+
+@pytest.mark.needs_triton
+def test_a_num_ctas_kernel_launches_num_ctas_blocks_per_program_on_every_path(
+        built: tuple[Path, Any], fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from khal_runtime.buffers import DeviceBuffer
+
+    root, _ = built
+    ks = _hopper(root, fake)
+    add = ks.add_cluster_fp32
+    slow = _count_slow_launches(monkeypatch)
+    x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    for _ in range(3):  # checked, full read, memo
+        add[(4,)](x, y, out, 4096)
+        la = fake.launches[-1]
+        assert la["grid"] == (8, 1, 1) and la["block"] == (128, 1, 1) and _pointers(la) == [x.ptr, y.ptr, out.ptr,
+                                                                                          4096, 0, 0]
+    assert slow == ["add_cluster_fp32"]
+    add[lambda meta: (3, 2)](x, y, out, 4096)
+    assert fake.launches[-1]["grid"] == (6, 2, 1)
+    b = add.bind(x, y, out, 4096)
+    b(5)
+    assert fake.launches[-1]["grid"] == (10, 1, 1) and fake.launches[-1]["block"] == (128, 1, 1)
+    assert not [c for c in fake.calls if c[0] == "cuMemAlloc" and c[1] != 4096 * 4]  # no scratch
+
+
+@pytest.mark.needs_triton
+def test_a_captured_scratch_launch_takes_the_streams_buffer_for_its_graph_and_refuses_to_allocate(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    from khal_runtime.buffers import DeviceBuffer
+    from khal_runtime.device import default_stream
+    from khal_runtime.errors import CaptureError
+
+    root, _ = built
+    ks = _hopper(root, fake)
+    desc = ks.desc_add_fp32
+    st = default_stream()
+    x, y, out = (DeviceBuffer.zeros(64 * 64, np.float32) for _ in range(3))
+    with pytest.raises(CaptureError, match=r"needs 1536 bytes of scratch memory .* holds 0 bytes .* run the step "
+                                           r"once on the stream before capturing"):
+        with st.capture():
+            desc[(2, 2)](x, y, out, 64, 64, stream=st)  # no warm-up: nothing to take, and no allocating
+    for _ in range(2):  # the warm-up (twice: the second launch is remembered)
+        desc[(2, 2)](x, y, out, 64, 64, stream=st)
+    warm = _pointers(fake.launches[-1])[5]
+    n = len(_allocs(fake))
+    with st.capture() as cap:
+        desc[(2, 2)](x, y, out, 64, 64, stream=st)
+        desc[(1, 2)](x, y, out, 64, 64, stream=st)  # fits: the capture's buffer again
+        with pytest.raises(CaptureError, match="needs 24576 bytes"):
+            desc[(8, 8)](x, y, out, 64, 64, stream=st)  # more than the warm-up allocated
+    graph = cap.graph
+    captured = [_pointers(la)[5] for la in fake.launches[-2:]]
+    assert captured == [warm, warm] and len(_allocs(fake)) == n and graph.scratch_bytes >= 4 * 384
+    for _ in range(2):  # eager again: the graph's buffer is the graph's; the stream gets a new one
+        desc[(2, 2)](x, y, out, 64, 64, stream=st)
+        assert _pointers(fake.launches[-1])[5] != warm
+    assert len(_allocs(fake)) == n + 1
+    b = desc.bind(x, y, out, 64, 64, stream=st)
+    b((2, 2))
+    eager = _pointers(fake.launches[-1])[5]
+    with st.capture() as cap2:
+        b((2, 2))  # a bound launch in a capture: bound again, to the capture's own buffer
+    assert _pointers(fake.launches[-1])[5] == eager and cap2.graph.scratch_bytes > 0
+    b((2, 2))
+    assert _pointers(fake.launches[-1])[5] != eager  # and out of it again
+    before = len(_allocs(fake))
+    graph.update(lambda: desc[(2, 2)](x, y, out, 64, 64, stream=st))  # a re-capture: the graph's own buffer
+    assert _pointers(fake.launches[-1])[5] == warm and len(_allocs(fake)) == before
+    assert graph.scratch_bytes >= 4 * 384
+
+
+def _triton_entry(name: str, attributes: Any) -> Any:
+    """A Triton entry (``x: *fp32, n: i32``) with launch attributes, hashed as a build hashes it."""
+    from khal_runtime import abi
+    from khal_runtime.manifest import Entry, Param, TritonFacts
+    from tests.helpers.fakecuda import CONTENT
+
+    facts = TritonFacts(kernel="k", family=name, num_warps=4, num_stages=3, shared=0, names=("x", "n"),
+                        types=("*fp32", "i32"), cache_key="ck", triton_version="3.6.0")
+    u64 = {"kind": "scalar", "element_type": "uint64", "element_size": 8, "element_align": 8}
+    params = (Param(name="x", **u64), Param(name="n", kind="scalar", element_type="int32", element_size=4,
+                                            element_align=4),
+              Param(name="khal_global_scratch", **u64), Param(name="khal_profile_scratch", **u64))
+    sig = abi.entry_signature(name, (128, 1, 1), params, grid_dims=3, attributes=attributes, triton=facts.record())
+    h = abi.entry_hash(CONTENT, sig)
+    return Entry(name=name, symbol=abi.symbol_for(name, h), hash=h, block_size=(128, 1, 1), params=params,
+                 grid_dims=3, attributes=attributes, triton=facts)
+
+
+def test_tritons_pdl_and_cooperative_metadata_reach_every_launch_of_the_family(
+        fake: FakeDriver, tmp_path: Path) -> None:  # noqa: F811
+    """``launch_pdl`` / ``launch_cooperative_grid`` (the entry's attributes, from Triton's metadata)
+    are on each launch's cuLaunchKernelEx, whichever path launches it: checked, generated, remembered,
+    bound, captured."""
+    from khal_runtime.manifest import LaunchAttributes
+    from tests.helpers.fakecuda import fake_kernels
+
+    entries = [_triton_entry("pdl", LaunchAttributes(pdl=True)),
+               _triton_entry("coop", LaunchAttributes(cooperative=True)),
+               _triton_entry("plain", None)]
+    ks = fake_kernels(fake, tmp_path, entries, language="triton")
+    want = {"pdl": [("CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION", 1)],
+            "coop": [("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", 1)], "plain": []}
+    for name, attrs in want.items():
+        k = getattr(ks, name)
+        assert isinstance(k, TritonKernel)
+        n = len(fake.launches)
+        for _ in range(3):
+            k[(4,)](0x1000, 64)
+        k.bind(0x1000, 64)(2)
+        st = k.variants[0]._stream(None)
+        with st.capture():
+            k[(4,)](0x1000, 64)
+        got = fake.launches[n:]
+        assert len(got) == 5 and all(la["attrs"] == attrs for la in got), (name, [la["attrs"] for la in got])
+        assert all(la["f"] == f"FUNC:{k.entry.symbol}" for la in got)
+    assert fake.occupancy_calls  # the cooperative grid checked against what can be co-resident
+
+
+@pytest.mark.needs_triton
+def test_a_scratch_launch_in_another_librarys_capture_takes_the_streams_buffer_for_good(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    """A capture the runtime did not begin (``torch.cuda.graph``: the driver says the stream is
+    capturing): the launch takes the stream's buffer, kept for the process, and the stream's next
+    eager launch allocates a new one."""
+    from khal_runtime import scratch
+    from khal_runtime.buffers import DeviceBuffer
+    from khal_runtime.errors import CaptureError
+    from tests.helpers.fakecuda import CUstreamCaptureMode, stream
+
+    root, _ = built
+    desc = _hopper(root, fake).desc_add_fp32
+    x, y, out = (DeviceBuffer.zeros(64 * 64, np.float32) for _ in range(3))
+    theirs = stream(0x77, native="TORCH")
+    desc[(2, 2)](x, y, out, 64, 64, stream=theirs)  # the warm-up
+    warm = _pointers(fake.launches[-1])[5]
+    fake.capturing[theirs._cu] = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL  # their capture begins
+    fake.captured[theirs._cu] = []
+    desc[(2, 2)](x, y, out, 64, 64, stream=theirs)
+    desc[(2, 1)](x, y, out, 64, 64, stream=theirs)
+    assert [_pointers(la)[5] for la in fake.captured[theirs._cu]] == [warm, warm]
+    with pytest.raises(CaptureError, match="needs 24576 bytes of scratch memory"):
+        desc[(8, 8)](x, y, out, 64, 64, stream=theirs)
+    del fake.capturing[theirs._cu]  # it ends
+    assert scratch.held()["foreign"] == 4 * 384 and scratch.held()["pools"] == 0
+    desc[(2, 2)](x, y, out, 64, 64, stream=theirs)
+    assert _pointers(fake.launches[-1])[5] != warm and scratch.held()["pools"] == 4 * 384

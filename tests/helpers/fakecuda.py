@@ -35,7 +35,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from khal_runtime import abi, backends, capture_state, device
+from khal_runtime import abi, backends, capture_state, device, scratch
 from khal_runtime.backends import cuda as cuda_backend
 from khal_runtime.backends.cuda import driver as cuda_driver
 from khal_runtime.backends.cuda import graphs as cuda_graphs
@@ -656,6 +656,9 @@ def _reset_runtime() -> None:
     cuda_indirect._tls.__dict__.clear()
     cuda_graphs._open.clear()
     capture_state._state.__dict__.pop("captures", None)
+    for held in (scratch._pools, scratch._foreign):  # a stream handle of this test is another's in the next
+        held.clear()
+    scratch._retired.clear()
     # CUDA plans of earlier tests that the garbage collector has not freed yet would regenerate with
     # the hooks (a test that added a parameter kind to abi.KINDS leaves plans naming it); what other
     # backends watch (a WebGPU device's stream, which outlives a test) stays watched

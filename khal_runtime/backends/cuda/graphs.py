@@ -72,6 +72,11 @@ class Capture:
         #: names of the kernels launched into this capture (filled while tracing/profiling)
         self.kernels: list[str] = []
         self._keep = keep
+        #: (device, stream handle) -> the Triton scratch buffers this capture's launches use on that
+        #: stream (:mod:`khal_runtime.scratch`), kept by its graph; ``scratch_reuse``: buffers it may
+        #: take first (those of the graph it updates)
+        self.scratch: dict[tuple[int, int], list[Any]] = {}
+        self.scratch_reuse: list[Any] = []
         self._open = False
 
     # -- begin / end ---------------------------------------------------------------------------
@@ -167,6 +172,8 @@ class Graph(GraphAPI):
     _exec: Any
     _keep: Any
     _uniforms: Any
+    #: the Triton scratch buffers its launches use (:mod:`khal_runtime.scratch`)
+    _scratch: list[Any]
     #: in-place cuGraphExecUpdate successes, and updates that had to instantiate again
     updates: int
     reinstantiations: int
@@ -182,6 +189,7 @@ class Graph(GraphAPI):
         self._exec = None
         self._fn = None
         self._keep = cap._keep
+        self._scratch = [b for bs in cap.scratch.values() for b in bs]
         self._uniforms = cache_for(self.device_id)
         self.updates = 0
         self.reinstantiations = 0
@@ -200,6 +208,11 @@ class Graph(GraphAPI):
         res = driver().cuGraphGetNodes(self._graph, 0)
         check(res[:1], "cuGraphGetNodes")
         return int(res[-1])
+
+    @property
+    def scratch_bytes(self) -> int:
+        """Bytes of Triton scratch memory the graph holds for its launches."""
+        return sum(int(b.nbytes) for b in self._scratch)
 
     @property
     def handle(self) -> Any:
@@ -254,6 +267,7 @@ class Graph(GraphAPI):
         had to be instantiated again (still correct, slower)."""
         self._live()
         cap = Capture(self.stream, label=self.label, keep=(args, kwargs))
+        cap.scratch_reuse = list(self._scratch)  # replays of this graph never overlap: its scratch serves again
         with _lock:
             busy = self.stream.handle in _open
         if busy:
@@ -284,6 +298,7 @@ class Graph(GraphAPI):
         drv.cuGraphDestroy(self._graph)
         self._graph = new
         self._keep = (args, kwargs)
+        self._scratch = [b for bs in cap.scratch.values() for b in bs] + cap.scratch_reuse
         self.kernels = list(cap.kernels) or self.kernels
         if fn is not None:
             self._fn = fn
@@ -302,6 +317,7 @@ class Graph(GraphAPI):
         if g is not None:
             drv.cuGraphDestroy(g)
         self._keep = None
+        self._scratch = []
         self._uniforms.pins = max(0, getattr(self._uniforms, "pins", 1) - 1)
 
     def __del__(self) -> None:

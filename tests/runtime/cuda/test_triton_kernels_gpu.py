@@ -305,3 +305,75 @@ def test_a_heuristic_given_by_the_instance_and_a_rule_chosen_config_match_torch(
     tuned.accumulate[_meta_grid(n)](x, acc, n, stream=st)  # choose = 1: no timing on acc (atomics)
     torch.cuda.synchronize()
     assert torch.equal(acc, x) and tuned.accumulate.choices == {}
+
+
+# -- the hopper crate (sm_90 cubin only): scratch memory and clusters ---------------------------------
+
+def test_a_tensor_descriptor_kernel_gets_its_scratch_memory_and_matches_torch(tri: Any) -> None:
+    """``tl.make_tensor_descriptor`` on sm_90 builds TMA descriptors in global scratch memory (384
+    bytes per program): the runtime passes the stream's scratch buffer, grown when a grid needs
+    more, on the checked, generated, remembered and bound paths, and in a captured graph."""
+    import torch
+
+    from khal_runtime import scratch
+    from khal_runtime.device import default_stream
+
+    kind, ks = tri
+    desc = ks.desc_add_fp32
+    assert desc.entry.triton.global_scratch.size > 0
+    st = _stream()
+
+    def grid(m: int, n: int) -> tuple[int, int]:
+        return ((m + 31) // 32, (n + 31) // 32)
+
+    for m, n in ((200, 176), (64, 64), (1000, 1008), (200, 176)):  # 1000 x 1008: 32 x 32 programs, grown
+        x, y = torch.rand(m, n, device="cuda"), torch.rand(m, n, device="cuda")
+        out = torch.full((m, n), float("nan"), device="cuda")
+        for _ in range(3):  # checked / generated / remembered
+            out.fill_(float("nan"))
+            desc[grid(m, n)](x, y, out, m, n, stream=st)
+            torch.cuda.synchronize()
+            assert torch.equal(out, x + y), f"{kind} {m}x{n}"
+    assert scratch.held()["pools"] >= 32 * 32 * 384
+    m, n = 512, 256
+    x, y = torch.rand(m, n, device="cuda"), torch.rand(m, n, device="cuda")
+    out = torch.full((m, n), float("nan"), device="cuda")
+    b = desc.bind(x, y, out, m, n, stream=st)
+    b(grid(m, n))
+    torch.cuda.synchronize()
+    assert torch.equal(out, x + y), f"{kind} bound"
+    own = default_stream()  # a capture on khal's stream: warm-up, capture, replay
+    torch.cuda.synchronize()
+    desc[grid(m, n)](x, y, out, m, n, stream=own)
+    own.synchronize()
+    with own.capture() as cap:
+        desc[grid(m, n)](x, y, out, m, n, stream=own)
+    assert cap.graph.scratch_bytes >= grid(m, n)[0] * grid(m, n)[1] * 384
+    x.copy_(torch.rand(m, n, device="cuda"))
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    cap.graph.launch(own)
+    own.synchronize()
+    assert torch.equal(out, x + y), f"{kind} graph replay"
+
+
+def test_a_num_ctas_2_kernel_launches_two_ctas_per_program_and_matches_torch(tri: Any) -> None:
+    """Triton's vector add built with num_ctas = 2: each program a cluster of two CTAs (compiled
+    in); launching one CTA per program would leave half of each block unwritten."""
+    import torch
+
+    kind, ks = tri
+    add = ks.add_cluster_fp32
+    assert add.entry.triton.num_ctas == 2 and add.entry.attributes.cluster_dims == (2, 1, 1)
+    st = _stream()
+    for n in (98432, 98433, 1 << 20):
+        x, y = torch.rand(n, device="cuda"), torch.rand(n, device="cuda")
+        for _ in range(3):
+            out = torch.full((n,), float("nan"), device="cuda")
+            add[lambda meta: ((n + meta["BLOCK_SIZE"] - 1) // meta["BLOCK_SIZE"],)](x, y, out, n, stream=st)
+            torch.cuda.synchronize()
+            assert torch.equal(out, x + y), f"{kind} n={n}"
+    out = torch.full((n,), float("nan"), device="cuda")
+    add.bind(x, y, out, n, stream=st)((n + 1023) // 1024)
+    torch.cuda.synchronize()
+    assert torch.equal(out, x + y), f"{kind} bound"
