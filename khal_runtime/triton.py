@@ -685,6 +685,7 @@ class TritonKernel:
                  for j, x in enumerate(names)] + [f"st is k[{n + 1}]", "not more"]
         conds += [f"(k[{n + 2 + j}] is None or a{i}.data_ptr() == k[{n + 2 + j}])"
                   for j, i in enumerate(self._pointers)]
+        memo_line = len(L)  # (``k[grid]``'s closure over a callable grid skips the memo: it can hold none)
         L += ["    if not hooks.active:", "        try:"]
         for j in range(SLOTS):  # the snapshots, newest first (all empty when the first is)
             hit = " and ".join([f"grid is (k := snaps[{j}])[{n}]"] + conds)
@@ -808,23 +809,38 @@ class TritonKernel:
                               "FIXED": self._fixed}
         for i in self._pointers:
             ns[f"R{i}"], ns[f"D{i}"] = self._readers[i], self._dtypes[i]
+        # ``launch(grid, ...)``, and ``launch.make(grid)``: the same body as a closure over one grid
+        # (``k[grid]``'s launcher; ``grid`` a free variable: no ``functools.partial`` layer per call)
+        body = L[1:]
+        body[memo_line - 1] = "    if memo and not hooks.active:"
+        L += ["", "", "def make(grid):", "    memo = type(grid) is int or type(grid) is tuple",
+              f"    def go({sig}*more, stream=None):", *("    " + line for line in body),
+              "    return go", "", "", "launch.make = make", "del make"]
         self.source = "\n".join(L) + "\n"
         return define(self.source, f"triton {self.name}", ns, "launch")  # type: ignore[no-any-return]
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
-        """``k[grid](*args, stream=None)``, as a Triton kernel is called. The launcher of an int or
-        tuple grid is kept (up to 64 of them): ``k[(n,)]`` in a loop makes no new object per call."""
+        """``k[grid](*args, stream=None)``, as a Triton kernel is called: the generated call as a
+        closure over ``grid`` (:meth:`_generate`), else ``launch`` with the grid bound. The launcher
+        of an int or tuple grid is kept (up to 64 of them): ``k[(n,)]`` in a loop makes no new
+        object per call."""
         t = type(grid)
         if t is tuple or t is int:
             try:
                 go = self._grids.get(grid)
             except TypeError:  # a tuple holding something unhashable: the launch names what is wrong
-                return functools.partial(self.launch, grid)
+                return self._launcher(grid)
             if go is None:
-                go = functools.partial(self.launch, grid)
+                go = self._launcher(grid)
                 if len(self._grids) < 64:
                     self._grids[grid] = go
             return go
+        return self._launcher(grid)
+
+    def _launcher(self, grid: Any) -> Callable[..., None]:
+        fast = self._fast
+        if fast is not None:
+            return fast.make(grid)  # type: ignore[attr-defined,no-any-return]
         return functools.partial(self.launch, grid)
 
     def bind(self, *args: Any, stream: Any = None) -> TritonBound:
