@@ -30,7 +30,10 @@ conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKerne
      address packed, nothing freed since (``memo.EPOCH``): the block this thread packed then is
      launched as it is, with the launch call's arguments prebuilt (one of ``SLOTS`` memo slots per
      thread; nothing read, checked, chosen or packed again; the address is all a Triton kernel is
-     given of a tensor, so an in-place write keeps the memo and a moved tensor does not);
+     given of a tensor, so an in-place write keeps the memo and a moved tensor does not); a slot
+     hit ``PROMOTE_AFTER`` times becomes one of ``SLOTS`` shared snapshots of the family (a copy of
+     its block nothing writes again), which every thread checks first, with no thread-local read,
+     as the CUDA typed call does;
   2. else, in the same function: each pointer read by the reader of its type (``data_ptr()``, a
      DeviceBuffer's ``ptr``, CuPy's ``.data.ptr``, the ``__cuda_array_interface__``), its dtype and
      alignment checked, the bits computed inline (``p & 15``, ``n & 15``, ``== 1``), the variant
