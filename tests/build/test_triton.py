@@ -797,11 +797,13 @@ def test_a_bound_launch_takes_each_grid_as_given_and_refuses_a_buffer_freed_sinc
     bind): each call launches the grid it is given. The same tuple or an equal int again reuses
     the blocks computed for it; a callable grid and a list are read on every call (one changed
     since launches its new grid); a grid past the limits is refused by name; a buffer freed after
-    binding is refused (the arguments as given are checked again), with nothing launched."""
+    binding is refused (the arguments as given are checked again), with nothing launched. Launch
+    hooks (tracing, profiling) see each bound launch with its grid."""
     import functools
 
     from khal_runtime.buffers import DeviceBuffer
     from khal_runtime.errors import ArgumentValueError
+    from khal_runtime.launch_hooks import hooks
 
     root, _ = built
     add = _load(root, fake).add_fp32
@@ -828,6 +830,20 @@ def test_a_bound_launch_takes_each_grid_as_given_and_refuses_a_buffer_freed_sinc
     assert [la["grid"] for la in launched] == want
     assert all(_pointers(la) == [x.ptr, y.ptr, out.ptr, 4096, 0, 0] and la["block"] == (128, 1, 1)
                for la in launched)
+    seen: list[Any] = []
+
+    def dispatch(plan: Any, grid: Any, block: Any, shmem: int, stream: Any, args: Any, launch: Any) -> None:
+        seen.append((plan.entry.name, grid))
+        launch()
+
+    hooks.install(dispatch)  # a traced bound launch still reaches the hooks, with its grid
+    try:
+        b(g4)
+        b((2, 2))
+    finally:
+        hooks.uninstall()
+    assert seen == [("add_fp32", (4, 1, 1)), ("add_fp32", (2, 2, 1))]
+    assert [la["grid"] for la in fake.launches[-2:]] == [(4, 1, 1), (2, 2, 1)]
     count = len(fake.launches)
     with pytest.raises(ArgumentValueError, match=r"add_fp32\[grid\]: grid: \(1, 70000, 1\) programs, more than"):
         b((1, 70000))
