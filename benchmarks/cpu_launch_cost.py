@@ -8,7 +8,13 @@ everything else khal does per launch is plain Python and shows here. Used by
 
 The ``triton`` rows are a Triton family's call (``k[grid](...)`` / ``k.launch``): the same
 argument objects again (its memo's hit), eight argument sets in turn and a callable grid (every
-call read, checked, chosen and packed).
+call read, checked, chosen and packed), and its bound launch.
+
+The second table (:func:`measure_triton`) times, interleaved (rounds in a shuffled order, the best
+round of each kept), what ``bench_triton``'s launch-cost section times on the H200, against the
+CUDA C++ typed call and bound launch of a comparable entry (five parameters, six ABI slots as the
+Triton add's six): the Triton call repeating the same tensors / int addresses with ``stream=``
+given, ``bind()`` then ``b(grid)``, the variant's ``LaunchPlan.run`` with its values given.
 """
 
 from __future__ import annotations
@@ -270,11 +276,64 @@ def measure() -> dict[str, float]:
     rows["triton launch (int addresses)"] = per_call_us(
         lambda: tri.launch(1024, bufs[0].ptr, bufs[1].ptr, bufs[2].ptr, n))
     # an autotuned family (two configs, key n): the choice is cached, the same paths as above
+    tb = tri.bind(tens[0], tens[1], tens[2], n, stream=st)
+    g = (1024,)
+    rows["triton bound launch (bind once)"] = per_call_us(lambda: tb(g))
     tuned = make_triton_kernel(configs=2)
     rows["triton autotuned launch (torch-like)"] = per_call_us(lambda: tuned.launch(1024, tens[0], tens[1], tens[2], n))
     rows["triton autotuned launch (torch-like, 8 sets in turn)"] = per_call_us(
         lambda: tuned.launch(1024, *next(turn), n))
     return rows
+
+
+def measure_triton(rounds: int = 20, number: int = 2000) -> dict[str, float]:
+    """The Triton launch paths and the CUDA C++ typed call and bound launch, timed interleaved
+    (module docstring): per row the best of ``rounds`` shuffled rounds, us per call."""
+    import random
+
+    from khal_runtime import DeviceBuffer
+
+    _, five, st, _ = make_kernels()
+    tri = make_triton_kernel()
+    n = 4096
+    T = _fake_torch_type()  # noqa: N806
+    x, y, o = (T(0x1000_0000 * (i + 1), n) for i in range(3))
+    bufs = [DeviceBuffer(0x1000_0000 * (i + 1), n, "float32", 0) for i in range(3)]
+    pdev = DeviceBuffer(0x7000, 8, "uint8", 0)
+    go = tri[(n // 1024,)]
+    go(x, y, o, n, stream=st)  # (the plan's run is generated at its first launch)
+    xp, yp, op = x.data_ptr(), y.data_ptr(), o.data_ptr()
+    variant = tri.variants[0]
+    run, bx, shmem = variant._plans[0].run, variant.entry.block_size[0], variant.entry.triton.shared
+    packed = (xp, yp, op, n, 0, 0)
+    bound = tri.bind(x, y, o, n, stream=st)
+    alone = make_triton_kernel()[(n // 1024,)]  # a family whose memo holds this one launch only
+    cbound = five.bind(bufs[0], bufs[1], bufs[2], pdev, 0.5, stream=st)
+    g4 = (n // 1024,)
+    L, f, cu = _cuda_launch(), object(), st._cu  # noqa: N806
+    fns: dict[str, Callable[[], Any]] = {
+        "raw launch call (no-op driver)": lambda: L(f, 4, 1, 1, bx, 1, 1, shmem, cu, 0, 0),
+        "triton k[grid](tensors, stream=st), same again": lambda: go(x, y, o, n, stream=st),
+        "triton k[grid](int addresses, stream=st)": lambda: go(xp, yp, op, n, stream=st),
+        "triton k[grid](tensors, stream=st), its family's only launch": lambda: alone(x, y, o, n, stream=st),
+        "triton b = k.bind(...); b(grid)": lambda: bound(g4),
+        "triton variant's LaunchPlan.run, values given": lambda: run(4, 1, 1, bx, 1, 1, shmem, st, packed),
+        "cuda five typed call (DeviceBuffer, stream=st)": lambda: five(n, bufs[0], bufs[1], bufs[2], pdev, 0.5,
+                                                                       stream=st),
+        "cuda five typed call (torch-like, stream=st)": lambda: five(n, x, y, o, pdev, 0.5, stream=st),
+        "cuda five bound launch": lambda: cbound(n),
+    }
+    for fn in fns.values():
+        for _ in range(20):  # past the first calls: the memo's slots and snapshots filled
+            fn()
+    got: dict[str, float] = {k: float("inf") for k in fns}
+    order = list(fns)
+    rng = random.Random(0)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for k in order:
+            got[k] = min(got[k], min(timeit.repeat(fns[k], number=number, repeat=3)) / number * 1e6)
+    return got
 
 
 def main() -> None:
@@ -283,6 +342,11 @@ def main() -> None:
     for k, v in rows.items():
         extra = "" if k.startswith(("python", "no-op")) else f"   (+{v - base:5.2f} over the raw call)"
         print(f"{k:40s} {v:6.2f} us{extra}")
+    print("\ninterleaved (bench_triton's launch-cost rows, and the CUDA C++ call of a comparable entry):")
+    tri = measure_triton()
+    base = tri["raw launch call (no-op driver)"]
+    for k, v in tri.items():
+        print(f"{k:62s} {v:6.3f} us   (+{v - base:5.3f} over the raw call)")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,11 @@ class Hooks:
 
     def __init__(self) -> None:
         self._watched: weakref.WeakSet[Any] = weakref.WeakSet()
+        # instance attributes from the start: every launch reads ``hooks.active``, and CPython
+        # specialises an instance attribute's read (a class attribute's read through the instance
+        # is the generic look-up, about twice as slow)
+        self.active = False
+        self.dispatch = None
 
     def watch(self, plan: Regenerable) -> None:
         """Regenerate ``plan``'s launch code whenever hooks are installed or removed."""

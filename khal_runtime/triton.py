@@ -33,7 +33,10 @@ conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKerne
      address packed, nothing freed since (``memo.EPOCH``): the block this thread packed then is
      launched as it is, with the launch call's arguments prebuilt (one of ``SLOTS`` memo slots per
      thread; nothing read, checked, chosen or packed again; the address is all a Triton kernel is
-     given of a tensor, so an in-place write keeps the memo and a moved tensor does not);
+     given of a tensor, so an in-place write keeps the memo and a moved tensor does not); a slot
+     hit ``PROMOTE_AFTER`` times becomes one of ``SLOTS`` shared snapshots of the family (a copy of
+     its block nothing writes again), which every thread checks first, with no thread-local read,
+     as the CUDA typed call does;
   2. else, in the same function: each pointer read by the reader of its type (``data_ptr()``, a
      DeviceBuffer's ``ptr``, CuPy's ``.data.ptr``, the ``__cuda_array_interface__``), its dtype and
      alignment checked, the bits computed inline (``p & 15``, ``n & 15``, ``== 1``), the variant
@@ -48,13 +51,14 @@ conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKerne
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import threading
 from typing import Any, Callable
 
 from khal_runtime import abi, capture_state, scratch
-from khal_runtime.arguments import dim3
+from khal_runtime.arguments import MAX_GRID, dim3
 from khal_runtime.buffers import FREED, DeviceBuffer
 from khal_runtime.device import Stream, _tls, as_stream, default_stream, ready_stream
 from khal_runtime.errors import (ArgumentError, ArgumentValueError, CaptureError, KhalError, TritonAssumptionError,
@@ -94,8 +98,12 @@ def device_pointer(obj: Any, where: str) -> int:
     return int(obj)
 
 
-#: memo slots per thread and family (distinct launches remembered, as the typed call's)
+#: memo slots per thread and family, and shared snapshots per family (distinct launches
+#: remembered, as the typed call's)
 SLOTS = 4
+#: hits of a thread's memo slot that make it a shared snapshot (then counted again from 0, so
+#: threads cycling through more launches than SLOTS share one at most once per this many)
+PROMOTE_AFTER = 8
 #: timing an autotuned family's configs: rounds (round robin over the configs, the best round
 #: kept) of this many launches each between a pair of the backend's timer events, after one
 #: warm-up launch of each config
@@ -127,12 +135,14 @@ class _ThreadSlots:
 
 class _Slot:
     """A memo slot: ``key`` (what :meth:`TritonKernel._generate` remembers of a launch, a tuple
-    ending in :data:`_TAIL` fields) and ``blocks`` (an argument block per variant)."""
+    ending in :data:`_TAIL` fields), ``blocks`` (an argument block per variant) and ``hits`` (hits
+    since it was filled or last shared: :data:`PROMOTE_AFTER`)."""
 
-    __slots__ = ("key", "blocks")
+    __slots__ = ("key", "blocks", "hits")
 
     key: tuple[Any, ...]
     blocks: list[Any]
+    hits: int
 
 
 #: the key's last fields: the launch function and its arguments (None until prebuilt), then
@@ -151,9 +161,10 @@ def _prepare(m: _Slot, k: tuple[Any, ...]) -> tuple[Any, ...]:
     return new
 
 
-def _failed(k: tuple[Any, ...], result: Any) -> None:
-    """A remembered launch failed: the plan's named error."""
-    _, gx, gy, gz, bx, _, _, _, d = k[-9:]
+def _failed(parts: tuple[Any, ...], result: Any) -> None:
+    """A remembered launch failed: the plan's named error (``parts``: the key's last 9 fields,
+    function .. the direct parts)."""
+    _, gx, gy, gz, bx, _, _, _, d = parts
     d.failed(result, gx, gy, gz, bx, 1, 1)
 
 
@@ -301,6 +312,12 @@ class TritonKernel:
         self._tls = threading.local()
         #: per variant, its clusters and scratch (:func:`_extras`), None for a plain launch
         self._extras = tuple(_extras(k.entry.triton) for k in self.variants)
+        #: the shared snapshots, newest first (:meth:`_promote`): a slot's key with the launch call
+        #: prebuilt over a copy of its block that nothing writes again, then that copy; read by any
+        #: thread with no thread-local look-up; each bump_epoch() empties them
+        self._shared: list[tuple[Any, ...]] = [self._empty] * SLOTS
+        for j in range(SLOTS):
+            register_memo(self._shared, j, self._empty)
         #: the backends of the DeviceBuffers seen accepted (CUDA's): the fast call reads those inline
         self._backends: set[Any] = set()
         #: pointer types whose address never moves (DeviceBuffer views, CuPy arrays): the memo keeps them
@@ -638,7 +655,7 @@ class TritonKernel:
         slots = []
         for _ in range(SLOTS):
             m = _Slot()
-            m.key, m.blocks = self._empty, [None] * len(self.variants)
+            m.key, m.blocks, m.hits = self._empty, [None] * len(self.variants), 0
             register_memo(m, "key", self._empty, owner=owner)
             slots.append(m)
         ms = _ThreadSlots()
@@ -648,6 +665,27 @@ class TritonKernel:
         ms.victim, ms.filled, ms.owner = 0, False, owner
         self._tls.s = ms
         return ms
+
+    def _promote(self, m: _Slot, k: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Slot ``m``'s launch ``k`` hit :data:`PROMOTE_AFTER` times: make it the newest shared
+        snapshot (its block copied, never written again, and the launch call built over the copy;
+        the oldest snapshot goes). Returns the slot's key, its own launch call prepared."""
+        ep = EPOCH[0]
+        f = self._key_len - _TAIL
+        if k[f] is None:
+            k = _prepare(m, k)
+        function, gx, gy, gz, bx, shmem, cu, addr, d = k[f + 2:]
+        blk = next((b for b in m.blocks if b is not None and b[2] == addr), None)
+        if blk is None:  # (an entry without parameters: nothing to copy, nothing to share)
+            return k
+        copy = d.new_block()
+        ctypes.memmove(copy[0], blk[0], len(blk[0]))
+        call = d.prepare(function, (gx, gy, gz), (bx, 1, 1), shmem, cu, copy[2])
+        snap = (*k[:f], d.prepared, call, function, gx, gy, gz, bx, shmem, cu, copy[2], d, copy)
+        if m.key is k and EPOCH[0] == ep:  # still remembered: nothing freed meanwhile
+            shared = self._shared
+            shared[:] = [snap, *shared[:SLOTS - 1]]
+        return k
 
     def _generate(self) -> Callable[..., None]:
         """The fast call ``launch(grid, a0, ..., stream=None)`` of this family (:mod:`khal_runtime.generated`).
@@ -686,8 +724,8 @@ class TritonKernel:
              "        except AttributeError:", "            cur = -1", "        if cur != st.device_id:",
              f"            {slow}",
              "    else:", f"        {slow}"]
-        # 1. this thread's memo slots
-        L += ["    try:", "        ms = tls.s", "    except AttributeError:", "        ms = new_slots()"]
+        # 1. the shared snapshots, then this thread's memo slots
+        tls_read = ["    try:", "        ms = tls.s", "    except AttributeError:", "        ms = new_slots()"]
         P = len(self._pointers)  # noqa: N806
         F = n + 2 + P  # noqa: N806  (the key's launch function; then its arguments, then the _TAIL - 2 others)
         # the grid first: a callable one (new each call in Triton's idiom) fails every slot at once
@@ -697,7 +735,20 @@ class TritonKernel:
                  for j, x in enumerate(names)] + [f"st is k[{n + 1}]", "not more"]
         conds += [f"(k[{n + 2 + j}] is None or a{i}.data_ptr() == k[{n + 2 + j}])"
                   for j, i in enumerate(self._pointers)]
+        memo_line = len(L)  # (``k[grid]``'s closure over a callable grid skips the memo: it can hold none)
         L += ["    if not hooks.active:", "        try:"]
+        for j in range(SLOTS):  # the snapshots, newest first (all empty when the first is)
+            hit = " and ".join([f"grid is (k := snaps[{j}])[{n}]"] + conds)
+            L += [f"            {'if' if j == 0 else 'elif'} {hit}:", "                pass"]
+            if j == 0:
+                L += ["            elif k[0] is NOMEMO:", "                k = None"]
+        L += ["            else:", "                k = None",
+              "        except Exception:",  # a remembered object whose pointer can no longer be read
+              "            k = None",
+              "        if k is not None:", f"            r = k[{F}](*k[{F + 1}])",
+              "            if r[0]:", f"                failed(k[{F + 2}:{F + 11}], r[0])", "            return"]
+        L += ["    " + line for line in tls_read]
+        L += ["        try:"]
         for j in range(SLOTS):
             hit = " and ".join([f"grid is (k := (m := ms.s{j}).key)[{n}]"] + conds)
             L += [f"            {'if' if j == 0 else 'elif'} {hit}:", "                pass"]
@@ -706,9 +757,12 @@ class TritonKernel:
         L += ["            else:", "                k = None",
               "        except Exception:",  # a remembered object whose pointer can no longer be read
               "            k = None",
-              "        if k is not None:", f"            fn = k[{F}]", "            if fn is None:",
+              "        if k is not None:", "            h = m.hits + 1", f"            if h >= {PROMOTE_AFTER}:",
+              "                m.hits = 0", "                k = promote(m, k)", "            else:",
+              "                m.hits = h", f"            fn = k[{F}]", "            if fn is None:",
               "                k = prepare(m, k)", f"                fn = k[{F}]", f"            r = fn(*k[{F + 1}])",
-              "            if r[0]:", "                failed(k, r[0])", "            return"]
+              "            if r[0]:", f"                failed(k[{F + 2}:{F + 11}], r[0])", "            return",
+              "    else:", "        ms = None"]
         # 2. the full read
         L += [f"    if more{f' or {names[-1]} is MISSING' if n else ''}:",
               f"        return slow(grid, *(a for a in {given} if a is not MISSING), *more, stream=stream)",
@@ -790,7 +844,8 @@ class TritonKernel:
             direct = ["True"]
         L += [f"    if {' or '.join(direct)}:",
               "        plans[dev].run(gx, gy, gz, bx, 1, 1, shmem, st, vals)", "        return",
-              "    function, pack, new_block, launch, fail, parts = d",
+              "    function, pack, new_block, launch, fail, parts = d", "    if ms is None:",
+              *("    " + line for line in tls_read),
               "    v = ms.victim", f"    ms.victim = v + 1 if v < {SLOTS - 1} else 0", "    m = ms.all[v]",
               "    m.key = EMPTY", "    blk = m.blocks[which]", "    if blk is None:",
               "        blk = m.blocks[which] = new_block()", "    try:", "        pack(blk[0], 0, *vals)",
@@ -802,35 +857,51 @@ class TritonKernel:
         key = ", ".join([*names, "grid_memo", "st", *(f"q{i}" for i in self._pointers), "None", "None", "function",
                          "gx", "gy", "gz", "bx", "shmem", "cu", "addr", "parts"])
         L += [f"    if {' and '.join(memo)} and ep == EPOCH[0]:", f"        m.key = ({key})",
-              "        ms.filled = True"]
+              "        m.hits = 0", "        ms.filled = True"]
         ns: dict[str, Any] = {"slow": self._launch_slow, "crate": self.variants[0]._crate, "chosen": self._fast_chosen,
                               "thread": _tls, "Stream": Stream, "constexprs": self.constexprs, "MISSING": _MISSING,
                               "DeviceBuffer": DeviceBuffer, "FREED": FREED, "BK": self._backends,
                               "ready_stream": ready_stream, "tls": self._tls, "new_slots": self._new_slots,
                               "hooks": hooks, "prepare": _prepare, "failed": _failed, "EPOCH": EPOCH,
+                              "snaps": self._shared, "promote": self._promote,
                               "NOMEMO": NOMEMO, "EMPTY": self._empty, "TORCH": _torch_reader,
                               "STABLE": STABLE_ARRAY_TYPES,
                               "FIXED": self._fixed, "EXTRAS": self._extras, "scratch_ptrs": scratch.pointers,
                               "NAME": self.name}
         for i in self._pointers:
             ns[f"R{i}"], ns[f"D{i}"] = self._readers[i], self._dtypes[i]
+        # ``launch(grid, ...)``, and ``launch.make(grid)``: the same body as a closure over one grid
+        # (``k[grid]``'s launcher; ``grid`` a free variable: no ``functools.partial`` layer per call)
+        body = L[1:]
+        body[memo_line - 1] = "    if memo and not hooks.active:"
+        L += ["", "", "def make(grid):", "    memo = type(grid) is int or type(grid) is tuple",
+              f"    def go({sig}*more, stream=None):", *("    " + line for line in body),
+              "    return go", "", "", "launch.make = make", "del make"]
         self.source = "\n".join(L) + "\n"
         return define(self.source, f"triton {self.name}", ns, "launch")  # type: ignore[no-any-return]
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
-        """``k[grid](*args, stream=None)``, as a Triton kernel is called. The launcher of an int or
-        tuple grid is kept (up to 64 of them): ``k[(n,)]`` in a loop makes no new object per call."""
+        """``k[grid](*args, stream=None)``, as a Triton kernel is called: the generated call as a
+        closure over ``grid`` (:meth:`_generate`), else ``launch`` with the grid bound. The launcher
+        of an int or tuple grid is kept (up to 64 of them): ``k[(n,)]`` in a loop makes no new
+        object per call."""
         t = type(grid)
         if t is tuple or t is int:
             try:
                 go = self._grids.get(grid)
             except TypeError:  # a tuple holding something unhashable: the launch names what is wrong
-                return functools.partial(self.launch, grid)
+                return self._launcher(grid)
             if go is None:
-                go = functools.partial(self.launch, grid)
+                go = self._launcher(grid)
                 if len(self._grids) < 64:
                     self._grids[grid] = go
             return go
+        return self._launcher(grid)
+
+    def _launcher(self, grid: Any) -> Callable[..., None]:
+        fast = self._fast
+        if fast is not None:
+            return fast.make(grid)  # type: ignore[attr-defined,no-any-return]
         return functools.partial(self.launch, grid)
 
     def bind(self, *args: Any, stream: Any = None) -> TritonBound:
@@ -843,8 +914,8 @@ class TritonKernel:
             values = [values[i] for i in keep]
         k = chosen[2]
         if _extras(k.entry.triton) is not None:
-            return _TritonBoundExtras(self, k, values, _stream_of(stream))
-        return TritonBound(self, k, k.bind(*values, stream=stream))
+            return _TritonBoundExtras(self, k, values, _stream_of(stream))  # type: ignore[return-value]
+        return TritonBound(self, k, k.bind(*values, stream=stream), args)
 
     def chosen(self, *args: Any) -> str:
         """The entry a call with ``args`` would launch (no launch; of an autotuned family, the config
@@ -872,47 +943,78 @@ def _env_pin(crate: str, name: str, configs: tuple[int, ...]) -> int | None:
     return None
 
 
-class TritonBound:
+class TritonBound(functools.partial):  # type: ignore[type-arg]
     """A bound launch of a Triton family (:meth:`TritonKernel.bind`): ``b(grid)``, a grid of programs
-    (an int, up to three dims, or a callable of the constexprs), launched through the chosen
-    variant's bound launch (threads = programs x block along x)."""
+    (an int, up to three dims, or a callable of the constexprs), launched by the chosen variant's
+    bound launch taken with a grid of blocks (:meth:`BoundLaunch.over_grid
+    <khal_runtime.backends.cuda.bound.BoundLaunch.over_grid>`): ``b(grid)`` is that call itself
+    (a ``functools.partial`` of it, called through C-level vectorcall), no frame of its own. The
+    same grid object (an int or a tuple; an equal int) launches the blocks it gave before; a
+    callable grid or a list is read on every call. After a free the arguments as given are
+    checked again (a freed DeviceBuffer: the named error)."""
 
-    __slots__ = ("family", "variant", "bound", "_bx", "_last")
+    __slots__ = ("family", "variant", "bound")
 
-    def __init__(self, family: TritonKernel, variant: Any, bound: Any) -> None:
+    family: TritonKernel
+    variant: Any
+    #: the variant's bound launch (:meth:`Kernel.bind`): it holds the packed block
+    bound: Any
+
+    def __new__(cls, family: TritonKernel, variant: Any, bound: Any, args: tuple[Any, ...] = ()) -> TritonBound:
+        grid_of = _grid_reader(family, variant)
+        self = super().__new__(cls, bound.over_grid(grid_of, (lambda: family._values(args)) if args else None))
         self.family, self.variant, self.bound = family, variant, bound
-        self._bx = int(variant.entry.block_size[0])
-        #: (the last grid object, its thread counts): a repeated grid launches with the same counts
-        self._last: tuple[Any, Any] = (object(), None)
+        return self
+
+    def __init__(self, family: TritonKernel, variant: Any, bound: Any, args: tuple[Any, ...] = ()) -> None:
+        pass  # (set in __new__)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a TritonBound cannot be pickled: it holds device pointers; bind again")
 
     def __repr__(self) -> str:
         return f"<TritonBound {self.family.crate}.{self.family.name} -> {self.variant.entry.name}>"
 
-    def __call__(self, grid: Any) -> None:
-        last = self._last
-        if grid is last[0]:
-            self.bound(last[1])
-            return
-        g = grid(self.variant.entry.triton.constexprs) if callable(grid) else grid
+
+def _grid_reader(family: TritonKernel, variant: Any) -> Callable[[Any], tuple[tuple[int, int, int], bool]]:
+    """``grid_of(grid)`` of a bound launch of ``variant``: ``((gx, gy, gz), keep)``, the programs
+    of a grid (an int, up to three dims, or a callable of the constexprs), checked (named errors);
+    ``keep``: whether the same object again may launch the same programs (an int or a tuple; a
+    callable or a list is read on every call)."""
+    constexprs = variant.entry.triton.constexprs
+    what = f"{family.name}[grid]: grid"
+
+    def grid_of(grid: Any) -> tuple[tuple[int, int, int], bool]:
+        t = type(grid)
+        g = grid(constexprs) if t is not int and t is not tuple and callable(grid) else grid
         if type(g) in (tuple, list) and len(g) == 1:
             g = g[0]
-        gx, gy, gz = dim3(g, f"{self.family.name}[grid]: grid")
-        counts = (gx * self._bx, gy, gz)
-        self._last = (grid, counts)
-        self.bound(counts)
+        gx, gy, gz = dim3(g, what)
+        if gx > MAX_GRID[0] or gy > MAX_GRID[1] or gz > MAX_GRID[2]:
+            raise ArgumentValueError(f"{what}: {(gx, gy, gz)} programs, more than a launch may have "
+                                     f"{MAX_GRID}; split the work into several launches")
+        return (gx, gy, gz), t is int or t is tuple
+
+    return grid_of
 
 
-class _TritonBoundExtras(TritonBound):
-    """A bound launch of a variant with clusters or scratch memory (:func:`_extras`): ``num_ctas``
+class _TritonBoundExtras:
+    """A bound launch of a variant with clusters or scratch memory (:func:`_extras`), what
+    :meth:`TritonKernel.bind` returns for it in place of a :class:`TritonBound`: ``num_ctas``
     blocks per program, and the arguments bound again whenever the grid needs a scratch pointer
     other than the one packed (more memory than the stream's buffer held, a capture began or
     ended: :data:`khal_runtime.scratch.GENERATION`; after a launch into a capture, the next one
     looks again)."""
 
-    __slots__ = ("_values", "_stream", "_ctas", "_sizes", "_packed", "_gen")
+    __slots__ = ("family", "variant", "bound", "_bx", "_last", "_grid_of", "_values", "_stream", "_ctas",
+                 "_sizes", "_packed", "_gen")
 
     def __init__(self, family: TritonKernel, variant: Any, values: list[Any], stream: Any) -> None:
-        super().__init__(family, variant, None)
+        self.family, self.variant, self.bound = family, variant, None
+        self._bx = int(variant.entry.block_size[0])
+        #: (the last grid object, its thread counts): a repeated grid launches with the same counts
+        self._last: tuple[Any, Any] = (NOMEMO, None)
+        self._grid_of = _grid_reader(family, variant)
         ex = _extras(variant.entry.triton)
         assert ex is not None
         self._ctas, self._sizes = ex[0], ex[1:]
@@ -925,15 +1027,18 @@ class _TritonBoundExtras(TritonBound):
             self.bound = variant.bind(*values, stream=stream)
             self._packed = (0, 0)
 
+    def __reduce__(self) -> Any:
+        raise TypeError("a TritonBound cannot be pickled: it holds device pointers; bind again")
+
+    def __repr__(self) -> str:
+        return f"<TritonBound {self.family.crate}.{self.family.name} -> {self.variant.entry.name}>"
+
     def __call__(self, grid: Any) -> None:
         last = self._last
         if grid is last[0] and (not any(self._sizes) or self._gen == scratch.GENERATION[0]):
             self.bound(last[1])
             return
-        g = grid(self.variant.entry.triton.constexprs) if callable(grid) else grid
-        if type(g) in (tuple, list) and len(g) == 1:
-            g = g[0]
-        gx, gy, gz = dim3(g, f"{self.family.name}[grid]: grid")
+        (gx, gy, gz), keep = self._grid_of(grid)
         if any(self._sizes):
             gen = scratch.GENERATION[0]
             programs = gx * gy * gz * self._ctas
@@ -944,5 +1049,5 @@ class _TritonBoundExtras(TritonBound):
                 self._packed = (s0, s1)
             self._gen = None if captured else gen
         counts = (gx * self._ctas * self._bx, gy, gz)
-        self._last = (grid, counts)
+        self._last = (grid if keep else NOMEMO, counts)
         self.bound(counts)

@@ -800,6 +800,134 @@ def test_bind_checks_once_and_launches_the_chosen_variant_with_its_shared_memory
     assert fake.launches[-1]["grid"] == (2, 1, 1)
 
 
+@pytest.mark.needs_triton
+def test_a_bound_launch_takes_each_grid_as_given_and_refuses_a_buffer_freed_since(
+        built: tuple[Path, Any], fake: FakeDriver) -> None:  # noqa: F811
+    """``b(grid)`` is the variant's bound launch itself (no frame of its own, the block packed at
+    bind): each call launches the grid it is given. The same tuple or an equal int again reuses
+    the blocks computed for it; a callable grid and a list are read on every call (one changed
+    since launches its new grid); a grid past the limits is refused by name; a buffer freed after
+    binding is refused (the arguments as given are checked again), with nothing launched. Launch
+    hooks (tracing, profiling) see each bound launch with its grid."""
+    import functools
+
+    from khal_runtime.buffers import DeviceBuffer
+    from khal_runtime.errors import ArgumentValueError
+    from khal_runtime.launch_hooks import hooks
+
+    root, _ = built
+    add = _load(root, fake).add_fp32
+    x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    b = add.bind(x, y, out, 4096)
+    assert isinstance(b, functools.partial) and b.variant.entry.name == "add_fp32"
+    g4, programs, dims = (4,), [4], [5]
+
+    def grid(meta: dict[str, Any]) -> tuple[int]:
+        return (programs[0],)
+
+    want = []
+    for g, expect in ((g4, (4, 1, 1)), ((2, 2), (2, 2, 1)), (g4, (4, 1, 1)), (int("7"), (7, 1, 1)),
+                      (int("7"), (7, 1, 1)), (grid, (4, 1, 1))):
+        b(g)
+        want.append(expect)
+    programs[0] = 3  # the same callable again, what it returns changed: its new grid
+    b(grid)
+    b(dims)
+    dims[0] = 6  # the same list again, changed
+    b(dims)
+    want += [(3, 1, 1), (5, 1, 1), (6, 1, 1)]
+    launched = fake.launches[-len(want):]
+    assert [la["grid"] for la in launched] == want
+    assert all(_pointers(la) == [x.ptr, y.ptr, out.ptr, 4096, 0, 0] and la["block"] == (128, 1, 1)
+               for la in launched)
+    seen: list[Any] = []
+
+    def dispatch(plan: Any, grid: Any, block: Any, shmem: int, stream: Any, args: Any, launch: Any) -> None:
+        seen.append((plan.entry.name, grid))
+        launch()
+
+    hooks.install(dispatch)  # a traced bound launch still reaches the hooks, with its grid
+    try:
+        b(g4)
+        b((2, 2))
+    finally:
+        hooks.uninstall()
+    assert seen == [("add_fp32", (4, 1, 1)), ("add_fp32", (2, 2, 1))]
+    assert [la["grid"] for la in fake.launches[-2:]] == [(4, 1, 1), (2, 2, 1)]
+    count = len(fake.launches)
+    with pytest.raises(ArgumentValueError, match=r"add_fp32\[grid\]: grid: \(1, 70000, 1\) programs, more than"):
+        b((1, 70000))
+    with pytest.raises(ArgumentValueError, match=r"add_fp32\[grid\]: grid: every dimension must be >= 1"):
+        b(0)
+    y.free()
+    with pytest.raises(ValueError, match="freed"):
+        b(g4)
+    with pytest.raises(ValueError, match="freed"):  # and on every call after it
+        b(g4)
+    assert len(fake.launches) == count
+
+
+@pytest.mark.needs_triton
+def test_a_launch_repeated_past_promotion_is_shared_with_other_threads_and_keeps_every_check(
+        built: tuple[Path, Any], fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """A remembered launch hit ``PROMOTE_AFTER`` times becomes a shared snapshot (its block copied,
+    the launch call prebuilt): another thread calling with the same objects, grid and stream launches
+    it with nothing read again (its own memo slots are empty), and it still keeps the memo's checks:
+    a moved tensor is read again, a freed buffer is refused."""
+    import threading
+
+    from khal_runtime import triton as khal_triton
+    from khal_runtime.buffers import DeviceBuffer
+
+    from tests.helpers.fakecuda import stream
+
+    root, _ = built
+    add = _load(root, fake).add_fp32
+    slow = _count_slow_launches(monkeypatch)
+    shared = stream(0x66, native="SHARED")
+    x, y, out = _Tensor(0x10000), _Tensor(0x20000), _Tensor(0x30000)
+    go = add[(4,)]
+    for _ in range(khal_triton.PROMOTE_AFTER + 3):
+        go(x, y, out, 4096, stream=shared)
+    reads = x.dtype_reads
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            from khal_runtime.device import ensure_current
+
+            ensure_current(0)
+            for _ in range(3):
+                go(x, y, out, int("4096"), stream=shared)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert not errors, errors
+    assert x.dtype_reads == reads  # the other thread read nothing: the shared snapshot
+    assert slow == ["add_fp32"]
+    assert all(_pointers(la) == [0x10000, 0x20000, 0x30000, 4096, 0, 0] and la["stream"] == shared._cu
+               for la in fake.launches[-3:])
+    x.add_()  # written in place: the snapshot still holds
+    go(x, y, out, 4096, stream=shared)
+    assert x.dtype_reads == reads
+    x.set_(0x40000)  # moved: read again
+    go(x, y, out, 4096, stream=shared)
+    assert _pointers(fake.launches[-1])[:3] == [0x40000, 0x20000, 0x30000] and x.dtype_reads > reads
+    a, b, c = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
+    for _ in range(khal_triton.PROMOTE_AFTER + 3):
+        go(a, b, c, 4096, stream=shared)
+    assert any(snap[0] is a for snap in add._shared)
+    count = len(fake.launches)
+    a.free()  # a free forgets every snapshot
+    assert all(snap[0] is not a for snap in add._shared)
+    with pytest.raises(ValueError, match="freed"):
+        go(a, b, c, 4096, stream=shared)
+    assert len(fake.launches) == count
+
+
 class _Dtype:
     """A torch dtype's look-alike (``str`` gives ``torch.float32``)."""
 

@@ -33,6 +33,9 @@ from khal_runtime.device import _tls, ensure_current
 from khal_runtime.launch_hooks import hooks
 from khal_runtime.memo import EPOCH
 
+#: a remembered grid no call's argument is
+NOMEMO = object()
+
 __all__ = ["BoundLaunch"]
 
 
@@ -107,6 +110,22 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
     def __reduce__(self) -> Any:
         raise TypeError("a BoundLaunch cannot be pickled: it holds device pointers; bind again")
 
+    def over_grid(self, grid_of: Callable[[Any], tuple[tuple[int, int, int], bool]],
+                  recheck: Callable[[], Any] | None = None) -> Callable[[Any], None]:
+        """This launch taken with a grid of blocks instead of a thread count (a Triton family's
+        ``b(grid)``, a grid of programs): ``call(x)`` launches ``grid_of(x)``'s blocks with the
+        packed block, at the cost of a thread count's call. ``grid_of(x)`` returns ``((gx, gy,
+        gz), keep)``, checked (named errors); ``keep``: whether the same object ``x`` again (or an
+        equal int) may reuse those blocks without calling it (False: a callable grid, evaluated
+        on every call). ``recheck``: what re-checks the arguments as given (before they became
+        the values packed) after a free; by default the packed values are re-checked. The caller
+        keeps this object alive as long as the call: the call does not hold the packed block."""
+        return _make_call(self.kernel, self._plan, self.stream, self.arguments, self._addr(), grid_of, recheck)
+
+    def _addr(self) -> int:
+        """The packed parameters' ``void*[]`` address (0 for an entry without parameters)."""
+        return ctypes.addressof(self._keep[1]) if self._plan._offsets else 0
+
     def __repr__(self) -> str:
         return f"<BoundLaunch {self.kernel.name} on stream 0x{self.stream.handle:x}>"
 
@@ -115,9 +134,12 @@ def _unbound(n: int) -> None:  # pragma: no cover - replaced in __new__
     raise RuntimeError("BoundLaunch is not initialised")
 
 
-def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr: int) -> Callable[[int], None]:
+def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr: int,
+               grid_of: Callable[[Any], tuple[tuple[int, int, int], bool]] | None = None,
+               recheck: Callable[[], Any] | None = None) -> Callable[[Any], None]:
     """``call(n)``: launch ``n`` threads (grid = ceil(n / block.x)) with the bound block; a
-    2-D / 3-D entry takes ``(nx, ny[, nz])``."""
+    2-D / 3-D entry takes ``(nx, ny[, nz])``. With ``grid_of`` (:meth:`BoundLaunch.over_grid`)
+    ``n`` is what it turns into blocks."""
     drv = driver()
     launch, f, cu, dev = drv.cuLaunchKernel, plan.function, stream._cu, stream.device_id
     fast, call_args = launch_call(drv, plan.fattrs)  # the entry's launch attributes, prebuilt
@@ -133,9 +155,17 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
     def slow(n: Any) -> tuple[int, int, int] | None:
         if state[0] != E[0]:  # something was freed since the last check: re-check (named errors)
             ep = E[0]
-            diagnose_args(kernel.entry, args, device=dev)
+            if recheck is not None:
+                recheck()
+            else:
+                diagnose_args(kernel.entry, args, device=dev)
             state[0] = ep
-        if dims == 1 and not isinstance(n, (tuple, list)):
+        key = n
+        if grid_of is not None:
+            g, keep = grid_of(n)
+            if not keep:
+                key = NOMEMO  # (no call's argument is it)
+        elif dims == 1 and not isinstance(n, (tuple, list)):
             n = thread_count(name, n)
             if n == 0:
                 return None
@@ -148,7 +178,7 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
             check_attrs(*g, bx * by * bz, shared)
         prev = state[1]
         # another count with the same grid keeps the launch configuration (making one costs microseconds)
-        state[1] = (n, prev[1] if prev[2] == g and prev[1] else call_args(f, g, (bx, by, bz), shared, cu, addr), g)
+        state[1] = (key, prev[1] if prev[2] == g and prev[1] else call_args(f, g, (bx, by, bz), shared, cu, addr), g)
         return g
 
     def call(n: int) -> None:

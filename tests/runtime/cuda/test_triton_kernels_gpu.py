@@ -84,7 +84,8 @@ def test_repeated_calls_follow_in_place_writes_moved_tensors_and_frees(tri: Any)
     """The Triton call's memo on the GPU: the same tensors again launch the block packed the first
     time; an in-place write is seen by the kernel (the same address), a tensor moved by ``set_`` /
     ``.data =`` is read again, a misaligned one switches to the conservative twin, another scalar
-    is packed, and a freed DeviceBuffer is refused."""
+    is packed, and a freed DeviceBuffer is refused. Each repeated past ``PROMOTE_AFTER``: the
+    family's shared snapshot (a copy of the block) is what launches, with the same checks."""
     import numpy as np
     import torch
 
@@ -97,7 +98,7 @@ def test_repeated_calls_follow_in_place_writes_moved_tensors_and_frees(tri: Any)
     x, y = torch.rand(n, device="cuda"), torch.rand(n, device="cuda")
     out = torch.full((n,), float("nan"), device="cuda")
     go = add[(n // 1024,)]
-    for i in range(5):
+    for i in range(12):
         x.add_(1.0)  # written in place between launches
         out.fill_(float("nan"))
         go(x, y, out, n, stream=st)
@@ -122,12 +123,45 @@ def test_repeated_calls_follow_in_place_writes_moved_tensors_and_frees(tri: Any)
         torch.cuda.synchronize()
         assert torch.equal(out[:half], (x + y)[:half]) and bool(out[half:].isnan().all()), kind
     a, b, c = (DeviceBuffer.from_numpy(np.full(n, v, np.float32)) for v in (1.0, 2.0, 0.0))
-    for _ in range(3):
+    for _ in range(12):
         go(a, b, c, n)
     assert float(c.to_numpy()[-1]) == 3.0
+    assert any(snap[0] is a for snap in add._shared)  # (repeated past PROMOTE_AFTER: shared)
     a.free()
     with pytest.raises(ValueError, match="freed"):
         go(a, b, c, n)
+
+
+def test_a_bound_launch_matches_torch_for_each_grid_and_refuses_a_freed_buffer(tri: Any) -> None:
+    """``b = k.bind(...)``; ``b(grid)`` on the GPU: the grid given each call (a tuple again, a
+    callable whose result changed, an int), the block packed at bind; a DeviceBuffer freed after
+    binding is refused."""
+    import numpy as np
+    import torch
+
+    from khal_runtime import DeviceBuffer
+
+    kind, ks = tri
+    add = ks.add_fp32
+    st = _stream()
+    n = 4096
+    x, y = torch.rand(n, device="cuda"), torch.rand(n, device="cuda")
+    out = torch.full((n,), float("nan"), device="cuda")
+    b = add.bind(x, y, out, n, stream=st)
+    g4, programs = (n // 1024,), [2]
+    for grid, written in ((g4, n), (g4, n), (lambda meta: (programs[0],), 2048), (1, 1024)):
+        out.fill_(float("nan"))
+        for _ in range(3):
+            b(grid)
+        torch.cuda.synchronize()
+        assert torch.equal(out[:written], (x + y)[:written]) and bool(out[written:].isnan().all()), (kind, grid)
+    a, c, o = (DeviceBuffer.from_numpy(np.full(n, v, np.float32)) for v in (1.0, 2.0, 0.0))
+    bb = add.bind(a, c, o, n)
+    bb(g4)
+    assert float(o.to_numpy()[-1]) == 3.0
+    c.free()
+    with pytest.raises(ValueError, match="freed"):
+        bb(g4)
 
 
 def test_fused_softmax_matches_torch(tri: Any) -> None:
