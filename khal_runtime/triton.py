@@ -1010,7 +1010,9 @@ class _TritonBoundExtras:
                  "_sizes", "_packed", "_gen")
 
     def __init__(self, family: TritonKernel, variant: Any, values: list[Any], stream: Any) -> None:
-        self.family, self.variant, self.bound = family, variant, None
+        self.family, self.variant = family, variant
+        #: the variant's bound launch with the scratch pointers ``_packed`` (None: not bound yet)
+        self.bound: Any = None
         self._bx = int(variant.entry.block_size[0])
         #: (the last grid object, its thread counts): a repeated grid launches with the same counts
         self._last: tuple[Any, Any] = (NOMEMO, None)
