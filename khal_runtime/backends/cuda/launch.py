@@ -217,6 +217,7 @@ class LaunchPlan:
         for j in range(SLOTS):
             setattr(ms, f"s{j}", slots[j])
         ms.victim, ms.scratch, ms.filled, ms.owner = 0, slots[SLOTS], False, owner
+        ms.recent, ms.rnext = [(NOMEMO,) * lo.P] * SLOTS, 0
         self._tls.owner = owner
         self._tls.s = ms
         return ms
