@@ -171,6 +171,27 @@ def test_sets_in_turn_are_each_stored_on_their_second_read(call: Any) -> None:
     assert Tensor.reads == reads  # every one a hit
 
 
+def test_a_uniform_in_a_tensor_is_read_inline(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A struct in a torch tensor (what khal_runtime.torch.uniform() makes): the call reads it
+    inline (pointer, elements times itemsize), not through the generic converter, once the plan
+    has seen the type; too few bytes is still the named error."""
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    plan = k.plan(0)
+    generic: list[int] = []
+    real = plan._uniform_unseen
+    monkeypatch.setattr(plan, "_uniform_unseen", lambda i, obj, gen: (generic.append(i), real(i, obj, gen))[1])
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for j in range(6):
+        u = Tensor(0x7000 + 0x100 * j, 2)  # two float32: the struct's 8 bytes; a new one each call
+        k(300, x, y, z, u, 0.5, stream=st)
+        assert _u64(fake.launches[-1], 6) == u.ptr
+    assert len(generic) <= 1  # the first call only (the plan learns the type from it)
+    with pytest.raises(ArgumentValueError, match=r"argument 'p'"):
+        k(300, x, y, z, Tensor(0x7000, 1), 0.5, stream=st)  # 4 bytes, the struct needs 8
+    assert len(generic) <= 1
+
+
 def test_the_memo_keeps_the_storage_a_tensor_had(call: Any) -> None:
     """After ``.data =`` frees a tensor's old memory, an allocator could hand that address to
     new data with the same pointer: the memo holds the old storage, so it cannot."""

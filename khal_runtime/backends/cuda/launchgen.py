@@ -121,9 +121,9 @@ class CodeSpec:
     offsets: tuple[int, ...]
     #: per parameter, the array types whose read is inlined, with their records (``ArrayT{i}_{j}``)
     inline: tuple[tuple[tuple[type, Any], ...], ...]
-    #: per parameter, the host struct types converted inline, and how (``StructT{i}_{j}``:
-    #: "ctypes" / "bytes")
-    uinline: tuple[tuple[tuple[type, str], ...], ...]
+    #: per parameter, the uniform types converted inline, and how (``StructT{i}_{j}``:
+    #: "ctypes" / "bytes" host structs; a device array type's record: its inline read)
+    uinline: tuple[tuple[tuple[type, Any], ...], ...]
     #: storage parameters that have seen a versioned array (torch): their memos check it
     versioned: frozenset[int]
     #: the fields of memo slots and snapshots
@@ -191,7 +191,13 @@ def uniform_param_lines(spec: CodeSpec, i: int, I: str, gen: int | None) -> list
         lines.append(f"{I}t = type({a})")
         for j, (_, kind) in enumerate(spec.uinline[i]):
             lines.append(f"{I}{'if' if j == 0 else 'elif'} t is StructT{i}_{j}:")
-            lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
+            if isinstance(kind, str):
+                lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
+                continue
+            # a device array holding the struct (uniforms' device converter: pointer, bytes)
+            lines += [f"{I}    " + ln.format(a=a, i=i, d=int(spec.device_id)) for ln in kind.inline]
+            lines += [f"{I}    if (s := ITEMSIZE.get(k{i})) is None: s = itemsize_of(k{i})",
+                      f"{I}    u = (p{i}, c{i} * s)"]
         lines += [f"{I}else:", f"{I}    u = {seen_call('uniform', i, gen)}"]
     else:
         lines.append(f"{I}u = {seen_call('uniform', i, gen)}")
