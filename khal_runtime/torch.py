@@ -25,9 +25,10 @@ Not :func:`torch.library.custom_op`: its Python layers (autograd and in-place ke
 dynamo-disabled wrapper, the aliasing check) cost about ten microseconds per call, and its
 version bump before the launch made the typed call's memo miss on every call. The ``CUDA``
 kernel here keeps, per operator, a few bound launches (:meth:`~khal_runtime.kernels.Kernel.bind`)
-of argument sets one of its last two calls on the same stream had too: a repeated call checks the
-arguments' identity, the tensors' version and ``data_ptr()`` (else their full facts) and the
-current stream, then launches the bound argument block.
+of argument sets one of its last four unbound calls on the same stream had too: a repeated call
+checks the arguments' identity, the tensors' version (or the one the operator's own last launch
+left) and ``data_ptr()`` (else their full facts) and the current stream, then launches the bound
+argument block.
 
 Loading a package registers nothing, and importing ``khal_runtime`` never imports torch: only
 this module does, inside :func:`register` and :func:`uniform`. Registering is explicit and

@@ -21,7 +21,9 @@ never user strings), each at most once per state:
   3. the full read, check and pack into the least recently filled slot, which is then
      remembered, when every argument is of a kind that cannot change under the same
      identity unnoticed (``interop.STABLE_ARRAY_TYPES``, torch tensors with a version
-     counter: ``interop.VERSIONED_ARRAY_TYPES``, immutable scalars, re-readable uniforms).
+     counter: ``interop.VERSIONED_ARRAY_TYPES``, immutable scalars, re-readable uniforms);
+     in a plan that has seen torch tensors, only the second time the same objects come
+     (a new tensor every call is never stored: :func:`memo_store_lines`).
 
 Anything off these paths goes to the generic slow path (``khal_runtime.calls.slow_call``, by
 name: an argument type the call was not made for raises ``Restate`` inside the read and goes
