@@ -25,9 +25,10 @@ Not :func:`torch.library.custom_op`: its Python layers (autograd and in-place ke
 dynamo-disabled wrapper, the aliasing check) cost about ten microseconds per call, and its
 version bump before the launch made the typed call's memo miss on every call. The ``CUDA``
 kernel here keeps, per operator, a few bound launches (:meth:`~khal_runtime.kernels.Kernel.bind`)
-of argument sets one of its last two calls on the same stream had too: a repeated call checks the
-arguments' identity, the tensors' version and ``data_ptr()`` (else their full facts) and the
-current stream, then launches the bound argument block.
+of argument sets one of its last four unbound calls on the same stream had too: a repeated call
+checks the arguments' identity, the tensors' version (or the one the operator's own last launch
+left) and ``data_ptr()`` (else their full facts) and the current stream, then launches the bound
+argument block.
 
 Loading a package registers nothing, and importing ``khal_runtime`` never imports torch: only
 this module does, inside :func:`register` and :func:`uniform`. Registering is explicit and
@@ -98,6 +99,9 @@ class _OpSpec:
     fast: tuple[_Bound, ...] = ()
     #: (device, stream handle, arguments) of the last calls that were not bound (see :func:`_launch`)
     seen: tuple[tuple[int, int, tuple[Any, ...]], ...] = ()
+    #: the bound launch of the operator's last bound call (its tensors' versions after it: see
+    #: :func:`_still`)
+    last: _Bound | None = None
 
     @property
     def qualname(self) -> str:
@@ -307,7 +311,7 @@ class TorchOps:
             s.kernel = kernels.crates[s.crate][s.entry.name]
             s.entry = s.kernel.entry
             s.crate_kernels = kernels.crates[s.crate]
-            s.fast, s.seen = (), ()  # bound to the previous load's kernels
+            s.fast, s.seen, s.last = (), (), None  # bound to the previous load's kernels
         self.kernels = kernels
 
     def __repr__(self) -> str:
@@ -393,7 +397,7 @@ _bump: Callable[[Any], None] | None = None
 _streams: dict[tuple[int, int], Stream] = {}
 #: bound launches an operator keeps, and argument sets it remembers as seen
 _FAST_MAX = 4
-_SEEN_MAX = 2
+_SEEN_MAX = 4
 #: Python scalar types an argument may be compared by value (a launch packs their value)
 _SCALAR_TYPES = frozenset({int, float, bool, complex})
 
@@ -487,12 +491,18 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
     """The kernel at the ``CUDA`` key: a bound launch of this argument set on this stream if the
     operator has one that still holds, else :func:`_launch`. A bound launch holds while the same
     objects come back (scalars: the same value, to the sign of a zero), PyTorch's current
-    stream of its device is the one it was bound on, and each tensor has the version and
-    ``data_ptr()`` it had after the last launch, or else (an in-place op elsewhere, a
-    ``resize_``) the same facts the launch packed.
+    stream of its device is the one it was bound on, and each tensor has the ``data_ptr()`` it
+    had after the last launch and either the version it had then or, after an in-place op since,
+    the same facts the launch packed (:func:`_still`).
 
     Generated per operator, straight-line over its arguments (this runs on every call: a
-    ``map`` over the tensors reads them several times slower than ``a0._version, ...``)."""
+    ``map`` over the tensors reads them several times slower than ``a0._version, ...``). The
+    arguments are compared with one chain: tensors by identity, scalars by identity or value
+    (a float through the dispatcher is a new object every call), so an argument set the
+    operator has not bound fails at its first new tensor. Whether one of the last unbound calls
+    had the same objects is checked here too (``seen``): a set seen for the first time (a
+    compiled graph's intermediate, a new tensor every call) goes to :func:`_launch` with
+    nothing to compare there."""
     n = len(spec.entry.params)
     a = [f"a{i}" for i in range(n)]
     if not spec.tensors:  # nothing to bind against: the typed call's own memo serves
@@ -500,20 +510,26 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
                f"    _launch(spec, threads, ({''.join(x + ', ' for x in a)}))"]
     else:
         t = [a[i] for i in spec.tensors]
+        tensor_set = set(spec.tensors)
+
+        def same(arr: str) -> str:
+            return " and ".join(f"{x} is {arr}[{i}]" if i in tensor_set else
+                                f"({x} is {arr}[{i}] or _same({x}, {arr}[{i}]))" for i, x in enumerate(a))
+
         written = "({})".format("".join(a[i] + ", " for i in spec.written))
+        args = f"({''.join(x + ', ' for x in a)})"
         src = [
             f"def cuda_impl(threads{''.join(', ' + x for x in a)}):",
             "    for b in spec.fast:",
             "        A = b.args",
-            f"        if not ({' and '.join(f'{x} is A[{i}]' for i, x in enumerate(a))}):",
-            f"            if not ({' and '.join(f'_same({x}, A[{i}])' for i, x in enumerate(a))}):",
-            "                continue",
+            f"        if not ({same('A')}):",
+            "            continue",
             "        if _raw_stream(b.device) != b.handle:",
             "            continue",
             "        try:",
             f"            vs = ({''.join(x + '._version, ' for x in t)})",
-            "            if vs != b.versions:  # an in-place op elsewhere, resize_, set_: the packed facts again",
-            f"                if ({''.join(f'_facts({x}), ' for x in t)}) != b.facts:",
+            "            if vs != b.versions:  # an in-place op: this op's launch of another set, or another op",
+            f"                if not _still(b, spec.last, ({''.join(x + ', ' for x in t)}), vs):",
             "                    continue",
             f"            elif ({''.join(x + '.data_ptr(), ' for x in t)}) != b.ptrs:  # .data =, swap_tensors",
             "                continue",
@@ -523,8 +539,14 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
             *([f"        _bump({written})"] if spec.written else []),
             "        d = b.deltas",
             f"        b.versions = ({''.join(f'vs[{j}] + d[{j}], ' for j in range(len(t)))})",
+            "        spec.last = b",
             "        return",
-            f"    _launch(spec, threads, ({''.join(x + ', ' for x in a)}), {written})",
+            "    for S in spec.seen:",
+            "        P = S[2]",
+            f"        if {same('P')}:",
+            f"            _launch(spec, threads, {args}, {written}, True)",
+            "            return",
+            f"    _launch(spec, threads, {args}, {written}, False)",
         ]
     src = ["def make(spec):", *("    " + ln for ln in src), "    return cuda_impl"]
     code = compile("\n".join(src) + "\n", f"<khal torch op {spec.qualname}>", "exec")
@@ -537,15 +559,36 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
     return fn
 
 
-def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...], written: tuple[Any, ...] | None = None) -> None:
+def _still(b: _Bound, last: _Bound | None, tensors: tuple[Any, ...], versions: tuple[Any, ...]) -> bool:
+    """Whether the bound launch ``b`` still holds for ``tensors``, some of whose ``versions``
+    moved since its last launch: each tensor has the ``data_ptr()`` it had then and, if its
+    version moved, either the version this operator's last bound launch (``last``) left it at,
+    with the same facts as ``b`` packed (the bump was that launch's own: a tensor written by
+    every one of several argument sets used in turn; that launch checked its facts), or else
+    the same facts read again."""
+    vb, fb, pb = b.versions, b.facts, b.ptrs
+    lt, lv, lf = (last.tensors, last.versions, last.facts) if last is not None else ((), (), ())
+    for j, t in enumerate(tensors):
+        v = versions[j]
+        if v == vb[j] or (j < len(lt) and lt[j] is t and lv[j] == v and lf[j] == fb[j]):
+            if t.data_ptr() != pb[j]:
+                return False
+        elif _facts(t) != fb[j]:
+            return False
+    return True
+
+
+def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...], written: tuple[Any, ...] | None = None,
+            again: bool = True) -> None:
     """The launch without a bound one: on PyTorch's current stream of the tensors' device (any
     other device is refused, naming the argument). An argument set one of the operator's last
-    two calls on the same stream had too (the same objects, scalars of the same value) is bound
-    and kept for :func:`_make_cuda_impl`'s fast path; others go through the typed call. Each
-    tensor the kernel may write gets its version counter bumped (``written``: those tensors, from
-    the generated CUDA kernel, else picked here).
+    ``_SEEN_MAX`` unbound calls on the same stream had too (the same objects, scalars of the same
+    value) is bound and kept for :func:`_make_cuda_impl`'s fast path; others go through the
+    typed call. Each tensor the kernel may write gets its version counter bumped (``written``:
+    those tensors, from the generated CUDA kernel, else picked here). ``again``: False when the
+    CUDA kernel found that no remembered call had these objects (nothing to compare here).
 
-    The last two argument sets are held (as the typed call's memo holds its slots): compared by
+    The last argument sets are held (as the typed call's memo holds its slots): compared by
     ``id()`` alone, a tensor freed after one call (a compiled graph's intermediate) and the next
     call's new one at the same address would pass for the same, and be bound every other call."""
     i = spec.first_tensor
@@ -570,11 +613,12 @@ def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...], written: tuple[A
         kernel(threads, *kargs, stream=st)
         return
     seen = spec.seen
-    again = False
-    for d, sh, prev in seen:
-        if d == dev and sh == h and (all(map(is_, args, prev)) or all(map(_same, args, prev))):
-            again = True
-            break
+    if again:
+        again = False
+        for d, sh, prev in seen:
+            if d == dev and sh == h and (all(map(is_, args, prev)) or all(map(_same, args, prev))):
+                again = True
+                break
     if not again or any(args[j].is_inference() for j in spec.tensors):
         if not again:
             spec.seen = ((dev, h, args), *seen[:_SEEN_MAX - 1])
@@ -591,6 +635,7 @@ def _launch(spec: _OpSpec, threads: Any, args: tuple[Any, ...], written: tuple[A
     b.versions = tuple(t._version for t in tensors)
     b.deltas = tuple(map(int.__sub__, b.versions, before))
     spec.fast = (b, *spec.fast[:_FAST_MAX - 1])
+    spec.last = b
 
 
 def _make_impl(spec: _OpSpec) -> Callable[..., None]:

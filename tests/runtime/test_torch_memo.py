@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from khal_runtime import DeviceBuffer, interop
-from khal_runtime.backends.cuda.launchgen import PROMOTE_AFTER
+from khal_runtime.backends.cuda.launchgen import PROMOTE_AFTER, SLOTS
 from khal_runtime.device import _tls
 from khal_runtime.errors import ArgumentValueError
 from tests.helpers.runtime import P, _kernel, _u64
@@ -70,6 +70,20 @@ class SwappableTensor(Tensor):
 SwappableTensor.__module__ = "torch"
 
 
+class CountingTensor(Tensor):
+    """Counts ``untyped_storage()`` calls: what storing a memo slot reads of a tensor (with its
+    version), and what a full read that stores nothing never reads."""
+
+    storage_reads = 0
+
+    def untyped_storage(self) -> Any:
+        CountingTensor.storage_reads += 1
+        return super().untyped_storage()
+
+
+CountingTensor.__module__ = "torch"
+
+
 @pytest.fixture
 def call(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> Any:
     k, st = _kernel(fake)
@@ -121,13 +135,70 @@ def test_repeated_tensors_are_packed_once_and_repacked_when_they_change(call: An
     assert Tensor.reads == before
 
 
+def test_a_set_seen_once_stores_no_memo_slot(call: Any) -> None:
+    """A new tensor every call (a compiled graph's intermediate) can never hit the memo: its
+    full read stores no slot (no version or storage read for it) and evicts none; the second
+    full read of the same objects stores one, which the third call hits."""
+    y, z = CountingTensor(0x2000, 300), CountingTensor(0x3000, 300)
+    kept = CountingTensor(0x4000, 300)
+    call(kept, y, z)  # first sight of the type: the code is made for it
+    call(kept, y, z)  # the second full read of this set: stored
+    before = CountingTensor.storage_reads
+    for i in range(3 * SLOTS):
+        x = CountingTensor(0x10_0000 + 0x1000 * i, 300)
+        assert call(x, y, z)[0] == (x.ptr, 300)
+    assert CountingTensor.storage_reads == before  # nothing stored: no storage read
+    reads = Tensor.reads
+    assert call(kept, y, z)[0] == (0x4000, 300)
+    assert Tensor.reads == reads  # its slot was not evicted by the sets seen once: a hit
+    x = CountingTensor(0x9000, 300)
+    call(x, y, z)
+    assert CountingTensor.storage_reads == before
+    call(x, y, z)  # the same objects again: stored now
+    assert CountingTensor.storage_reads == before + 3
+    reads = Tensor.reads
+    assert call(x, y, z)[0] == (0x9000, 300) and Tensor.reads == reads
+
+
+def test_sets_in_turn_are_each_stored_on_their_second_read(call: Any) -> None:
+    y, z = Tensor(0x2000, 300), Tensor(0x3000, 300)
+    xs = [Tensor(0x10_0000 + 0x1000 * i, 300) for i in range(SLOTS)]
+    for x in xs * 2:
+        call(x, y, z)
+    reads = Tensor.reads
+    for x in xs:
+        assert call(x, y, z)[0] == (x.ptr, 300)
+    assert Tensor.reads == reads  # every one a hit
+
+
+def test_a_uniform_in_a_tensor_is_read_inline(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A struct in a torch tensor (what khal_runtime.torch.uniform() makes): the call reads it
+    inline (pointer, elements times itemsize), not through the generic converter, once the plan
+    has seen the type; too few bytes is still the named error."""
+    k, st = _kernel(fake)
+    monkeypatch.setattr(_tls, "dev", 0, raising=False)
+    plan = k.plan(0)
+    generic: list[int] = []
+    real = plan._uniform_unseen
+    monkeypatch.setattr(plan, "_uniform_unseen", lambda i, obj, gen: (generic.append(i), real(i, obj, gen))[1])
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for j in range(6):
+        u = Tensor(0x7000 + 0x100 * j, 2)  # two float32: the struct's 8 bytes; a new one each call
+        k(300, x, y, z, u, 0.5, stream=st)
+        assert _u64(fake.launches[-1], 6) == u.ptr
+    assert len(generic) <= 1  # the first call only (the plan learns the type from it)
+    with pytest.raises(ArgumentValueError, match=r"argument 'p'"):
+        k(300, x, y, z, Tensor(0x7000, 1), 0.5, stream=st)  # 4 bytes, the struct needs 8
+    assert len(generic) <= 1
+
+
 def test_the_memo_keeps_the_storage_a_tensor_had(call: Any) -> None:
     """After ``.data =`` frees a tensor's old memory, an allocator could hand that address to
     new data with the same pointer: the memo holds the old storage, so it cannot."""
     x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
     old = weakref.ref(x.storage)
     call(x, y, z)  # first sight of the type: the launch code is regenerated for it
-    call(x, y, z)  # remembered
+    call(x, y, z)  # remembered (the second full read of this set)
     x.set_data(0x5000, 300)
     gc.collect()
     assert old() is not None  # held by the memo slot that packed it
@@ -235,3 +306,18 @@ def test_real_torch_in_place_changes_and_data_assignment(call: Any) -> None:
     x.resize_(15, 20).t_()  # transposed in place: no longer contiguous
     with pytest.raises(ArgumentValueError, match=r"argument 'x'.*non-contiguous tensor"):
         call(x, y, z)
+
+
+def test_real_torch_a_new_tensor_each_call_is_never_stored(call: Any) -> None:
+    torch, cuda = _torch_on_cpu()
+    y, z = cuda(torch.zeros(300)), cuda(torch.zeros(300))
+    call(cuda(torch.zeros(300)), y, z)  # first sight of the type
+    news = []
+    for _ in range(2 * SLOTS):
+        x = cuda(torch.zeros(300))
+        news.append(x)
+        assert call(x, y, z)[0] == (x.data_ptr(), 300)
+    slots = call.kernel.plan(0)._tls.s.all
+    assert not any(m.a0 is x for m in slots for x in news)  # no slot holds a set seen once
+    call(news[-1], y, z)  # the second full read of these objects (one of the last SLOTS): stored
+    assert any(m.a0 is news[-1] and m.storage0 is not None for m in slots)

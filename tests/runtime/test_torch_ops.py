@@ -499,10 +499,13 @@ class _CudaTensor:
         return self.ptr
 
     def numel(self) -> int:
+        _CudaTensor.numel_reads += 1  # read by a full facts read only (never by a bound launch's check)
         return self.n
 
     def is_inference(self) -> bool:
         return self.inference
+
+    numel_reads = 0
 
 
 class _RecordingKernel:
@@ -597,6 +600,46 @@ def test_a_new_tensor_each_call_is_never_bound(fast_op: Any) -> None:
     for i in range(6):
         call("saxpy", 8, x, ys[i % 2], p)
     assert [k for k, _ in _kinds(rec)] == ["typed", "typed", "bound", "bound", "bound", "bound"] and rec.binds == 2
+
+
+def test_sets_used_in_turn_are_each_bound_and_accept_the_ops_own_bumps(fast_op: Any) -> None:
+    """Four argument sets in turn sharing the written tensor (a model's layers writing one
+    buffer): each is bound, and the version bump one set's launch made is accepted by the next
+    set without reading the tensor's facts again; an in-place op by anything else is not."""
+    call, rec, _, bumps = fast_op
+    y = _CudaTensor(0x2000)
+    sets = [(_CudaTensor(0x1000 + 0x100 * k), y, _CudaTensor(0x3000 + 0x100 * k, n=4)) for k in range(4)]
+    for x, yy, p in sets * 2:
+        call("saxpy", 8, x, yy, p)
+    assert [k for k, _ in _kinds(rec)] == ["typed"] * 4 + ["bound"] * 4 and rec.binds == 4
+    reads = _CudaTensor.numel_reads
+    for x, yy, p in sets * 3:
+        call("saxpy", 8, x, yy, p)
+    assert [k for k, _ in _kinds(rec)] == ["bound"] * 12 and rec.binds == 4
+    assert _CudaTensor.numel_reads == reads  # y's version moved under every set: no facts read for it
+    assert y.v == len(bumps) == 20
+    y.v += 1  # an in-place op elsewhere (y.mul_(2)): the same facts, read again, then bound still
+    call("saxpy", 8, *sets[0])
+    assert _CudaTensor.numel_reads > reads and _kinds(rec) == [("bound", ("stream", 0, 0x100))]
+    assert rec.binds == 4
+
+
+def test_a_bump_of_the_ops_own_launch_is_not_taken_for_facts_it_did_not_check(fast_op: Any) -> None:
+    """Set A was bound while y held 8 elements; y is resized, set B bound on the new size and
+    launched: y's version is the one B's launch left, but A packed the old size: A is not used."""
+    call, rec, _, _ = fast_op
+    y = _CudaTensor(0x2000)
+    a = (_CudaTensor(0x1000), y, _CudaTensor(0x3000, n=4))
+    b = (_CudaTensor(0x1100), y, _CudaTensor(0x3100, n=4))
+    for _ in range(2):
+        call("saxpy", 8, *a)
+    y.v, y.n = y.v + 1, 4  # y.resize_(4)
+    for _ in range(2):
+        call("saxpy", 8, *b)
+    assert rec.binds == 2
+    rec.calls.clear()
+    call("saxpy", 8, *a)  # A's bound launch would pack 8 elements: bound again on 4
+    assert rec.binds == 3 and rec.calls[-1][0] == "bound" and rec.calls[-1][2][1] is y
 
 
 def test_a_bound_launch_follows_the_current_stream_and_device(fast_op: Any) -> None:

@@ -376,6 +376,40 @@ def test_repeated_calls_reuse_a_bound_launch_that_follows_changes(torch: Any, op
     assert float(y2.min()) == float(y2.max()) == 7.0
 
 
+def test_sets_in_turn_and_a_new_tensor_each_call_give_the_reference(torch: Any, ops: Any, kt: Any,
+                                                                    example_pkg: Any) -> None:
+    """Four argument sets in turn writing one tensor (each bound; each accepts the version the
+    previous set's launch left), a resize of that tensor between rounds, and a new input tensor
+    every call (never bound, never stored by the typed call's memo): every launch computes the
+    reference."""
+    R = example_pkg.reference
+    n = 4099
+    threads = example_pkg.elementwise_threads(n)
+    spec = ops._specs["saxpy"]
+    p = kt.uniform(ops.saxpy, example_pkg.SaxpyParams(a=2.0))
+    xs0 = [_floats(n, 40 + k) for k in range(4)]
+    xs = [_cuda(torch, a) for a in xs0]
+    want = _floats(n, 50)
+    y = _cuda(torch, want)
+    for _ in range(3):
+        for x, x0 in zip(xs, xs0):
+            ops.saxpy(threads, x, y, p)
+            want = R.saxpy(x0, want, 2.0)
+    assert sum(b.args[1] is y for b in spec.fast) == 4  # all four bound
+    np.testing.assert_allclose(y.cpu().numpy(), want, rtol=1e-4, atol=1e-4)
+    y.resize_(n // 2)  # fewer elements: no set may launch on the old count
+    want = want[: n // 2]
+    for x, x0 in zip(xs, xs0):
+        ops.saxpy(threads, x, y, p)
+        want = R.saxpy(x0[: n // 2], want, 2.0)
+    np.testing.assert_allclose(y.cpu().numpy(), want, rtol=1e-4, atol=1e-4)
+    y2 = torch.zeros(n, device="cuda")
+    for k in range(6):
+        x = torch.full((n,), float(k + 1), device="cuda")  # a new tensor each call
+        ops.saxpy(threads, x, y2, p)
+    assert float(y2.min()) == float(y2.max()) == 2.0 * sum(range(1, 7))
+
+
 def test_a_write_to_a_tensor_saved_for_backward_is_caught(torch: Any, ops: Any, kt: Any, example_pkg: Any) -> None:
     """The op bumps the version of what it writes, as PyTorch's in-place operators do: autograd
     refuses a backward through a tensor the kernel changed after it was saved."""

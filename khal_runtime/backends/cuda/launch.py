@@ -39,6 +39,7 @@ from khal_runtime.backends.cuda.uniform_cache import UniformCache
 from khal_runtime.buffers import FREED, DeviceBuffer
 from khal_runtime.calls import Restate, slow_call
 from khal_runtime.device import Device, Stream, _tls, as_stream, ensure_current, ready_stream
+from khal_runtime.dtypes import dtype_info
 from khal_runtime.errors import CudaError
 from khal_runtime.generated import define
 from khal_runtime.launch_hooks import hooks
@@ -53,6 +54,20 @@ MAX_INLINE = 3
 MISSING = object()  # default of the generated __call__'s parameters: "not passed"
 NOMEMO = object()  # a memo slot item no argument is identical to
 _PACK_U64 = struct.Struct("<Q").pack_into
+
+#: dtype key -> itemsize, of the device arrays passed as uniforms (read inline: ``_uniform_kind``)
+_ITEMSIZE: dict[Any, int] = {}
+
+
+def _itemsize_of(key: Any) -> int:
+    """The itemsize of a dtype key (what ``uniforms``' device converter multiplies the count by), cached."""
+    size = dtype_info(key)[1]
+    try:
+        _ITEMSIZE[key] = size
+    except TypeError:  # an unhashable key
+        pass
+    return size
+
 
 def uniform_reader(obj: Any, converted: Any) -> Any:
     """How the prepacked path re-reads a uniform argument it saw before: None when its identity
@@ -162,7 +177,9 @@ class LaunchPlan:
         #: storage parameters that have seen a versioned array (torch): their memos check it
         self._versioned: set[int] = set()
         #: per uniform parameter: host struct types converted inline (type -> "ctypes"/"bytes")
-        self._uinline: list[dict[type, str]] = [{} for _ in entry.params]
+        #: per uniform parameter, the types converted inline: "ctypes", "bytes", or a device
+        #: array's record (its inline read: a torch tensor holding the struct, khal_runtime.torch)
+        self._uinline: list[dict[type, Any]] = [{} for _ in entry.params]
         #: the state counter: moved by every change of the state above (a type learnt), so code
         #: made from an earlier state is made again when next read
         self._gen = 0
@@ -217,6 +234,7 @@ class LaunchPlan:
         for j in range(SLOTS):
             setattr(ms, f"s{j}", slots[j])
         ms.victim, ms.scratch, ms.filled, ms.owner = 0, slots[SLOTS], False, owner
+        ms.recent, ms.rnext = [(NOMEMO,) * lo.P] * SLOTS, 0
         self._tls.owner = owner
         self._tls.s = ms
         return ms
@@ -245,11 +263,20 @@ class LaunchPlan:
             self._versioned.add(i)
         return inline or versioned
 
-    def _uniform_kind(self, obj: Any) -> tuple[Callable[[Any], Any], str | None]:
-        """(converter, how the code converts it inline: "ctypes" / "bytes" / None) of a uniform argument."""
+    def _uniform_kind(self, obj: Any) -> tuple[Callable[[Any], Any], Any]:
+        """(converter, how the code converts it inline: "ctypes" / "bytes" / the record of a device
+        array type with an inline read / None) of a uniform argument."""
         tp = type(obj)
         conv = cached_converter(tp) or uniform_converter(obj)
-        return conv, "ctypes" if is_converter(conv, "ctypes") else "bytes" if tp is bytes else None
+        if is_converter(conv, "ctypes"):
+            return conv, "ctypes"
+        if tp is bytes:
+            return conv, "bytes"
+        if is_converter(conv, "device") and tp is not DeviceBuffer:
+            rec = interop.array_type(obj)
+            if rec.inline:
+                return conv, rec
+        return conv, None
 
     def _changed(self) -> None:
         """The state changed (under ``_keep_lock``): ``run`` and the call are made again when next read."""
@@ -358,7 +385,7 @@ class LaunchPlan:
         """The state the code is made from, frozen (``hooked``: launch hooks installed;
         ``clustered``: a ``run`` for a cluster given at launch)."""
         inline: list[tuple[tuple[type, Any], ...]] = []
-        uinline: list[tuple[tuple[type, str], ...]] = []
+        uinline: list[tuple[tuple[type, Any], ...]] = []
         for i in range(len(self.readers)):  # (loops, not comprehensions: the first call's frame budget)
             inline.append(tuple(self._inline[i].items()))
             uinline.append(tuple(self._uinline[i].items()))
@@ -390,7 +417,7 @@ class LaunchPlan:
             "ready_stream": ready_stream, "pack_u64": _PACK_U64,
             "storage_seen": self._storage_seen, "uniform_seen": self._uniform_seen,
             "storage_unseen": self._storage_unseen, "uniform_unseen": self._uniform_unseen,
-            "check_attrs": self.check_attrs,
+            "check_attrs": self.check_attrs, "ITEMSIZE": _ITEMSIZE, "itemsize_of": _itemsize_of,
             # the kernel's call only
             "kernel": self.kernel, "slow_call": slow_call, "Restate": Restate, "MISSING": MISSING,
             "snapshots": self._shared, "promote": self._promote, "unshare": self._unshare,

@@ -21,7 +21,9 @@ never user strings), each at most once per state:
   3. the full read, check and pack into the least recently filled slot, which is then
      remembered, when every argument is of a kind that cannot change under the same
      identity unnoticed (``interop.STABLE_ARRAY_TYPES``, torch tensors with a version
-     counter: ``interop.VERSIONED_ARRAY_TYPES``, immutable scalars, re-readable uniforms).
+     counter: ``interop.VERSIONED_ARRAY_TYPES``, immutable scalars, re-readable uniforms);
+     in a plan that has seen torch tensors, only the second time the same objects come
+     (a new tensor every call is never stored: :func:`memo_store_lines`).
 
 Anything off these paths goes to the generic slow path (``khal_runtime.calls.slow_call``, by
 name: an argument type the call was not made for raises ``Restate`` inside the read and goes
@@ -87,12 +89,17 @@ class MemoLayout:
 class ThreadSlots:
     """One thread's memo slots of one plan: ``all`` (the SLOTS slots, also as ``s0``..),
     ``victim`` (the slot the next full read fills), ``scratch`` (the explicit launch's, which no
-    memo uses) and ``filled`` (whether any slot was ever filled)."""
+    memo uses), ``filled`` (whether any slot was ever filled), and ``recent`` / ``rnext``: the
+    argument tuples of the last SLOTS full reads that stored no slot, and the one to replace next
+    (a full read stores a slot only for arguments one of them had: :func:`memo_store_lines`)."""
 
-    __slots__ = ("all", *(f"s{j}" for j in range(SLOTS)), "victim", "scratch", "filled", "owner")
+    __slots__ = ("all", *(f"s{j}" for j in range(SLOTS)), "victim", "scratch", "filled", "owner",
+                 "recent", "rnext")
 
     all: tuple[Any, ...]
     victim: int
+    recent: list[tuple[Any, ...]]
+    rnext: int
     scratch: Any
     filled: bool
     owner: Any
@@ -116,9 +123,9 @@ class CodeSpec:
     offsets: tuple[int, ...]
     #: per parameter, the array types whose read is inlined, with their records (``ArrayT{i}_{j}``)
     inline: tuple[tuple[tuple[type, Any], ...], ...]
-    #: per parameter, the host struct types converted inline, and how (``StructT{i}_{j}``:
-    #: "ctypes" / "bytes")
-    uinline: tuple[tuple[tuple[type, str], ...], ...]
+    #: per parameter, the uniform types converted inline, and how (``StructT{i}_{j}``:
+    #: "ctypes" / "bytes" host structs; a device array type's record: its inline read)
+    uinline: tuple[tuple[tuple[type, Any], ...], ...]
     #: storage parameters that have seen a versioned array (torch): their memos check it
     versioned: frozenset[int]
     #: the fields of memo slots and snapshots
@@ -186,7 +193,13 @@ def uniform_param_lines(spec: CodeSpec, i: int, I: str, gen: int | None) -> list
         lines.append(f"{I}t = type({a})")
         for j, (_, kind) in enumerate(spec.uinline[i]):
             lines.append(f"{I}{'if' if j == 0 else 'elif'} t is StructT{i}_{j}:")
-            lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
+            if isinstance(kind, str):
+                lines.append(f"{I}    u = {'bytes(' + a + ')' if kind == 'ctypes' else a}")
+                continue
+            # a device array holding the struct (uniforms' device converter: pointer, bytes)
+            lines += [f"{I}    " + ln.format(a=a, i=i, d=int(spec.device_id)) for ln in kind.inline]
+            lines += [f"{I}    if (s := ITEMSIZE.get(k{i})) is None: s = itemsize_of(k{i})",
+                      f"{I}    u = (p{i}, c{i} * s)"]
         lines += [f"{I}else:", f"{I}    u = {seen_call('uniform', i, gen)}"]
     else:
         lines.append(f"{I}u = {seen_call('uniform', i, gen)}")
@@ -310,8 +323,31 @@ def slots_lines(I: str) -> list[str]:  # noqa: E741, N803
     return [f"{I}try:", f"{I}    ms = plan_tls.s", f"{I}except AttributeError:", f"{I}    ms = new_slots()"]
 
 
+def seen_before(spec: CodeSpec) -> str:
+    """The condition that the arguments ``a0..`` are, object for object, those of one of this
+    thread's last SLOTS full reads that stored no slot (``ms.recent``)."""
+    out: list[str] = []
+    for j in range(SLOTS):
+        conds = [f"a0 is (r := R[{j}])[0]"]
+        for i, a in enumerate(spec.memo.args[1:], 1):
+            conds.append(f"{a} is r[{i}]")
+        out.append("(" + " and ".join(conds) + ")")
+    return " or ".join(out)
+
+
 def memo_store_lines(spec: CodeSpec, I: str) -> list[str]:  # noqa: E741, N803
-    """After a full read and pack into slot ``m``: remember the arguments, only when every
+    """After a full read and pack into slot ``m`` (``v``: its index): remember the arguments.
+    In the call of a plan that has seen torch tensors (``spec.versioned``), the second time a
+    full read meets them (the same objects as one of the last SLOTS full reads that stored
+    nothing, ``ms.recent``), not the first: a set seen once (a new tensor every call, a compiled
+    graph's intermediate) could never hit, and storing it cost about as much as the read (each
+    tensor's version and storage) and evicted a slot. A first sight is
+    recorded in ``ms.recent`` instead (holding the objects, so that another object at a freed
+    one's address is not taken for it) and sets ``ms.victim`` back to ``v`` (advanced before the
+    read, so that a launch nested in it packs elsewhere): the next full read packs into the same
+    slot, so a run of sets seen once evicts one slot, not all.
+
+    A store happens only when every
     buffer is of a type that cannot change under the same identity (DeviceBuffer,
     cupy.ndarray: ``interop.STABLE_ARRAY_TYPES``) or, for the parameters that have seen a
     torch tensor (``spec.versioned``), a tensor with a version counter, whose version,
@@ -345,10 +381,14 @@ def memo_store_lines(spec: CodeSpec, I: str) -> list[str]:  # noqa: E741, N803
     inner += ["; ".join(stores), "m.n = n; m.gx = gx; m.hits = 0; ms.filled = True",
               "if ep == EPOCH[0]: m.stream = st"]
     out: list[str] = []
-    J = I  # noqa: N806
+    K = I  # noqa: N806
+    if versioned:  # (a plan that has seen no tensor stores at once: its stores read nothing)
+        K = I + "    "  # noqa: N806
+        out += [f"{I}R = ms.recent", f"{I}if {seen_before(spec)}:"]
+    J = K  # noqa: N806
     if conds:
-        out.append(f"{I}if {' and '.join(conds)}:")
-        J = I + "    "  # noqa: N806
+        out.append(f"{K}if {' and '.join(conds)}:")
+        J = K + "    "  # noqa: N806
     for ln in body:
         out.append(J + ln)
     if ucond:
@@ -356,6 +396,13 @@ def memo_store_lines(spec: CodeSpec, I: str) -> list[str]:  # noqa: E741, N803
         J = J + "    "  # noqa: N806
     for ln in inner:
         out.append(J + ln)
+    if not versioned:
+        return out
+    out += [f"{I}else:",
+            f"{K}j = ms.rnext",
+            f"{K}R[j] = ({''.join(a + ', ' for a in spec.memo.args)})",
+            f"{K}ms.rnext = j + 1 if j < {SLOTS - 1} else 0",
+            f"{K}ms.victim = v"]
     return out
 
 
@@ -592,7 +639,7 @@ def call_source(spec: CodeSpec) -> str:
         f"{J}    gx = {blocks_source('n', bx)}",
         *([J + "    " + chk] if chk else []),
         f"{J}    v = ms.victim",
-        f"{J}    ms.victim = v + 1 if v < {SLOTS - 1} else 0",
+        f"{J}    ms.victim = v + 1 if v < {SLOTS - 1} else 0",  # (back to v if nothing is stored)
         f"{J}    m = ms.all[v]",
         f"{J}    try:",
         f"{J}        ep = EPOCH[0]",
