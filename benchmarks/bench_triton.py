@@ -152,6 +152,35 @@ def _fresh(code: str, arg: str, env: dict[str, str], pkg: str = "") -> dict[str,
     return got
 
 
+def _cuda_core_add(site: Path, pkg: str, symbol: str, st: Any, x: Any, y: Any, o: Any, n: int, bx: int,
+                   shmem: int) -> Callable[[], Any]:
+    """``launch()`` of the vector add's cubin through ``cuda.core`` on the runtime's stream, given
+    the tensors' ``data_ptr()`` at every launch (what a cuda.core user writes)."""
+    import numpy as np
+    import torch
+
+    try:
+        from cuda.core import Device, LaunchConfig, ObjectCode, launch
+    except ImportError:
+        from cuda.core.experimental import Device, LaunchConfig, ObjectCode, launch  # type: ignore[no-redef]
+    from khal_runtime.manifest import load_manifest
+
+    man = load_manifest(site / pkg / "_khal" / "manifest.json")
+    cc = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    arts = [a for c in man.crates for a in c.artifacts
+            if a.kind == "cubin" and (a.arch == cc or a.arch == cc + "a") and any(e.symbol == symbol for e in c.entries)]
+    if not arts:
+        raise RuntimeError(f"no {cc} cubin holds {symbol}")
+    kern = ObjectCode.from_cubin((site / pkg / arts[0].path).read_bytes()).get_kernel(symbol)
+    dev = Device(torch.cuda.current_device())
+    dev.set_current()
+    cst = dev.create_stream(st)
+    cfg = LaunchConfig(grid=n // 1024, block=bx, shmem_size=shmem)
+    nn, zero = np.int32(n), np.uint64(0)
+    launch(cst, cfg, kern, x.data_ptr(), y.data_ptr(), o.data_ptr(), nn, zero, zero)
+    return lambda: launch(cst, cfg, kern, x.data_ptr(), y.data_ptr(), o.data_ptr(), nn, zero, zero)
+
+
 def run(args: Any) -> list[Row]:
     import torch
 
@@ -203,6 +232,12 @@ def run(args: Any) -> list[Row]:
                # Triton's idiom: the grid tuple and the size made anew on every call
                "khal_idiom": lambda: add[((x.numel() + 1023) // 1024,)](x, y, o, x.numel(), stream=st),
                "jit_idiom": lambda: T.add_kernel[((x.numel() + 1023) // 1024,)](x, y, o, x.numel(), BLOCK_SIZE=1024)}
+        # what a user of cuda.core writes for the same cubin: data_ptr() per launch, no checks (the
+        # torch bar's comparison, DESIGN.md; the two scratch pointers as 0)
+        cc = guarded(SECTION, "vector add: cuda.core.launch", rows,
+                     lambda: _cuda_core_add(site, pkg, variant.entry.symbol, st, x, y, o, n, bx, shmem))
+        if cc is not None:
+            fns["cuda_core"] = cc
         got = interleaved_per_call_us(fns, calls=args.calls, batches=args.batches, sync=sync)
         raw, ours, theirs = got["raw"]["median"], got["khal"]["median"], got["jit"]["median"]
         rows.append(Row(SECTION, "vector add: raw cuLaunchKernel, void** prepacked", raw, "us/launch", 1.0, "raw"))
@@ -225,6 +260,11 @@ def run(args: Any) -> list[Row]:
                            ("plan_run", "vector add: the variant's LaunchPlan.run, values given (pack + launch)")):
             v = got[key]["median"]
             rows.append(Row(SECTION, label, v, "us/launch", v / raw, "raw", note=f"min {got[key]['min']:.2f}"))
+        if "cuda_core" in got:
+            v = got["cuda_core"]["median"]
+            rows.append(Row(SECTION, "vector add: cuda.core.launch, torch tensors' data_ptr() per launch, no checks", v,
+                            "us/launch", v / raw, "raw", note=f"min {got['cuda_core']['min']:.2f}; khal typed call "
+                                                              f"(same tensors) / this = {ours / v:.2f}x"))
         rows.append(Row(SECTION, "vector add: Triton JIT launcher", theirs, "us/launch", theirs / ours, "khal",
                         ">= 2x khal", theirs / ours >= 2.0, f"min {got['jit']['min']:.2f}"))
 
