@@ -43,7 +43,7 @@ import re
 import threading
 from dataclasses import dataclass
 from operator import is_
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, Union
 
 from khal_runtime import abi, interop
 from khal_runtime.arguments import struct_bytes as _struct_bytes
@@ -51,6 +51,8 @@ from khal_runtime.device import Stream
 from khal_runtime.errors import ArgumentError, ArgumentValueError, BackendUnavailableError, CaptureError, KhalError
 from khal_runtime.kernels import Kernel, KernelSet
 from khal_runtime.manifest import Entry, Param
+from khal_runtime.torch_triton import TritonOpSpec, check_fake, not_cuda, other_device, triton_spec
+from khal_runtime.triton import TritonKernel
 
 __all__ = ["CrateOps", "TorchOps", "register", "registered", "uniform"]
 
@@ -104,12 +106,24 @@ class _OpSpec:
     last: _Bound | None = None
 
     @property
+    def entry_name(self) -> str:
+        return self.entry.name
+
+    @property
     def qualname(self) -> str:
         return f"{self.namespace}::{self.op_name}"
 
     @property
     def where(self) -> str:
         return f"torch.ops.{self.namespace}.{self.op_name}() (entry {self.crate}.{self.entry.name})"
+
+    def forget(self) -> None:
+        """Drop the launches bound to a previous load's kernels."""
+        self.fast, self.seen, self.last = (), (), None
+
+
+#: an operator: a CUDA C++ / Slang entry's, or a Triton instance family's (:mod:`khal_runtime.torch_triton`)
+_Spec = Union[_OpSpec, TritonOpSpec]
 
 
 def _valid_arg_name(torch: Any, name: str) -> bool:
@@ -196,13 +210,13 @@ def _namespace(name: str, given: bool) -> str:
     return ns
 
 
-def _plan(torch: Any, kernels: KernelSet, namespace: str) -> list[_OpSpec]:
+def _plan(torch: Any, kernels: KernelSet, namespace: str) -> list[_Spec]:
     """One spec per entry: its own name, or ``<crate>_<entry>`` for a name several crates use."""
     by_name: dict[str, list[Kernel]] = {}
     for ck in kernels.crates.values():
         for k in ck:
             by_name.setdefault(k.name, []).append(k)
-    specs: list[_OpSpec] = []
+    specs: list[_Spec] = []
     owner: dict[str, str] = {}
     for name, ks in by_name.items():
         for k in ks:
@@ -214,7 +228,10 @@ def _plan(torch: Any, kernels: KernelSet, namespace: str) -> list[_OpSpec]:
                     f"the operator {namespace}::{op_name} (an entry several crates define is named "
                     "<crate>_<entry>); rename one of the entries")
             owner[op_name] = f"{k.crate}.{name}"
-            specs.append(_spec(torch, namespace, op_name, k))
+            if isinstance(k, TritonKernel):
+                specs.append(triton_spec(lambda n: _valid_arg_name(torch, n), namespace, op_name, k))
+            else:
+                specs.append(_spec(torch, namespace, op_name, k))
     return specs
 
 
@@ -256,7 +273,7 @@ class TorchOps:
     name one crate has; ``ops.crates[<crate>].<entry>`` for every entry; ``ops.op_names`` maps
     ``"crate.entry"`` to the operator's name."""
 
-    def __init__(self, namespace: str, kernels: KernelSet, specs: list[_OpSpec], library: Any) -> None:
+    def __init__(self, namespace: str, kernels: KernelSet, specs: list[_Spec], library: Any) -> None:
         self.namespace = namespace
         #: the ``torch.library.Library`` fragment holding the operators (kept: dropping it
         #: would unregister them)
@@ -264,15 +281,15 @@ class TorchOps:
         self.package = kernels.package
         self.kernels = kernels
         self._specs = {s.op_name: s for s in specs}
-        self.op_names: dict[str, str] = {f"{s.crate}.{s.entry.name}": s.op_name for s in specs}
+        self.op_names: dict[str, str] = {f"{s.crate}.{s.entry_name}": s.op_name for s in specs}
         self._signature = _signature(specs)
         counts: dict[str, int] = {}
         for s in specs:
-            counts[s.entry.name] = counts.get(s.entry.name, 0) + 1
-        self._by_entry = {s.entry.name: s.packet for s in specs if counts[s.entry.name] == 1}
+            counts[s.entry_name] = counts.get(s.entry_name, 0) + 1
+        self._by_entry = {s.entry_name: s.packet for s in specs if counts[s.entry_name] == 1}
         crates: dict[str, dict[str, Any]] = {}
         for s in specs:
-            crates.setdefault(s.crate, {})[s.entry.name] = s.packet
+            crates.setdefault(s.crate, {})[s.entry_name] = s.packet
         self.crates = {c: CrateOps(c, p) for c, p in crates.items()}
 
     def __getattr__(self, name: str) -> Any:
@@ -308,24 +325,24 @@ class TorchOps:
 
     def _rebind(self, kernels: KernelSet) -> None:
         for s in self._specs.values():
-            s.kernel = kernels.crates[s.crate][s.entry.name]
+            s.kernel = kernels.crates[s.crate][s.entry_name]  # type: ignore[assignment]
             s.entry = s.kernel.entry
             s.crate_kernels = kernels.crates[s.crate]
-            s.fast, s.seen, s.last = (), (), None  # bound to the previous load's kernels
+            s.forget()  # what was bound to the previous load's kernels
         self.kernels = kernels
 
     def __repr__(self) -> str:
         return f"<TorchOps torch.ops.{self.namespace} ({self.package}): {sorted(self._specs)}>"
 
 
-def _signature(specs: list[_OpSpec]) -> tuple[tuple[str, str, str, str], ...]:
-    return tuple(sorted((s.op_name, s.crate, s.entry.name, s.schema) for s in specs))
+def _signature(specs: list[_Spec]) -> tuple[tuple[str, str, str, str], ...]:
+    return tuple(sorted((s.op_name, s.crate, s.entry_name, s.schema) for s in specs))
 
 
 _lock = threading.RLock()
 _by_namespace: dict[str, TorchOps] = {}
 #: "namespace::op" -> its spec (for :func:`uniform`)
-_by_qualname: dict[str, _OpSpec] = {}
+_by_qualname: dict[str, _Spec] = {}
 
 
 def registered(namespace: str) -> TorchOps | None:
@@ -377,9 +394,14 @@ def register(kernels: KernelSet, namespace: str | None = None) -> TorchOps:
             s.crate_kernels = kernels.crates[s.crate]
             # pt2_compliant_tag: what custom_op declares too (the op works with torch.compile)
             lib.define(f"{s.op_name}{s.schema}", tags=(torch.Tag.pt2_compliant_tag,))
-            lib.impl(s.op_name, _make_cuda_impl(s), "CUDA")
-            lib.impl(s.op_name, _make_impl(s), "CompositeExplicitAutograd")
-            torch.library.register_fake(s.qualname, _make_fake(s), lib=lib)
+            if isinstance(s, TritonOpSpec):
+                lib.impl(s.op_name, _make_triton_cuda_impl(s), "CUDA")
+                lib.impl(s.op_name, _make_triton_impl(s), "CompositeExplicitAutograd")
+                torch.library.register_fake(s.qualname, _make_triton_fake(s), lib=lib)
+            else:
+                lib.impl(s.op_name, _make_cuda_impl(s), "CUDA")
+                lib.impl(s.op_name, _make_impl(s), "CompositeExplicitAutograd")
+                torch.library.register_fake(s.qualname, _make_fake(s), lib=lib)
             s.packet = getattr(namespace_ops, s.op_name)
             _by_qualname[s.qualname] = s
         ops = TorchOps(ns, kernels, specs, lib)
@@ -418,7 +440,7 @@ def _torch() -> Any:
     return _torch_module
 
 
-def _stream_for(spec: _OpSpec, device: int, handle: int) -> Stream:
+def _stream_for(spec: _Spec, device: int, handle: int) -> Stream:
     """The runtime's Stream for PyTorch's stream ``handle`` on ``device`` (kept: the same handle
     gives the same object, so repeated launches stay on the runtime's fast path)."""
     bk = spec.crate_kernels.backend
@@ -439,7 +461,7 @@ def _not_cuda(spec: _OpSpec, index: int, t: Any) -> ArgumentError:
                          "khal kernels run on CUDA tensors: move it with .cuda()")
 
 
-def _first_use(spec: _OpSpec, device: int) -> None:
+def _first_use(spec: _Spec, device: int) -> None:
     """Before the first launch of an entry whose crate is not loaded on the device: loading it
     is a call a capture in PyTorch's (global) mode would refuse and be invalidated by."""
     torch = _torch()
@@ -450,7 +472,7 @@ def _first_use(spec: _OpSpec, device: int) -> None:
             f"PyTorch asks for), or load the crate first: kernels.crates[{spec.crate!r}].load({device})")
 
 
-def _loaded(spec: _OpSpec, device: int) -> bool:
+def _loaded(spec: _Spec, device: int) -> bool:
     """Whether the entry's crate is loaded on ``device`` (then a launch loads nothing)."""
     return device in getattr(spec.crate_kernels, "_modules", ())
 
@@ -693,6 +715,78 @@ def _check_tensors(spec: _OpSpec, threads: Any, args: Sequence[Any]) -> None:
         elif nbytes is not None and nbytes % p.element_size:
             raise ArgumentValueError(f"{arg}: the tensor's {nbytes} bytes are not a whole number of "
                                      f"{p.element_size}-byte elements")
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton instance families (khal_runtime.torch_triton: the spec, its schema and fake checks)
+# ---------------------------------------------------------------------------------------------
+def _make_triton_cuda_impl(spec: TritonOpSpec) -> Callable[..., None]:
+    """The kernel at the ``CUDA`` key of a Triton family's operator: ``family[grid](*args,
+    stream=<PyTorch's current stream of the tensors' device>)``, then the version bump of every
+    tensor (all declared written). The family's own call checks and chooses (dtypes, alignment,
+    the assumptions its variants make, the grid; an autotuned family times or refuses inside a
+    capture) and remembers a repeated launch: the grid is handed over as one tuple object per
+    value, so that memo sees the same grid again."""
+    pointers = spec.pointers
+    grids = spec.grids
+    torch = _torch()
+
+    def cuda_impl(grid: Any, *args: Any) -> None:
+        if not 0 < len(grid) <= 3:
+            check_fake(spec, grid, args)  # the named error
+        dev = -1
+        for i in pointers:
+            a = args[i]
+            if a is not None:
+                d = a.get_device()
+                if d >= 0:  # (a CPU tensor: the family names it)
+                    if dev < 0:
+                        dev = d
+                    elif d != dev:
+                        raise other_device(spec, i, a, f"cuda:{dev}")
+        if dev < 0:
+            dev = torch.cuda.current_device()
+        h = _raw_stream(dev)  # type: ignore[misc]  # set by _torch()
+        st = _streams.get((dev, h))
+        if st is None:
+            st = _stream_for(spec, dev, h)
+        if not _loaded(spec, dev):
+            _first_use(spec, dev)
+        key = tuple(grid)
+        g = grids.get(key)
+        if g is None:
+            g = key
+            if len(grids) < 64:
+                grids[key] = key
+        spec.kernel.launch(g, *args, stream=st)
+        _bump(tuple([args[i] for i in pointers if args[i] is not None]))  # type: ignore[misc]
+
+    cuda_impl.__name__ = spec.op_name
+    cuda_impl.__qualname__ = f"khal_op_cuda[{spec.qualname}]"
+    return cuda_impl
+
+
+def _make_triton_impl(spec: TritonOpSpec) -> Callable[..., None]:
+    """The kernel for every device but CUDA (``CompositeExplicitAutograd``): refuses the first
+    tensor that is not on a CUDA device, by name."""
+    def impl(grid: Any, *args: Any) -> None:
+        for i in spec.pointers:
+            a = args[i]
+            if a is not None and not a.is_cuda:
+                raise not_cuda(spec, i, a)
+        raise ArgumentError(f"{spec.where}: khal kernels run on CUDA tensors; got none")
+
+    impl.__name__ = spec.op_name
+    impl.__qualname__ = f"khal_op[{spec.qualname}]"
+    return impl
+
+
+def _make_triton_fake(spec: TritonOpSpec) -> Callable[..., None]:
+    def fake(grid: Any, *args: Any) -> None:
+        check_fake(spec, grid, args)
+
+    fake.__name__ = f"{spec.op_name}_fake"
+    return fake
 
 
 # ---------------------------------------------------------------------------------------------

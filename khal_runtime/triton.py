@@ -538,15 +538,25 @@ class TritonKernel:
         self._fast_chosen.clear()
         bump_epoch()  # every remembered launch goes: the next call chooses again
 
-    def _pointer_of(self, i: int, a: Any) -> int:
-        """Argument ``i`` (a pointer, not an int) as a device address, its dtype checked."""
-        dtype = getattr(a, "dtype", None)
+    def pointee_dtype(self, i: int) -> str | None:
+        """The dtype name an array passed as pointer argument ``i`` must have (``*fp32``:
+        ``"float32"``, torch's spelling without ``torch.``), None when the family checks none
+        (the fp8 kinds). Every variant of a family takes the same types."""
+        names = _DTYPE_NAMES.get(self.types[i][1:])
+        return names[0] if names is not None else None
+
+    def check_dtype(self, i: int, dtype: Any) -> None:
+        """Refuse an array of ``dtype`` as pointer argument ``i`` (the family's ArgumentError)."""
         names = _DTYPE_NAMES.get(self.types[i][1:])
         if dtype is not None and names is not None and _dtype_name(dtype) not in names:
             raise ArgumentError(
                 f"{self.name}(): argument {self.arg_names[i]!r} is an array of {_dtype_name(dtype)}, "
                 f"the kernel was built for {self.types[i]} ({names[0]}): build an instance for it "
                 "(a 'matrix' over the type)")
+
+    def _pointer_of(self, i: int, a: Any) -> int:
+        """Argument ``i`` (a pointer, not an int) as a device address, its dtype checked."""
+        self.check_dtype(i, getattr(a, "dtype", None))
         return device_pointer(a, f"{self.name}(): argument {self.arg_names[i]!r}")
 
     def _values(self, args: tuple[Any, ...]) -> list[Any]:
