@@ -212,26 +212,26 @@ def _namespace(name: str, given: bool) -> str:
 
 def _plan(torch: Any, kernels: KernelSet, namespace: str) -> list[_Spec]:
     """One spec per entry: its own name, or ``<crate>_<entry>`` for a name several crates use."""
-    by_name: dict[str, list[Kernel]] = {}
+    by_name: dict[str, list[Kernel | TritonKernel]] = {}  # (a Triton crate's are families)
     for ck in kernels.crates.values():
         for k in ck:
             by_name.setdefault(k.name, []).append(k)
     specs: list[_Spec] = []
     owner: dict[str, str] = {}
     for name, ks in by_name.items():
-        for k in ks:
-            op_name = name if len(ks) == 1 else f"{_sanitize(k.crate)}_{name}"
+        for kf in ks:
+            op_name = name if len(ks) == 1 else f"{_sanitize(kf.crate)}_{name}"
             other = owner.get(op_name)
             if other is not None:
                 raise KhalError(
-                    f"package {kernels.package!r}: entries {other} and {k.crate}.{name} would both be "
+                    f"package {kernels.package!r}: entries {other} and {kf.crate}.{name} would both be "
                     f"the operator {namespace}::{op_name} (an entry several crates define is named "
                     "<crate>_<entry>); rename one of the entries")
-            owner[op_name] = f"{k.crate}.{name}"
-            if isinstance(k, TritonKernel):
-                specs.append(triton_spec(lambda n: _valid_arg_name(torch, n), namespace, op_name, k))
+            owner[op_name] = f"{kf.crate}.{name}"
+            if isinstance(kf, TritonKernel):
+                specs.append(triton_spec(lambda n: _valid_arg_name(torch, n), namespace, op_name, kf))
             else:
-                specs.append(_spec(torch, namespace, op_name, k))
+                specs.append(_spec(torch, namespace, op_name, kf))
     return specs
 
 
@@ -325,7 +325,7 @@ class TorchOps:
 
     def _rebind(self, kernels: KernelSet) -> None:
         for s in self._specs.values():
-            s.kernel = kernels.crates[s.crate][s.entry_name]  # type: ignore[assignment]
+            s.kernel = kernels.crates[s.crate][s.entry_name]
             s.entry = s.kernel.entry
             s.crate_kernels = kernels.crates[s.crate]
             s.forget()  # what was bound to the previous load's kernels
@@ -770,15 +770,21 @@ def _make_triton_impl(spec: TritonOpSpec) -> Callable[..., None]:
     """The kernel for every device but CUDA (``CompositeExplicitAutograd``): refuses the first
     tensor that is not on a CUDA device, by name."""
     def impl(grid: Any, *args: Any) -> None:
-        for i in spec.pointers:
-            a = args[i]
-            if a is not None and not a.is_cuda:
-                raise not_cuda(spec, i, a)
-        raise ArgumentError(f"{spec.where}: khal kernels run on CUDA tensors; got none")
+        _triton_elsewhere(spec, grid, args)
 
     impl.__name__ = spec.op_name
     impl.__qualname__ = f"khal_op[{spec.qualname}]"
     return impl
+
+
+def _triton_elsewhere(spec: TritonOpSpec, grid: Any, args: tuple[Any, ...]) -> None:
+    """A Triton family's operator called on tensors of another device: the first one not on
+    CUDA is refused by name."""
+    for i in spec.pointers:
+        a = args[i]
+        if a is not None and not a.is_cuda:
+            raise not_cuda(spec, i, a)
+    raise ArgumentError(f"{spec.where}: khal kernels run on CUDA tensors; got none")
 
 
 def _make_triton_fake(spec: TritonOpSpec) -> Callable[..., None]:

@@ -1,0 +1,323 @@
+"""Triton instance families as PyTorch operators (``khal_runtime.torch`` with
+``khal_runtime.torch_triton``), on CPU with the real torch and the fake CUDA driver.
+
+A family registers as ``(SymInt[] grid, <its runtime arguments>) -> ()``: the grid in programs,
+every pointer a mutated ``Tensor``, no scratch pointers, no constexprs. Shown here: the schema,
+the fake implementation (FakeTensorMode, ``torch.compile(fullgraph=True)``), functionalization
+writing back to the caller, and the CUDA kernel launching the family on torch's stream with the
+family's own checks (driven with CUDA-tensor stand-ins: this torch has no CUDA). The real
+launches (eager, compiled, captured) are in ``tests/runtime/test_torch_ops_gpu.py``.
+
+Skipped where torch is not installed (CI: torch is not in the test extra); the GPU machine's
+"torch CPU tests" stage runs it (``scripts/gpu-check tests``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed: not in the test extra (PyPI's Linux torch is the multi-GB CUDA build); "
+    "this file runs on the GPU machine (scripts/gpu-check tests) or after pip install torch")
+
+import khal_runtime.torch as khal_torch  # noqa: E402
+from khal_runtime import abi  # noqa: E402
+from khal_runtime.errors import ArgumentError, ArgumentValueError, CaptureError, TritonAssumptionError  # noqa: E402
+from khal_runtime.manifest import Entry, Param, TritonFacts  # noqa: E402
+from khal_runtime.torch_triton import TritonOpSpec  # noqa: E402
+from khal_runtime.triton import TritonKernel  # noqa: E402
+from tests.helpers.fakecuda import CONTENT, FakeDriver, fake, fake_kernels  # noqa: E402,F401
+
+_names = itertools.count()
+_U64 = {"kind": "scalar", "element_type": "uint64", "element_size": 8, "element_align": 8}
+#: the family: add(x: *fp32, out: *fp32, n: i32, scale: fp32, BLOCK=256), built as ``add`` (x, out
+#: 16-byte aligned, n divisible by 16) and its conservative twin ``add__base``
+_NAMES = ("x", "out", "n", "scale")
+_TYPES = ("*fp32", "*fp32", "i32", "fp32")
+
+
+def _entry(name: str, family: str, divisible: tuple[str, ...], names: tuple[str, ...] = _NAMES,
+           types: tuple[str, ...] = _TYPES) -> Entry:
+    """A Triton entry hashed as a build hashes it."""
+    facts = TritonFacts(kernel="add_kernel", family=family, base=not divisible, num_warps=4, num_stages=3, shared=0,
+                        names=names, types=types, divisible=divisible, constexprs={"BLOCK": 256}, cache_key="ck",
+                        triton_version="3.6.0")
+    scalars = {"i32": ("int32", 4), "fp32": ("float32", 4), "i1": ("bool", 1), "i64": ("int64", 8)}
+    params = []
+    for n, t in zip(names, types):
+        if t.startswith("*"):
+            params.append(Param(name=n, **_U64))
+        else:
+            et, size = scalars[t]
+            params.append(Param(name=n, kind="scalar", element_type=et, element_size=size, element_align=size))
+    params += [Param(name="khal_global_scratch", **_U64), Param(name="khal_profile_scratch", **_U64)]
+    sig = abi.entry_signature(name, (128, 1, 1), tuple(params), grid_dims=3, attributes=None, triton=facts.record())
+    h = abi.entry_hash(CONTENT, sig)
+    return Entry(name=name, symbol=abi.symbol_for(name, h), hash=h, block_size=(128, 1, 1), params=tuple(params),
+                 grid_dims=3, triton=facts)
+
+
+def _package(drv: FakeDriver, tmp_path: Path, entries: list[Entry] | None = None) -> tuple[Any, Any]:
+    """A Triton crate ``c`` on the fake driver and its operators, under a namespace no other test used."""
+    name = f"khal_tri{next(_names)}_{os.getpid()}"
+    if entries is None:
+        entries = [_entry("add", "add", ("x", "out", "n")), _entry("add__base", "add", ())]
+    ks = fake_kernels(drv, tmp_path, entries, package=name, language="triton")
+    return ks, khal_torch.register(ks)
+
+
+def _args(schema: Any) -> list[tuple[str, str, bool]]:
+    """(name, type, written) per argument of a parsed schema."""
+    return [(a.name, str(a.type), bool(a.alias_info and a.alias_info.is_write)) for a in schema.arguments]
+
+
+def test_a_family_registers_with_a_grid_of_programs_and_mutable_tensors(fake: FakeDriver, tmp_path: Path) -> None:
+    ks, ops = _package(fake, tmp_path)
+    assert isinstance(ks.add, TritonKernel)
+    ns = ks.package
+    # one operator per family (not per variant), the grid first, no scratch pointers, no constexpr
+    assert ops.op_names == {"c.add": "add"}
+    assert ops.schema("add") == (f"{ns}::add(SymInt[] grid, Tensor(a0!) x, Tensor(a1!) out, SymInt n, float scale) "
+                                 "-> ()")
+    s = ops.add.default._schema
+    assert _args(s) == [("grid", "List[int]", False), ("x", "Tensor", True), ("out", "Tensor", True),
+                        ("n", "int", False), ("scale", "float", False)]
+    assert s.returns == [] and s.is_mutable
+    spec = ops._specs["add"]
+    assert isinstance(spec, TritonOpSpec) and spec.kernel is ks.add and spec.mutates == ("x", "out")
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert has(spec.qualname, "CUDA") and has(spec.qualname, "Meta") and has(spec.qualname, "CompositeExplicitAutograd")
+    assert torch.Tag.pt2_compliant_tag in ops.add.default.tags
+
+
+def test_an_argument_named_grid_and_scalar_types_map_as_triton_spells_them(fake: FakeDriver, tmp_path: Path) -> None:
+    names, types = ("grid", "flag", "big"), ("*bf16", "i1", "i64")
+    ks, ops = _package(fake, tmp_path, [_entry("odd", "odd", (), names, types)])
+    assert [(n, t) for n, t, _ in _args(ops.odd.default._schema)] == [
+        ("khal_grid", "List[int]"), ("grid", "Tensor"), ("flag", "bool"), ("big", "int")]
+
+
+def test_registering_again_rebinds_the_family(fake: FakeDriver, tmp_path: Path) -> None:
+    ks, ops = _package(fake, tmp_path)
+    spec = ops._specs["add"]
+    spec.grids[(1,)] = (1,)
+    again = fake_kernels(fake, tmp_path / "again", [_entry("add", "add", ("x", "out", "n")), _entry("add__base", "add", ())],
+                         package=ks.package, language="triton")
+    assert khal_torch.register(again) is ops
+    assert spec.kernel is again.add and spec.crate_kernels is again.crates["c"] and spec.grids == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# the fake implementation
+# ---------------------------------------------------------------------------------------------
+def test_the_fake_impl_checks_grid_device_and_dtype_with_the_familys_errors(fake: FakeDriver, tmp_path: Path) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _, ops = _package(fake, tmp_path)
+    with FakeTensorMode():
+        x, out = torch.empty(1000, device="cuda"), torch.empty(1000, device="cuda")
+        assert ops.add([4], x, out, 1000, 2.0) is None and ops.add([4, 2, 1], x, out, 1000, 2.0) is None
+        with pytest.raises(ArgumentValueError, match=r"add\(\) \(Triton kernel c.add\): grid: expected 1 to 3 "
+                                                     r"dimensions \(programs along x, y, z\), got \[\]"):
+            ops.add([], x, out, 1000, 2.0)
+        with pytest.raises(ArgumentValueError, match="expected 1 to 3 dimensions"):
+            ops.add([1, 1, 1, 1], x, out, 1000, 2.0)
+        with pytest.raises(ArgumentValueError, match=r"add\[grid\]: grid: every dimension must be >= 1"):
+            ops.add([0], x, out, 1000, 2.0)
+        with pytest.raises(ArgumentError, match=r"add\(\): argument 'out' is an array of float16, the kernel was "
+                                                r"built for \*fp32 \(float32\)"):
+            ops.add([4], x, torch.empty(1000, dtype=torch.float16, device="cuda"), 1000, 2.0)
+        with pytest.raises(ArgumentValueError, match=r"argument 'out' \(\*fp32\) is on cpu, an earlier tensor "
+                                                     r"argument on cuda:0"):
+            ops.add([4], x, torch.empty(1000), 1000, 2.0)
+
+
+def _record_backend(graphs: list[Any]) -> Any:
+    def backend(gm: Any, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+    return backend
+
+
+def test_compile_fullgraph_traces_the_op_and_the_real_impl_refuses_host_tensors(fake: FakeDriver,
+                                                                                 tmp_path: Path) -> None:
+    ks, _ = _package(fake, tmp_path)
+    ns = getattr(torch.ops, ks.package)
+
+    def step(x: Any, out: Any) -> Any:
+        n = x.numel()
+        ns.add([(n + 255) // 256], x, out, n, 2.0)
+        return out.sum()
+
+    graphs: list[Any] = []
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend=_record_backend(graphs))
+    with pytest.raises(ArgumentError, match=r"add\(\) \(Triton kernel c.add\): argument 'x' \(\*fp32\) is a tensor "
+                                            r"on cpu; khal kernels run on CUDA tensors: move it with .cuda\(\)"):
+        compiled(torch.ones(8), torch.zeros(8))  # traced (the fake impl), then run: CPU tensors are refused
+    assert len(graphs) == 1
+    targets = {str(n.target).removesuffix(".default") for n in graphs[0].graph.nodes if n.op == "call_function"}
+    assert f"{ks.package}.add" in targets
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_mutation_of_every_pointer_reaches_the_caller(fake: FakeDriver, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch, dynamic: bool) -> None:
+    """Every pointer is declared written: through AOTAutograd's functionalization what the kernel
+    writes (here a CPU stand-in for it: out = x * scale, and x zeroed) reaches the caller's
+    tensors, in order with the torch ops around it."""
+    ks, _ = _package(fake, tmp_path)
+    ns = getattr(torch.ops, ks.package)
+    calls: list[tuple[list[int], int]] = []
+
+    def kernel_on_cpu(spec: Any, grid: Any, args: tuple[Any, ...]) -> None:
+        x, out, n, scale = args
+        calls.append((list(grid), int(n)))
+        out[:n] = x[:n] * scale
+        x.zero_()
+
+    monkeypatch.setattr(khal_torch, "_triton_elsewhere", kernel_on_cpu)
+
+    def step(x: Any, out: Any) -> Any:
+        x.add_(1)
+        n = x.numel()
+        ns.add([(n + 255) // 256], x, out, n, 3.0)
+        return (out * 2).sum() + x.sum()
+
+    x_eager, out_eager = torch.arange(8, dtype=torch.float32), torch.zeros(8)
+    x_comp, out_comp = x_eager.clone(), out_eager.clone()
+    want = step(x_eager, out_eager)
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True, backend="aot_eager", dynamic=dynamic)(x_comp, out_comp)
+    assert torch.equal(out_comp, out_eager) and torch.equal(out_eager, (torch.arange(8.0) + 1) * 3)
+    assert torch.equal(x_comp, torch.zeros(8)) and float(got) == float(want)
+    assert calls[0] == ([1], 8) and calls[-1] == ([1], 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# the CUDA kernel: the family launched on torch's stream (CUDA-tensor stand-ins, fake driver)
+# ---------------------------------------------------------------------------------------------
+class _CudaTensor:
+    """What the CUDA kernel and the family read of a CUDA tensor."""
+
+    is_cuda = True
+
+    def __init__(self, ptr: int, dtype: Any = None, device: int = 0) -> None:
+        self.ptr, self.dtype, self.device_id, self.v = ptr, dtype or torch.float32, device, 0
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.device_id}"
+
+    @property
+    def _version(self) -> int:
+        return self.v
+
+    def get_device(self) -> int:
+        return self.device_id
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class _CpuTensor(_CudaTensor):
+    is_cuda = False
+    device = "cpu"  # type: ignore[assignment]
+
+    def get_device(self) -> int:
+        return -1
+
+
+@pytest.fixture
+def cuda_op(fake: FakeDriver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """(the add op's CUDA kernel, the package, the fake driver, torch's stream handle per device)."""
+    from tests.helpers.fakecuda import stream
+
+    ks, ops = _package(fake, tmp_path)
+    handles = {0: 0x100}
+
+    def bump(ts: tuple[Any, ...]) -> None:
+        for t in ts:
+            t.v += 1
+
+    def stream_for(spec: Any, dev: int, h: int) -> Any:
+        st = khal_torch._streams[(dev, h)] = stream(h, native=f"TORCH{h:#x}", device_id=dev)
+        return st
+
+    monkeypatch.setattr(khal_torch, "_raw_stream", lambda dev: handles[dev])
+    monkeypatch.setattr(khal_torch, "_bump", bump)
+    monkeypatch.setattr(khal_torch, "_streams", {})
+    monkeypatch.setattr(khal_torch, "_stream_for", stream_for)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    return khal_torch._make_triton_cuda_impl(ops._specs["add"]), ks, fake, handles
+
+
+def _slots(launch: dict[str, Any]) -> list[int]:
+    return [int.from_bytes(s, "little") for s in launch["slots"]]
+
+
+def test_the_cuda_kernel_launches_the_family_on_torchs_stream_and_bumps_every_pointer(cuda_op: Any) -> None:
+    impl, ks, drv, _ = cuda_op
+    spec = khal_torch.registered(ks.package)._specs["add"]
+    x, out = _CudaTensor(0x10000), _CudaTensor(0x20000)
+    impl([4], x, out, 1024, 2.0)
+    la = drv.launches[-1]
+    base = ks.crates["c"].instances["add__base"].entry
+    assert la["f"] == f"FUNC:{ks.add.entry.symbol}"  # aligned and divisible: the specialised variant
+    assert la["grid"] == (4, 1, 1) and la["block"] == (128, 1, 1) and la["stream"] == "TORCH0x100"
+    assert _slots(la)[:3] == [0x10000, 0x20000, 1024] and _slots(la)[4:] == [0, 0]  # null scratch, the family's
+    assert (x.v, out.v) == (1, 1)  # every pointer is declared written: every one bumped, after the launch
+    impl([3, 2], _CudaTensor(0x10004), out, 1000, 2.0)  # x misaligned for 16 bytes, n not divisible: the twin
+    assert drv.launches[-1]["f"] == f"FUNC:{base.symbol}" and drv.launches[-1]["grid"] == (3, 2, 1)
+    n = len(drv.launches)
+    for _ in range(3):
+        impl([4], x, out, 1024, 2.0)  # the same grid value: one tuple object, which the family's memo sees again
+    assert len(drv.launches) == n + 3 and (x.v, out.v) == (4, 5)
+    assert list(spec.grids) == [(4,), (3, 2)]  # one tuple per grid value, kept for the family's memo
+
+
+def test_the_cuda_kernel_gets_the_familys_named_errors_and_bumps_nothing_then(cuda_op: Any) -> None:
+    impl, ks, drv, _ = cuda_op
+    x, out = _CudaTensor(0x10000), _CudaTensor(0x20000)
+    n = len(drv.launches)
+    with pytest.raises(ArgumentError, match=r"add\(\): argument 'out': a tensor on cpu, not on a CUDA device"):
+        impl([4], x, _CpuTensor(0x30000), 1024, 2.0)
+    with pytest.raises(ArgumentError, match=r"add\(\): argument 'x' is an array of float16, the kernel was built for "
+                                            r"\*fp32"):
+        impl([4], _CudaTensor(0x10000, torch.float16), out, 1024, 2.0)
+    with pytest.raises(ArgumentValueError, match=r"argument 'x' \(\*fp32\) points at 0x10002, not a multiple of 4"):
+        impl([4], _CudaTensor(0x10002), out, 1024, 2.0)
+    with pytest.raises(ArgumentValueError, match="grid: expected 1 to 3 dimensions"):
+        impl([], x, out, 1024, 2.0)
+    with pytest.raises(ArgumentValueError, match=r"every dimension must be >= 1"):
+        impl([0], x, out, 1024, 2.0)
+    with pytest.raises(ArgumentValueError, match=r"argument 'out' \(\*fp32\) is on cuda:1, an earlier tensor "
+                                                 r"argument on cuda:0"):
+        impl([4], x, _CudaTensor(0x20000, device=1), 1024, 2.0)
+    assert len(drv.launches) == n and (x.v, out.v) == (0, 0)
+
+
+def test_a_family_without_its_twin_refuses_a_broken_assumption_by_name(fake: FakeDriver, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    _, ops = _package(fake, tmp_path, [_entry("add", "add", ("x", "out", "n"))])  # fallback = false
+    monkeypatch.setattr(khal_torch, "_raw_stream", lambda dev: 0)
+    monkeypatch.setattr(khal_torch, "_bump", lambda ts: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    impl = khal_torch._make_triton_cuda_impl(ops._specs["add"])
+    with pytest.raises(TritonAssumptionError, match=r"n = 1000 is not divisible by 16"):
+        impl([4], _CudaTensor(0x10000), _CudaTensor(0x20000), 1000, 2.0)
+
+
+def test_a_first_use_inside_a_capture_is_refused_before_the_family_loads(cuda_op: Any,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    impl, ks, drv, _ = cuda_op
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(CaptureError, match=r"add\(\) \(Triton kernel c.add\) is used for the first time on cuda:0 "
+                                           r"inside a graph capture.*kernels.crates\['c'\].load\(0\)"):
+        impl([4], _CudaTensor(0x10000), _CudaTensor(0x20000), 1024, 2.0)
+    assert drv.launches == [] and 0 not in ks.crates["c"]._modules
