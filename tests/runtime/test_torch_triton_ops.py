@@ -106,8 +106,8 @@ def test_registering_again_rebinds_the_family(fake: FakeDriver, tmp_path: Path) 
     ks, ops = _package(fake, tmp_path)
     spec = ops._specs["add"]
     spec.grids[(1,)] = (1,)
-    again = fake_kernels(fake, tmp_path / "again", [_entry("add", "add", ("x", "out", "n")), _entry("add__base", "add", ())],
-                         package=ks.package, language="triton")
+    entries = [_entry("add", "add", ("x", "out", "n")), _entry("add__base", "add", ())]
+    again = fake_kernels(fake, tmp_path / "again", entries, package=ks.package, language="triton")
     assert khal_torch.register(again) is ops
     assert spec.kernel is again.add and spec.crate_kernels is again.crates["c"] and spec.grids == {}
 
