@@ -21,6 +21,11 @@ written tensors (``auto_functionalized``, re-inplaced by Inductor), and a kernel
 device (``CompositeExplicitAutograd``) that says the tensors must be on CUDA. The launch bumps the
 version counter of each tensor it writes, as PyTorch's in-place operators do.
 
+A Triton crate's instance family (:class:`~khal_runtime.triton.TritonKernel`) is one operator
+taking what ``k[grid](...)`` takes, ``(SymInt[] grid, <one argument per runtime argument>) -> ()``,
+every pointer a ``Tensor(a!)`` (Triton does not say which it writes), launched as
+``family[grid](*args, stream=...)`` so the family checks and chooses: :mod:`khal_runtime.torch_triton`.
+
 Not :func:`torch.library.custom_op`: its Python layers (autograd and in-place kernels, the
 dynamo-disabled wrapper, the aliasing check) cost about ten microseconds per call, and its
 version bump before the launch made the typed call's memo miss on every call. The ``CUDA``
