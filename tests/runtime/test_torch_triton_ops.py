@@ -321,3 +321,33 @@ def test_a_first_use_inside_a_capture_is_refused_before_the_family_loads(cuda_op
                                            r"inside a graph capture.*kernels.crates\['c'\].load\(0\)"):
         impl([4], _CudaTensor(0x10000), _CudaTensor(0x20000), 1024, 2.0)
     assert drv.launches == [] and 0 not in ks.crates["c"]._modules
+
+
+def test_a_repeated_call_is_a_hit_of_the_familys_memo_with_new_grid_lists_and_floats(cuda_op: Any) -> None:
+    """The dispatcher hands the kernel a new grid list and a new float object on every call; the
+    family's memo compares the grid and floats by identity: the operator passes one tuple per grid
+    value and the float object of the last call when equal (not -0.0 for 0.0), so a repeat hits."""
+    impl, ks, drv, _ = cuda_op
+    x, out = _CudaTensor(0x10000), _CudaTensor(0x20000)
+
+    def hits() -> int:
+        slots = getattr(ks.add._tls, "s", None)
+        return sum(m.hits for m in slots.all) if slots is not None else 0
+
+    for _ in range(2):  # the checked call, then the full read that fills a memo slot
+        impl([4], x, out, 1024, float("2.5"))
+    before = hits()
+    for _ in range(3):
+        impl([4], x, out, 1024, float("2.5"))
+    assert hits() == before + 3
+    assert struct_floats(drv.launches[-1]) == 2.5
+    impl([4], x, out, 1024, float("-0.0"))
+    impl([4], x, out, 1024, 0.0)  # equal to -0.0, but another value to pack
+    assert [struct_floats(la) for la in drv.launches[-2:]] == [-0.0, 0.0]
+    assert str(struct_floats(drv.launches[-2])) == "-0.0" and str(struct_floats(drv.launches[-1])) == "0.0"
+
+
+def struct_floats(launch: dict[str, Any]) -> float:
+    import struct
+
+    return float(struct.unpack("<f", bytes(launch["slots"][3])[:4])[0])
