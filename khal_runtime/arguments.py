@@ -67,8 +67,8 @@ def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
                 raise TypeError  # (2, True): a bool is not a count on any axis either
     except TypeError:
         raise ArgumentError(f"{what}: expected an integer or up to 3 integers, got {v!r}") from None
-    if len(t) != 3:
-        raise ArgumentValueError(f"{what}: expected up to 3 dimensions, got {v!r}")
+    if len(t) != 3 or (hasattr(v, "__len__") and not len(v)):
+        raise ArgumentValueError(f"{what}: expected 1 to 3 dimensions, got {v!r}")
     if any(x < 1 for x in t):
         raise ArgumentValueError(f"{what}: every dimension must be >= 1, got {t}")
     return t

@@ -277,3 +277,15 @@ _PKG: list[Any] = []
 @pytest.fixture(autouse=True, scope="module")
 def _remember(pkg) -> None:
     _PKG.append(pkg)
+
+
+@pytest.mark.parametrize("grid", [(), []])
+def test_an_empty_grid_is_refused_not_taken_for_one_block(grid: Any) -> None:
+    """``dim3(())`` padded the empty sequence to (1, 1, 1): ``k[()]`` of a Triton family, or a
+    launch given ``grid=()``, ran one program where the caller had computed none."""
+    from khal_runtime.arguments import dim3
+    from khal_runtime.errors import ArgumentValueError
+
+    with pytest.raises(ArgumentValueError, match=r"grid: expected 1 to 3 dimensions, got \(\)|got \[\]"):
+        dim3(grid)
+    assert dim3((2,)) == (2, 1, 1) and dim3([2, 3]) == (2, 3, 1)
