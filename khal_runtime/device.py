@@ -15,11 +15,11 @@ unless passed explicitly (``0``).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from khal_runtime import backends
 from khal_runtime.capture_state import forbid_in_capture
-from khal_runtime.interop import stream_handle
+from khal_runtime.interop.registry import STREAM_READERS, STREAM_TYPE_READERS
 
 __all__ = [
     "Device",
@@ -280,37 +280,73 @@ _foreign: dict[tuple[type, int], Stream] = {}
 _FOREIGN_MAX = 256
 
 
-def _foreign_handle(obj: Any) -> tuple[int, int | None]:
-    """(handle, device ordinal or None) of a foreign stream object."""
-    proto = getattr(type(obj), "__cuda_stream__", None)
-    if proto is not None:
-        ver_handle = obj.__cuda_stream__()
-        return int(ver_handle[1]), None
-    got = stream_handle(obj)  # the array libraries' streams (torch, CuPy, registered ones)
-    if got is not None:
-        return got
+def _protocol_handle(obj: Any) -> tuple[int, int | None]:
+    return int(obj.__cuda_stream__()[1]), None
+
+
+def _stream_reader(obj: Any) -> Callable[[Any], tuple[int, int | None] | None]:
+    """How to read (handle, device ordinal or None) of a foreign stream object of ``obj``'s
+    type: the ``__cuda_stream__`` protocol, a registered library's reader (torch, CuPy, ...), or
+    a ``handle`` / ``ptr`` / ``cuda_stream`` int attribute."""
+    if getattr(type(obj), "__cuda_stream__", None) is not None:
+        return _protocol_handle
+    for reader in STREAM_READERS:  # the array libraries' streams (torch, CuPy, registered ones)
+        if reader(obj) is not None:
+            return reader
     for attr in ("handle", "ptr", "cuda_stream"):
-        v = getattr(obj, attr, None)
-        if isinstance(v, int):
-            return v, None
+        if isinstance(getattr(obj, attr, None), int):
+            def by_attribute(o: Any, attr: str = attr) -> tuple[int, int | None] | None:
+                v = getattr(o, attr, None)
+                return (v, None) if isinstance(v, int) else None
+            return by_attribute
     raise TypeError(
         f"stream: expected a khal_runtime.Stream, an object with __cuda_stream__, a "
         f"torch/cupy stream or an int CUstream handle, got {type(obj).__name__}"
     )
 
 
+def _foreign_handle(obj: Any) -> tuple[int, int | None]:
+    """(handle, device ordinal or None) of a foreign stream object."""
+    got = _stream_reader(obj)(obj)
+    assert got is not None
+    return got
+
+
+#: per foreign stream type, the reader that read one (:func:`_stream_reader`): :func:`as_stream`
+#: asks it first (a torch stream from ``torch.cuda.current_stream()`` is a new object on every
+#: call; probing every route for it cost more than the launch's own checks); the registry
+#: empties it when a library adds a reader
+_readers = STREAM_TYPE_READERS
+
+
 def as_stream(obj: Any) -> Stream:
     """Coerce a stream-like object to a :class:`Stream` (None -> this thread's default stream)."""
     if obj is None:
         return default_stream()
-    if type(obj) is Stream or isinstance(obj, Stream):
+    tp = type(obj)
+    if tp is Stream:
+        return obj  # type: ignore[no-any-return]  # (its type is Stream: no isinstance needed)
+    read = _readers.get(tp)
+    got = read(obj) if read is not None else None
+    if got is not None:
+        s = _foreign.get((tp, got[0]))
+        if s is not None and (got[1] is None or s.device_id == got[1]):
+            s._keep = obj
+            return s
+    if isinstance(obj, Stream):
         return obj
     if isinstance(obj, bool):
         raise TypeError("stream: expected a stream, got a bool")
     if isinstance(obj, int):
         handle, dev = obj, None
     else:
-        handle, dev = _foreign_handle(obj)
+        if got is None:
+            read = _stream_reader(obj)
+            got = read(obj)
+            assert got is not None
+            if len(_readers) < _FOREIGN_MAX:
+                _readers[tp] = read
+        handle, dev = got
     key = (type(obj), handle)
     s = _foreign.get(key)
     if s is not None and (dev is None or s.device_id == dev):

@@ -32,6 +32,7 @@ __all__ = [
     "add_probe",
     "STABLE_ARRAY_TYPES",
     "STREAM_READERS",
+    "STREAM_TYPE_READERS",
     "VERSIONED_ARRAY_TYPES",
     "ArrayType",
     "BadArgument",
@@ -113,6 +114,9 @@ _PROBES: tuple[tuple[int, Probe], ...] = ()
 #: only ever replaced whole (slice assignment), under the lock
 STREAM_READERS: list[StreamReader] = []
 _STREAM_ORDER: list[tuple[int, StreamReader]] = []
+#: per foreign stream type, how :func:`khal_runtime.device.as_stream` reads its objects (the
+#: route that read the first one); emptied whenever a reader is added
+STREAM_TYPE_READERS: dict[type, Callable[[Any], "tuple[int, int | None] | None"]] = {}
 #: the order of a reader given to register_array_type (after every built-in probe)
 _REGISTERED = 1000
 _VERSION: dict[type, Callable[[Any], "tuple[int, Any] | None"]] = {}
@@ -129,6 +133,7 @@ def _add_hooks(stream: StreamReader | None, dtype_name: DtypeNamer | None, order
         _STREAM_ORDER.append((order, stream))
         _STREAM_ORDER.sort(key=lambda op: op[0])
         STREAM_READERS[:] = [r for _, r in _STREAM_ORDER]
+        STREAM_TYPE_READERS.clear()
     if dtype_name is not None:
         dtypes.add_dtype_namer(dtype_name)
 

@@ -112,6 +112,41 @@ def test_a_stream_object_no_library_claims_is_refused(fake: FakeDriver, tmp_path
     assert not fake.launches
 
 
+
+def test_a_stream_type_is_read_by_the_route_that_read_its_first_object(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch
+                                                                      ) -> None:
+    """``stream=torch.cuda.current_stream()`` is a new object on every call: after the first
+    object of a type, ``as_stream`` reads the next ones with the reader that answered, without
+    asking the others; a reader registered later empties what was learnt; a new object of the
+    type still resolves to the same cached Stream, and another handle to another one."""
+    from khal_runtime import device
+    from khal_runtime.interop import registry
+
+    asked: list[str] = []
+
+    def other(obj: Any) -> tuple[int, int | None] | None:
+        asked.append("other")
+        return None
+
+    def toy(obj: Any) -> tuple[int, int | None] | None:
+        asked.append("toy")
+        return toy_stream(obj)
+
+    monkeypatch.setattr(registry, "STREAM_READERS", [other, toy])  # a library asked first, never claiming it
+    monkeypatch.setattr(registry, "_STREAM_ORDER", list(registry._STREAM_ORDER))
+    monkeypatch.setattr(device, "STREAM_READERS", registry.STREAM_READERS)
+    registry.STREAM_TYPE_READERS.clear()
+    first = device.as_stream(ToyStream(0x51, 0))
+    assert asked.count("other") >= 1 and first.handle == 0x51
+    asked.clear()
+    again = device.as_stream(ToyStream(0x51, 0))
+    assert again is first and asked == ["toy"]
+    asked.clear()
+    assert device.as_stream(ToyStream(0x52, 0)).handle == 0x52 and "other" not in asked
+    registry._add_hooks(lambda obj: None, None)  # a library registering a reader: learn again
+    assert not registry.STREAM_TYPE_READERS
+
+
 #: a library module dropped into the package's interop folder, and nothing else changed
 _LIBRARY_MODULE = '''
 """A toy library as an in-package module: it registers itself."""
