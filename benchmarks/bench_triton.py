@@ -232,6 +232,18 @@ def run(args: Any) -> list[Row]:
                # Triton's idiom: the grid tuple and the size made anew on every call
                "khal_idiom": lambda: add[((x.numel() + 1023) // 1024,)](x, y, o, x.numel(), stream=st),
                "jit_idiom": lambda: T.add_kernel[((x.numel() + 1023) // 1024,)](x, y, o, x.numel(), BLOCK_SIZE=1024)}
+        # the family as a torch operator (khal_runtime.torch.register), eager, on torch's stream
+        def torch_op() -> Callable[[], Any]:
+            import khal_runtime.torch as kt
+
+            op = kt.register(K).add_fp32.default
+            g = [n // 1024]
+            op(g, x, y, o, n)
+            return lambda: op(g, x, y, o, n)
+
+        top = guarded(SECTION, "vector add: torch op", rows, torch_op)
+        if top is not None:
+            fns["torch_op"] = top
         # what a user of cuda.core writes for the same cubin: data_ptr() per launch, no checks (the
         # torch bar's comparison, DESIGN.md; the two scratch pointers as 0)
         cc = guarded(SECTION, "vector add: cuda.core.launch", rows,
@@ -260,6 +272,11 @@ def run(args: Any) -> list[Row]:
                            ("plan_run", "vector add: the variant's LaunchPlan.run, values given (pack + launch)")):
             v = got[key]["median"]
             rows.append(Row(SECTION, label, v, "us/launch", v / raw, "raw", note=f"min {got[key]['min']:.2f}"))
+        if "torch_op" in got:
+            v = got["torch_op"]["median"]
+            rows.append(Row(SECTION, "vector add: torch.ops.<pkg>.add_fp32.default([4], x, y, o, n) eager", v,
+                            "us/launch", v / raw, "raw", note=f"min {got['torch_op']['min']:.2f}; / khal typed call "
+                                                              f"{v / ours:.2f}x; Triton JIT / this {theirs / v:.2f}x"))
         if "cuda_core" in got:
             v = got["cuda_core"]["median"]
             rows.append(Row(SECTION, "vector add: cuda.core.launch, torch tensors' data_ptr() per launch, no checks", v,
