@@ -447,6 +447,10 @@ class TritonFacts(_Model):
     global_scratch: Optional[TritonScratch] = None
     #: the profile scratch memory the kernel needs (Triton's instrumentation; None: none)
     profile_scratch: Optional[TritonScratch] = None
+    #: the pointer arguments the kernel may write, as the build proved from Triton's IR
+    #: (``hatch_khal.triton.effects``); the others it only reads. None (a manifest built before
+    #: the field, or an IR the analysis could not read): every pointer may be written
+    written: Optional[tuple[str, ...]] = None
 
     @property
     def ctas(self) -> int:
@@ -460,12 +464,22 @@ class TritonFacts(_Model):
         for name in _TRITON_OPTIONAL_FIELDS:
             if out[name] in (None, []):
                 del out[name]
+        if out["written"] is None:  # () (writes none) is hashed
+            del out["written"]
         return out
+
+    def may_write(self, name: str) -> bool:
+        """Whether the kernel may write through pointer argument ``name`` (True unless proven not)."""
+        return self.written is None or name in self.written
 
     @model_validator(mode="after")
     def _consistent(self) -> TritonFacts:
         if len(self.names) != len(self.types) or not set(self.divisible) | set(self.ones) <= set(self.names):
             raise ValueError(f"Triton kernel {self.kernel!r}: its argument names, types and assumptions disagree")
+        if self.written is not None and not set(self.written) <= {
+                n for n, t in zip(self.names, self.types) if t.startswith("*")}:
+            raise ValueError(f"Triton kernel {self.kernel!r}: 'written' names {list(self.written)}, not all of "
+                             "them pointer arguments")
         if self.config is None and (self.autotune_key or self.choose is not None):
             raise ValueError(f"Triton kernel {self.kernel!r}: an autotune key or rule without a config")
         return self

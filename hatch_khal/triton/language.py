@@ -69,8 +69,8 @@ __all__ = ["PTXAS", "TRITON", "TRITON_REQUIREMENT", "TRITON_VERSION", "TritonFro
 #: write its ptxas' newest, 8.7 for 3.6, which the H200's CUDA 13.0 driver does not JIT)
 PTX_FALLBACK_VERSION = 80
 #: the worker's answer as the cache holds it: 2 records the release of the ptxas Triton used per target,
-#: 3 the scratch alignments
-STAGE_FORMAT = 3
+#: 3 the scratch alignments, 4 the pointers each target's kernel may write
+STAGE_FORMAT = 4
 NOT_APPLICABLE = SpirvStatus(status="not_applicable", reason="Triton source")
 #: the two trailing parameters every Triton kernel takes
 SCRATCH_PARAMS = ("khal_global_scratch", "khal_profile_scratch")
@@ -275,6 +275,18 @@ def launch_attributes(mds: list[dict[str, Any]]) -> LaunchAttributes | None:
         return None
     return LaunchAttributes(max_dynamic_shared=shared if shared > abi.DEFAULT_DYNAMIC_SHARED else None,
                             pdl=pdl, cooperative=cooperative, cluster_dims=(ctas, 1, 1) if ctas > 1 else None)
+
+
+def written_union(args: tuple[TritonArg, ...] | list[TritonArg], mds: list[dict[str, Any]]) -> tuple[str, ...] | None:
+    """The pointer arguments some target's kernel may write (:mod:`hatch_khal.triton.effects`),
+    in argument order; None (every pointer written) when a target's analysis gave none."""
+    found: set[str] = set()
+    for md in mds:
+        got = md.get("written")
+        if got is None:
+            return None
+        found.update(got)
+    return tuple(a.name for a in args if a.name in found)
 
 
 def scratch_needs(mds: list[dict[str, Any]], kind: str) -> TritonScratch | None:
@@ -496,7 +508,8 @@ class TritonLanguage:
                                 cache_key=got["cache_key"], triton_version=answer["triton"],
                                 num_ctas=ctas if ctas > 1 else None,
                                 global_scratch=scratch_needs(mds, "global"),
-                                profile_scratch=scratch_needs(mds, "profile"), **tune)
+                                profile_scratch=scratch_needs(mds, "profile"),
+                                written=written_union(inst.runtime_args, mds), **tune)
             params = _params(inst)
             block = (inst.num_warps * 32, 1, 1)
             attributes = launch_attributes(mds)

@@ -10,7 +10,7 @@ It reads one JSON request on stdin and writes one JSON answer on stdout:
 * answer: ``{"ok": true, "triton": version, "instances": [{"name", "cache_key", "deps": [file...],
   "arg_names", "targets": {target: {"ptx", "name", "shared", "num_warps", "num_ctas",
   "global_scratch_size", "global_scratch_align", "profile_scratch_size", "profile_scratch_align",
-  "launch_pdl", "launch_cooperative_grid"}}}]}``,
+  "launch_pdl", "launch_cooperative_grid", "written"}}}]}``,
   or ``{"ok": false, "kind": error class name, "message": ...}``. An instance with ``autotune``
   answers ``"configs": [{"index", "constexprs", "num_warps", "num_stages", "num_ctas", "maxnreg",
   "targets"}, ...]`` (one per ``triton.Config`` of the kernel's ``@triton.autotune``) and
@@ -243,6 +243,14 @@ def _check_heuristics(inst: dict[str, Any], heuristics: list[str], sig: dict[str
                        "makes it hold (n = \"i32:16\" for a value that needs n divisible by 16)")
 
 
+def compile_one(triton: Any, ast_source: Any, gpu_target: Any, fn: Any, signature: dict[str, str],
+                constexprs: dict[str, Any], attrs: dict[Any, Any], capability: int, options: dict[str, Any]) -> Any:
+    """Triton's compile of ``fn`` for ``sm_<capability>`` (Triton's ``CompiledKernel``: its
+    ``asm["ttir"]`` is what :mod:`hatch_khal.triton.effects` reads)."""
+    src = ast_source(fn, signature, constexprs, attrs)
+    return triton.compile(src, target=gpu_target("cuda", capability, 32), options=options)
+
+
 def _compile_variant(triton: Any, ast_source: Any, gpu_target: Any, targets_req: list[Any], inst: dict[str, Any],
                      fn: Any, args: list[str], sig: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """One variant of an instance (``config``: an autotune config's, or ``{}``) compiled for every target."""
@@ -253,6 +261,8 @@ def _compile_variant(triton: Any, ast_source: Any, gpu_target: Any, targets_req:
     num_stages = config.get("num_stages", inst["num_stages"])
     label = inst["name"] + (f" (config {config['index']})" if config else "")
     attrs = {(args.index(a),): [["tt.divisibility", 16]] for a in inst["divisible"]}
+    from hatch_khal.triton.effects import written_pointers  # lazy (as above)
+
     targets: dict[str, Any] = {}
     for target, capability, ptx_version in targets_req:
         options: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages}
@@ -263,14 +273,17 @@ def _compile_variant(triton: Any, ast_source: Any, gpu_target: Any, targets_req:
             options["maxnreg"] = config["maxnreg"]
         if ptx_version is not None:
             options["ptx_version"] = ptx_version
-        src = ast_source(fn, full, constexprs, attrs)
         try:
-            compiled = triton.compile(src, target=gpu_target("cuda", capability, 32), options=options)
+            compiled = compile_one(triton, ast_source, gpu_target, fn, full, constexprs, attrs, capability, options)
         except Exception as exc:  # noqa: BLE001 - Triton's compile errors carry the source line
             raise _Refused("CompileError", f"instance {label!r} for {target}: {type(exc).__name__}: "
                            f"{exc}") from None
         md = compiled.metadata
+        runtime = [a for a in args if full[a] != "constexpr"]
+        found = written_pointers(compiled.asm.get("ttir", ""), md.name, len(runtime))
         targets[target] = {
+            "written": None if found is None else [runtime[i] for i in sorted(found)
+                                                   if str(full[runtime[i]]).startswith("*")],
             "ptx": compiled.asm["ptx"], "name": md.name, "shared": int(md.shared),
             "num_warps": int(md.num_warps), "num_ctas": int(md.num_ctas),
             "global_scratch_size": int(md.global_scratch_size),
