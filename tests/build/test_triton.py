@@ -1417,3 +1417,42 @@ def test_a_scratch_launch_in_another_librarys_capture_takes_the_streams_buffer_f
     assert scratch.held()["foreign"] == 4 * 384 and scratch.held()["pools"] == 0
     desc[(2, 2)](x, y, out, 64, 64, stream=theirs)
     assert _pointers(fake.launches[-1])[5] != warm and scratch.held()["pools"] == 4 * 384
+
+
+# -- what each kernel may write (hatch_khal.triton.effects) ----------------------------------------
+
+@pytest.mark.needs_triton
+def test_each_instance_records_the_pointers_its_kernel_may_write(built: tuple[Path, Any]) -> None:
+    _, result = built
+    (out,) = result.packages
+    got = {e.name: e.triton.written for c in out.manifest.crates for e in c.entries if e.triton is not None}
+    want = {"add": ("output_ptr",), "softmax": ("output_ptr",), "matmul": ("c_ptr",), "desc_add": ("out_ptr",)}
+    for name, written in got.items():
+        family = next((f for f in want if name.startswith(f)), None)
+        if family is not None:
+            assert written == want[family], name
+    assert {n for n in got if n.startswith(tuple(want))} >= {"add_fp32", "add_fp32__base", "softmax_1024",
+                                                            "matmul_fp16", "matmul_fp16_big", "desc_add_fp32",
+                                                            "add_cluster_fp32"}
+    rec = out.manifest.crate("tutorials").entry("add_fp32").triton.record()  # type: ignore[union-attr]
+    assert rec["written"] == ["output_ptr"]
+
+
+@pytest.mark.needs_triton
+@pytest.mark.parametrize("edit", [["x_ptr", "output_ptr"], [], None])
+def test_an_edited_written_list_is_refused_as_an_edited_manifest(built: tuple[Path, Any], tmp_path: Path,
+                                                                 edit: list[str] | None) -> None:
+    import khal_runtime
+    from khal_runtime.errors import ManifestError
+
+    root, _ = built
+    pkg, m = _copy(root, tmp_path)
+    e = next(e for e in _tutorials(m)["entries"] if e["name"] == "add_fp32")
+    assert e["triton"]["written"] == ["output_ptr"]
+    if edit is None:
+        del e["triton"]["written"]  # (a manifest without the field: every pointer written, but this one's hash has it)
+    else:
+        e["triton"]["written"] = edit
+    (pkg / "_khal" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="entry 'add_fp32'.*the manifest was edited after the build"):
+        khal_runtime.load(pkg)
