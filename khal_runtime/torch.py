@@ -23,7 +23,8 @@ version counter of each tensor it writes, as PyTorch's in-place operators do.
 
 A Triton crate's instance family (:class:`~khal_runtime.triton.TritonKernel`) is one operator
 taking what ``k[grid](...)`` takes, ``(SymInt[] grid, <one argument per runtime argument>) -> ()``,
-every pointer a ``Tensor(a!)`` (Triton does not say which it writes), launched as
+each pointer a ``Tensor(a!)`` unless the build proved from Triton's IR that the kernel only reads
+it (``TritonFacts.written``: then a plain ``Tensor``, never bumped), launched as
 ``family[grid](*args, stream=...)`` so the family checks and chooses: :mod:`khal_runtime.torch_triton`.
 
 Not :func:`torch.library.custom_op`: its Python layers (autograd and in-place kernels, the
@@ -728,11 +729,12 @@ def _check_tensors(spec: _OpSpec, threads: Any, args: Sequence[Any]) -> None:
 def _make_triton_cuda_impl(spec: TritonOpSpec) -> Callable[..., None]:
     """The kernel at the ``CUDA`` key of a Triton family's operator: ``family[grid](*args,
     stream=<PyTorch's current stream of the tensors' device>)``, then the version bump of every
-    tensor (all declared written). The family's own call checks and chooses (dtypes, alignment,
+    tensor the schema declares written (a pointer some variant may write). The family's own call checks and chooses (dtypes, alignment,
     the assumptions its variants make, the grid; an autotuned family times or refuses inside a
     capture) and remembers a repeated launch: the grid is handed over as one tuple object per
     value, and a float equal to the last one as that object, so that memo sees a repeat as one."""
     pointers = spec.pointers
+    written = spec.written
     grids = spec.grids
     floats = spec.floats
     torch = _torch()
@@ -765,7 +767,8 @@ def _make_triton_cuda_impl(spec: TritonOpSpec) -> Callable[..., None]:
             if len(grids) < 64:
                 grids[key] = key
         spec.kernel.launch(g, *(same_floats(spec, args) if floats else args), stream=st)
-        _bump(tuple([args[i] for i in pointers if args[i] is not None]))  # type: ignore[misc]
+        if written:
+            _bump(tuple([args[i] for i in written if args[i] is not None]))  # type: ignore[misc]
 
     cuda_impl.__name__ = spec.op_name
     cuda_impl.__qualname__ = f"khal_op_cuda[{spec.qualname}]"

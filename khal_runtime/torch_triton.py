@@ -6,12 +6,14 @@ The operator takes what ``k[grid](*args)`` takes::
     torch.ops.<namespace>.<family>(SymInt[] grid, <one argument per runtime argument>) -> ()
 
 ``grid`` is the number of programs (1 to 3 dimensions, as ``k[grid]`` takes it), each pointer
-argument a ``Tensor(aN!)``, each integer a ``SymInt``, each float a ``float``, an ``i1`` a
-``bool``; the family's constexprs are compiled in and its two scratch pointers are the family's
-own, so neither is an argument. Triton does not say which pointers a kernel writes: every pointer
-is declared mutated, conservatively (``torch.compile`` then functionalizes each of them:
-correct, at the cost of a copy Inductor cannot always re-inplace for a tensor the kernel only
-reads).
+argument a ``Tensor``, each integer a ``SymInt``, each float a ``float``, an ``i1`` a ``bool``;
+the family's constexprs are compiled in and its two scratch pointers are the family's own, so
+neither is an argument. A pointer some variant of the family may write is a mutated
+``Tensor(aN!)`` (version-bumped after each launch); one the build proved every variant only
+reads (``TritonFacts.written``, from Triton's IR: ``hatch_khal.triton.effects``) is a plain
+``Tensor``, so ``torch.compile`` does not copy it and autograd does not see it modified. An entry
+without the proof (a manifest built before it, an IR the analysis could not read) declares every
+pointer mutated.
 
 Everything here is computed without torch (the names the schema parser accepts are checked by
 a callable :mod:`khal_runtime.torch` passes); the operator's kernels are made there, beside the
@@ -61,6 +63,8 @@ class TritonOpSpec:
     #: (None: not checked, as the family checks none: the fp8 kinds)
     pointers: tuple[int, ...]
     dtypes: tuple[str | None, ...]
+    #: indexes of the pointers some variant may write (declared mutated, bumped after each launch)
+    written: tuple[int, ...] = ()
     #: ``torch.ops.<namespace>.<op>``
     packet: Any = None
     #: the crate the family is in
@@ -102,6 +106,7 @@ def triton_spec(valid_name: Callable[[str], bool], namespace: str, op_name: str,
     names = [grid]
     parts = [f"SymInt[] {grid}"]
     mutates = []
+    written: list[int] = []
     pointers = []
     dtypes = []
     for i, (n, t) in enumerate(zip(family.arg_names, family.types)):
@@ -109,8 +114,12 @@ def triton_spec(valid_name: Callable[[str], bool], namespace: str, op_name: str,
             n += "_"
         names.append(n)
         if t.startswith("*"):
-            parts.append(f"Tensor(a{i}!) {n}")
-            mutates.append(n)
+            if family.may_write(i):
+                parts.append(f"Tensor(a{i}!) {n}")
+                mutates.append(n)
+                written.append(i)
+            else:
+                parts.append(f"Tensor {n}")
             pointers.append(i)
             dtypes.append(family.pointee_dtype(i))
         else:
@@ -118,7 +127,7 @@ def triton_spec(valid_name: Callable[[str], bool], namespace: str, op_name: str,
     floats = tuple(i for i, t in enumerate(family.types) if not t.startswith("*") and _scalar_schema(t) == "float")
     return TritonOpSpec(namespace, op_name, family.crate, family, family.entry, tuple(names),
                         f"({', '.join(parts)}) -> ()", tuple(mutates), tuple(pointers), tuple(dtypes),
-                        floats=floats)
+                        written=tuple(written), floats=floats)
 
 
 def same_floats(spec: TritonOpSpec, args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -538,6 +538,13 @@ class TritonKernel:
         self._fast_chosen.clear()
         bump_epoch()  # every remembered launch goes: the next call chooses again
 
+    def may_write(self, i: int) -> bool:
+        """Whether some variant of the family may write through pointer argument ``i``: True unless
+        the build proved, for every variant, that its kernel only reads it
+        (:attr:`khal_runtime.manifest.TritonFacts.written`; a variant without the field may write all)."""
+        n = self.arg_names[i]
+        return any(k.entry.triton.may_write(n) for k in self.variants)
+
     def pointee_dtype(self, i: int) -> str | None:
         """The dtype name an array passed as pointer argument ``i`` must have (``*fp32``:
         ``"float32"``, torch's spelling without ``torch.``), None when the family checks none

@@ -42,11 +42,12 @@ _TYPES = ("*fp32", "*fp32", "i32", "fp32")
 
 
 def _entry(name: str, family: str, divisible: tuple[str, ...], names: tuple[str, ...] = _NAMES,
-           types: tuple[str, ...] = _TYPES) -> Entry:
-    """A Triton entry hashed as a build hashes it."""
+           types: tuple[str, ...] = _TYPES, written: tuple[str, ...] | None = None) -> Entry:
+    """A Triton entry hashed as a build hashes it (``written``: the pointers the build found it
+    may write; None, as a manifest built before the analysis: all)."""
     facts = TritonFacts(kernel="add_kernel", family=family, base=not divisible, num_warps=4, num_stages=3, shared=0,
                         names=names, types=types, divisible=divisible, constexprs={"BLOCK": 256}, cache_key="ck",
-                        triton_version="3.6.0")
+                        triton_version="3.6.0", written=written)
     scalars = {"i32": ("int32", 4), "fp32": ("float32", 4), "i1": ("bool", 1), "i64": ("int64", 8)}
     params = []
     for n, t in zip(names, types):
@@ -351,3 +352,85 @@ def struct_floats(launch: dict[str, Any]) -> float:
     import struct
 
     return float(struct.unpack("<f", bytes(launch["slots"][3])[:4])[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# pointers the build proved read-only (TritonFacts.written)
+# ---------------------------------------------------------------------------------------------
+def _proved(written: tuple[str, ...] | None = ("out",), twin: tuple[str, ...] | None = ("out",)) -> list[Entry]:
+    return [_entry("add", "add", ("x", "out", "n"), written=written),
+            _entry("add__base", "add", (), written=twin)]
+
+
+def test_a_pointer_every_variant_only_reads_is_a_plain_tensor_in_the_schema(fake: FakeDriver, tmp_path: Path) -> None:
+    ks, ops = _package(fake, tmp_path, _proved())
+    assert ops.schema("add") == (f"{ks.package}::add(SymInt[] grid, Tensor x, Tensor(a1!) out, SymInt n, "
+                                 "float scale) -> ()")
+    assert _args(ops.add.default._schema)[1:3] == [("x", "Tensor", False), ("out", "Tensor", True)]
+    spec = ops._specs["add"]
+    assert spec.mutates == ("out",) and spec.written == (1,) and spec.pointers == (0, 1)
+
+
+@pytest.mark.parametrize("written, twin", [(("out",), None), (("x", "out"), ("out",)), (("out",), ("x", "out"))])
+def test_a_pointer_some_variant_may_write_or_does_not_say_stays_mutated(fake: FakeDriver, tmp_path: Path,
+                                                                       written: Any, twin: Any) -> None:
+    ks, ops = _package(fake, tmp_path, _proved(written, twin))
+    assert _args(ops.add.default._schema)[1:3] == [("x", "Tensor", True), ("out", "Tensor", True)]
+    assert ops._specs["add"].written == (0, 1)
+
+
+def test_only_the_written_pointers_are_version_bumped(fake: FakeDriver, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor autograd saved for another op's backward, passed to the kernel as an input it only
+    reads, keeps its version: backward does not fail with "modified by an inplace operation"."""
+    _, ops = _package(fake, tmp_path, _proved())
+    bumped: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(khal_torch, "_raw_stream", lambda dev: 0)
+    monkeypatch.setattr(khal_torch, "_bump", lambda ts: (bumped.append(ts), [setattr(t, "v", t.v + 1) for t in ts]))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    impl = khal_torch._make_triton_cuda_impl(ops._specs["add"])
+    x, out = _CudaTensor(0x10000), _CudaTensor(0x20000)
+    impl([4], x, out, 1024, 2.0)
+    impl([4], x, out, 1000, 2.0)  # the twin: it too only reads x
+    assert (x.v, out.v) == (0, 2) and all(ts == (out,) for ts in bumped)
+
+
+def test_compiled_a_read_only_input_is_not_functionalized(fake: FakeDriver, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torch.compile only ``out`` is a base AOTAutograd functionalizes (and writes back);
+    ``x`` reaches the operator as the graph's input, with no copy, and the result is eager's."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def run(entries: list[Entry]) -> tuple[Any, Any, Any]:
+        ks, _ = _package(fake, tmp_path / str(next(_names)), entries)
+        ns = getattr(torch.ops, ks.package)
+
+        def step(x: Any, out: Any) -> Any:
+            ns.add([1], x, out, x.numel(), 3.0)
+            return (out * 2).sum() + x.sum()
+
+        graphs: list[Any] = []
+
+        def fw(gm: Any, example_inputs: Any) -> Any:
+            graphs.append(gm)
+            return gm.forward
+
+        x, out = torch.arange(8.0), torch.zeros(8)
+        torch._dynamo.reset()
+        got = torch.compile(step, fullgraph=True, backend=aot_autograd(fw_compiler=fw))(x, out)
+        (node,) = [n for n in graphs[0].graph.nodes if n.op == "call_function" and "auto_functionalized" in str(n.target)]
+        outputs = next(n for n in graphs[0].graph.nodes if n.op == "output").args[0]
+        assert torch.equal(out, torch.arange(8.0) * 3) and float(got) == float((out * 2).sum() + x.sum())
+        return node, outputs, graphs[0]
+
+    def kernel_on_cpu(spec: Any, grid: Any, args: tuple[Any, ...]) -> None:
+        x, out, n, scale = args
+        out[:n] = x[:n] * scale
+
+    monkeypatch.setattr(khal_torch, "_triton_elsewhere", kernel_on_cpu)
+    node, outputs, gm = run(_proved())
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert len(node.kwargs["_all_bases"]) == 1 and node.kwargs["x"] is inputs[0]  # x: the input itself
+    assert len(outputs) == 2  # out's new value (written back) and the result: nothing for x
+    node, outputs, _ = run(_proved(None, None))  # an older manifest: both functionalized, both written back
+    assert len(node.kwargs["_all_bases"]) == 2 and len(outputs) == 3
