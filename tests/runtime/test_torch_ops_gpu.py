@@ -507,15 +507,20 @@ def _tri_matmul(ns: Any) -> Any:
 def test_triton_ops_schema_and_eager_match_torch(torch: Any, ops: Any, ns: Any) -> None:
     """add / softmax / matmul as operators, eager, on torch's current stream, against torch; the
     misaligned and non-divisible calls take the conservative twin (the family chooses)."""
-    assert ops.schema("add_fp32") == ("example_shader_pkg::add_fp32(SymInt[] grid, Tensor(a0!) x_ptr, "
-                                      "Tensor(a1!) y_ptr, Tensor(a2!) output_ptr, SymInt n_elements) -> ()")
+    if _proved(ops, "add_fp32"):  # x and y only read (TritonFacts.written): plain tensors, never bumped
+        assert ops.schema("add_fp32") == ("example_shader_pkg::add_fp32(SymInt[] grid, Tensor x_ptr, "
+                                          "Tensor y_ptr, Tensor(a2!) output_ptr, SymInt n_elements) -> ()")
+    else:  # a wheel built before the analysis: every pointer declared written
+        assert ops.schema("add_fp32") == ("example_shader_pkg::add_fp32(SymInt[] grid, Tensor(a0!) x_ptr, "
+                                          "Tensor(a1!) y_ptr, Tensor(a2!) output_ptr, SymInt n_elements) -> ()")
     for n, offset in ((98432, 0), (98433, 0), (98432, 1)):
         x = torch.rand(n + offset, device="cuda")[offset:]
         y = torch.rand(n, device="cuda")
         out = torch.full((n,), float("nan"), device="cuda")
-        v = out._version
+        v, vx = out._version, x._version
         _tri_add(ns)(x, y, out)
         assert out._version == v + 1 and torch.equal(out, x + y), (n, offset)
+        assert x._version == vx + (0 if _proved(ops, "add_fp32") else 1)
     for rows, cols in ((4096, 1024), (1823, 781)):
         x = torch.randn(rows, cols, device="cuda")
         y = torch.full_like(x, float("nan"))
@@ -527,6 +532,42 @@ def test_triton_ops_schema_and_eager_match_torch(torch: Any, ops: Any, ns: Any) 
         c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
         got = _tri_matmul(ns)(a, b, c)
         assert torch.allclose(got, (a @ b).float(), atol=1e-2, rtol=0), (m, n, k)
+
+
+def _proved(ops: Any, op: str) -> bool:
+    """Whether every variant of the family records the pointers it may write (a wheel built with
+    ``TritonFacts.written``)."""
+    return all(k.entry.triton.written is not None for k in ops._specs[op].kernel.variants)
+
+
+def test_triton_ops_read_only_inputs_saved_for_backward_keep_autograd_working(torch: Any, ops: Any, ns: Any) -> None:
+    """A tensor exp() saved for its backward, then passed to the add / softmax / matmul operators as
+    an input they only read: its version is unchanged and backward runs (with every pointer declared
+    written it failed: "modified by an inplace operation")."""
+    if not all(_proved(ops, op) for op in ("add_fp32", "softmax_1024", "matmul_fp16")):
+        pytest.skip("the example wheel was built before TritonFacts.written: rebuild it (README command 1)")
+    a = torch.rand(5000, device="cuda", requires_grad=True)
+    x = a.exp()  # exp saves its result for backward
+    y, out = torch.rand(5000, device="cuda"), torch.empty(5000, device="cuda")
+    v = x._version
+    _tri_add(ns)(x, y, out)
+    assert x._version == v and torch.equal(out, x.detach() + y)
+    x.sum().backward()
+    assert torch.allclose(a.grad, a.detach().exp())
+    s = torch.randn(64, 1024, device="cuda", requires_grad=True)
+    se = s.exp()
+    sy = torch.empty(64, 1024, device="cuda")
+    _tri_softmax(torch, ns)(se, sy)
+    se.sum().backward()
+    assert torch.allclose(s.grad, s.detach().exp()) and torch.allclose(sy, torch.softmax(se.detach(), dim=1),
+                                                                        atol=1e-6, rtol=1e-5)
+    m = torch.randn(128, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    me = m.sigmoid()  # (saves its result for backward too)
+    b = torch.randn(64, 128, device="cuda", dtype=torch.float16)
+    c = torch.empty(128, 128, device="cuda", dtype=torch.float16)
+    _tri_matmul(ns)(me, b, c)
+    me.float().sum().backward()
+    assert m.grad is not None and torch.allclose(c.float(), (me.detach() @ b).float(), atol=2e-2, rtol=1e-2)
 
 
 def test_triton_ops_refuse_bad_calls_with_the_familys_errors(torch: Any, ops: Any) -> None:
