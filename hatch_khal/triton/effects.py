@@ -158,7 +158,7 @@ def _entry_lines(ttir: str, name: Optional[str]) -> tuple[list[str], list[str]]:
         if open_ < 0 or close < open_ or not header.endswith("{"):
             raise _Unexpected(header)
         params = re.findall(rf"({_NAME})\s*:", header[open_ + 1:close])
-        body = []
+        body: list[str] = []
         depth = 1
         for line2 in lines[i + 1:]:
             t = _strip(line2)
@@ -347,6 +347,6 @@ def _link_while(op: _Op, of: "_Of", add: "_Add") -> None:
                 raise _Unexpected(op.line)
             for i, u in enumerate(term.operands):
                 add(before[i], of([u]))
-    for b, i in zip(before, inits):
-        add(b, of([i]))
+    for b, init in zip(before, inits):
+        add(b, of([init]))
 
