@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -104,6 +105,17 @@ def test_the_triton_crate_ships_every_instance_and_its_conservative_twin(manifes
     assert ".version 8.0" in wheel_files[f"example_shader_pkg/{ptx.path}"].decode()
     sm90 = next(a for a in c.artifacts if a.kind == "cubin" and a.arch == "sm_90a")
     assert read_binary(wheel_files[f"example_shader_pkg/{sm90.path}"]).arch == 90
+
+
+def test_the_triton_entries_record_the_pointers_their_kernels_may_write(manifest) -> None:  # type: ignore[no-untyped-def]
+    """The build's write analysis on the tutorials (hatch_khal.triton.effects): each kernel writes
+    its output only; x / y, the softmax input and the matmul's a / b are proven read-only."""
+    c = manifest.crate("tutorials")
+    if os.environ.get("KHAL_TEST_EXAMPLE_WHEEL") and all(e.triton.written is None for e in c.entries):
+        pytest.skip("KHAL_TEST_EXAMPLE_WHEEL was built before TritonFacts.written: rebuild it (README command 1)")
+    want = {"add": ("output_ptr",), "softmax": ("output_ptr",), "matmul": ("c_ptr",)}
+    assert {e.name: e.triton.written for e in c.entries} == {
+        e.name: want[e.name.split("_")[0]] for e in c.entries}
 
 
 def test_the_test_packages_triton_tutorials_are_the_examples() -> None:
