@@ -130,3 +130,19 @@ def test_text_the_analysis_cannot_read_proves_nothing(edit: Any) -> None:
     assert written_pointers(ttir, "add_kernel", 4) == {2}
     assert written_pointers(edit(ttir), "add_kernel", 4) is None
     assert written_pointers(ttir, "add_kernel", 5) is None  # another parameter count than the caller's
+
+
+def test_a_pointer_loaded_from_memory_may_point_at_any_argument() -> None:
+    ttir = """module {
+  tt.func public @k(%p: !tt.ptr<!tt.ptr<f32>> loc("p"), %a: !tt.ptr<f32> loc("a"), %b: !tt.ptr<f32> loc("b")) {
+    %0 = tt.load %p : !tt.ptr<!tt.ptr<f32>> loc(#loc)
+    %1 = tt.load %a : !tt.ptr<f32> loc(#loc)
+    tt.store %0, %1 : !tt.ptr<f32> loc(#loc)
+    tt.return loc(#loc)
+  } loc(#loc)
+} loc(#loc)
+"""
+    assert written_pointers(ttir, "k", 3) == {0, 1, 2}
+    # the same kernel storing a loaded float through b: only b
+    plain = ttir.replace("tt.store %0, %1", "tt.store %b, %1")
+    assert written_pointers(plain, "k", 3) == {2}
