@@ -177,16 +177,6 @@ def _scalar_kind(element_type: str | None) -> str:
     return "int" if family in ("int", "uint") else "float" if family == "float" else "other"
 
 
-def _stream_of(stream: Any) -> Stream:
-    """``stream=`` of a launch as a Stream (as :meth:`khal_runtime.kernels.Kernel.launch` reads it)."""
-    if type(stream) is Stream:
-        return stream
-    if stream is None:
-        st: Stream | None = _tls.__dict__.get("stream")
-        return st if st is not None else default_stream()
-    return as_stream(stream)
-
-
 def _extras(facts: Any) -> tuple[int, int, int] | None:
     """What a Triton entry's launch needs beyond a plain one: (CTAs per program, global and profile
     scratch bytes per CTA), or None when it needs neither clusters nor scratch."""
@@ -625,7 +615,7 @@ class TritonKernel:
         assert ex is not None
         ctas, gsize, psize = ex
         gx, gy, gz = dim3(grid, f"{self.name}[grid]: grid")
-        st = _stream_of(stream)
+        st = as_stream(stream)
         values = list(values)
         programs = gx * gy * gz * ctas
         values[-2], values[-1], _ = scratch.pointers(st, programs * gsize, programs * psize,
@@ -931,7 +921,7 @@ class TritonKernel:
             values = [values[i] for i in keep]
         k = chosen[2]
         if _extras(k.entry.triton) is not None:
-            return _TritonBoundExtras(self, k, values, _stream_of(stream))  # type: ignore[return-value]
+            return _TritonBoundExtras(self, k, values, as_stream(stream))  # type: ignore[return-value]
         return TritonBound(self, k, k.bind(*values, stream=stream), args)
 
     def chosen(self, *args: Any) -> str:
