@@ -57,7 +57,7 @@ from khal_runtime.device import Stream
 from khal_runtime.errors import ArgumentError, ArgumentValueError, BackendUnavailableError, CaptureError, KhalError
 from khal_runtime.kernels import Kernel, KernelSet
 from khal_runtime.manifest import Entry, Param
-from khal_runtime.torch_triton import TritonOpSpec, check_fake, not_cuda, other_device, same_floats, triton_spec
+from khal_runtime.torch_triton import TritonOpSpec, check_fake, not_cuda, other_device, triton_spec
 from khal_runtime.triton import TritonKernel
 
 __all__ = ["CrateOps", "TorchOps", "register", "registered", "uniform"]
@@ -732,11 +732,10 @@ def _make_triton_cuda_impl(spec: TritonOpSpec) -> Callable[..., None]:
     tensor the schema declares written (a pointer some variant may write). The family's own call checks and chooses (dtypes, alignment,
     the assumptions its variants make, the grid; an autotuned family times or refuses inside a
     capture) and remembers a repeated launch: the grid is handed over as one tuple object per
-    value, and a float equal to the last one as that object, so that memo sees a repeat as one."""
+    value, so that memo sees a repeat as one (it takes ints and floats equal to the last ones)."""
     pointers = spec.pointers
     written = spec.written
     grids = spec.grids
-    floats = spec.floats
     torch = _torch()
 
     def cuda_impl(grid: Any, *args: Any) -> None:
@@ -766,7 +765,7 @@ def _make_triton_cuda_impl(spec: TritonOpSpec) -> Callable[..., None]:
             g = key
             if len(grids) < 64:
                 grids[key] = key
-        spec.kernel.launch(g, *(same_floats(spec, args) if floats else args), stream=st)
+        spec.kernel.launch(g, *args, stream=st)
         if written:
             _bump(tuple([args[i] for i in written if args[i] is not None]))  # type: ignore[misc]
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.triton import TritonKernel, _grid_reader
 
-__all__ = ["TritonOpSpec", "check_fake", "check_grid", "not_cuda", "other_device", "same_floats", "triton_spec"]
+__all__ = ["TritonOpSpec", "check_fake", "check_grid", "not_cuda", "other_device", "triton_spec"]
 
 #: grid launchers a spec keeps (tuple -> the one tuple object the family's memo recognises)
 _GRIDS_MAX = 64
@@ -71,10 +71,6 @@ class TritonOpSpec:
     crate_kernels: Any = None
     #: grid tuple -> the one object the family's memo keeps seeing (the dispatcher gives a new list each call)
     grids: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict)
-    #: indexes of the float arguments, and the float object last passed for each (the dispatcher makes a
-    #: new float each call, which the family's memo, comparing floats by identity, would never see again)
-    floats: tuple[int, ...] = ()
-    last_floats: dict[int, Any] = field(default_factory=dict)
 
     @property
     def entry_name(self) -> str:
@@ -95,7 +91,6 @@ class TritonOpSpec:
     def forget(self) -> None:
         """Drop what was kept for a previous load's family."""
         self.grids.clear()
-        self.last_floats.clear()
 
 
 def triton_spec(valid_name: Callable[[str], bool], namespace: str, op_name: str, family: TritonKernel) -> TritonOpSpec:
@@ -124,27 +119,9 @@ def triton_spec(valid_name: Callable[[str], bool], namespace: str, op_name: str,
             dtypes.append(family.pointee_dtype(i))
         else:
             parts.append(f"{_scalar_schema(t)} {n}")
-    floats = tuple(i for i, t in enumerate(family.types) if not t.startswith("*") and _scalar_schema(t) == "float")
     return TritonOpSpec(namespace, op_name, family.crate, family, family.entry, tuple(names),
                         f"({', '.join(parts)}) -> ()", tuple(mutates), tuple(pointers), tuple(dtypes),
-                        written=tuple(written), floats=floats)
-
-
-def same_floats(spec: TritonOpSpec, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``args`` with each float equal to the one passed last at its place (to the sign of a zero)
-    replaced by that object, so the family's memo sees a repeated call as one."""
-    last = spec.last_floats
-    out = args
-    for i in spec.floats:
-        a = args[i]
-        p = last.get(i)
-        if a is p:
-            continue
-        if type(a) is float and type(p) is float and a == p and (a != 0.0 or str(a) == str(p)):
-            out = (*out[:i], p, *out[i + 1:])
-        else:
-            last[i] = a
-    return out
+                        written=tuple(written))
 
 
 def check_grid(spec: TritonOpSpec, grid: Sequence[Any]) -> None:

@@ -736,9 +736,12 @@ class TritonKernel:
         P = len(self._pointers)  # noqa: N806
         F = n + 2 + P  # noqa: N806  (the key's launch function; then its arguments, then the _TAIL - 2 others)
         # the grid first: a callable one (new each call in Triton's idiom) fails every slot at once
-        # an argument is the remembered object, or an int equal to a remembered int (``x.numel()`` and
-        # ``t.data_ptr()`` are new objects each call; equal ints pack alike, an int equal to a float need not)
-        conds = [f"({x} is k[{j}] or type({x}) is int is type(k[{j}]) and {x} == k[{j}])"
+        # an argument is the remembered object, or an int or float equal to a remembered one of its
+        # type (``x.numel()``, ``t.data_ptr()`` and every number through torch's dispatcher are new
+        # objects each call; equal ints pack alike, equal floats too unless one is -0.0; an int equal
+        # to a float need not)
+        conds = [f"({x} is k[{j}] or type({x}) in NUMBERS and type({x}) is type(k[{j}]) and {x} == k[{j}] "
+                 f"and ({x} or str({x}) == str(k[{j}])))"
                  for j, x in enumerate(names)] + [f"st is k[{n + 1}]", "not more"]
         conds += [f"(k[{n + 2 + j}] is None or a{i}.data_ptr() == k[{n + 2 + j}])"
                   for j, i in enumerate(self._pointers)]
@@ -871,7 +874,7 @@ class TritonKernel:
                               "ready_stream": ready_stream, "tls": self._tls, "new_slots": self._new_slots,
                               "hooks": hooks, "prepare": _prepare, "failed": _failed, "EPOCH": EPOCH,
                               "snaps": self._shared, "promote": self._promote,
-                              "NOMEMO": NOMEMO, "EMPTY": self._empty, "TORCH": _torch_reader,
+                              "NOMEMO": NOMEMO, "NUMBERS": (int, float), "EMPTY": self._empty, "TORCH": _torch_reader,
                               "STABLE": STABLE_ARRAY_TYPES,
                               "FIXED": self._fixed, "EXTRAS": self._extras, "scratch_ptrs": scratch.pointers,
                               "NAME": self.name}

@@ -209,7 +209,13 @@ class _CudaTensor:
     is_cuda = True
 
     def __init__(self, ptr: int, dtype: Any = None, device: int = 0) -> None:
-        self.ptr, self.dtype, self.device_id, self.v = ptr, dtype or torch.float32, device, 0
+        self.ptr, self._dtype, self.device_id, self.v = ptr, dtype or torch.float32, device, 0
+        self.dtype_reads = 0
+
+    @property
+    def dtype(self) -> Any:
+        self.dtype_reads += 1
+        return self._dtype
 
     @property
     def device(self) -> str:
@@ -280,6 +286,14 @@ def test_the_cuda_kernel_launches_the_family_on_torchs_stream_and_bumps_every_po
         impl([4], x, out, 1024, 2.0)  # the same grid value: one tuple object, which the family's memo sees again
     assert len(drv.launches) == n + 3 and (x.v, out.v) == (4, 5)
     assert list(spec.grids) == [(4,), (3, 2)]  # one tuple per grid value, kept for the family's memo
+    reads = x.dtype_reads
+    for s in ("2.0", "2.0", "2.0"):  # the dispatcher hands over a new float each call: an equal one hits
+        impl([4], x, out, 1024, float(s))
+    assert x.dtype_reads == reads and len(drv.launches) == n + 6
+    impl([4], x, out, 1024, float("-0.0"))  # 0.0 == -0.0, but not the same bits: read and packed again
+    impl([4], x, out, 1024, float("0.0"))
+    assert x.dtype_reads == reads + 2
+    assert _slots(drv.launches[-2])[3] == 0x80000000 and _slots(drv.launches[-1])[3] == 0
 
 
 def test_the_cuda_kernel_gets_the_familys_named_errors_and_bumps_nothing_then(cuda_op: Any) -> None:
