@@ -64,6 +64,12 @@ __all__ = [
     "StructField",
     "StructLayout",
     "Toolchain",
+    "ConstValue",
+    "ServedLibrary",
+    "TritonCrate",
+    "TritonDtype",
+    "TritonFacts",
+    "TritonParam",
     "TritonScratch",
     "WebGpuTarget",
     "load_manifest",
@@ -380,7 +386,37 @@ class LaunchAttributes(_Model):
 
 
 #: TritonFacts' optional fields (autotuned entries; clusters and scratch memory), hashed only when set
-_TRITON_OPTIONAL_FIELDS = ("config", "autotune_key", "choose", "num_ctas", "global_scratch", "profile_scratch")
+_TRITON_OPTIONAL_FIELDS = ("config", "autotune_key", "choose", "num_ctas", "global_scratch", "profile_scratch",
+                           "params", "nones", "maxnreg", "heuristics", "module", "qualname")
+
+
+class TritonDtype(_Model):
+    """A ``tl.dtype`` given as a constexpr (``X_dtype=tl.float32``), by Triton's name (``tl.float32.name``:
+    ``"fp32"``; ``"bf16"``, ``"fp8e4nv"``, ``"int8"``, ...)."""
+
+    dtype: str = Field(min_length=1, max_length=32)
+
+
+#: a constexpr's value as a Triton kernel takes it (notes/triton-jit.md, "Spellings"): an int, float,
+#: bool, string, a ``tl.dtype``, or None
+ConstValue = Union[bool, int, float, str, TritonDtype, None]
+
+
+class TritonParam(_Model):
+    """One parameter of a ``@triton.jit`` kernel as Triton's JIT sees it (``JITFunction.params``)."""
+
+    name: str
+    #: the kernel's annotation says constexpr (``KernelParam.is_constexpr``)
+    constexpr: bool = False
+    #: its default (a ConstValue), when ``has_default``
+    default: ConstValue = None
+    has_default: bool = False
+    #: ``@triton.jit(do_not_specialize=...)``: no divisibility / ``== 1`` specialisation
+    do_not_specialize: bool = False
+    #: ``do_not_specialize_on_alignment``: no divisibility / alignment specialisation (``== 1`` kept)
+    do_not_specialize_on_alignment: bool = False
+    #: the type its annotation forces (``KernelParam.annotation_type``: ``"i64"``, ``"*fp16"``), or ""
+    annotation: str = ""
 
 
 class TritonScratch(_Model):
@@ -425,8 +461,8 @@ class TritonFacts(_Model):
     divisible: tuple[str, ...] = ()
     #: arguments the binary assumes equal to 1: compiled in, so not among its ``params``
     ones: tuple[str, ...] = ()
-    #: the constexprs the instance was compiled with, as the crate gives them
-    constexprs: dict[str, Union[bool, int, float]] = Field(default_factory=dict)
+    #: the constexprs the variant was compiled with (ints, floats, bools, strings, dtypes, None)
+    constexprs: dict[str, ConstValue] = Field(default_factory=dict)
     #: Triton's ``JITFunction.cache_key`` (the kernel and every @triton.jit function it calls)
     cache_key: str
     triton_version: str
@@ -451,6 +487,20 @@ class TritonFacts(_Model):
     #: (``hatch_khal.triton.effects``); the others it only reads. None (a manifest built before
     #: the field, or an IR the analysis could not read): every pointer may be written
     written: Optional[tuple[str, ...]] = None
+    #: the kernel's whole signature (every variant of one kernel the same; () in manifests before it)
+    params: tuple[TritonParam, ...] = ()
+    #: arguments passed None: compiled as constexpr None (Triton's JIT), not parameters of the binary
+    nones: tuple[str, ...] = ()
+    #: Triton's ``maxnreg`` option (None: not set)
+    maxnreg: Optional[int] = Field(default=None, ge=1, le=255)
+    #: the constexprs the kernel's ``@triton.heuristics`` compute from the arguments, outermost first
+    heuristics: tuple[str, ...] = ()
+    #: where the kernel is importable at run time (a module of the wheel's package, or of the library a
+    #: companion crate serves) and its ``__qualname__`` there; None: not importable at run time
+    module: Optional[str] = None
+    qualname: Optional[str] = None
+    #: the variant came from the lock file (``python -m hatch_khal triton record``)
+    recorded: bool = False
 
     @property
     def ctas(self) -> int:
@@ -466,6 +516,8 @@ class TritonFacts(_Model):
                 del out[name]
         if out["written"] is None:  # () (writes none) is hashed
             del out["written"]
+        if not out["recorded"]:
+            del out["recorded"]
         return out
 
     def may_write(self, name: str) -> bool:
@@ -737,6 +789,26 @@ class GlobalVar(_Model):
         return self
 
 
+class ServedLibrary(_Model):
+    """The installed library a companion crate's kernels come from (its sources are that library's
+    modules): the distribution, its version, and the digest of each module file the build read."""
+
+    distribution: str
+    version: str
+    #: module file path inside the distribution (``liger_kernel/ops/rms_norm.py``) -> sha256
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+class TritonCrate(_Model):
+    """What a Triton crate says beyond its entries."""
+
+    #: option ``jit-fallback``: a call no built variant covers goes to Triton's JIT where Triton is
+    #: installed (``KHAL_TRITON_JIT_FALLBACK`` overrides)
+    jit_fallback: bool = False
+    #: a companion crate: the library whose kernels it serves
+    serves: Optional[ServedLibrary] = None
+
+
 class Crate(_Model):
     name: str
     #: the source language: CUDA C++ (CUDA only) or Slang (CUDA and WebGPU)
@@ -754,6 +826,8 @@ class Crate(_Model):
     spirv: SpirvStatus = SpirvStatus.model_construct(status="not_configured", reason="")
     #: module globals the host may read and write (``kernels.crates[name].globals``)
     globals: Optional[tuple[GlobalVar, ...]] = None
+    #: Triton crates: the crate's own facts (None: none, or not a Triton crate)
+    triton: Optional[TritonCrate] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Crate:
