@@ -542,18 +542,18 @@ def fit(inst: TritonInstance, params: Sequence[TritonParam]) -> TritonInstance:
                 fail(f"give {p.name!r}'s type: it is a runtime argument (its default {value_json(p.default)!r} is "
                      "passed at each call)")
             a = TritonArg(p.name, None, p.default, none=not p.constexpr)
-        out.append(_fit_arg(fail, kernel, p, a))
+        out.append(_fit_arg(fail, kernel, p, a, inst.recorded))
     return replace(inst, args=tuple(out))
 
 
-def _fit_arg(fail: Callable[[str], NoReturn], kernel: str, p: TritonParam, a: TritonArg) -> TritonArg:
+def _fit_arg(fail: Callable[[str], NoReturn], kernel: str, p: TritonParam, a: TritonArg, recorded: bool) -> TritonArg:
     field = f"{p.name!r}"
     if p.constexpr:
         if a.none or (a.type is None and a.value is None):
             return TritonArg(a.name, None, None)
         if a.type is not None:
             text = a.spelling()
-            if not a.pointer and not a.divisible and not a.one and a.type in BY_VALUE:
+            if not recorded and not a.pointer and not a.divisible and not a.one and a.type in BY_VALUE:
                 name = {"i1": "int1", "u1": "int1", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64",
                         "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64"}.get(a.type, a.type)
                 fail(f"{field} is a tl.constexpr of kernel {kernel!r}, and {text!r} reads as a runtime argument's "
