@@ -333,8 +333,7 @@ def _fill(where: str, text: str, combo: Mapping[str, Any]) -> str:
         if m.group(1) not in combo:
             raise ConfigError(f"{where}: {text!r} names {{{m.group(1)}}}, which the instance's 'matrix' does not "
                               f"give (it gives: {', '.join(combo) or 'nothing'})")
-        value = combo[m.group(1)]
-        return ("true" if value else "false") if isinstance(value, bool) else str(value)
+        return str(combo[m.group(1)])
 
     return _PLACEHOLDER.sub(sub, text)
 

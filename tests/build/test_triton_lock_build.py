@@ -241,3 +241,13 @@ def test_the_old_dtype_spelling_of_a_constexpr_is_refused_with_the_new_one(tmp_p
     with pytest.raises(ConfigError, match=r"'X_dtype' is a tl.constexpr of kernel 'fill_kernel', and 'fp32' reads as "
                                           r"a runtime argument's type.*X_dtype = \{ dtype = \"fp32\" \}"):
         _build(root, tmp_path / "c", old)
+
+
+@pytest.mark.needs_triton
+def test_a_default_the_manifest_cannot_record_is_refused_by_name(tmp_path: Path) -> None:
+    kernels = KERNELS.replace("BLOCK: tl.constexpr = 64):", "BLOCK: tl.constexpr = 64, SHAPE: tl.constexpr = (1, 2)):")
+    root = _project(tmp_path / "p", "version = 1\n\n[[variant]]" + LOCK.split("[[variant]]")[3], kernels)
+    fill = [INSTANCES[1]]
+    with pytest.raises(ConfigError, match=r"kernel 'fill_kernel': the default of parameter 'SHAPE' is \(1, 2\) "
+                                          r"\(tuple\), which a precompiled variant cannot record"):
+        _build(root, tmp_path / "c", fill)
