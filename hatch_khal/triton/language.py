@@ -1,8 +1,10 @@
 """Triton crates in the build: the :class:`~hatch_khal.languages.Language` for ``language = "triton"``.
 
 * :meth:`TritonLanguage.plan`: the crate's ``.py`` sources (and every file under their folders)
-  hashed with its instances (:mod:`hatch_khal.triton.instances`) and the Triton version; no
-  Triton run, no import of the author's code;
+  hashed with its instances (:mod:`hatch_khal.triton.instances`), its variants of the project's
+  lock file (:mod:`hatch_khal.triton.lock`) and the Triton version; for a companion crate (option
+  ``modules``) the installed library instead of sources (:mod:`hatch_khal.triton.companion`:
+  pinned, its version and module files hashed); no Triton run, no import of the author's code;
 * :meth:`TritonLanguage.prepare`: every instance compiled for every target by Triton in worker
   processes (:mod:`hatch_khal.triton.worker`; the targets split among ``KHAL_JOBS`` of them),
   through the content-addressed cache; then each
