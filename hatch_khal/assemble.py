@@ -173,6 +173,7 @@ def _finish_crate(crate: Compiled[Any, Any], root: Path) -> tuple[Crate, dict[st
         prebuilt=prebuilt,
         spirv=crate.spirv,
         globals=parts.globals or None,  # absent when none: manifests without globals read as before
+        triton=parts.triton,
     )
     return record, files, parts.warnings
 

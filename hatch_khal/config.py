@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from pathlib import PurePosixPath
+from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -61,6 +61,9 @@ LANGUAGE_SUFFIXES = {".slang": "slang", ".py": "triton"}
 #: matched whole (re.fullmatch): a "$" would accept a trailing newline
 _CRATE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _DEFINE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+#: the Triton lock file at the project root when the hook option ``triton-lock`` names none
+DEFAULT_TRITON_LOCK = "khal-triton.lock"
 
 #: khal-builder's rule (upper-case, '-' to '_'); one definition, in the shared ABI module.
 env_var_for_crate = prebuilt_env_var
@@ -169,7 +172,12 @@ class _CommonOptions(_Strict):
 
 class CrateConfig(_CommonOptions):
     name: str
-    sources: list[str] = Field(min_length=1)
+    #: required, unless a Triton crate gives ``modules`` instead (checked by :func:`_language`)
+    sources: Optional[list[str]] = Field(default=None, min_length=1)
+    #: Triton companion crates: installed modules whose kernels the crate serves (instead of ``sources``)
+    modules: Optional[list[str]] = Field(default=None, min_length=1)
+    #: Triton crates: a call no built variant covers goes to Triton's JIT where Triton is installed
+    jit_fallback: Optional[bool] = Field(default=None, alias="jit-fallback")
     #: "default": the hook-level value
     ptx_arch: Optional[str] = Field(default="default", alias="ptx-arch")
     cuda_headers: Optional[Literal["wheels", "system", "none"]] = Field(default=None, alias="cuda-headers")
@@ -185,12 +193,31 @@ class CrateConfig(_CommonOptions):
             raise ValueError(f"crate name {v!r} must start with a letter and use only letters, digits, '-' and '_'")
         return v
 
+    @field_validator("modules")
+    @classmethod
+    def _modules(cls, v: list[str] | None) -> list[str] | None:
+        for m in v or []:
+            if not _MODULE.fullmatch(m):
+                raise ValueError(f"{m!r} is not a dotted module name (liger_kernel.ops.rms_norm)")
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("names a module twice")
+        return v
+
 
 class HookConfig(_CommonOptions):
     crates: list[CrateConfig] = Field(min_length=1)
     ptx_arch: Optional[str] = Field(default=DEFAULT_PTX_ARCH, alias="ptx-arch")
     cuda_headers: Literal["wheels", "system", "none"] = Field(default="wheels", alias="cuda-headers")
     nvrtc_requirement: str = Field(default=DEFAULT_NVRTC_REQUIREMENT, alias="nvrtc-requirement")
+    #: the Triton lock file, relative to the project root (None: ``khal-triton.lock``, if it exists)
+    triton_lock: Optional[str] = Field(default=None, alias="triton-lock")
+
+    @field_validator("triton_lock")
+    @classmethod
+    def _lock(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or PurePosixPath(v).is_absolute() or PureWindowsPath(v).is_absolute()):
+            raise ValueError("must be a file's path relative to the project root (khal-triton.lock)")
+        return v
 
     @field_validator("nvrtc_requirement")
     @classmethod
@@ -242,6 +269,16 @@ class ResolvedCrate(BaseModel):
     slang_options: list[str] = []
     #: Triton crates: the instance tables, as written (:mod:`hatch_khal.triton.instances`)
     instances: list[dict[str, Any]] = []
+    #: Triton companion crates: the installed modules whose kernels it serves (its sources are none)
+    modules: list[str] = []
+    #: Triton crates: option ``jit-fallback``
+    jit_fallback: bool = False
+    #: Triton crates: the lock file, relative to the project root, and whether option ``triton-lock``
+    #: named it (then it must exist; the default may not)
+    triton_lock: str = DEFAULT_TRITON_LOCK
+    triton_lock_explicit: bool = False
+    #: Triton crates: the names of the build's Triton crates (a lock variant must name one of them)
+    triton_crates: list[str] = []
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -311,11 +348,23 @@ def _env_ptx() -> str | None:
 
 def _language(where: str, index: int, crate: CrateConfig) -> str:
     """The crate's language from its source globs' suffixes; ConfigError for a mix or a misfit option."""
+    prefix = f"{where}: crates[{index}] {crate.name!r}"
+    if crate.modules is not None:
+        if crate.sources is not None:
+            raise ConfigError(f"{prefix}: options 'sources' and 'modules' are exclusive: 'modules' names an installed "
+                              "library's modules whose Triton kernels the crate serves (a companion crate), 'sources' "
+                              "the project's own files")
+        if crate.spirv or crate.slang_options:
+            raise ConfigError(f"{prefix}: options 'spirv' and 'slang-options' are for Slang crates; 'modules' makes "
+                              "a Triton companion crate")
+        return "triton"
+    if crate.sources is None:
+        raise ConfigError(f"{where}: invalid configuration: option 'crates[{index}].sources' is required (or "
+                          "'modules' for a Triton crate serving an installed library's kernels)")
     by_language: dict[str, list[str]] = {}
     for pattern in crate.sources:
         suffix = "." + pattern.rsplit(".", 1)[1] if "." in pattern.rsplit("/", 1)[-1] else ""
         by_language.setdefault(LANGUAGE_SUFFIXES.get(suffix, "cuda"), []).append(pattern)
-    prefix = f"{where}: crates[{index}] {crate.name!r}"
     names = {"cuda": "CUDA C++", "slang": "Slang", "triton": "Triton (.py)"}
     if len(by_language) > 1 and set(by_language) != {"cuda", "slang"}:
         raise ConfigError(
@@ -339,9 +388,8 @@ def _language(where: str, index: int, crate: CrateConfig) -> str:
     if language == "triton" and (crate.spirv or crate.slang_options):
         raise ConfigError(f"{prefix}: options 'spirv' and 'slang-options' are for Slang crates; this crate's sources "
                           "are Triton (.py)")
-    if language == "triton" and not crate.instances:
-        raise ConfigError(f"{prefix}: a Triton crate (.py sources) needs 'instances': tables naming each "
-                          "@triton.jit kernel to build and its signature (see docs/guide/triton.md)")
+    if language != "triton" and crate.jit_fallback is not None:
+        raise ConfigError(f"{prefix}: option 'jit-fallback' is for Triton crates (.py sources or 'modules')")
     if language != "triton" and crate.instances is not None:
         raise ConfigError(f"{prefix}: option 'instances' is for Triton crates (.py sources)")
     if language == "cuda" and crate.slang_options:
@@ -379,6 +427,8 @@ def parse_config(
 
     env_archs = _env_archs()
     env_ptx = _env_ptx()
+    languages = [_language(where, i, c) for i, c in enumerate(cfg.crates)]
+    triton_crates = [c.name for c, lang in zip(cfg.crates, languages) if lang == "triton"]
     resolved = []
     for i, c in enumerate(cfg.crates):
         package = c.package or cfg.package or default_package
@@ -391,12 +441,12 @@ def parse_config(
         ptx = cfg.ptx_arch if c.ptx_arch == "default" else c.ptx_arch
         if env_ptx is not None:
             ptx = None if env_ptx == "none" else env_ptx
-        language = _language(where, i, c)
+        language = languages[i]
         resolved.append(
             ResolvedCrate(
                 name=c.name,
                 language=language,
-                sources=list(c.sources),
+                sources=list(c.sources or []),
                 include_dirs=list(cfg.include_dirs) + list(c.include_dirs),
                 package=canonical_package(package),
                 archs=sorted(set(archs), key=lambda a: (_cubin_arch(a).number, a)),
@@ -408,6 +458,11 @@ def parse_config(
                 spirv=c.spirv,
                 slang_options=list(cfg.slang_options) + list(c.slang_options) if language == "slang" else [],
                 instances=list(c.instances or []),
+                modules=list(c.modules or []),
+                jit_fallback=bool(c.jit_fallback),
+                triton_lock=cfg.triton_lock or DEFAULT_TRITON_LOCK,
+                triton_lock_explicit=cfg.triton_lock is not None,
+                triton_crates=triton_crates if language == "triton" else [],
             )
         )
     return cfg, resolved

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from khal_runtime.manifest import Artifact, Entry, GlobalVar, Manifest
+    from khal_runtime.manifest import Artifact, Entry, GlobalVar, Manifest, TritonCrate
 
 __all__ = [
     "BuildResult",
@@ -144,6 +144,8 @@ class CrateParts:
     warnings: tuple[str, ...] = ()
     #: the crate's module globals (``__constant__`` / ``__device__`` variables, from its PTX)
     globals: tuple[GlobalVar, ...] = ()
+    #: a Triton crate's own facts (``Crate.triton``: ``jit-fallback``, the library a companion serves)
+    triton: TritonCrate | None = None
 
 
 @dataclass

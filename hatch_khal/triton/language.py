@@ -1,8 +1,10 @@
 """Triton crates in the build: the :class:`~hatch_khal.languages.Language` for ``language = "triton"``.
 
 * :meth:`TritonLanguage.plan`: the crate's ``.py`` sources (and every file under their folders)
-  hashed with its instances (:mod:`hatch_khal.triton.instances`) and the Triton version; no
-  Triton run, no import of the author's code;
+  hashed with its instances (:mod:`hatch_khal.triton.instances`), its variants of the project's
+  lock file (:mod:`hatch_khal.triton.lock`) and the Triton version; for a companion crate (option
+  ``modules``) the installed library instead of sources (:mod:`hatch_khal.triton.companion`:
+  pinned, its version and module files hashed); no Triton run, no import of the author's code;
 * :meth:`TritonLanguage.prepare`: every instance compiled for every target by Triton in worker
   processes (:mod:`hatch_khal.triton.worker`; the targets split among ``KHAL_JOBS`` of them),
   through the content-addressed cache; then each
@@ -34,13 +36,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import metadata, util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from khal_runtime import abi
-from khal_runtime.manifest import Entry, LaunchAttributes, Param, SpirvStatus, TritonFacts, TritonScratch
+from khal_runtime.manifest import (Entry, LaunchAttributes, Param, ServedLibrary, SpirvStatus, TritonCrate, TritonFacts,
+                                   TritonParam, TritonScratch)
 
 from hatch_khal import _worker
 from hatch_khal.compilers import binary_mismatch
@@ -52,9 +55,10 @@ from hatch_khal.languages import Compiled, Language, Planned, Prepared
 from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity, CrateParts, PlannedEntry, Reporter
 from hatch_khal.reads import changed, cover
 from hatch_khal.sources import CrateSources, collect_sources
-from hatch_khal.triton import TRITON_REQUIREMENT, TRITON_VERSION
-from hatch_khal.triton.instances import (POINTEE_TYPES, SCALAR_TYPES, TritonArg, TritonInstance,
-                                        parse_instances)
+from hatch_khal.triton import TRITON_REQUIREMENT, TRITON_VERSION, companion, lock
+from hatch_khal.triton.companion import Served
+from hatch_khal.triton.instances import (POINTEE_TYPES, SCALAR_TYPES, TritonArg, TritonInstance, fit, lock_instance,
+                                        parse_instances, value_from_json, with_config)
 from hatch_khal.triton.ptxas import tool_release
 
 if TYPE_CHECKING:
@@ -69,8 +73,9 @@ __all__ = ["PTXAS", "TRITON", "TRITON_REQUIREMENT", "TRITON_VERSION", "TritonFro
 #: write its ptxas' newest, 8.7 for 3.6, which the H200's CUDA 13.0 driver does not JIT)
 PTX_FALLBACK_VERSION = 80
 #: the worker's answer as the cache holds it: 2 records the release of the ptxas Triton used per target,
-#: 3 the scratch alignments, 4 the pointers each target's kernel may write
-STAGE_FORMAT = 4
+#: 3 the scratch alignments, 4 the pointers each target's kernel may write, 5 the kernel's parameters,
+#: heuristics and module (#36)
+STAGE_FORMAT = 5
 NOT_APPLICABLE = SpirvStatus(status="not_applicable", reason="Triton source")
 #: the two trailing parameters every Triton kernel takes
 SCRATCH_PARAMS = ("khal_global_scratch", "khal_profile_scratch")
@@ -206,13 +211,19 @@ PTXAS = TritonPtxas()
 
 @dataclass(frozen=True)
 class TritonPlan:
-    """What planning found of a Triton crate: its sources and instances, the targets, Triton's version."""
+    """What planning found of a Triton crate: its sources and instances (the lock file's variants
+    among them), the targets, Triton's version."""
 
     sources: CrateSources
     instances: tuple[TritonInstance, ...]
     #: target -> (capability, ptx_version given to Triton or None)
     targets: Mapping[str, tuple[int, int | None]]
     triton: str
+    #: per source (``sources.sources``' order): the module it is at run time, inside the wheel's
+    #: package (``pkg.ops.rms``), or None when it lies outside the package
+    modules: tuple[str | None, ...] = ()
+    #: a companion crate: the installed library whose modules are its sources
+    served: Served | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +233,8 @@ class TritonFront:
     entries: tuple[Entry, ...]
     #: target -> the PTX module of every instance, kernels renamed to their entry symbols
     units: Mapping[str, str]
+    #: the crate's own facts (``Crate.triton``), None when it has none to say
+    crate: TritonCrate | None = None
 
 
 TritonPlanned = Planned[TritonPlan, TritonFront]
@@ -324,11 +337,12 @@ def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, An
     files = [str(f.path) for f in plan.sources.sources]
     targets = [[t, cap, ptx] for t, (cap, ptx) in plan.targets.items()]
     workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(targets)))
-    instances = [{"name": i.name, "kernel": i.kernel, "signature": i.triton_signature(),
-                  "constexprs": i.compile_constexprs(), "divisible": i.divisible(),
-                  "num_warps": i.num_warps, "num_stages": i.num_stages, "num_ctas": i.num_ctas,
-                  "autotune": i.autotune,
-                  "choose": i.choose} for i in plan.instances]
+    instances = [i.to_json() for i in plan.instances]
+    served = plan.served
+    common: dict[str, Any] = {"files": files, "instances": instances,
+                               "modules": list(served.modules) if served else [],
+                               "allowed": list(served.packages) if served else [],
+                               "served_root": str(served.root) if served else None}
     env = _worker.environment()
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the author's sources
     scratch = None
@@ -340,7 +354,7 @@ def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, An
     procs = []
     try:
         for n in range(workers):
-            share = {"files": files, "targets": targets[n::workers], "instances": instances}
+            share = {**common, "targets": targets[n::workers]}
             with tempfile.TemporaryFile() as request:  # each worker reads its share at once
                 request.write(json.dumps(share).encode())
                 request.seek(0)
@@ -401,17 +415,87 @@ def _variants(instances: tuple[TritonInstance, ...], by_name: Mapping[str, Any]
     for inst in instances:
         got = by_name[inst.name]
         if not inst.autotune:
-            out.append((inst, got, {}))
+            tune = {} if inst.config is None else {"config": inst.config, "autotune_key": tuple(got["autotune_key"])}
+            out.append((inst, got, tune))
             continue
-        given = {a.name: a for a in inst.args}
         for c in got["configs"]:
-            kw = c["constexprs"]
-            args = tuple(given[n] if n in given else TritonArg(n, None, kw[n]) for n in got["arg_names"])
-            variant = replace(inst, name=f"{inst.name}__c{c['index']}", args=args, num_warps=c["num_warps"],
-                              num_stages=c["num_stages"])
+            variant = with_config(inst, got["arg_names"], c["index"],
+                                  {k: value_from_json(v) for k, v in c["constexprs"].items()}, c["num_warps"],
+                                  c["num_stages"], c["num_ctas"], c["maxnreg"])
             out.append((variant, {**got, "targets": c["targets"]},
                         {"config": c["index"], "autotune_key": tuple(got["autotune_key"]), "choose": inst.choose}))
     return out
+
+
+def _lock_instances(root: Path, cfg: ResolvedCrate, taken: set[str]) -> tuple[list[TritonInstance], list[str]]:
+    """The lock file's variants of crate ``cfg`` as instances (named ``<kernel>__v<hash>``, sorted by
+    kernel and canonical JSON: the file's order does not matter), and their canonical JSON (what the
+    crate's content hash covers of the lock file). A variant naming a crate that is not a Triton
+    crate of this build is refused, naming the crates there are."""
+    path = root / cfg.triton_lock
+    if not path.is_file():
+        if cfg.triton_lock_explicit:
+            raise ConfigError(f"option 'triton-lock' names {cfg.triton_lock}, which is not a file of the project "
+                              f"({root}): record the variants first (python -m hatch_khal triton record -- <command>) "
+                              "or drop the option")
+        return [], []
+    variants = lock.read(path)
+    crates = cfg.triton_crates or [cfg.name]
+    mine: dict[str, tuple[str, TritonInstance]] = {}
+    for i, v in enumerate(variants):
+        if v.crate not in crates:
+            raise ConfigError(f"{path}: variant[{i}] ({v.kernel}) names crate {v.crate!r}, which is not a Triton crate "
+                              f"of this build (its Triton crates: {', '.join(crates)}); rename the crate in the lock "
+                              "file or delete the variant")
+        if v.crate != cfg.name:
+            continue
+        name = lock.entry_name(v)
+        origin = f"{path}: variant[{i}] ({name})"
+        if v.module is not None and not cfg.modules:
+            raise ConfigError(f"{origin}: field 'module' is for a crate whose sources are modules (crate option "
+                              f"'modules'); crate {cfg.name!r} has 'sources'")
+        if name in taken:
+            raise ConfigError(f"{origin}: entry name {name!r} is also an instance's of crate {cfg.name!r}")
+        text = lock.canonical_json(v)
+        if name in mine and mine[name][0] != text:
+            raise ConfigError(f"{origin}: two different variants of the lock file make entry {name!r} (the other is "
+                              f"{mine[name][1].origin}); record them again")
+        mine.setdefault(name, (text, lock_instance(v, name, origin)))
+    ordered = sorted(mine.values(), key=lambda t: (t[1].kernel, t[0]))
+    return [inst for _, inst in ordered], [text for text, _ in ordered]
+
+
+def _crate_facts(p: TritonPlanned, served_files: set[str]) -> TritonCrate | None:
+    """``Crate.triton``: option ``jit-fallback``, and for a companion crate the library it serves (its
+    distribution, version, and the digest of each of its files the kernels' modules and the
+    @triton.jit functions they call are). None when there is nothing to say."""
+    served = p.plan.served
+    library = None
+    if served is not None:
+        files = dict(served.digests)
+        for rel in sorted(served_files - set(files)):
+            files[rel] = served.digest(rel)
+        library = ServedLibrary(distribution=served.distribution, version=served.version, files=dict(sorted(files.items())))
+    if library is None and not p.cfg.jit_fallback:
+        return None
+    return TritonCrate(jit_fallback=p.cfg.jit_fallback, serves=library)
+
+
+def _source_modules(root: Path, cfg: ResolvedCrate, sources: CrateSources) -> tuple[str | None, ...]:
+    """Per source, the module it is inside the wheel's package (``cfg.package``; its last folder is
+    the import name): ``pkg.ops.rms`` for ``<package>/ops/rms.py``; None for a source outside the
+    package or under a folder that is no identifier."""
+    package = (root / cfg.package).resolve()
+    out: list[str | None] = []
+    for f in sources.sources:
+        try:
+            rel = f.path.resolve().relative_to(package)
+        except ValueError:
+            out.append(None)
+            continue
+        parts = [package.name, *rel.parts[:-1]] + ([] if rel.stem == "__init__" else [rel.stem])
+        out.append(".".join(parts) if all(p.isidentifier() for p in parts) else None)
+    return tuple(out)
 
 
 class TritonLanguage:
@@ -419,8 +503,17 @@ class TritonLanguage:
     compiler = "triton-ptxas"
 
     def plan(self, root: Path, cfg: ResolvedCrate) -> TritonPlanned:
-        instances = parse_instances(cfg.name, cfg.instances)
-        sources = collect_sources(root, cfg.name, cfg.sources, list(cfg.include_dirs))
+        instances = parse_instances(cfg.name, cfg.instances or None)
+        recorded, lock_record = _lock_instances(root, cfg, {i.name for i in instances})
+        instances += recorded
+        if not instances:
+            raise ConfigError(f"crate {cfg.name!r}: a Triton crate needs variants to build: 'instances' tables naming "
+                              f"each @triton.jit kernel and its signature, or variants of the crate in the lock file "
+                              f"({cfg.triton_lock}: python -m hatch_khal triton record -- <command>); see "
+                              "docs/guide/triton.md")
+        served = companion.resolve(root, cfg.name, list(cfg.modules)) if cfg.modules else None
+        sources = (CrateSources(sources=[]) if served is not None else
+                   collect_sources(root, cfg.name, cfg.sources, list(cfg.include_dirs)))
         bad = [s.rel for s in sources.sources if s.path.suffix != ".py"]
         if bad:
             raise ConfigError(f"crate {cfg.name!r}: option 'sources' matches {', '.join(bad)}: a Triton crate's "
@@ -435,12 +528,18 @@ class TritonLanguage:
                  if k.startswith("TRITON_") and k not in ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR")}
         # the ptxas releases: Triton writes the newest PTX ISA its ptxas takes, and assembles with it
         ptxas = sorted({ptxas_tool(abi.parse_arch(t).number)[1] for t in targets})
+        extra: dict[str, Any] = {}
+        if lock_record:  # only this crate's variants: another crate's do not rebuild it
+            extra["lock"] = lock_record
+        if served is not None:
+            extra["served"] = served.record()
         content = crate_content_hash(sources.all_files, {}, [], {
             "language": "triton", "triton": version, "instances": [i.record() for i in instances],
-            "ptx_fallback": PTX_FALLBACK_VERSION, "knobs": knobs, "ptxas": ptxas})
+            "ptx_fallback": PTX_FALLBACK_VERSION, "knobs": knobs, "ptxas": ptxas, **extra})
         return Planned(cfg=cfg, language=self, content_hash=content, spirv=NOT_APPLICABLE,
                        files=tuple(sources.all_files), tools={"triton": version},
-                       plan=TritonPlan(sources=sources, instances=tuple(instances), targets=targets, triton=version))
+                       plan=TritonPlan(sources=sources, instances=tuple(instances), targets=targets, triton=version,
+                                       modules=_source_modules(root, cfg, sources), served=served))
 
     def prepare(self, p: TritonPlanned, cache: Cache, reporter: Reporter) -> TritonPrepared:
         if p.prebuilt_var:
@@ -485,7 +584,10 @@ class TritonLanguage:
         by_name = {i["name"]: i for i in answer["instances"]}
         entries: list[Entry] = []
         per_target: dict[str, list[str]] = {t: [] for t in p.plan.targets}
-        for inst, got, tune in _variants(p.plan.instances, by_name):
+        served: set[str] = set()
+        for written, got, tune in _variants(p.plan.instances, by_name):
+            inst, where = self._fitted(p, written, got)
+            served.update(got.get("served", []))
             for target, md in got["targets"].items():
                 why = _refusal(p.cfg.name, inst, target, md)
                 if why is not None:
@@ -509,7 +611,7 @@ class TritonLanguage:
                                 num_ctas=ctas if ctas > 1 else None,
                                 global_scratch=scratch_needs(mds, "global"),
                                 profile_scratch=scratch_needs(mds, "profile"),
-                                written=written_union(inst.runtime_args, mds), **tune)
+                                written=written_union(inst.runtime_args, mds), **where, **tune)
             params = _params(inst)
             block = (inst.num_warps * 32, 1, 1)
             attributes = launch_attributes(mds)
@@ -523,7 +625,22 @@ class TritonLanguage:
             for target, md in got["targets"].items():
                 per_target[target].append(rename_kernel(md["ptx"], md["name"], symbol))
         return TritonFront(entries=tuple(entries),
-                           units={t: merge_ptx(p.cfg.name, t, parts) for t, parts in per_target.items()})
+                           units={t: merge_ptx(p.cfg.name, t, parts) for t, parts in per_target.items()},
+                           crate=_crate_facts(p, served))
+
+    def _fitted(self, p: TritonPlanned, inst: TritonInstance, got: dict[str, Any]
+                ) -> tuple[TritonInstance, dict[str, Any]]:
+        """``inst`` fitted to its kernel's parameters as the worker read them (the worker fitted it
+        the same way before compiling it), and the facts of the kernel every variant of it shares:
+        its parameters, heuristics, and where it is importable at run time."""
+        params = tuple(TritonParam.model_validate(x) for x in got["params"])
+        module: str | None = got.get("module")
+        if module is None and got.get("source") is not None and p.plan.modules:
+            module = p.plan.modules[got["source"]]
+        fitted = fit(inst, params)
+        return fitted, {"params": params, "nones": tuple(fitted.nones()), "heuristics": tuple(got.get("heuristics", ())),
+                        "maxnreg": fitted.maxnreg, "recorded": fitted.recorded, "module": module,
+                        "qualname": fitted.kernel if module is not None else None}
 
     def jobs(self, p: TritonPrepared, root: Path, targets: list[str]) -> list[CompileJob]:
         ident = PTXAS.identity()
@@ -545,7 +662,7 @@ class TritonLanguage:
         missing = [e.symbol for e in p.front.entries if e.symbol not in binary.functions]
         if missing:
             raise KhalBuildError(f"crate {p.cfg.name!r}: the binary lacks kernel(s) {', '.join(missing)}")
-        return CrateParts(entries=p.front.entries)
+        return CrateParts(entries=p.front.entries, triton=p.front.crate)
 
 
 TRITON: Language[TritonPlan, TritonFront] = TritonLanguage()

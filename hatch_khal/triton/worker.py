@@ -4,17 +4,29 @@ crate's modules are the author's code: they are never imported into the hook's p
 
 It reads one JSON request on stdin and writes one JSON answer on stdout:
 
-* request: ``{"files": [abs path, ...], "instances": [{"name", "kernel", "signature",
-  "constexprs", "divisible", "num_warps", "num_stages", "num_ctas", "autotune", "choose"}], "targets":
-  [[target, capability, ptx_version or null], ...]}``
+* request: ``{"files": [abs path, ...], "modules": [module name, ...], "allowed": [folder, ...],
+  "served_root": folder or null, "instances": [TritonInstance.to_json(), ...], "targets":
+  [[target, capability, ptx_version or null], ...]}``: the crate's sources (files, loaded by path) or
+  the installed modules a companion crate serves (imported by name; ``allowed``: the folders of its
+  library, whose @triton.jit helpers the library's pinned version covers; ``served_root``: the
+  library's install root, against which its files are named), and the instances (hand-written or
+  from the lock file, :mod:`hatch_khal.triton.instances`);
 * answer: ``{"ok": true, "triton": version, "instances": [{"name", "cache_key", "deps": [file...],
-  "arg_names", "targets": {target: {"ptx", "name", "shared", "num_warps", "num_ctas",
+  "arg_names", "params": [TritonParam...], "heuristics": [name...], "source": index in files or
+  null, "module": module name or null, "served": [file relative to served_root...],
+  "targets": {target: {"ptx", "name", "shared", "num_warps", "num_ctas",
   "global_scratch_size", "global_scratch_align", "profile_scratch_size", "profile_scratch_align",
   "launch_pdl", "launch_cooperative_grid", "written"}}}]}``,
   or ``{"ok": false, "kind": error class name, "message": ...}``. An instance with ``autotune``
   answers ``"configs": [{"index", "constexprs", "num_warps", "num_stages", "num_ctas", "maxnreg",
   "targets"}, ...]`` (one per ``triton.Config`` of the kernel's ``@triton.autotune``) and
-  ``"autotune_key"`` instead of ``"targets"``.
+  ``"autotune_key"`` instead of ``"targets"``; a lock variant that ran a config, ``"autotune_key"``
+  beside its ``"targets"``.
+
+Each instance is checked against the kernel's parameters (:func:`hatch_khal.triton.instances.fit`:
+which are constexprs is the kernel's ``is_constexpr``), then compiled with Triton's own signature,
+constants (``tl.dtype`` values as Triton's dtypes, None arguments as constexpr None) and options
+(``num_warps``, ``num_stages``, ``num_ctas``, ``maxnreg``).
 
 A kernel may be decorated with ``@triton.autotune`` and ``@triton.heuristics`` (Triton's
 ``Autotuner`` / ``Heuristics``): the worker unwraps them to the ``@triton.jit`` function, whose
@@ -80,6 +92,9 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
     from triton.compiler import ASTSource  # lazy (as above)
     from triton.runtime.jit import JITFunction  # lazy (as above)
 
+    from hatch_khal.errors import KhalBuildError  # lazy (as above)
+    from hatch_khal.triton import kernelinfo  # lazy (as above)
+
     before = set(sys.modules)
     modules: dict[str, Any] = {}
     for i, path in enumerate(req["files"]):
@@ -90,49 +105,75 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
             raise _Refused("SourceError", f"importing {path} failed: {type(exc).__name__}: {exc}") from None
     files = {os.path.realpath(f) for f in req["files"]}
     out = []
-    for inst in req["instances"]:
-        found = []
-        for path, m in modules.items():
-            obj = m.__dict__.get(inst["kernel"])
-            fn, _, _ = _unwrap(obj, JITFunction)
-            if fn is not None and fn.fn.__module__ == m.__name__:
-                found.append((path, obj))
-        if len(found) != 1:
-            where = ", ".join(p for p, _ in found) if found else "none of the crate's sources"
-            raise _Refused("ConfigError", f"instance {inst['name']!r}: option 'kernel' names {inst['kernel']!r}, a "
-                           "@triton.jit function (under @triton.autotune / @triton.heuristics or not) that "
-                           f"{where} define{'s' if len(found) == 1 else ''}: it must be defined in exactly one "
-                           "source of the crate")
-        fn, tuner, heuristics = _unwrap(found[0][1], JITFunction)
-        assert fn is not None
-        args = list(fn.arg_names)
-        seen: dict[int, str] = {}
-        _deps(fn, JITFunction, seen)
-        # Triton's own (tl.sum, ...) are covered by its version
-        own = os.path.realpath(os.path.dirname(triton.__file__)) + os.sep
-        outside = sorted({f for f in seen.values()
-                          if os.path.realpath(f) not in files and not os.path.realpath(f).startswith(own)})
-        if outside:
-            raise _Refused("SourceError", f"instance {inst['name']!r}: kernel {inst['kernel']!r} calls @triton.jit "
-                           f"functions defined outside the crate's sources ({', '.join(outside)}): the entry hash "
-                           "could not cover them; add their files to the crate's 'sources'")
-        sig = inst["signature"]
-        _check_heuristics(inst, heuristics, sig)
-        configs = _configs(inst, tuner, args, sig)
-        variants = []
-        for config in configs:
-            variants.append({**config, "targets": _compile_variant(
-                triton, ASTSource, GPUTarget, req["targets"], inst, fn, args, sig, config)})
-        entry: dict[str, Any] = {"name": inst["name"], "cache_key": fn.cache_key, "arg_names": args,
-                                 "deps": sorted(set(seen.values()))}
-        if inst.get("autotune"):
-            entry["configs"] = variants
-            entry["autotune_key"] = [str(k) for k in tuner.keys]
-        else:
-            entry["targets"] = variants[0]["targets"]
-        out.append(entry)
+    try:
+        served = kernelinfo.import_modules(req.get("modules", []))
+        modules.update(served)
+        files |= {f for f in map(kernelinfo.module_file, served.values()) if f}
+        for raw in req["instances"]:
+            out.append(_instance(triton, ASTSource, GPUTarget, JITFunction, req, modules, files, raw))
+    except KhalBuildError as exc:
+        raise _Refused(type(exc).__name__, str(exc)) from None
     return {"ok": True, "triton": triton.__version__, "instances": out,
             "imported": _imported(set(sys.modules) - before, files)}
+
+
+def _instance(triton: Any, ast_source: Any, gpu_target: Any, jit: type, req: dict[str, Any],
+              modules: dict[str, Any], files: set[str], raw: dict[str, Any]) -> dict[str, Any]:
+    """One instance (or lock variant) of the request, compiled for every target: the worker's answer
+    for it (:mod:`hatch_khal.triton.worker`'s docstring)."""
+    from hatch_khal.triton import kernelinfo  # lazy (as above)
+    from hatch_khal.triton.instances import TritonInstance, fit, value_from_json, with_config  # lazy (as above)
+
+    inst = TritonInstance.from_json(raw)
+    key, obj = kernelinfo.find_kernel(modules, inst.kernel, lambda o: _unwrap(o, jit)[0], inst.where, inst.module,
+                                      inst.recorded)
+    fn, tuner, heuristics = _unwrap(obj, jit)
+    assert fn is not None
+    args = list(fn.arg_names)
+    seen: dict[int, str] = {}
+    _deps(fn, jit, seen)
+    # Triton's own (tl.sum, ...) are covered by its version; a companion's library by its pinned version
+    own = (os.path.realpath(os.path.dirname(triton.__file__)) + os.sep, *req.get("allowed", []))
+    outside = sorted({f for f in seen.values()
+                      if os.path.realpath(f) not in files and not os.path.realpath(f).startswith(own)})
+    if outside:
+        raise _Refused("SourceError", f"{inst.where}: kernel {inst.kernel!r} calls @triton.jit functions defined "
+                       f"outside the crate's sources ({', '.join(outside)}): the entry hash could not cover them; "
+                       "add their files to the crate's 'sources'")
+    params = kernelinfo.kernel_params(fn, inst.kernel)
+    if inst.recorded:
+        inst = fit(inst, params)
+        _check_recorded_config(inst, tuner)
+    _check_heuristics(inst, heuristics)
+    configs = _configs(inst, tuner, args, params)
+    variants = []
+    for config in configs:
+        variant = inst
+        label = inst.where
+        if config:
+            variant = with_config(inst, args, config["index"],
+                                  {k: value_from_json(v) for k, v in config["constexprs"].items()},
+                                  config["num_warps"], config["num_stages"], config["num_ctas"], config["maxnreg"])
+            label = f"instance {inst.name + ' (config ' + str(config['index']) + ')'!r}"
+        variant = fit(variant, params)
+        variants.append({**config, "targets": _compile_variant(triton, ast_source, gpu_target, req["targets"],
+                                                               variant, fn, label)})
+    root = req.get("served_root")
+    entry: dict[str, Any] = {
+        "name": inst.name, "cache_key": fn.cache_key, "arg_names": args, "deps": sorted(set(seen.values())),
+        "params": [p.model_dump(mode="json") for p in params], "heuristics": heuristics,
+        "source": req["files"].index(key) if key in req["files"] else None,
+        "module": None if key in req["files"] else key,
+        "served": sorted({os.path.relpath(os.path.realpath(f), root).replace(os.sep, "/") for f in seen.values()
+                          if root and os.path.realpath(f).startswith(os.path.realpath(root) + os.sep)})}
+    if inst.autotune:
+        entry["configs"] = variants
+        entry["autotune_key"] = [str(k) for k in tuner.keys]
+    else:
+        entry["targets"] = variants[0]["targets"]
+        if inst.config is not None:
+            entry["autotune_key"] = [str(k) for k in tuner.keys]
+    return entry
 
 
 def _unwrap(obj: Any, jit: type) -> tuple[Any, Any, list[str]]:
@@ -156,27 +197,34 @@ def _unwrap(obj: Any, jit: type) -> tuple[Any, Any, list[str]]:
     return None, None, []
 
 
-def _configs(inst: dict[str, Any], tuner: Any, args: list[str], sig: dict[str, Any]) -> list[dict[str, Any]]:
+def _configs(inst: Any, tuner: Any, args: list[str], params: list[Any]) -> list[dict[str, Any]]:
     """What to compile of an instance: itself (``[{}]``: its signature gives every argument), or with
     ``autotune``, one variant per ``triton.Config`` of the kernel's autotuner (its kwargs as
-    constexprs, its num_warps / num_stages / maxnreg); each checked against the signature."""
-    name, kernel = inst["name"], inst["kernel"]
+    constexprs, its num_warps / num_stages / num_ctas / maxnreg); each checked against the signature.
+    A parameter with a default the signature may leave out (:func:`hatch_khal.triton.instances.fit`)."""
+    from hatch_khal.triton import kernelinfo  # lazy (as above)
+    from hatch_khal.triton.instances import value_json  # lazy (as above)
+
+    name, kernel = inst.name, inst.kernel
     where = f"instance {name!r}"
-    if not inst.get("autotune"):
-        if list(sig) != args:
+    sig = [a.name for a in inst.args]
+    defaulted = {p.name for p in params if p.has_default}
+    if not inst.autotune:
+        if not inst.recorded and ([a for a in args if a in sig] != sig or
+                                  [a for a in args if a not in sig and a not in defaulted]):
             hint = ""
             if tuner is not None and set(sig) < set(args):
                 given = sorted({k for c in tuner.configs for k in c.kwargs} - set(sig))
                 hint = (f"; kernel {kernel!r} is @triton.autotune'd: give its configs' constexprs "
                         f"({', '.join(given)}) in the signature, or set autotune = true to build one variant per "
                         "config, chosen at run time")
-            raise _Refused("ConfigError", f"{where}: the signature names {list(sig)}, kernel {kernel!r} takes "
+            raise _Refused("ConfigError", f"{where}: the signature names {sig}, kernel {kernel!r} takes "
                            f"{args}{hint}")
         return [{}]
     if tuner is None:
         raise _Refused("ConfigError", f"{where}: option 'autotune' is true, but kernel {kernel!r} is not "
                        "decorated with @triton.autotune (it has no configs to build); drop the option")
-    rule = inst.get("choose")
+    rule = inst.choose
     if rule is None:
         what = []
         if tuner.reset_to_zero:
@@ -213,15 +261,13 @@ def _configs(inst: dict[str, Any], tuner: Any, args: list[str], sig: dict[str, A
         if twice:
             raise _Refused("ConfigError", f"{here} sets {', '.join(twice)}, which the instance's signature gives "
                            "too: leave them out of the signature (each config gives its own)")
-        missing = [a for a in args if a not in sig and a not in kw]
-        if missing or [a for a in args if a in sig] != list(sig):
-            raise _Refused("ConfigError", f"{where}: the signature names {list(sig)}; with config {j}'s "
+        missing = [a for a in args if a not in sig and a not in kw and a not in defaulted]
+        if missing or [a for a in args if a in sig] != sig:
+            raise _Refused("ConfigError", f"{where}: the signature names {sig}; with config {j}'s "
                            f"{sorted(kw)} kernel {kernel!r} takes {args}: the signature lists the kernel's "
                            "arguments in order, less the constexprs every config sets")
-        bad = {k: v for k, v in kw.items() if not isinstance(v, (bool, int, float))}
-        if bad:
-            raise _Refused("ConfigError", f"{here}: constexpr(s) {bad} are not an int, float or bool")
-        out.append({"index": j, "constexprs": kw, "num_warps": int(c.num_warps), "num_stages": int(c.num_stages),
+        values = {k: value_json(kernelinfo.const_value(f"{here}: constexpr {k!r}", v)) for k, v in kw.items()}
+        out.append({"index": j, "constexprs": values, "num_warps": int(c.num_warps), "num_stages": int(c.num_stages),
                     "num_ctas": int(c.num_ctas), "maxnreg": None if c.maxnreg is None else int(c.maxnreg)})
     if not out:
         raise _Refused("ConfigError", f"{where}: kernel {kernel!r}'s @triton.autotune has no configs")
@@ -231,16 +277,44 @@ def _configs(inst: dict[str, Any], tuner: Any, args: list[str], sig: dict[str, A
     return out
 
 
-def _check_heuristics(inst: dict[str, Any], heuristics: list[str], sig: dict[str, Any]) -> None:
+def _check_recorded_config(inst: Any, tuner: Any) -> None:
+    """A lock variant that says which ``@triton.autotune`` config it ran (``config = N``) must still be
+    that config: its kwargs among the variant's constexprs, its warps, stages, CTAs and maxnreg."""
+    if inst.config is None:
+        return
+    from hatch_khal.triton import kernelinfo  # lazy (as above)
+
+    def gone(detail: str) -> None:
+        raise _Refused("ConfigError", f"{inst.where} no longer fits kernel {inst.kernel!r}: {detail}; record it "
+                       "again (python -m hatch_khal triton record -- ...) or delete the variant from the lock file")
+
+    if tuner is None:
+        gone(f"it ran config {inst.config} of the kernel's @triton.autotune, and the kernel is not autotuned now")
+    if inst.config >= len(tuner.configs):
+        gone(f"it ran config {inst.config}, and the kernel's @triton.autotune has {len(tuner.configs)} config(s)")
+    c = tuner.configs[inst.config]
+    here = f"config {inst.config} of the kernel's @triton.autotune ({c})"
+    mine = inst.constexprs()
+    for k, v in c.kwargs.items():
+        if k not in mine or mine[k] != kernelinfo.const_value(f"{here}: constexpr {k!r}", v):
+            gone(f"{here} sets {k} = {v!r}, the variant {mine.get(k)!r}")
+    given = (inst.num_warps, inst.num_stages, inst.num_ctas, inst.maxnreg)
+    want = (int(c.num_warps), int(c.num_stages), int(c.num_ctas), None if c.maxnreg is None else int(c.maxnreg))
+    if given != want:
+        gone(f"{here} has num_warps, num_stages, num_ctas, maxnreg = {want}, the variant {given}")
+
+
+def _check_heuristics(inst: Any, heuristics: list[str]) -> None:
     """A @triton.heuristics constexpr is computed from the arguments at each call, host code the
     runtime (no Triton) cannot run: the instance must give its value."""
+    sig = inst.triton_signature()
     missing = [h for h in heuristics if h not in sig or sig[h] != "constexpr"]
     if missing:
-        raise _Refused("ConfigError", f"instance {inst['name']!r}: kernel {inst['kernel']!r} computes "
+        raise _Refused("ConfigError", f"{inst.where}: kernel {inst.kernel!r} computes "
                        f"{', '.join(missing)} from its arguments at each call (@triton.heuristics), host code "
                        "khal's runtime (no Triton) cannot run: give each a value in the instance's signature "
-                       f"({missing[0]} = ...) and, where its value follows from an argument, an assumption that "
-                       "makes it hold (n = \"i32:16\" for a value that needs n divisible by 16)")
+                       f"({missing[0]} = ...) and, where its value follows from an argument, build one instance "
+                       "per value (the runtime refuses a call whose heuristic value is not the variant's)")
 
 
 def compile_one(triton: Any, ast_source: Any, gpu_target: Any, fn: Any, signature: dict[str, str],
@@ -251,35 +325,32 @@ def compile_one(triton: Any, ast_source: Any, gpu_target: Any, fn: Any, signatur
     return triton.compile(src, target=gpu_target("cuda", capability, 32), options=options)
 
 
-def _compile_variant(triton: Any, ast_source: Any, gpu_target: Any, targets_req: list[Any], inst: dict[str, Any],
-                     fn: Any, args: list[str], sig: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """One variant of an instance (``config``: an autotune config's, or ``{}``) compiled for every target."""
-    kw = config.get("constexprs", {})
-    full = {a: sig[a] if a in sig else "constexpr" for a in args}
-    constexprs = {**inst["constexprs"], **kw}
-    num_warps = config.get("num_warps", inst["num_warps"])
-    num_stages = config.get("num_stages", inst["num_stages"])
-    label = inst["name"] + (f" (config {config['index']})" if config else "")
-    attrs = {(args.index(a),): [["tt.divisibility", 16]] for a in inst["divisible"]}
+def _compile_variant(triton: Any, ast_source: Any, gpu_target: Any, targets_req: list[Any], inst: Any, fn: Any,
+                     label: str) -> dict[str, Any]:
+    """One variant (a :class:`~hatch_khal.triton.instances.TritonInstance` fitted to its kernel:
+    every argument, in order) compiled for every target."""
+    from hatch_khal.triton import kernelinfo  # lazy (as above)
     from hatch_khal.triton.effects import written_pointers  # lazy (as above)
 
+    full = inst.triton_signature()
+    names = list(full)
+    constexprs = {k: kernelinfo.triton_value(v) for k, v in inst.compile_constexprs().items()}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in inst.divisible()}
     targets: dict[str, Any] = {}
     for target, capability, ptx_version in targets_req:
-        options: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages}
-        num_ctas = config.get("num_ctas", inst.get("num_ctas", 1))
-        if num_ctas != 1:
-            options["num_ctas"] = num_ctas
-        if config.get("maxnreg") is not None:
-            options["maxnreg"] = config["maxnreg"]
+        options: dict[str, Any] = {"num_warps": inst.num_warps, "num_stages": inst.num_stages}
+        if inst.num_ctas != 1:
+            options["num_ctas"] = inst.num_ctas
+        if inst.maxnreg is not None:
+            options["maxnreg"] = inst.maxnreg
         if ptx_version is not None:
             options["ptx_version"] = ptx_version
         try:
             compiled = compile_one(triton, ast_source, gpu_target, fn, full, constexprs, attrs, capability, options)
         except Exception as exc:  # noqa: BLE001 - Triton's compile errors carry the source line
-            raise _Refused("CompileError", f"instance {label!r} for {target}: {type(exc).__name__}: "
-                           f"{exc}") from None
+            raise _Refused("CompileError", f"{label} for {target}: {type(exc).__name__}: {exc}") from None
         md = compiled.metadata
-        runtime = [a for a in args if full[a] != "constexpr"]
+        runtime = [a for a in names if full[a] != "constexpr"]
         found = written_pointers(compiled.asm.get("ttir", ""), md.name, len(runtime))
         targets[target] = {
             "written": None if found is None else [runtime[i] for i in sorted(found)

@@ -103,8 +103,13 @@ def test_the_language_follows_py_sources_and_instances_belong_to_triton_crates()
     _, (c,) = parse_config({"crates": [{"name": "t", "sources": ["k/*.py"], "instances": [
         {"kernel": "a", "signature": {"x": "*fp32"}}]}]}, default_package="p")
     assert c.language == "triton" and c.instances[0]["kernel"] == "a"
-    with pytest.raises(ConfigError, match=r"a Triton crate \(.py sources\) needs 'instances'"):
-        parse_config({"crates": [{"name": "t", "sources": ["k/*.py"]}]}, default_package="p")
+    # instances may come from the lock file alone (#36): a crate with neither is refused when planned
+    _, (bare,) = parse_config({"crates": [{"name": "t", "sources": ["k/*.py"]}]}, default_package="p")
+    from hatch_khal.triton.language import TRITON
+
+    with pytest.raises(ConfigError, match=r"crate 't': a Triton crate needs variants to build: 'instances' tables .* "
+                                          r"or variants of the crate in the lock file \(khal-triton.lock"):
+        TRITON.plan(Path("/nonexistent"), bare)
     with pytest.raises(ConfigError, match=r"option 'instances' is for Triton crates"):
         parse_config({"crates": [{"name": "t", "sources": ["k/*.cu"], "instances": []}]}, default_package="p")
     with pytest.raises(ConfigError, match=r"mixes CUDA C\+\+ sources .* with Triton"):

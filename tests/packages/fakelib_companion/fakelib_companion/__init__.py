@@ -1,0 +1,1 @@
+"""A companion of fakelib-triton: its kernels precompiled (tests/packages/fakelib_companion)."""

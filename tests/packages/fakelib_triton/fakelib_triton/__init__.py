@@ -1,0 +1,1 @@
+"""A stand-in for a Triton library you do not own (tests/packages/fakelib_companion serves it)."""
