@@ -45,7 +45,8 @@ What is assumed:
 3. MLIR's printer prints a value's name the same at its definition and its uses, and scopes names
    by region: a value defined in a region is visible in it and in the regions nested in it, and
    sibling regions (two loops' bodies, a loop's body and a reduction's combiner) reuse names for
-   values of their own; a use resolves to the innermost enclosing region defining its name;
+   values of their own; a use resolves to the innermost enclosing region defining its name (a
+   name none defines, as an unknown region op's own arguments, may be any address: ``ALL``);
 4. an op's printed types mention a pointer (``ptr``) or descriptor (``tensordesc``) when it
    returns one (MLIR's custom forms print every type they cannot infer from the operands).
 """
@@ -158,12 +159,17 @@ class _Op:
         self.inits: list[str] = []
 
 
+#: the taint of a use whose name no enclosing region defines (a value this module does not see
+#: defined, such as an unknown region op's own arguments): it may be any address
+_UNKNOWN = frozenset({ALL})
+
+
 class _Scopes:
     """MLIR's scoping of SSA names: a value defined in a region is visible in that region and the
     regions nested in it; sibling regions (two ``scf.for`` bodies, a loop body and a ``tt.reduce``
     combiner) print their values under the same names (``%3``, ``%start``), which are different
     values. Each region is a scope; a name resolves to the innermost enclosing scope defining it
-    (a name defined nowhere visible: a value of its own, untainted)."""
+    (a name defined nowhere visible: ``?/name``, which may be any address)."""
 
     def __init__(self) -> None:
         self.parent: list[Optional[int]] = [None]  # scope 0: the function's body (its parameters)
@@ -315,7 +321,7 @@ def written_pointers(ttir: str, name: Optional[str] = None, arity: Optional[int]
     def of(keys: list[str]) -> set[int]:
         out: set[int] = set()
         for k in keys:
-            out |= taint.get(k, set())
+            out |= taint.get(k, _UNKNOWN if k.startswith("?/") else set())
         return out
 
     changed = True

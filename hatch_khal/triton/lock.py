@@ -76,11 +76,12 @@ class LockVariant:
 
     crate: str
     kernel: str
-    args: Mapping[str, str] = field(default_factory=dict)
-    constexprs: Mapping[str, ConstValue] = field(default_factory=dict)
+    #: the module defining the kernel, for a crate whose sources are modules (a companion); else None
+    module: Optional[str] = None
+    args: dict[str, str] = field(default_factory=dict)
+    constexprs: dict[str, ConstValue] = field(default_factory=dict)
     num_warps: int = 4
     num_stages: int = 3
-    module: Optional[str] = None
     num_ctas: int = 1
     maxnreg: Optional[int] = None
     config: Optional[int] = None

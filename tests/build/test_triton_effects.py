@@ -172,6 +172,7 @@ def test_an_address_through_a_reduction_is_written_only_when_stored_to() -> None
     its operand: a load through it reads, a store through it writes."""
     ttir = """module {
   tt.func public @k(%a: !tt.ptr<f32> loc("a"), %b: !tt.ptr<f32> loc("b")) {
+    %true = arith.constant true loc(#loc)
     %0 = tt.make_range {end = 4 : i32, start = 0 : i32} : tensor<4xi32> loc(#loc)
     %1 = tt.splat %a : !tt.ptr<f32> -> tensor<4x!tt.ptr<f32>> loc(#loc)
     %2 = tt.addptr %1, %0 : tensor<4x!tt.ptr<f32>>, tensor<4xi32> loc(#loc)
@@ -193,3 +194,12 @@ def test_an_address_through_a_reduction_is_written_only_when_stored_to() -> None
     inner = ttir.replace("      tt.reduce.return %5", "      tt.store %arg2, %5 : !tt.ptr<f32> loc(#loc)\n"
                          "      tt.reduce.return %5")
     assert written_pointers(inner, "k", 2) == {0, 1}
+
+
+def test_a_use_of_a_name_no_enclosing_region_defines_may_be_any_address() -> None:
+    """A value the analysis does not see defined (an unknown region op's own arguments, printed in
+    its header) is not proven anything: a store through it writes every pointer."""
+    ttir = _ttir(TUTORIALS, "add_kernel", ADD, {"BLOCK_SIZE": 1024})
+    assert written_pointers(ttir, "add_kernel", 4) == {2}
+    edited = ttir.replace("tt.return", "tt.store %khal_unseen, %c1024_i32 : !tt.ptr<f32>\n    tt.return")
+    assert written_pointers(edited, "add_kernel", 4) == {0, 1, 2, 3}
