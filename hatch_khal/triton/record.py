@@ -269,6 +269,8 @@ def record(project: Path, command: list[str], *, lock: Optional[Path] = None, cr
                              f"(its Triton crates: {', '.join(sorted(known))})")
         crates = [c for c in crates if c.name in crate_names]
     lock_path = lock if lock is not None else default_lock
+    if lock_path.exists() and not (replace and not crate_names):
+        _lock.read(lock_path)  # a lock file that does not read fails now, not after the command ran
     folder = Path(tempfile.mkdtemp(prefix="khal-triton-record-"))
     try:
         config = _bootstrap(folder, crates)
@@ -313,7 +315,13 @@ def _finish(command: list[str], rc: int, rec: Recording, crates: list[RecordCrat
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     guard = Path(tempfile.gettempdir()) / f"khal-triton-lock-{hashlib.sha256(str(lock_path.resolve()).encode()).hexdigest()[:16]}.lock"
     with filelock.FileLock(str(guard)):
-        old = _lock.read(lock_path) if lock_path.exists() else []
+        old: list[LockVariant] = []
+        if lock_path.exists():
+            try:
+                old = _lock.read(lock_path)
+            except ConfigError:
+                if not replace_all:
+                    raise
         kept = [] if replace_all else [v for v in old if v.crate not in names] if replace_crates else old
         before = set(old)
         merged = _lock.merge(kept, rec.variants)

@@ -345,6 +345,19 @@ def test_a_bad_command_line_or_project_is_refused_by_name(tmp_path: Path, setup:
     assert pytest.importorskip("re").search(message, out.stderr), out.stderr
 
 
+def test_a_lock_file_that_does_not_read_is_refused_before_the_command_runs(tmp_path: Path) -> None:
+    project = _project(tmp_path)
+    (project / "khal-triton.lock").write_text("version = 1\n\n[[variant]]\ncrate = 3\nkernel = \"k\"\nnum_warps = 4\nnum_stages = 3\n")
+    out = _record(project, sys.executable, "-c", "open('ran', 'w')")
+    assert out.returncode == 2 and not (project / "ran").exists()
+    assert "khal-triton.lock: variant[0] (line 3): field 'crate': 3 is not a crate name" in out.stderr
+    # --replace (of every crate) does not read it: it is written anew
+    script = _script(project, "run.py", FAKE_GPU + "from kern import add_kernel\n"
+                     "add_kernel[(1,)](T(1024), T(2048), T(4096), 1024, 1, BLOCK=128)\n")
+    assert _record(project, sys.executable, script, args=("--replace",)).returncode == 0
+    assert lock.read(project / "khal-triton.lock") == [ADD_ALIGNED]
+
+
 def test_no_command_is_refused(tmp_path: Path) -> None:
     project = _project(tmp_path)
     out = subprocess.run([sys.executable, "-m", "hatch_khal", "triton", "record", "--project", str(project)],
