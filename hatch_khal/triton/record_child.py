@@ -234,9 +234,9 @@ class Recorder:
             v["module"] = module
         v.update(args=args, constexprs=constexprs, **opts)
         kwargs = getattr(self.local, "kwargs", None) or {}
-        tuner = getattr(self.local, "tuners", None)
-        if tuner:
-            config = _config_index(tuner[-1], kwargs)
+        tuner = next((t for t in reversed(getattr(self.local, "tuners", None) or ()) if _wraps(t, kernel)), None)
+        if tuner is not None:
+            config = _config_index(tuner, kwargs)
             if config is None:
                 self.problem(f"{crate}.{name}: a launch under @triton.autotune with options or constexprs of no "
                              "config in its list (prune_configs_by?) was recorded without a config index")
@@ -353,6 +353,18 @@ class _Params:
 
     def __init__(self, params: list[Any]) -> None:
         self.params = params
+
+
+def _wraps(tuner: Any, kernel: Any) -> bool:
+    """Whether the autotuner launches ``kernel`` (through any ``@triton.heuristics`` between)."""
+    f = getattr(tuner, "fn", None)
+    for _ in range(16):
+        if f is None:
+            return False
+        if f is kernel:
+            return True
+        f = getattr(f, "fn", None)
+    return False
 
 
 def _config_index(tuner: Any, kwargs: dict[str, Any]) -> Optional[int]:
