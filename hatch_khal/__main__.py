@@ -1,4 +1,6 @@
-"""``python -m hatch_khal inspect|verify PATH``: look into a built shader package, no GPU needed.
+"""``python -m hatch_khal inspect|verify PATH``: look into a built shader package, no GPU needed;
+``python -m hatch_khal triton record -- CMD``: record the Triton launches of a command into the
+project's lock file (:mod:`hatch_khal.triton.record`).
 
 PATH is a wheel (``.whl``), a directory (a package directory holding
 ``_khal/manifest.json``, or a tree with such packages below it), or the name of
@@ -27,9 +29,11 @@ from typing import Callable, Iterator
 from khal_runtime import manifest as _manifest
 from khal_runtime.binaries import ptx_driver_note
 from khal_runtime.errors import ArtifactError, KhalError, ManifestError
-from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Artifact, Manifest, load_manifest, parse_manifest
+from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, ConstValue, Manifest, TritonDtype, TritonFacts,
+                                   load_manifest, parse_manifest)
 
 from hatch_khal.__about__ import __version__
+from hatch_khal.errors import KhalBuildError
 
 __all__ = ["main"]
 
@@ -215,13 +219,11 @@ def _describe(manifest: Manifest) -> list[str]:
                 shape += f" (launch() up to {e.launch_dims}-D grids)"
             tmpl = f" = {e.template}<{', '.join(e.template_args or ())}>" if e.template else ""
             tri = e.triton
-            if tri is not None:  # a Triton instance: its kernel, what it assumes, its shared memory
-                tmpl = f" = {tri.kernel}" + (f" assuming {', '.join(tri.divisible)} % 16 == 0" if tri.divisible
-                                             else "") + f", {tri.num_warps} warps, {tri.shared} B shared"
-                if tri.config is not None:  # an autotuned family's variant: its config and how it is chosen
-                    tmpl += (f", autotune config {tri.config} {tri.constexprs} (key {', '.join(tri.autotune_key)}; "
-                             + ("timed at first use)" if tri.choose is None else f"rule: config {tri.choose})"))
+            if tri is not None:  # a Triton variant: its kernel; its specialisation and options below
+                tmpl = f" = {tri.kernel}"
             lines.append(f"    entry {e.name}{tmpl} hash {e.hash} block {block}{shape}  ({params})")
+            if tri is not None:
+                lines += _triton_lines(e.name, tri)
             if e.attributes is not None and e.attributes.describe():
                 lines.append(f"      launch attributes: {e.attributes.describe()}")
             if e.indirect_reason:
@@ -241,6 +243,67 @@ def _describe(manifest: Manifest) -> list[str]:
             if note:  # a cubin loads on any driver of its CUDA major; PTX only on one that JITs its ISA
                 lines.append(f"      the PTX {note} to JIT (cubins are unaffected)")
     return lines
+
+
+def _const(value: ConstValue) -> str:
+    """A constexpr's value as the lock file spells it (TOML: ``1024``, ``true``, ``"mean"``,
+    ``{ dtype = "fp32" }``, ``{ none = true }``)."""
+    if isinstance(value, TritonDtype):
+        return f"{{ dtype = {json.dumps(value.dtype)} }}"
+    if value is None:
+        return "{ none = true }"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _triton_lines(entry: str, tri: TritonFacts) -> list[str]:
+    """A Triton entry's specialisation as a call of its kernel (each argument's type and assumption
+    as the lock file spells it: ``*fp32:16``, ``i32:1``, ``none``; each constexpr's value), and its
+    options."""
+    div, ones, nones = set(tri.divisible), set(tri.ones), set(tri.nones)
+    types = dict(zip(tri.names, tri.types))
+
+    def arg(name: str) -> str:
+        if name in nones:
+            return f"{name}: none"
+        return f"{name}: {types[name]}" + (":16" if name in div else "") + (":1" if name in ones else "")
+
+    shown: list[str] = []
+    done: set[str] = set()
+    for p in tri.params:  # the kernel's whole signature, in order (manifests before it: none)
+        if p.name in tri.constexprs:
+            shown.append(f"{p.name} = {_const(tri.constexprs[p.name])}")
+        elif p.name in types or p.name in nones:
+            shown.append(arg(p.name))
+        else:
+            continue
+        done.add(p.name)
+    shown += [arg(n) for n in tri.names if n not in done]
+    shown += [arg(n) for n in tri.nones if n not in done and n not in types]
+    shown += [f"{k} = {_const(v)}" for k, v in tri.constexprs.items() if k not in done]
+    opts = [f"num_warps = {tri.num_warps}", f"num_stages = {tri.num_stages}"]
+    if tri.ctas != 1:
+        opts.append(f"num_ctas = {tri.ctas}")
+    if tri.maxnreg is not None:
+        opts.append(f"maxnreg = {tri.maxnreg}")
+    notes = [f"{tri.shared} B shared"]
+    if tri.config is not None:  # an autotuned family's variant: its config and how it is chosen
+        notes.append(f"autotune config {tri.config} (key {', '.join(tri.autotune_key)}; "
+                     + ("timed at first use)" if tri.choose is None else f"rule: config {tri.choose})"))
+    if tri.heuristics:
+        notes.append(f"heuristics {', '.join(tri.heuristics)}")
+    if tri.base:
+        notes.append(f"the conservative twin of {tri.family}")
+    elif tri.family != entry:  # an autotuned config's variant (its family launches it)
+        notes.append(f"family {tri.family}")
+    if tri.recorded:
+        notes.append("recorded (lock file)")
+    if tri.module is not None:
+        notes.append(f"importable as {tri.module}:{tri.qualname or tri.kernel}")
+    return [f"      triton {tri.kernel}({', '.join(shown)})", f"      {', '.join(opts)}; {'; '.join(notes)}"]
 
 
 def _inspect(target: str, as_json: bool) -> int:
@@ -282,10 +345,21 @@ def _verify(target: str) -> int:
     return 0
 
 
+def _record(args: argparse.Namespace) -> int:
+    from hatch_khal.triton.record import record  # lazy: only this command needs it
+
+    command = list(args.cmd)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    return record(Path(args.project), command, lock=Path(args.lock) if args.lock else None,
+                  crate_names=args.crate, replace=args.replace)
+
+
 _DESCRIPTION = (
     "Look into a built shader package, no GPU needed. PATH is a wheel (.whl), a directory (a "
     "package directory holding _khal/manifest.json, or a tree with such packages below it), or "
-    "the name of an installed package."
+    "the name of an installed package. `triton record` runs a command and records the Triton "
+    "variants it launches into the project's lock file."
 )
 
 
@@ -298,11 +372,32 @@ def main(argv: list[str] | None = None) -> int:
     p_inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p_verify = sub.add_parser("verify", help="check every sha256 and every entry hash; non-zero exit on mismatch")
     p_verify.add_argument("path", help="a wheel, a directory or an installed package name")
+    p_triton = sub.add_parser("triton", help="Triton crates: record the variants a command launches")
+    triton_sub = p_triton.add_subparsers(dest="triton_command", required=True)
+    p_record = triton_sub.add_parser(
+        "record", help="run a command and record every launch of the project's Triton kernels into the lock file",
+        description="Run COMMAND (after `--`) and record the variant Triton's JIT compiles for each launch of the "
+                    "project's Triton crates' kernels into the lock file, which the build compiles. With "
+                    "TRITON_INTERPRET=1, Triton's interpreter runs the kernels on the CPU and the variants are "
+                    "those the JIT would compile on an NVIDIA GPU.")
+    p_record.add_argument("--project", metavar="DIR", default=".",
+                          help="the project whose pyproject.toml declares the crates (default: the current directory)")
+    p_record.add_argument("--lock", metavar="FILE", help="the lock file (default: the hook option 'triton-lock', "
+                          "else khal-triton.lock in the project)")
+    p_record.add_argument("--crate", metavar="NAME", action="append", default=[],
+                          help="record this crate only (repeatable; default: every Triton crate)")
+    p_record.add_argument("--replace", action="store_true",
+                          help="drop the lock file's entries of the recorded crates (every entry without --crate) "
+                               "instead of merging")
+    p_record.add_argument("cmd", metavar="command", nargs=argparse.REMAINDER, help="the command to run, after `--`")
     args = parser.parse_args(argv)
     try:
         try:
-            rc = _inspect(args.path, args.json) if args.command == "inspect" else _verify(args.path)
-        except (UsageError, KhalError) as exc:
+            if args.command == "triton":
+                rc = _record(args)
+            else:
+                rc = _inspect(args.path, args.json) if args.command == "inspect" else _verify(args.path)
+        except (UsageError, KhalError, KhalBuildError) as exc:
             _print(f"error: {exc}".split("\n"), err=True)
             rc = 2
         sys.stdout.flush()

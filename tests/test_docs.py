@@ -518,13 +518,19 @@ def _check_python(words: list[str]) -> list[str]:
     if module == "pip":
         return _check_pip(what, rest)
     if module == "hatch_khal":
-        sub = [a for a in rest if not a.startswith("-")][:1]
-        if sub and sub[0] not in ("inspect", "verify"):
+        inner = rest[rest.index("--") + 1:] if "--" in rest else []  # `triton record -- CMD`: CMD is checked too
+        words_ = [a for a in (rest[:rest.index("--")] if "--" in rest else rest) if not a.startswith("-")]
+        sub = words_[:1]
+        if sub and sub[0] not in ("inspect", "verify", "triton"):
             return [f"{what}: no subcommand {sub[0]}"]
+        if sub == ["triton"]:
+            sub = words_[:2]
+            if sub[1:] != ["record"]:
+                return [f"{what}: no subcommand {' '.join(sub)}"]
         help_text = _help(sys.executable, "-m", "hatch_khal", *sub, "--help")
         if not sub:
             help_text += _help(sys.executable, "-m", "hatch_khal", "--help")
-        return _check_flags(what, rest, help_text)
+        return _check_flags(what, rest, help_text) + (_check_command(inner) if inner else [])
     if module == "pytest":
         return _check_flags(what, rest, _help(sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"))
     if module == "build":

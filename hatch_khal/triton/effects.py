@@ -19,6 +19,10 @@ SSA def-use of the text to a fixpoint:
   their results are untainted;
 * ``scf.for`` / ``scf.if`` / ``scf.while`` link each result, iter_arg and block argument to the
   operands that feed it at its position (inits, ``scf.yield``, ``scf.condition``);
+* ``tt.reduce`` / ``tt.scan`` (:data:`COMBINE`: ``tl.sum``, ``tl.max``, ``tl.cumsum`` ...) write no
+  memory: their results and their combining region's block arguments take the union of their
+  operands' and the region's ``*.return`` operands' taints (the ops inside the region are read as
+  any other op: a store there still writes);
 * ``tt.int_to_ptr`` (an address made from an integer) is ``ALL``;
 * EVERY other op (``tt.store``, atomics, ``tt.descriptor_store``, ``tt.call``, inline asm, extern
   functions, ``tt.ptr_to_int``, ``tt.print``, any op this module does not know) makes every taint
@@ -38,8 +42,11 @@ What is assumed:
    stages only lower it) and its ops mean what Triton documents (``tt.load`` does not write ...);
 2. an access through a pointer derived from parameter A (``tt.addptr`` by any offset) stays in
    the memory passed as A (the same assumption PyTorch makes of any operator's aliasing);
-3. MLIR's printer prints a value's name the same at its definition and its uses; names reused in
-   sibling regions share one taint (an over-approximation: more written, never less);
+3. MLIR's printer prints a value's name the same at its definition and its uses, and scopes names
+   by region: a value defined in a region is visible in it and in the regions nested in it, and
+   sibling regions (two loops' bodies, a loop's body and a reduction's combiner) reuse names for
+   values of their own; a use resolves to the innermost enclosing region defining its name (a
+   name none defines, as an unknown region op's own arguments, may be any address: ``ALL``);
 4. an op's printed types mention a pointer (``ptr``) or descriptor (``tensordesc``) when it
    returns one (MLIR's custom forms print every type they cannot infer from the operands).
 """
@@ -49,7 +56,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
-__all__ = ["ALL", "written_pointers"]
+__all__ = ["ALL", "COMBINE", "written_pointers"]
 
 #: the taint of an address that may point anywhere
 ALL = -1
@@ -67,6 +74,8 @@ NUMERIC = frozenset({
     "tt.dot", "tt.dot_scaled", "tt.get_program_id", "tt.get_num_programs", "tt.make_range", "tt.fp_to_fp",
     "tt.precise_sqrt", "tt.precise_divf", "tt.mulhiui", "tt.clampf",
 })
+#: ops whose regions only combine values (a reduction's or scan's combiner): they touch no memory
+COMBINE = frozenset({"tt.reduce", "tt.scan"})
 #: terminators of the scf regions the analysis links position by position
 _LINKED = frozenset({"scf.for", "scf.if", "scf.while"})
 
@@ -132,15 +141,56 @@ def _defs(results: str) -> list[str]:
 
 
 class _Op:
-    def __init__(self, name: str, results: list[str], rest: str, line: str) -> None:
+    def __init__(self, name: str, results: list[str], rest: str, line: str, scope: int) -> None:
         self.name = name
         self.results = results
         self.rest = rest  # the text after the op's name
         self.line = line
+        #: the region the op is in (0: the function's body); its names resolve there (see _Scopes)
+        self.scope = scope
         self.operands = _uses(rest)
-        #: region ops: their regions' block arguments (per region) and terminators
+        #: region ops: their regions' scopes, block arguments (per region) and terminators
+        self.scopes: list[int] = []
         self.regions: list[list[str]] = []
         self.terminators: list[tuple[int, "_Op"]] = []
+        #: names the op's own text defines inside its first region (scf.for's induction variable and
+        #: iter_args, scf.while's arguments): not operands of the op; and the values it gives them
+        self.header: list[str] = []
+        self.inits: list[str] = []
+
+
+#: the taint of a use whose name no enclosing region defines (a value this module does not see
+#: defined, such as an unknown region op's own arguments): it may be any address
+_UNKNOWN = frozenset({ALL})
+
+
+class _Scopes:
+    """MLIR's scoping of SSA names: a value defined in a region is visible in that region and the
+    regions nested in it; sibling regions (two ``scf.for`` bodies, a loop body and a ``tt.reduce``
+    combiner) print their values under the same names (``%3``, ``%start``), which are different
+    values. Each region is a scope; a name resolves to the innermost enclosing scope defining it
+    (a name defined nowhere visible: ``?/name``, which may be any address)."""
+
+    def __init__(self) -> None:
+        self.parent: list[Optional[int]] = [None]  # scope 0: the function's body (its parameters)
+        self.defs: list[set[str]] = [set()]
+
+    def new(self, parent: int) -> int:
+        self.parent.append(parent)
+        self.defs.append(set())
+        return len(self.parent) - 1
+
+    def define(self, scope: int, key: str) -> str:
+        self.defs[scope].add(key)
+        return f"{scope}/{key}"
+
+    def resolve(self, scope: int, key: str) -> str:
+        s: Optional[int] = scope
+        while s is not None:
+            if key in self.defs[s]:
+                return f"{s}/{key}"
+            s = self.parent[s]
+        return f"?/{key}"
 
 
 def _entry_lines(ttir: str, name: Optional[str]) -> tuple[list[str], list[str]]:
@@ -170,9 +220,38 @@ def _entry_lines(ttir: str, name: Optional[str]) -> tuple[list[str], list[str]]:
     raise _Unexpected("no public entry tt.func")
 
 
-def _parse(body: list[str]) -> list[_Op]:
+def _header(name: str, rest: str) -> tuple[list[str], list[str]]:
+    """The names an op's own text defines in its first region, and the values it initialises the
+    carried ones with (its operands): ``scf.for %iv = ... iter_args(%a = %init, ...)`` (the
+    induction variable first, with no init) and ``scf.while (%a = %init, ...)``."""
+    if name == "scf.for":
+        iv = re.match(rf"\s*({_NAME})\s*=", rest)
+        pairs = re.findall(rf"({_NAME})\s*=\s*({_NAME}(?:#\d+)?)", rest.split("iter_args(", 1)[1]) \
+            if "iter_args(" in rest else []
+        if iv is None:
+            raise _Unexpected(rest)
+        return [_key(iv.group(1), None)] + [_key(a, None) for a, _ in pairs], [_uses(b)[0] for _, b in pairs]
+    if name == "scf.while":
+        pairs = re.findall(rf"({_NAME})\s*=\s*({_NAME}(?:#\d+)?)", rest.split(":", 1)[0])
+        return [_key(a, None) for a, _ in pairs], [_uses(b)[0] for _, b in pairs]
+    return [], []
+
+
+def _parse(body: list[str], params: list[str]) -> tuple[list[_Op], list[str]]:
+    """The body's ops (those of nested regions too, each terminator attached to its region op),
+    every name resolved to its scope; and the parameters' resolved names."""
+    scopes = _Scopes()
     ops: list[_Op] = []
+    every: list[_Op] = []
     stack: list[_Op] = []
+
+    def here() -> int:
+        return stack[-1].scopes[-1] if stack else 0
+
+    def open_region(op: _Op) -> None:
+        op.scopes.append(scopes.new(op.scope))
+        op.regions.append([])
+
     for t in body:
         if not t:
             continue
@@ -182,41 +261,46 @@ def _parse(body: list[str]) -> list[_Op]:
             if not stack:
                 raise _Unexpected(t)
             if delta == 0 and t.endswith("{"):
-                stack[-1].regions.append([])
+                open_region(stack[-1])
                 continue
             if delta != -1:
                 raise _Unexpected(t)
             stack.pop()
             continue
         if t.startswith("^"):
-            if not stack:
+            if not stack or not stack[-1].regions:
                 raise _Unexpected(t)
-            region = stack[-1].regions[-1] if stack[-1].regions else None
-            if region is None:
-                raise _Unexpected(t)
-            region += [_key(n, None) for n in re.findall(rf"({_NAME})\s*:", t)]
+            stack[-1].regions[-1] += [scopes.define(here(), _key(n, None)) for n in re.findall(rf"({_NAME})\s*:", t)]
             continue
         m = _RESULTS.match(t)
-        results = _defs(m.group(1)) if m else []
         t2 = t[m.end():] if m else t
         mo = _OP.match(t2)
         if mo is None:
             raise _Unexpected(t)
         name = mo.group(1).strip('"')
-        op = _Op(name, results, t2[mo.end():], t)
+        scope = here()
+        op = _Op(name, [scopes.define(scope, k) for k in (_defs(m.group(1)) if m else [])], t2[mo.end():], t, scope)
+        every.append(op)
         if stack and (name in ("scf.yield", "scf.condition")
                       or (stack[-1].name not in _LINKED and name.endswith((".return", ".yield")))):
             stack[-1].terminators.append((len(stack[-1].regions) - 1, op))
         else:
             ops.append(op)
         if delta == 1:
-            op.regions.append([])
+            open_region(op)
+            defs, inits = _header(name, op.rest)
+            op.header = [scopes.define(op.scopes[0], k) for k in defs]
+            op.inits = [scopes.resolve(op.scope, k) for k in inits]
             stack.append(op)
         elif delta != 0:
             raise _Unexpected(t)
     if stack:
         raise _Unexpected("an unclosed region")
-    return ops
+    resolved = [scopes.define(0, p) for p in params]
+    for op in every:  # uses resolve once every definition is known (a block's arguments come first)
+        header = {h.split("/", 1)[1] for h in op.header}
+        op.operands = [scopes.resolve(op.scope, k) for k in op.operands if k not in header]
+    return ops, resolved
 
 
 def written_pointers(ttir: str, name: Optional[str] = None, arity: Optional[int] = None) -> Optional[set[int]]:
@@ -225,8 +309,8 @@ def written_pointers(ttir: str, name: Optional[str] = None, arity: Optional[int]
     the kernel's function name (``metadata.name``), None for the first public ``tt.func``;
     ``arity``: the number of parameters the caller expects (another number: None)."""
     try:
-        params, body = _entry_lines(ttir, name)
-        ops = _parse(body)
+        raw, body = _entry_lines(ttir, name)
+        ops, params = _parse(body, raw)
     except (_Unexpected, ValueError, IndexError):
         return None
     if arity is not None and len(params) != arity:
@@ -237,7 +321,7 @@ def written_pointers(ttir: str, name: Optional[str] = None, arity: Optional[int]
     def of(keys: list[str]) -> set[int]:
         out: set[int] = set()
         for k in keys:
-            out |= taint.get(k, set())
+            out |= taint.get(k, _UNKNOWN if k.startswith("?/") else set())
         return out
 
     changed = True
@@ -288,6 +372,10 @@ def written_pointers(ttir: str, name: Optional[str] = None, arity: Optional[int]
                 _link_if(op, of, add)
             elif n == "scf.while":
                 _link_while(op, of, add)
+            elif n in COMBINE:
+                t = of(op.operands) | of([u for _, term in op.terminators for u in term.operands])
+                for r in op.results + [a for region in op.regions for a in region]:
+                    add(r, t)
             else:
                 # anything else may write through, or let escape, every address it is given
                 inner = [u for _, term in op.terminators for u in term.operands]
@@ -307,15 +395,13 @@ def written_pointers(ttir: str, name: Optional[str] = None, arity: Optional[int]
 
 
 def _link_for(op: _Op, of: "_Of", add: "_Add") -> None:
-    pairs = re.findall(rf"({_NAME})\s*=\s*({_NAME}(?:#\d+)?)", op.rest.split("iter_args(", 1)[1]) \
-        if "iter_args(" in op.rest else []
-    iters = [_key(a, None) for a, _ in pairs]
-    inits = [_uses(b)[0] for _, b in pairs]
+    iters = op.header[1:]  # after the induction variable
     yields = [t for _, t in op.terminators]
-    if len(iters) != len(op.results) or any(len(y.operands) != len(iters) for y in yields):
+    if len(iters) != len(op.results) or len(op.inits) != len(iters) or any(
+            len(y.operands) != len(iters) for y in yields):
         raise _Unexpected(op.line)
     for i, it in enumerate(iters):
-        t = of([inits[i]]) | of([y.operands[i] for y in yields])
+        t = of([op.inits[i]]) | of([y.operands[i] for y in yields])
         add(it, t)
         add(op.results[i], t)
 
@@ -329,10 +415,7 @@ def _link_if(op: _Op, of: "_Of", add: "_Add") -> None:
 
 
 def _link_while(op: _Op, of: "_Of", add: "_Add") -> None:
-    head = op.rest.split(":", 1)[0]
-    pairs = re.findall(rf"({_NAME})\s*=\s*({_NAME}(?:#\d+)?)", head)
-    before = [_key(a, None) for a, _ in pairs]
-    inits = [_uses(b)[0] for _, b in pairs]
+    before, inits = op.header, op.inits
     after = op.regions[1] if len(op.regions) > 1 else []
     for region, term in op.terminators:
         if term.name == "scf.condition":

@@ -650,7 +650,9 @@ def test_inspect_names_the_triton_toolchain_and_each_instance(built: tuple[Path,
     _, result = built
     text = "\n".join(_describe(result.packages[0].manifest))
     assert "Triton 3.6.0" in text and "crate tutorials: Triton" in text
-    assert "entry add_fp32 = add_kernel assuming x_ptr, y_ptr, output_ptr, n_elements % 16 == 0, 4 warps" in text
+    assert "entry add_fp32 = add_kernel hash" in text
+    assert ("      triton add_kernel(x_ptr: *fp32:16, y_ptr: *fp32:16, output_ptr: *fp32:16, n_elements: i32:16, "
+            "BLOCK_SIZE = 1024)\n      num_warps = 4, num_stages = 3; 0 B shared\n") in text
 
 
 @pytest.mark.needs_triton

@@ -146,3 +146,60 @@ def test_a_pointer_loaded_from_memory_may_point_at_any_argument() -> None:
     # the same kernel storing a loaded float through b: only b
     plain = ttir.replace("tt.store %0, %1", "tt.store %b, %1")
     assert written_pointers(plain, "k", 3) == {2}
+
+
+def test_a_two_pass_kernels_weight_read_in_two_sibling_loops_is_read_only() -> None:
+    """TTIR names the values of sibling regions alike (both loop bodies have a ``%9``): the first
+    loop's ``%9`` (x's address) is not the second loop's (y's, stored to)."""
+    sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32"}
+    ttir = _ttir(OURS, "two_pass_kernel", sig, {"BLOCK": 128})
+    assert ttir.count("scf.for") == 2 and "tt.reduce" in ttir
+    assert _written(OURS, "two_pass_kernel", sig, {"BLOCK": 128}) == {"y_ptr"}
+
+
+def test_reductions_write_nothing_and_their_combiners_names_are_their_own() -> None:
+    """``tl.sum`` / ``tl.max`` are ``tt.reduce`` ops whose combining regions end in
+    ``tt.reduce.return`` (not a store), and name their values as the loop body does (``%10``, w's
+    address there)."""
+    sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"}
+    ttir = _ttir(OURS, "reduce_kernel", sig, {"BLOCK": 128})
+    assert ttir.count('"tt.reduce"') == 2 and "tt.reduce.return" in ttir
+    assert _written(OURS, "reduce_kernel", sig, {"BLOCK": 128}) == {"out_ptr"}
+
+
+def test_an_address_through_a_reduction_is_written_only_when_stored_to() -> None:
+    """A reduction of addresses (the smallest of a tensor of pointers) is an address derived from
+    its operand: a load through it reads, a store through it writes."""
+    ttir = """module {
+  tt.func public @k(%a: !tt.ptr<f32> loc("a"), %b: !tt.ptr<f32> loc("b")) {
+    %true = arith.constant true loc(#loc)
+    %0 = tt.make_range {end = 4 : i32, start = 0 : i32} : tensor<4xi32> loc(#loc)
+    %1 = tt.splat %a : !tt.ptr<f32> -> tensor<4x!tt.ptr<f32>> loc(#loc)
+    %2 = tt.addptr %1, %0 : tensor<4x!tt.ptr<f32>>, tensor<4xi32> loc(#loc)
+    %3 = "tt.reduce"(%2) <{axis = 0 : i32}> ({
+    ^bb0(%arg2: !tt.ptr<f32> loc(unknown), %arg3: !tt.ptr<f32> loc(unknown)):
+      %5 = arith.select %true, %arg2, %arg3 : !tt.ptr<f32> loc(#loc)
+      tt.reduce.return %5 : !tt.ptr<f32> loc(#loc)
+    }) : (tensor<4x!tt.ptr<f32>>) -> !tt.ptr<f32> loc(#loc)
+    %4 = tt.load %3 : !tt.ptr<f32> loc(#loc)
+    tt.store %b, %4 : !tt.ptr<f32> loc(#loc)
+    tt.return loc(#loc)
+  } loc(#loc)
+} loc(#loc)
+"""
+    assert written_pointers(ttir, "k", 2) == {1}
+    stored = ttir.replace("tt.store %b, %4", "tt.store %3, %4")
+    assert written_pointers(stored, "k", 2) == {0}
+    # a store inside the combiner still writes what it is given
+    inner = ttir.replace("      tt.reduce.return %5", "      tt.store %arg2, %5 : !tt.ptr<f32> loc(#loc)\n"
+                         "      tt.reduce.return %5")
+    assert written_pointers(inner, "k", 2) == {0, 1}
+
+
+def test_a_use_of_a_name_no_enclosing_region_defines_may_be_any_address() -> None:
+    """A value the analysis does not see defined (an unknown region op's own arguments, printed in
+    its header) is not proven anything: a store through it writes every pointer."""
+    ttir = _ttir(TUTORIALS, "add_kernel", ADD, {"BLOCK_SIZE": 1024})
+    assert written_pointers(ttir, "add_kernel", 4) == {2}
+    edited = ttir.replace("tt.return", "tt.store %khal_unseen, %c1024_i32 : !tt.ptr<f32>\n    tt.return")
+    assert written_pointers(edited, "add_kernel", 4) == {0, 1, 2, 3}

@@ -178,17 +178,17 @@ def test_a_lock_entry_is_named_by_its_content_not_its_spelling() -> None:
 
 
 @pytest.mark.parametrize(("edit", "match"), [
-    (("version = 1", "version = 2"), r"field 'version' is 2; this hatch-khal reads version 1"),
-    (('kernel = "add_kernel"', 'kernel = "add_kernel"\nwarps = 4'), r"variant\[0\]: unknown field\(s\) 'warps'"),
-    (('n = "i32:16"', 'n = "i32:8"'), r"variant\[0\] \(t.add_kernel\): field 'args.n': ':8' in 'i32:8' is not a "
-                                      r"specialisation"),
-    (('n = "i32:16"', 'n = 16'), r"field 'args.n': 16 is not a runtime argument's type"),
+    (("version = 1", "version = 2"), r"lock file version 2 was written by a newer hatch-khal .*reads version 1"),
+    (('kernel = "add_kernel"', 'kernel = "add_kernel"\nwarps = 4'), r"variant\[0\].*: unknown field 'warps'"),
+    (('n = "i32:16"', 'n = "i32:8"'), r"variant\[0\].*\(t.add_kernel\): field 'args.n': ':8' in 'i32:8' is "
+                                      r"not a specialisation"),
+    (('n = "i32:16"', 'n = 16'), r"field 'args.n': 16 is not a type"),
     (('D = { dtype = "bf16" }', 'D = { dtype = "bfloat16" }'), r"field 'constexprs.D': \{ dtype = 'bfloat16' \} is "
                                                                r"not a Triton dtype's name"),
     (('Z = { none = true }', 'Z = { none = false }'), r"field 'constexprs.Z': .* is not a constexpr value"),
     (("num_warps = 8", "num_warps = 6"), r"field 'num_warps': 6 is not a power of two from 1 to 32"),
-    (('crate = "t"\n', ''), r"variant\[0\]: field 'crate' is missing"),
-    (('BLOCK = 1024', 'x_ptr = 1024'), r"'x_ptr' is in both 'args' and 'constexprs'"),
+    (('crate = "t"\n', ''), r"variant\[0\].*: field 'crate' is required"),
+    (('BLOCK = 1024', 'x_ptr = 1024'), r"'x_ptr' is both in 'args' and in 'constexprs'"),
 ])
 def test_a_bad_lock_file_names_the_file_the_variant_and_the_field(tmp_path: Path, edit: tuple[str, str],
                                                                  match: str) -> None:
