@@ -27,6 +27,7 @@ from hatch_khal.errors import KhalBuildError
 from hatch_khal.model import BuildResult, CompileJob, PackageOutput, PrintReporter, Reporter
 from hatch_khal.output import write_package_output
 from hatch_khal.plan import plan_crates, targets
+from hatch_khal.remote import remote_cache
 
 __all__ = [
     "BuildResult",
@@ -46,12 +47,17 @@ def build_packages(
     editable: bool = False,
     cache: Cache | None = None,
     jobs: int | None = None,
+    cache_url: str | None = None,
 ) -> BuildResult:
-    """Compile (or take prebuilt) every crate; group the results by target package."""
+    """Compile (or take prebuilt) every crate; group the results by target package.
+
+    ``cache``: the compile cache (default: the local one, ``KHAL_CACHE_DIR``, over the remote
+    store that ``KHAL_CACHE_URL`` or ``cache_url``, the hook option ``cache-url``, names)."""
     start = time.perf_counter()
     root = root.resolve()
+    if cache is None:
+        cache = Cache(default_cache_dir(), reporter.warn, remote=remote_cache(cache_url, reporter.warn))
     planned = plan_crates(root, crates, reporter)
-    cache = cache if cache is not None else Cache(default_cache_dir(), reporter.warn)
     prepared = prepare_crates(planned, cache, reporter, jobs=jobs)
     jobs_of = {p.cfg.name: p.jobs(root, targets(p, reporter)) for p in prepared if p.prebuilt_var is None}
     by_crate = {p.cfg.name: p for p in prepared}
@@ -71,6 +77,8 @@ def build_packages(
     packages, warnings = assemble_packages(built, root, toolchain, editable=editable)
     for warning in warnings:
         reporter.warn(warning)
+    if cache.remote is not None:
+        reporter.info(cache.remote.summary())
     return BuildResult(
         packages=packages,
         compiled=compiled + sum(p.compiled_units for p in prepared),

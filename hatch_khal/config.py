@@ -191,6 +191,20 @@ class HookConfig(_CommonOptions):
     ptx_arch: Optional[str] = Field(default=DEFAULT_PTX_ARCH, alias="ptx-arch")
     cuda_headers: Literal["wheels", "system", "none"] = Field(default="wheels", alias="cuda-headers")
     nvrtc_requirement: str = Field(default=DEFAULT_NVRTC_REQUIREMENT, alias="nvrtc-requirement")
+    #: the shared build cache's store (s3://bucket/prefix, http(s)://host/path); KHAL_CACHE_URL wins
+    cache_url: Optional[str] = Field(default=None, alias="cache-url")
+
+    @field_validator("cache_url")
+    @classmethod
+    def _cache_url(cls, v: str | None) -> str | None:
+        if v:
+            from hatch_khal.stores import check_url  # lazy: only when the option is set
+
+            try:
+                check_url(v, "option 'cache-url'")
+            except ConfigError as exc:
+                raise ValueError(str(exc).removeprefix("option 'cache-url' = ").removeprefix("option 'cache-url': "))
+        return v or None
 
     @field_validator("nvrtc_requirement")
     @classmethod
