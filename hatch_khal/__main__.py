@@ -1,4 +1,5 @@
-"""``python -m hatch_khal inspect|verify PATH``: look into a built shader package, no GPU needed.
+"""``python -m hatch_khal inspect|verify PATH``: look into a built shader package, no GPU needed;
+``shard`` / ``merge``: a build split across CI jobs (:mod:`hatch_khal.distributed`).
 
 PATH is a wheel (``.whl``), a directory (a package directory holding
 ``_khal/manifest.json``, or a tree with such packages below it), or the name of
@@ -30,6 +31,7 @@ from khal_runtime.errors import ArtifactError, KhalError, ManifestError
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Artifact, Manifest, load_manifest, parse_manifest
 
 from hatch_khal.__about__ import __version__
+from hatch_khal.errors import KhalBuildError
 
 __all__ = ["main"]
 
@@ -282,6 +284,31 @@ def _verify(target: str) -> int:
     return 0
 
 
+def _distributed(args: argparse.Namespace) -> int:
+    """The ``shard`` and ``merge`` commands."""
+    # lazy: the build core, for these two commands only
+    from hatch_khal.distributed import build_shard, merge_shards
+    from hatch_khal.model import PrintReporter
+    from hatch_khal.shards import SHARD_ENV, parse_shard
+
+    reporter = PrintReporter()
+    if args.command == "merge":
+        merge_shards([Path(s) for s in args.shards], Path(args.project), Path(args.wheel_dir), reporter)
+        return 0
+    text = args.shard if args.shard is not None else os.environ.get(SHARD_ENV, "").strip()
+    if not text:
+        raise UsageError(f"shard: which shard? give --shard I/N (or arch=..., crate=...) or set {SHARD_ENV}")
+    spec = parse_shard(text, "--shard" if args.shard is not None else SHARD_ENV)
+    out = Path(args.out) if args.out else Path(f"khal-shard-{spec.label.replace('/', '-of-').replace('=', '-')}")
+    env_shard = os.environ.pop(SHARD_ENV, None)  # the build below is the shard's own, not a wheel build
+    try:
+        build_shard(Path(args.project), spec, out, reporter)
+    finally:
+        if env_shard is not None:
+            os.environ[SHARD_ENV] = env_shard
+    return 0
+
+
 _DESCRIPTION = (
     "Look into a built shader package, no GPU needed. PATH is a wheel (.whl), a directory (a "
     "package directory holding _khal/manifest.json, or a tree with such packages below it), or "
@@ -298,11 +325,24 @@ def main(argv: list[str] | None = None) -> int:
     p_inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p_verify = sub.add_parser("verify", help="check every sha256 and every entry hash; non-zero exit on mismatch")
     p_verify.add_argument("path", help="a wheel, a directory or an installed package name")
+    p_shard = sub.add_parser("shard", help="compile one shard of a project's kernels into a partial artifact set "
+                             "(a CI job of a split build)")
+    p_shard.add_argument("project", nargs="?", default=".", help="the project's folder (default: here)")
+    p_shard.add_argument("--shard", default=None, help="I/N (shard I of an N-way split of the compile jobs), "
+                         "arch=sm_90[,...] or crate=NAME[,...]; default: $KHAL_SHARD")
+    p_shard.add_argument("--out", default=None, help="the folder to write (default: khal-shard-<shard>)")
+    p_merge = sub.add_parser("merge", help="build the wheel from the shards' partial artifact sets, compiling nothing")
+    p_merge.add_argument("shards", nargs="+", help="the folders `shard --out` wrote, one per shard")
+    p_merge.add_argument("--project", default=".", help="the project's folder (default: here)")
+    p_merge.add_argument("--wheel-dir", default="dist", help="where the wheel goes (default: dist)")
     args = parser.parse_args(argv)
     try:
         try:
-            rc = _inspect(args.path, args.json) if args.command == "inspect" else _verify(args.path)
-        except (UsageError, KhalError) as exc:
+            if args.command in ("shard", "merge"):
+                rc = _distributed(args)
+            else:
+                rc = _inspect(args.path, args.json) if args.command == "inspect" else _verify(args.path)
+        except (UsageError, KhalError, KhalBuildError) as exc:
             _print(f"error: {exc}".split("\n"), err=True)
             rc = 2
         sys.stdout.flush()
