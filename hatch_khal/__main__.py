@@ -284,6 +284,20 @@ def _verify(target: str) -> int:
     return 0
 
 
+def _split(args: argparse.Namespace) -> int:
+    """The ``split`` command."""
+    from hatch_khal.model import PrintReporter  # lazy: the split command only
+    from hatch_khal.split import parse_size, split_wheel  # lazy: as above
+
+    wheel = Path(args.wheel)
+    if not wheel.is_file():
+        raise UsageError(f"{wheel}: no such wheel")
+    out = Path(args.out) if args.out else wheel.parent
+    for path in split_wheel(wheel, out, parse_size(args.max_size, "--max-size"), PrintReporter(), force=args.force):
+        print(path)
+    return 0
+
+
 def _distributed(args: argparse.Namespace) -> int:
     """The ``shard`` and ``merge`` commands."""
     # lazy: the build core, for these two commands only
@@ -335,10 +349,18 @@ def main(argv: list[str] | None = None) -> int:
     p_merge.add_argument("shards", nargs="+", help="the folders `shard --out` wrote, one per shard")
     p_merge.add_argument("--project", default=".", help="the project's folder (default: here)")
     p_merge.add_argument("--wheel-dir", default="dist", help="where the wheel goes (default: dist)")
+    p_split = sub.add_parser("split", help="a wheel above the index's size limit: the main wheel plus one companion "
+                             "distribution of cubins per arch family")
+    p_split.add_argument("wheel", help="the wheel to split")
+    p_split.add_argument("--max-size", default="100MB", help="the index's limit per file (default 100MB)")
+    p_split.add_argument("--out", default=None, help="where the wheels go (default: the wheel's folder, replacing it)")
+    p_split.add_argument("--force", action="store_true", help="split even when the wheel is within the limit")
     args = parser.parse_args(argv)
     try:
         try:
-            if args.command in ("shard", "merge"):
+            if args.command == "split":
+                rc = _split(args)
+            elif args.command in ("shard", "merge"):
                 rc = _distributed(args)
             else:
                 rc = _inspect(args.path, args.json) if args.command == "inspect" else _verify(args.path)
