@@ -307,7 +307,12 @@ def _distributed(args: argparse.Namespace) -> int:
 
     reporter = PrintReporter()
     if args.command == "merge":
-        merge_shards([Path(s) for s in args.shards], Path(args.project), Path(args.wheel_dir), reporter)
+        from hatch_khal.split import parse_size, split_wheel  # lazy: the merge command only
+
+        limit = None if args.max_size.strip().lower() == "none" else parse_size(args.max_size, "--max-size")
+        wheel = merge_shards([Path(s) for s in args.shards], Path(args.project), Path(args.wheel_dir), reporter)
+        for path in split_wheel(wheel, wheel.parent, limit, reporter) if limit is not None else [wheel]:
+            print(path)
         return 0
     text = args.shard if args.shard is not None else os.environ.get(SHARD_ENV, "").strip()
     if not text:
@@ -349,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     p_merge.add_argument("shards", nargs="+", help="the folders `shard --out` wrote, one per shard")
     p_merge.add_argument("--project", default=".", help="the project's folder (default: here)")
     p_merge.add_argument("--wheel-dir", default="dist", help="where the wheel goes (default: dist)")
+    p_merge.add_argument("--max-size", default="100MB", help="a wheel above this size is split into companion "
+                         "distributions per arch family, as `split` does (default 100MB; none: never)")
     p_split = sub.add_parser("split", help="a wheel above the index's size limit: the main wheel plus one companion "
                              "distribution of cubins per arch family")
     p_split.add_argument("wheel", help="the wheel to split")

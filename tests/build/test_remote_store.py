@@ -208,3 +208,45 @@ def test_the_option_is_checked_and_the_variable_wins(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("KHAL_CACHE_TIMEOUT", "soon")
     with pytest.raises(ConfigError, match="KHAL_CACHE_TIMEOUT='soon'"):
         remote_cache(None, print)
+
+
+def test_the_hook_adds_boto3_to_the_build_for_an_s3_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from hatch_khal.plugin import KhalBuildHook
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").touch()
+    meta = SimpleNamespace(core=SimpleNamespace(raw_name="pkg"))
+
+    def deps(**table: str) -> list[str]:
+        config = {"crates": [{"name": "a", "sources": ["k/*.cu"]}], **table}
+        return KhalBuildHook(str(tmp_path), config, None, meta, str(tmp_path), "wheel").dependencies()
+
+    monkeypatch.delenv("KHAL_CACHE_URL", raising=False)
+    assert "boto3>=1.28" not in deps() and "boto3>=1.28" in deps(**{"cache-url": "s3://b/p"})
+    assert "boto3>=1.28" not in deps(**{"cache-url": "https://cache.example/k"})
+    monkeypatch.setenv("KHAL_CACHE_URL", "s3://b/p")
+    assert "boto3>=1.28" in deps()
+    monkeypatch.setenv("KHAL_CACHE_URL", "none")
+    assert "boto3>=1.28" not in deps(**{"cache-url": "s3://b/p"})
+
+
+def test_an_http_cache_login_comes_from_netrc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    srv = Server("webdav", tmp_path / "store", login=("khal", "s3cret")).start()
+    try:
+        warnings: list[str] = []
+        monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+        _remote(srv.url, warnings).push(KEY, DATA, "")
+        assert "denied" in warnings[0] and "401" in warnings[0] and "s3cret" not in warnings[0]
+        netrc = tmp_path / "netrc"
+        netrc.write_text("machine 127.0.0.1 login khal password s3cret\n")
+        netrc.chmod(0o600)
+        monkeypatch.setenv("NETRC", str(netrc))
+        warnings.clear()
+        remote = _remote(srv.url, warnings)
+        remote.push(KEY, DATA, "")
+        entry = remote.fetch(KEY)
+        assert entry is not None and entry.data == DATA and warnings == []
+    finally:
+        srv.stop()

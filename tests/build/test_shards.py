@@ -164,3 +164,11 @@ def test_the_example_in_two_shards_merged_is_its_single_build(tmp_path: Path) ->
     (merged,) = (tmp_path / "merged").glob("*.whl")
     (one,) = (tmp_path / "single").glob("*.whl")
     assert merged.read_bytes() == one.read_bytes()
+
+
+def test_merge_splits_a_wheel_above_max_size(built: dict[str, Path]) -> None:
+    tmp = built["tmp"]
+    out = _cli("merge", str(built["s1"]), str(built["s2"]), "--project", str(built["root"]), "--wheel-dir",
+               str(tmp / "merged-split"), "--max-size", "1kB", cache=tmp / "unused-2")
+    wheels = [Path(line).name for line in out.stdout.splitlines() if line.endswith(".whl")]
+    assert wheels == ["mini_pkg-0.1.0-py3-none-any.whl", "mini_pkg_kernels_sm90-0.1.0-py3-none-any.whl"]

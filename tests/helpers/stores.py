@@ -41,8 +41,10 @@ def _free_port() -> int:
 class Server:
     """``rclone serve KIND`` of ``root`` on 127.0.0.1; ``url`` is what KHAL_CACHE_URL names."""
 
-    def __init__(self, kind: str, root: Path, *, read_only: bool = False, prefix: str = "ci/main") -> None:
+    def __init__(self, kind: str, root: Path, *, read_only: bool = False, prefix: str = "ci/main",
+                 login: tuple[str, str] | None = None) -> None:
         self.kind, self.root, self.read_only, self.prefix = kind, root, read_only, prefix
+        self.login = login  # WebDAV: Basic authentication required
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         if kind == "s3":
@@ -74,6 +76,8 @@ class Server:
             cmd += ["--auth-key", f"{ACCESS_KEY},{SECRET_KEY}"]
         if self.read_only:
             cmd.append("--read-only")
+        if self.login is not None:
+            cmd += ["--user", self.login[0], "--pass", self.login[1]]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
