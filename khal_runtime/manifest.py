@@ -720,6 +720,13 @@ class Artifact(_Model):
     def _path(cls, v: str) -> str:
         return package_path(v)
 
+    @field_validator("distribution")
+    @classmethod
+    def _distribution(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", v):
+            raise ValueError(f"distribution {v!r} is not a normalized distribution name (mypkg-kernels-sm90)")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> Artifact:
         if self.kind in ("ptx", "cubin"):
