@@ -1,6 +1,7 @@
 """``python -m hatch_khal inspect|verify PATH``: look into a built shader package, no GPU needed;
 ``python -m hatch_khal triton record -- CMD``: record the Triton launches of a command into the
 project's lock file (:mod:`hatch_khal.triton.record`).
+``shard`` / ``merge``: a build split across CI jobs (:mod:`hatch_khal.distributed`).
 
 PATH is a wheel (``.whl``), a directory (a package directory holding
 ``_khal/manifest.json``, or a tree with such packages below it), or the name of
@@ -353,13 +354,56 @@ def _record(args: argparse.Namespace) -> int:
         command = command[1:]
     return record(Path(args.project), command, lock=Path(args.lock) if args.lock else None,
                   crate_names=args.crate, replace=args.replace)
+def _split(args: argparse.Namespace) -> int:
+    """The ``split`` command."""
+    from hatch_khal.model import PrintReporter  # lazy: the split command only
+    from hatch_khal.split import parse_size, split_wheel  # lazy: as above
+
+    wheel = Path(args.wheel)
+    if not wheel.is_file():
+        raise UsageError(f"{wheel}: no such wheel")
+    out = Path(args.out) if args.out else wheel.parent
+    for path in split_wheel(wheel, out, parse_size(args.max_size, "--max-size"), PrintReporter(), force=args.force):
+        print(path)
+    return 0
+
+
+def _distributed(args: argparse.Namespace) -> int:
+    """The ``shard`` and ``merge`` commands."""
+    # lazy: the build core, for these two commands only
+    from hatch_khal.distributed import build_shard, merge_shards
+    from hatch_khal.model import PrintReporter
+    from hatch_khal.shards import SHARD_ENV, parse_shard
+
+    reporter = PrintReporter()
+    if args.command == "merge":
+        from hatch_khal.split import parse_size, split_wheel  # lazy: the merge command only
+
+        limit = None if args.max_size.strip().lower() == "none" else parse_size(args.max_size, "--max-size")
+        wheel = merge_shards([Path(s) for s in args.shards], Path(args.project), Path(args.wheel_dir), reporter)
+        for path in split_wheel(wheel, wheel.parent, limit, reporter) if limit is not None else [wheel]:
+            print(path)
+        return 0
+    text = args.shard if args.shard is not None else os.environ.get(SHARD_ENV, "").strip()
+    if not text:
+        raise UsageError(f"shard: which shard? give --shard I/N (or arch=..., crate=...) or set {SHARD_ENV}")
+    spec = parse_shard(text, "--shard" if args.shard is not None else SHARD_ENV)
+    out = Path(args.out) if args.out else Path(f"khal-shard-{spec.label.replace('/', '-of-').replace('=', '-')}")
+    env_shard = os.environ.pop(SHARD_ENV, None)  # the build below is the shard's own, not a wheel build
+    try:
+        build_shard(Path(args.project), spec, out, reporter)
+    finally:
+        if env_shard is not None:
+            os.environ[SHARD_ENV] = env_shard
+    return 0
 
 
 _DESCRIPTION = (
     "Look into a built shader package, no GPU needed. PATH is a wheel (.whl), a directory (a "
     "package directory holding _khal/manifest.json, or a tree with such packages below it), or "
     "the name of an installed package. `triton record` runs a command and records the Triton "
-    "variants it launches into the project's lock file."
+    "variants it launches into the project's lock file; `shard`, `merge` and `split` build at scale "
+    "(a build split across CI jobs, wheels within the index's size limit)."
 )
 
 
@@ -390,11 +434,33 @@ def main(argv: list[str] | None = None) -> int:
                           help="drop the lock file's entries of the recorded crates (every entry without --crate) "
                                "instead of merging")
     p_record.add_argument("cmd", metavar="command", nargs=argparse.REMAINDER, help="the command to run, after `--`")
+    p_shard = sub.add_parser("shard", help="compile one shard of a project's kernels into a partial artifact set "
+                             "(a CI job of a split build)")
+    p_shard.add_argument("project", nargs="?", default=".", help="the project's folder (default: here)")
+    p_shard.add_argument("--shard", default=None, help="I/N (shard I of an N-way split of the compile jobs), "
+                         "arch=sm_90[,...] or crate=NAME[,...]; default: $KHAL_SHARD")
+    p_shard.add_argument("--out", default=None, help="the folder to write (default: khal-shard-<shard>)")
+    p_merge = sub.add_parser("merge", help="build the wheel from the shards' partial artifact sets, compiling nothing")
+    p_merge.add_argument("shards", nargs="+", help="the folders `shard --out` wrote, one per shard")
+    p_merge.add_argument("--project", default=".", help="the project's folder (default: here)")
+    p_merge.add_argument("--wheel-dir", default="dist", help="where the wheel goes (default: dist)")
+    p_merge.add_argument("--max-size", default="100MB", help="a wheel above this size is split into companion "
+                         "distributions per arch family, as `split` does (default 100MB; none: never)")
+    p_split = sub.add_parser("split", help="a wheel above the index's size limit: the main wheel plus one companion "
+                             "distribution of cubins per arch family")
+    p_split.add_argument("wheel", help="the wheel to split")
+    p_split.add_argument("--max-size", default="100MB", help="the index's limit per file (default 100MB)")
+    p_split.add_argument("--out", default=None, help="where the wheels go (default: the wheel's folder, replacing it)")
+    p_split.add_argument("--force", action="store_true", help="split even when the wheel is within the limit")
     args = parser.parse_args(argv)
     try:
         try:
             if args.command == "triton":
                 rc = _record(args)
+            elif args.command == "split":
+                rc = _split(args)
+            elif args.command in ("shard", "merge"):
+                rc = _distributed(args)
             else:
                 rc = _inspect(args.path, args.json) if args.command == "inspect" else _verify(args.path)
         except (UsageError, KhalError, KhalBuildError) as exc:

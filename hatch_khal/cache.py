@@ -8,6 +8,10 @@ compiling the same thing twice; every hit is re-hashed, and a damaged entry is
 dropped and rebuilt. A cache location that cannot be written (the root, a fan-out
 folder that is a file or read-only, an entry that cannot be read) degrades to no cache
 for what it affects, with one warning per kind of problem; it never fails a build.
+
+A remote store (:class:`hatch_khal.remote.RemoteCache`: ``KHAL_CACHE_URL``) is layered under it,
+under the same keys: a local miss is looked up there (verified) and kept locally; what is
+stored goes to both.
 """
 
 from __future__ import annotations
@@ -19,13 +23,16 @@ import tempfile
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from filelock import FileLock, Timeout
 
 from khal_runtime.abi import env_flag
 
 from hatch_khal.hashing import sha256_bytes
+
+if TYPE_CHECKING:
+    from hatch_khal.remote import RemoteCache
 
 __all__ = ["Cache", "CachedArtifact", "default_cache_dir"]
 
@@ -57,9 +64,16 @@ class CachedArtifact:
 
 
 class Cache:
-    def __init__(self, root: Path | None, warn: Callable[[str], None] = lambda m: None) -> None:
+    def __init__(self, root: Path | None, warn: Callable[[str], None] = lambda m: None,
+                 remote: RemoteCache | None = None) -> None:
         self._warn = warn
         self._warned: set[str] = set()
+        #: the shared store under this cache (None: local only)
+        self.remote = remote
+        #: keys the remote had not: not asked again in this build (a build looks a miss up twice)
+        self._remote_missed: set[str] = set()
+        #: keys whose entry came from the remote in this build (a drop names the remote)
+        self._from_remote: set[str] = set()
         self.root: Path | None = None
         if root is not None:
             try:
@@ -114,10 +128,16 @@ class Cache:
 
     def drop(self, key: str, why: str) -> None:
         """Remove a damaged entry, saying why (``why`` ends the warning)."""
-        if self.root is None:
+        if key in self._from_remote and self.remote is not None:
+            self._from_remote.discard(key)
+            self._remote_missed.add(key)  # not asked again: it is compiled and stored anew
+            self.warn(f"khal: remote cache {self.remote.url}: entry v1/ac/{key} is {why}")
+        elif self.root is None:
             return
-        self.warn(f"khal cache entry {key[:12]} is {why}")
-        shutil.rmtree(self._dir(key), ignore_errors=True)
+        else:
+            self.warn(f"khal cache entry {key[:12]} is {why}")
+        if self.root is not None:
+            shutil.rmtree(self._dir(key), ignore_errors=True)
 
     def _write(self, key: str, data: bytes, log: str, locations: tuple[str, ...]) -> None:
         final = self._dir(key)
@@ -158,14 +178,28 @@ class Cache:
             lock.release()
 
     def lookup(self, key: str) -> CachedArtifact | None:
-        """The verified cached artifact for ``key``, or None (a damaged entry is dropped)."""
-        return None if self.root is None else self._read(key)
+        """The verified cached artifact for ``key``, or None (a damaged entry is dropped): the local
+        cache's, else the remote's (verified, then kept locally)."""
+        hit = None if self.root is None else self._read(key)
+        if hit is not None or self.remote is None or key in self._remote_missed:
+            return hit
+        entry = self.remote.fetch(key)
+        if entry is None:
+            self._remote_missed.add(key)
+            return None
+        self._from_remote.add(key)
+        if self.root is not None:
+            self._write(key, entry.data, entry.log, entry.locations)
+        return CachedArtifact(data=entry.data, log=entry.log, hit=True, locations=entry.locations)
 
     def store(self, key: str, data: bytes, log: str, locations: tuple[str, ...] = ()) -> None:
         """Keep ``data`` under ``key``; ``locations``: the absolute paths it spells (a hit elsewhere
-        is no hit: :attr:`CachedArtifact.locations`)."""
+        is no hit: :attr:`CachedArtifact.locations`). The remote gets it too (unless read only)."""
         if self.root is not None:
             self._write(key, data, log, tuple(locations))
+        if self.remote is not None:
+            self._from_remote.discard(key)
+            self.remote.push(key, data, log, tuple(locations))
 
     @contextmanager
     def locked(self, keys: Iterable[str]) -> Iterator[None]:

@@ -218,6 +218,20 @@ class HookConfig(_CommonOptions):
         if v is not None and (not v.strip() or PurePosixPath(v).is_absolute() or PureWindowsPath(v).is_absolute()):
             raise ValueError("must be a file's path relative to the project root (khal-triton.lock)")
         return v
+    #: the shared build cache's store (s3://bucket/prefix, http(s)://host/path); KHAL_CACHE_URL wins
+    cache_url: Optional[str] = Field(default=None, alias="cache-url")
+
+    @field_validator("cache_url")
+    @classmethod
+    def _cache_url(cls, v: str | None) -> str | None:
+        if v:
+            from hatch_khal.stores import check_url  # lazy: only when the option is set
+
+            try:
+                check_url(v, "option 'cache-url'")
+            except ConfigError as exc:
+                raise ValueError(str(exc).removeprefix("option 'cache-url' = ").removeprefix("option 'cache-url': "))
+        return v or None
 
     @field_validator("nvrtc_requirement")
     @classmethod

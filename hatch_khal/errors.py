@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CompileError", "ConfigError", "EntryParseError", "KhalBuildError", "OutputError", "PrebuiltError",
+__all__ = ["CompileError", "ConfigError", "EntryParseError", "KhalBuildError", "MergeError", "OutputError", "PrebuiltError",
            "SourceChangedError", "SourceError", "UncoveredReadError"]
 
 
@@ -51,3 +51,8 @@ def from_name(name: str, message: str) -> KhalBuildError:
     if isinstance(cls, type) and issubclass(cls, KhalBuildError):
         return cls(message)
     return KhalBuildError(message)
+
+
+class MergeError(KhalBuildError):
+    """``python -m hatch_khal merge``: a shard is missing, given twice, or was built from other
+    sources, another toolchain or other options than the others (or than this checkout)."""

@@ -34,6 +34,8 @@ from hatch_khal.headers import header_requirements
 from hatch_khal.model import BuildResult
 from hatch_khal.nvrtc import requirement as nvrtc_requirement
 from hatch_khal.output import remove_output, write_package_output
+from hatch_khal.remote import cache_url
+from hatch_khal.stores import requirements as store_requirements
 from hatch_khal.slang.library import SLANGPY_REQUIREMENT
 from hatch_khal.triton import TRITON_REQUIREMENT
 
@@ -94,6 +96,8 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             deps.append(SLANGPY_REQUIREMENT)
         if any(c.language == "triton" for c in crates):
             deps.append(TRITON_REQUIREMENT)
+        # the shared build cache's client (boto3 for s3://), for the URL the build will use
+        deps += store_requirements(cache_url(self.hook_config.cache_url)[0])
         return deps
 
     def clean(self, versions: list[str]) -> None:  # noqa: ARG002
@@ -115,7 +119,8 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             self._check_editables()
         # NVRTC chosen by (and checked against) nvrtc-requirement, also in the compile workers
         with nvrtc_requirement(self.hook_config.nvrtc_requirement):
-            result = build_packages(Path(self.root), crates, self.reporter, editable=editable)
+            result = build_packages(Path(self.root), crates, self.reporter, editable=editable,
+                                    cache_url=self.hook_config.cache_url)
         if editable:
             atexit.register(self._undo_in_place)
             try:

@@ -238,7 +238,8 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
             self._check_slang(hook, crates)
             self._check_triton(crates)
             try:
-                result = build_packages(root, crates, reporter, editable=self.editable_mode)
+                result = build_packages(root, crates, reporter, editable=self.editable_mode,
+                                        cache_url=hook.cache_url)
             except KhalBuildError as exc:
                 raise type(exc)(f"{exc}{self._header_note(hook, crates)}") from exc
         for out in result.packages:

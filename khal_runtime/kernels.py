@@ -23,7 +23,10 @@ from khal_runtime.arguments import shared_mem as check_shared_mem
 from khal_runtime.device import Stream, _tls, as_stream, current_device_id, default_stream, ensure_current
 from khal_runtime.abi import DEFAULT_DYNAMIC_SHARED
 from khal_runtime.calls import adopt, generic_call
-from khal_runtime.errors import BackendUnavailableError, KhalError, LaunchAttributeError, StaleBuildError
+from khal_runtime.companions import Resolved, missing_hint
+from khal_runtime.companions import resolve as resolve_companions
+from khal_runtime.errors import (BackendUnavailableError, KhalError, LaunchAttributeError, NoCompatibleBinaryError,
+                                 StaleBuildError)
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
 from khal_runtime.triton import TritonKernel
 from khal_runtime.verify import check_manifest, check_sources, read_artifact
@@ -401,10 +404,15 @@ class CrateKernels:
     """One crate: its manifest record, its verified binaries, its modules per device, and its
     entries as attributes (``kernels.crates["core"].saxpy``); its module globals in ``globals``."""
 
-    def __init__(self, package: str, package_dir: Path, crate: Crate) -> None:
+    def __init__(self, package: str, package_dir: Path, crate: Crate, *,
+                 artifact_dirs: dict[str, Path] | None = None, missing: dict[str, list[str]] | None = None) -> None:
         self.package = package
         self.package_dir = Path(package_dir)
         self.crate = crate
+        #: artifact path -> the companion distribution's folder it is read from (others: the package's)
+        self._artifact_dirs = artifact_dirs or {}
+        #: companion distributions not installed -> the archs they ship (named when no binary fits)
+        self._missing = missing or {}
         self.name = crate.name
         self._lock = threading.Lock()
         self._modules: dict[int, Any] = {}
@@ -439,7 +447,8 @@ class CrateKernels:
     def blobs(self) -> dict[str, bytes]:
         """Every artifact's bytes, after the confinement, size and sha256 checks (read once)."""
         if self._blobs is None:
-            self._blobs = {a.path: read_artifact(self.package_dir, a) for a in self.crate.artifacts}
+            self._blobs = {a.path: read_artifact(self._artifact_dirs.get(a.path, self.package_dir), a)
+                           for a in self.crate.artifacts}
         return self._blobs
 
     def module(self, device_id: int) -> Any:
@@ -449,7 +458,12 @@ class CrateKernels:
             with self._lock:
                 m = self._modules.get(device_id)
                 if m is None:
-                    m = self.backend.load_crate(self, device_id)
+                    try:
+                        m = self.backend.load_crate(self, device_id)
+                    except NoCompatibleBinaryError as exc:
+                        if not self._missing:
+                            raise
+                        raise type(exc)(f"{exc}{missing_hint(self._missing)}") from None
                     self._modules[device_id] = m
         return m
 
@@ -484,12 +498,15 @@ class CrateKernels:
 class KernelSet:
     """Every entry of a shader package: ``ks.<entry>`` (unique names), ``ks.crates[<crate>].<entry>``."""
 
-    def __init__(self, package: str, package_dir: Path, manifest: Manifest) -> None:
+    def __init__(self, package: str, package_dir: Path, manifest: Manifest, companions: Resolved | None = None) -> None:
         self.package = package
         self.package_dir = package_dir
         self.manifest = manifest
+        crates = companions.crates if companions is not None else manifest.crates
+        dirs = companions.dirs if companions is not None else {}
+        missing = companions.missing if companions is not None else {}
         self.crates: dict[str, CrateKernels] = {
-            c.name: CrateKernels(package, package_dir, c) for c in manifest.crates
+            c.name: CrateKernels(package, package_dir, c, artifact_dirs=dirs, missing=missing) for c in crates
         }
         by_name: dict[str, list[Kernel]] = {}
         for ck in self.crates.values():
@@ -605,4 +622,6 @@ def load(package: str | os.PathLike[str]) -> KernelSet:
     else:  # auto: the choice, still to come, checks this package has a binary for the backend
         backends.consider(manifest.package or name, manifest.crates)
     _tracing_from_env_once()
-    return KernelSet(manifest.package or name, pkg_dir, manifest)
+    # cubins shipped by companion distributions (per arch family): where installed, and checked
+    companions = resolve_companions(manifest.package or name, pkg_dir, manifest)
+    return KernelSet(manifest.package or name, pkg_dir, manifest, companions)

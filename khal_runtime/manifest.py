@@ -703,6 +703,10 @@ class Artifact(_Model):
     size: int = Field(ge=0, le=1 << 34)
     #: PTX ISA version (".version" of the PTX, or the one the cubin was made from).
     ptx_isa: Optional[str] = None
+    #: the distribution that ships this artifact when the package's own wheel does not: a per-arch
+    #: companion (``mypkg-kernels-sm90``, ``python -m hatch_khal split``), found at run time through
+    #: its entry point; absent (None) for the package's own files
+    distribution: Optional[str] = None
 
     @field_validator("sha256")
     @classmethod
@@ -715,6 +719,13 @@ class Artifact(_Model):
     @classmethod
     def _path(cls, v: str) -> str:
         return package_path(v)
+
+    @field_validator("distribution")
+    @classmethod
+    def _distribution(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", v):
+            raise ValueError(f"distribution {v!r} is not a normalized distribution name (mypkg-kernels-sm90)")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> Artifact:

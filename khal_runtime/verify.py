@@ -642,6 +642,8 @@ def verify_package(package_dir: str | os.PathLike[str], manifest: Manifest | Non
     for crate in _crates(manifest, crates):
         blobs: dict[str, bytes] = {}
         for art in crate.artifacts:
+            if art.distribution is not None:
+                continue  # a companion distribution's: checked at load, where it is installed
             try:
                 data = blobs[art.path] = reader(art)
             except ArtifactError as exc:

@@ -13,6 +13,7 @@ What each kind of block gets:
   exist and mention each flag (``scripts/test`` passes its arguments to pytest).
 * ```cpp      a ``KHAL_ENTRY`` block must parse with the hook's entry grammar.
 * ```slang    compiled by the Slang stage (CUDA, WGSL, SPIR-V), where slangpy is installed.
+* ```yaml     a CI workflow: the commands of its ``run:`` steps are checked as a ```sh block's.
 * ```text     not run: output samples, grammars, diagrams (likewise ```json); but one marked
   ``<!-- generated: NAME -->`` is what producer NAME of ``tests/helpers/doc_outputs.py`` prints (the
   command of the block above it, run for real; ``scripts/update-docs`` rewrites the block), and one
@@ -87,7 +88,7 @@ DOCS = ROOT / "docs"
 DOC_FILES = sorted([ROOT / "README.md", *DOCS.rglob("*.md")])
 README_MAX_LINES = 180  # was 150; +the "Using with PyTorch" section #18 asks for
 #: languages a fence may name; anything else (or none) is an error
-LANGS = {"python", "toml", "sh", "cpp", "slang", "text", "json"}
+LANGS = {"python", "toml", "sh", "cpp", "slang", "text", "json", "yaml"}
 QUICKSTART = "quickstart"
 
 
@@ -521,7 +522,7 @@ def _check_python(words: list[str]) -> list[str]:
         inner = rest[rest.index("--") + 1:] if "--" in rest else []  # `triton record -- CMD`: CMD is checked too
         words_ = [a for a in (rest[:rest.index("--")] if "--" in rest else rest) if not a.startswith("-")]
         sub = words_[:1]
-        if sub and sub[0] not in ("inspect", "verify", "triton"):
+        if sub and sub[0] not in ("inspect", "verify", "triton", "shard", "merge", "split"):
             return [f"{what}: no subcommand {sub[0]}"]
         if sub == ["triton"]:
             sub = words_[:2]
@@ -580,6 +581,20 @@ def test_sh_block(block: Block) -> None:
     problems = []
     for words in _commands(block.code):
         problems += _check_command(words)
+    assert not problems, f"{block.id}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("block", _params("yaml"))
+def test_yaml_block(block: Block) -> None:
+    """A CI workflow: each ``run:`` step's commands are checked as a ```sh block's (``${{ ... }}``
+    expressions stand for a word)."""
+    steps = [re.sub(r"\$\{\{[^}]*\}\}", "X", m.group(1))
+             for m in re.finditer(r"^\s*(?:-\s+)?run:\s*(.+)$", block.code, re.M)]
+    assert steps, f"{block.id}: no run: step"
+    problems = []
+    for step in steps:
+        for words in _commands(step):
+            problems += _check_command(words)
     assert not problems, f"{block.id}:\n" + "\n".join(problems)
 
 
