@@ -211,7 +211,12 @@ def _interpreter() -> _Interpreter:
         paths = sysconfig.get_paths(vars=scheme_vars) if scheme_vars else sysconfig.get_paths()
         dirs |= {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if paths.get(k)}
         sites |= {os.path.realpath(paths[k]) for k in ("purelib", "platlib") if paths.get(k)}
-    sites |= {os.path.realpath(p) for p in sys.path if p and os.path.basename(p.rstrip(os.sep)).endswith("-packages")}
+    import site  # lazy: only when a file is classified
+
+    try:
+        sites |= {os.path.realpath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    except AttributeError:  # an interpreter whose site module lacks them (embedded)
+        pass
     exe = {sys.executable, getattr(sys, "_base_executable", sys.executable)}
     files = exe | {os.path.realpath(e) for e in exe}
     return _Interpreter(sorted(dirs), sorted(sites), files)
