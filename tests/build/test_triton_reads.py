@@ -362,3 +362,17 @@ def test_under_python_O_a_crate_file_saved_between_the_workers_imports_is_refuse
     env = {**os.environ, "KHAL_JOBS": "2"}
     run = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert "refused:" in run.stdout and "compiled different sources" in run.stdout, run.stdout + run.stderr
+
+
+# -- reproducible: an sm_100 Triton crate from two directories and two caches -----------------------
+
+def test_an_sm_100_triton_crate_reading_a_project_module_builds_byte_identical_from_two_directories(
+        tmp_path: Path) -> None:
+    files = {"k/k.py": HEAD + LIB + "from consts import VALUE\n" + KERNEL,
+             "lib/consts.py": "import triton.language as tl\nVALUE = tl.constexpr(7770101)\n"}
+    table = {"archs": ["sm_100"], "ptx-arch": "none"}
+    a = _build(_write(tmp_path / "a" / "p", files), tmp_path / "a" / "cache", table)
+    b = _build(_write(tmp_path / "b" / "deeper" / "p", files), tmp_path / "b" / "cache", table)
+    (pa,), (pb,) = a.packages, b.packages
+    assert any(name.endswith("sm_100a.cubin") for name in pa.files)
+    assert pa.files == pb.files
