@@ -376,3 +376,28 @@ def test_an_sm_100_triton_crate_reading_a_project_module_builds_byte_identical_f
     (pa,), (pb,) = a.packages, b.packages
     assert any(name.endswith("sm_100a.cubin") for name in pa.files)
     assert pa.files == pb.files
+
+
+# -- the worker's audit, unit by unit --------------------------------------------------------------
+
+def test_the_project_wins_over_the_interpreters_folders_and_writes_and_caches_are_read_as_their_source(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A project inside what looks like the interpreter's standard library is still the project; a
+    file opened only for writing is no read; a module's cached .pyc counts as its source."""
+    from hatch_khal.triton import audit
+
+    root = tmp_path / "prefix" / "lib" / "python3" / "proj"
+    (root / "m" / "__pycache__").mkdir(parents=True)
+    (root / "m" / "mod.py").write_text("X = 1\n")
+    pyc = root / "m" / "__pycache__" / f"mod.{sys.implementation.cache_tag}.pyc"
+    pyc.write_bytes(b"\0")
+    (root / "out.txt").write_text("")
+    monkeypatch.setattr(audit, "_interpreter", lambda: audit._Interpreter([str(tmp_path / "prefix")], [], set()))
+    a = audit.Audit()
+    a.armed = True
+    a._opened(str(pyc), "r", 0)
+    a._opened(str(root / "out.txt"), "w", 0)
+    a._opened(str(root / "gone.json"), "r", 0)
+    got = a.facts(str(root), [], [], set(sys.modules))
+    assert [p[0] for p in got["project"]] == ["gone.json", "m/mod.py"]
+    assert got["project"][0][1] is None and got["outside"] == []
