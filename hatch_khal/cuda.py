@@ -32,6 +32,7 @@ from hatch_khal.hashing import canonical, crate_content_hash, entry_hash, khal_h
 from hatch_khal.headers import HeaderSet, header_hints, nvrtc_cuda_major, resolve_headers
 from hatch_khal.languages import Compiled, Language, Planned, Prepared
 from hatch_khal.model import CompileJob, CrateParts, PlannedEntry, Reporter
+from hatch_khal.nvrtc import OUTPUT_FORMAT as NVRTC_OUTPUT
 from hatch_khal.probes import indirect_verdict, manifest_entries
 from hatch_khal.reads import cover, real_dirs
 from hatch_khal.reads import locations as path_forms
@@ -183,6 +184,7 @@ class CudaLanguage:
                         "headers": [cfg.cuda_headers, [list(f) for f in plan.headers.fingerprint]],
                         "arch": target,
                         "compiler": [ident.name, ident.version],
+                        "nvrtc_output": NVRTC_OUTPUT,
                         "hatch_khal": __version__,
                         "khal_h": khal_header_sha256(),
                     }

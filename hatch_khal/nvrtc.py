@@ -7,10 +7,14 @@ that the project's ``nvrtc-requirement`` admits (:func:`requirement`); one it do
 a ConfigError. PTX is produced here rather than by ``cuda.core.Program``, whose PTX path asks
 for a driver.
 
-Every compile of the build runs in a process of its own (``python -m hatch_khal._worker --once``)
-with ``--fdevice-time-trace``, whose trace lists every header NVRTC opened: the compile stage checks
-them against the content hash before caching (:mod:`hatch_khal.reads`). A process of its own,
-because NVRTC 13.5 crashes in a compile that follows a traced one in the same process.
+Every compile of the build runs in a process of its own (``python -m hatch_khal._worker --once``):
+the binary from a plain compile, then the same unit again with ``--fdevice-syntax-only
+--fdevice-time-trace``, whose trace lists every header NVRTC opened: the compile stage checks them
+against the content hash before caching (:mod:`hatch_khal.reads`). The binary never comes from the
+traced compile: the trace changes NVRTC's code generation for sm_100 and newer (other instructions,
+another size; measured with 13.0.88 and 13.5.37), and with 13.0 differently from one run to the
+next, so wheels would not be reproducible. A process of its own, because NVRTC 13.5 crashes in a
+compile that follows a traced one in the same process.
 """
 
 from __future__ import annotations
@@ -35,8 +39,12 @@ from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, from_na
 from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity
 from hatch_khal.nvidia_wheels import FAMILIES, admitted_majors, library_major
 
-__all__ = ["NVRTC", "REQUIREMENT_ENV", "CompileResult", "NvrtcCompiler", "compile_listing_reads", "compile_unit",
+__all__ = ["NVRTC", "OUTPUT_FORMAT", "REQUIREMENT_ENV", "CompileResult", "NvrtcCompiler", "compile_listing_reads", "compile_unit",
            "nvrtc_release", "nvrtc_version", "requirement", "supported_archs"]
+
+#: What an NVRTC output in the cache is, in the compile jobs' keys: 2, the binary of a plain compile
+#: (1's came from the traced compile, whose sm_100+ cubins differ from build to build)
+OUTPUT_FORMAT = 2
 
 #: The project's ``nvrtc-requirement`` while a front-end builds (:func:`requirement`); in the
 #: environment so that the compile worker processes, which inherit it, pick the same NVRTC.
@@ -309,28 +317,41 @@ def _trace_reads(path: str) -> tuple[str, ...] | None:
     return tuple(out)
 
 
-def _traced(text: str, name: str, arch: str, options: list[str], crate: str) -> tuple[CompileResult, tuple[str, ...] | None]:
-    """Compile with ``--fdevice-time-trace`` into a private folder: the result and the files read."""
+#: the front end alone (no code generated): all a trace of the files read needs
+_SYNTAX_ONLY = "--fdevice-syntax-only"
+
+
+def _traced(text: str, name: str, arch: str, options: list[str], crate: str) -> tuple[str, ...] | None:
+    """The files NVRTC reads compiling the unit: its front end run again with
+    ``--fdevice-time-trace`` into a private folder (and ``--fdevice-syntax-only``, where this
+    NVRTC has it: the front end is what opens headers). None when there is no readable trace.
+    Raises ConfigError where NVRTC rejects the trace option (CUDA 12 releases before it had it)."""
     with tempfile.TemporaryDirectory(prefix="khal-trace-") as tmp:
         base = os.path.join(tmp, "trace")
-        r = compile_unit(text, name, arch, options, crate, hidden=(f"--fdevice-time-trace={base}",))
-        return r, _trace_reads(base + ".json")
+        trace = f"--fdevice-time-trace={base}"
+        try:
+            compile_unit(text, name, arch, options, crate, hidden=(_SYNTAX_ONLY, trace))
+        except ConfigError:  # an NVRTC without the syntax-only option: the whole compile, traced
+            compile_unit(text, name, arch, options, crate, hidden=(trace,))
+        return _trace_reads(base + ".json")
 
 
 def compile_listing_reads(job: CompileJob) -> CompileOutput:
-    """Compile ``job`` here with NVRTC's trace on: the output and the files NVRTC read (``reads``
-    None where this NVRTC rejects ``--fdevice-time-trace``: CUDA 12 releases before it had it).
+    """Compile ``job`` here: the output of a plain compile, and the files NVRTC read, from a traced
+    run of its front end after it (:func:`_traced`; ``reads`` None where this NVRTC rejects
+    ``--fdevice-time-trace``: CUDA 12 releases before it had it). A file changed between the two is
+    caught by the compile stage's check of every file the content hash covers.
 
     Run it in a process of its own that compiles nothing else (:meth:`NvrtcCompiler.compile`
     does): after a traced compile, NVRTC 13.5 crashes in a later compile of the same process
     (measured: ``LLVM ERROR: out of memory``, ``std::length_error``, segfaults, with or without
-    the trace on the later one)."""
+    the trace on the later one); the traced one is the last."""
     t0 = time.perf_counter()
+    r = compile_unit(job.text, job.name, job.target, list(job.options), job.crate)
     reads: tuple[str, ...] | None
     try:
-        r, reads = _traced(job.text, job.name, job.target, list(job.options), job.crate)
-    except ConfigError:  # NVRTC_ERROR_INVALID_OPTION: the trace option, or the crate's own options
-        r = compile_unit(job.text, job.name, job.target, list(job.options), job.crate)
+        reads = _traced(job.text, job.name, job.target, list(job.options), job.crate)
+    except ConfigError:  # NVRTC_ERROR_INVALID_OPTION: the trace option
         reads = None
     return CompileOutput(r.data, r.log, time.perf_counter() - t0, reads=reads)
 

@@ -34,6 +34,7 @@ from hatch_khal.hashing import canonical, sha256_bytes
 from hatch_khal.headers import HeaderSet, header_hints, nvrtc_cuda_major, resolve_headers
 from hatch_khal.languages import Compiled, Language, Planned, Prepared
 from hatch_khal.model import CompileJob, CrateParts, PlannedEntry, Reporter
+from hatch_khal.nvrtc import OUTPUT_FORMAT as NVRTC_OUTPUT
 from hatch_khal.reads import changed, cover, real_dirs
 from hatch_khal.reads import locations as path_forms
 from hatch_khal.slang.output import ALL_TARGETS, SlangOutput, SlangPlan, normalize_targets
@@ -183,6 +184,7 @@ class SlangLanguage:
                 "headers": [headers.mode, [list(f) for f in headers.fingerprint]],
                 "arch": target,
                 "compiler": [ident.name, ident.version],
+                "nvrtc_output": NVRTC_OUTPUT,
                 "hatch_khal": __version__,
             }))
             jobs.append(CompileJob(crate=prepared.cfg.name, target=target, compiler=compiler.name,

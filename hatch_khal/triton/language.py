@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata, util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,7 +59,9 @@ from hatch_khal.triton import TRITON_REQUIREMENT, TRITON_VERSION, companion, loc
 from hatch_khal.triton.companion import Served
 from hatch_khal.triton.instances import (POINTEE_TYPES, SCALAR_TYPES, TritonArg, TritonInstance, fit, lock_instance,
                                         parse_instances, value_from_json, with_config)
+from hatch_khal.triton.knobs import compile_environment
 from hatch_khal.triton.ptxas import tool_release
+from hatch_khal.triton.reads import TritonReads, content_with_reads
 
 if TYPE_CHECKING:
     from khal_runtime.binaries import BinaryInfo
@@ -74,8 +76,8 @@ __all__ = ["PTXAS", "TRITON", "TRITON_REQUIREMENT", "TRITON_VERSION", "TritonFro
 PTX_FALLBACK_VERSION = 80
 #: the worker's answer as the cache holds it: 2 records the release of the ptxas Triton used per target,
 #: 3 the scratch alignments, 4 the pointers each target's kernel may write, 5 the kernel's parameters,
-#: heuristics and module (#36)
-STAGE_FORMAT = 5
+#: heuristics and module (#36), 6 what the compile read (:mod:`hatch_khal.triton.reads`, #37)
+STAGE_FORMAT = 6
 NOT_APPLICABLE = SpirvStatus(status="not_applicable", reason="Triton source")
 #: the two trailing parameters every Triton kernel takes
 SCRATCH_PARAMS = ("khal_global_scratch", "khal_profile_scratch")
@@ -224,6 +226,8 @@ class TritonPlan:
     modules: tuple[str | None, ...] = ()
     #: a companion crate: the installed library whose modules are its sources
     served: Served | None = None
+    #: the project's root (what the compile read of the project is named relative to)
+    root: Path = Path(".")
 
 
 @dataclass(frozen=True)
@@ -334,6 +338,7 @@ def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, An
     up to ``KHAL_JOBS`` (default: the CPUs) workers, each compiling every instance for its share.
     The first failure kills the other workers."""
     plan = planned.plan
+    crate = planned.cfg.name
     files = [str(f.path) for f in plan.sources.sources]
     targets = [[t, cap, ptx] for t, (cap, ptx) in plan.targets.items()]
     workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(targets)))
@@ -342,19 +347,24 @@ def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, An
     common: dict[str, Any] = {"files": files, "instances": instances,
                                "modules": list(served.modules) if served else [],
                                "allowed": list(served.packages) if served else [],
-                               "served_root": str(served.root) if served else None}
-    env = _worker.environment()
-    env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the author's sources
-    scratch = None
-    if not env.get("TRITON_CACHE_DIR"):
-        # Triton's own cache goes to a folder of this build, not ~/.triton (a build may not write
-        # there); hatch-khal's cache keeps what the build made
-        scratch = tempfile.TemporaryDirectory(prefix="khal-triton-")
-        env["TRITON_CACHE_DIR"] = scratch.name
+                               "served_root": str(served.root) if served else None,
+                               "root": str(plan.root),
+                               "crate_files": sorted({os.path.realpath(f.path) for f in planned.files})}
+    # each worker compiles with a Triton cache and a temporary folder of its own, in a folder of
+    # this build (never the user's TRITON_CACHE_DIR, never ~/.triton: a kernel Triton cached under
+    # a key that misses what hatch-khal's covers would come back stale), and Triton compiles every
+    # kernel afresh; hatch-khal's cache keeps what the build made
+    scratch = tempfile.TemporaryDirectory(prefix="khal-triton-")
     procs = []
     try:
         for n in range(workers):
-            share = {**common, "targets": targets[n::workers]}
+            own = os.path.join(scratch.name, f"worker-{n}")
+            os.makedirs(os.path.join(own, "tmp"))
+            env = _worker.environment()
+            env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the author's sources
+            env.update(TRITON_CACHE_DIR=os.path.join(own, "cache"), TRITON_ALWAYS_COMPILE="1",
+                       TMPDIR=os.path.join(own, "tmp"))
+            share = {**common, "targets": targets[n::workers], "scratch": own}
             with tempfile.TemporaryFile() as request:  # each worker reads its share at once
                 request.write(json.dumps(share).encode())
                 request.seek(0)
@@ -378,13 +388,14 @@ def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, An
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        if scratch is not None:
-            scratch.cleanup()
+        scratch.cleanup()
+    reads = TritonReads.merge(crate, answers)
+    _check_unchanged(planned, reads)
     merged = answers[0]
-    merged["imported"] = sorted({tuple(f) for a in answers for f in a.get("imported", [])})
+    merged["reads"] = reads.as_json()
     for other in answers[1:]:
+        _check_same_kernels(crate, merged, other)
         for mine, theirs in zip(merged["instances"], other["instances"]):
-            assert mine["name"] == theirs["name"] and mine["cache_key"] == theirs["cache_key"]
             if "configs" in mine:
                 for c, d in zip(mine["configs"], theirs["configs"]):
                     c["targets"].update(d["targets"])
@@ -393,17 +404,38 @@ def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, An
     return merged
 
 
-def _imports_changed(answer: dict[str, Any]) -> str | None:
-    """Why a cached Triton output is stale: a module of the project outside the crate, which its
-    sources imported (a constexpr a kernel reads may live there), changed or went. None if not."""
-    for path, digest in answer.get("imported", []):
-        try:
-            data = Path(path).read_bytes()
-        except OSError:
-            return f"{path}, which its sources imported, is gone"
-        if sha256_bytes(data) != digest:
-            return f"{path}, which its sources imported, changed"
-    return None
+def _check_unchanged(planned: TritonPlanned, reads: TritonReads) -> None:
+    """SourceChangedError naming a file of the crate, or a project file its compile read, that
+    changed since it was hashed or read (during a compile, between two workers' imports)."""
+    for f in cover(planned.files):
+        why = changed(f)
+        if why is not None:
+            raise SourceChangedError(f"crate {planned.cfg.name!r}: {f.key} changed while Triton compiled the crate "
+                                     f"({why}); nothing was cached: build again")
+    reads.check_unchanged(planned.cfg.name, planned.plan.root)
+
+
+def _check_same_kernels(crate: str, one: dict[str, Any], other: dict[str, Any]) -> None:
+    """Two workers' answers describe the same kernels (each imported the crate itself): else a
+    source changed between their imports, which :func:`_check_unchanged` names when it can."""
+    mine = [(i["name"], i["cache_key"]) for i in one["instances"]]
+    theirs = [(i["name"], i["cache_key"]) for i in other["instances"]]
+    if mine != theirs:
+        names = sorted({a[0] for a, b in zip(mine, theirs) if a != b} | {n for n, _ in mine[len(theirs):]})
+        raise SourceChangedError(f"crate {crate!r}: the Triton workers compiled different sources of "
+                                 f"{', '.join(names) or 'its kernels'} (a source changed between their imports); "
+                                 "nothing was cached: build again")
+
+
+def _with_reads(p: TritonPlanned, answer: dict[str, Any]) -> TritonPlanned:
+    """The crate once its compile's reads are known: its content hash over them too, and the project
+    files read among its files (its manifest ``sources``)."""
+    reads = TritonReads.from_record(answer["reads"])
+    files = {f.rel: f for f in p.files}
+    for f in reads.files(p.cfg.name, p.plan.root):
+        files.setdefault(f.rel, f)
+    return replace(p, content_hash=content_with_reads(p.content_hash, reads),
+                   files=tuple(files[k] for k in sorted(files)))
 
 
 def _variants(instances: tuple[TritonInstance, ...], by_name: Mapping[str, Any]
@@ -523,9 +555,9 @@ class TritonLanguage:
                               "instance takes num_warps and num_stages (see docs/guide/triton.md)")
         version = triton_version()
         targets = _targets(cfg)
-        # Triton's knobs (TRITON_DEFAULT_FP_FUSION, TRITON_F32_DEFAULT, ...) change what it compiles
-        knobs = {k: v for k, v in sorted(os.environ.items())
-                 if k.startswith("TRITON_") and k not in ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR")}
+        # Triton's knobs (TRITON_DEFAULT_FP_FUSION, TRITON_F32_DEFAULT, ...) and every variable it says
+        # invalidates its cache (DISABLE_LLVM_OPT, ...) change what it compiles
+        knobs = compile_environment(version, _worker.environment())
         # the ptxas releases: Triton writes the newest PTX ISA its ptxas takes, and assembles with it
         ptxas = sorted({ptxas_tool(abi.parse_arch(t).number)[1] for t in targets})
         extra: dict[str, Any] = {}
@@ -539,7 +571,7 @@ class TritonLanguage:
         return Planned(cfg=cfg, language=self, content_hash=content, spirv=NOT_APPLICABLE,
                        files=tuple(sources.all_files), tools={"triton": version},
                        plan=TritonPlan(sources=sources, instances=tuple(instances), targets=targets, triton=version,
-                                       modules=_source_modules(root, cfg, sources), served=served))
+                                       modules=_source_modules(root, cfg, sources), served=served, root=root))
 
     def prepare(self, p: TritonPlanned, cache: Cache, reporter: Reporter) -> TritonPrepared:
         if p.prebuilt_var:
@@ -556,7 +588,7 @@ class TritonLanguage:
             except ValueError:
                 cache.drop(key, f"not the Triton output of crate {p.cfg.name!r}; rebuilding it")
             else:
-                why = _imports_changed(answer)
+                why = TritonReads.from_record(answer["reads"]).stale(p.plan.root) if "reads" in answer else "no reads"
                 if why is not None:
                     reporter.info(f"khal: Triton crate {p.cfg.name!r}: {why}; compiling it again")
                     answer = None
@@ -566,14 +598,10 @@ class TritonLanguage:
                               f"{len(p.plan.targets)} target(s)")
                 start = time.perf_counter()
                 answer = _run_worker(p)
-                for f in cover(p.files):
-                    why = changed(f)
-                    if why is not None:
-                        raise SourceChangedError(f"crate {p.cfg.name!r}: {f.key} changed while Triton compiled "
-                                                 f"the crate ({why}); nothing was cached: build again")
                 cache.store(key, json.dumps(answer).encode(), "")
                 compiled = 1
                 reporter.info(f"khal: compiled Triton crate {p.cfg.name!r} in {time.perf_counter() - start:.2f}s")
+        p = _with_reads(p, answer)
         front = self._entries(p, answer)
         return p.prepared(front, entries=[PlannedEntry(e.name, e.hash) for e in front.entries], compiled=compiled,
                           cached=1 - compiled)

@@ -10,7 +10,9 @@ It reads one JSON request on stdin and writes one JSON answer on stdout:
   the installed modules a companion crate serves (imported by name; ``allowed``: the folders of its
   library, whose @triton.jit helpers the library's pinned version covers; ``served_root``: the
   library's install root, against which its files are named), and the instances (hand-written or
-  from the lock file, :mod:`hatch_khal.triton.instances`);
+  from the lock file, :mod:`hatch_khal.triton.instances`); ``"root"``: the project root, ``"crate_files"``:
+  every file the crate's content hash covers (real paths), ``"scratch"``: the folder of the worker's own
+  files (Triton's cache, the temporary folder);
 * answer: ``{"ok": true, "triton": version, "instances": [{"name", "cache_key", "deps": [file...],
   "arg_names", "params": [TritonParam...], "heuristics": [name...], "source": index in files or
   null, "module": module name or null, "served": [file relative to served_root...],
@@ -35,6 +37,12 @@ the instance (the runtime has no Triton to run the heuristic); an autotuner's co
 only for ``autotune = true``; its host hooks (``reset_to_zero``, ``restore_value``, ``pre_hook`` /
 ``post_hook``, ``prune_configs_by``) only with a rule (``choose``), a config's ``pre_hook`` never.
 
+Everything the worker imports and opens from the start of the crate's import to the end of its
+compiles is recorded by an audit hook (:mod:`hatch_khal.triton.audit`): Triton and the worker's own
+modules are imported before it is armed. Triton compiles every kernel afresh (``TRITON_ALWAYS_COMPILE``,
+a cache folder of the build's own): nothing comes from another build's cache, and every compile's reads
+are seen.
+
 Line info is off (``TRITON_DISABLE_LINE_INFO``): no build-machine path reaches the binaries, and
 the PTX of several instances merges into one module without clashing ``.file`` tables.
 """
@@ -48,6 +56,8 @@ import json
 import os
 import sys
 from typing import Any
+
+from hatch_khal.triton.audit import Audit
 
 
 class _Refused(Exception):
@@ -95,7 +105,6 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
     from hatch_khal.errors import KhalBuildError  # lazy (as above)
     from hatch_khal.triton import kernelinfo  # lazy (as above)
 
-    before = set(sys.modules)
     modules: dict[str, Any] = {}
     for i, path in enumerate(req["files"]):
         sys.path.insert(0, os.path.dirname(path))
@@ -113,8 +122,7 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
             out.append(_instance(triton, ASTSource, GPUTarget, JITFunction, req, modules, files, raw))
     except KhalBuildError as exc:
         raise _Refused(type(exc).__name__, str(exc)) from None
-    return {"ok": True, "triton": triton.__version__, "instances": out,
-            "imported": _imported(set(sys.modules) - before, files)}
+    return {"ok": True, "triton": triton.__version__, "instances": out}
 
 
 def _instance(triton: Any, ast_source: Any, gpu_target: Any, jit: type, req: dict[str, Any],
@@ -132,14 +140,9 @@ def _instance(triton: Any, ast_source: Any, gpu_target: Any, jit: type, req: dic
     args = list(fn.arg_names)
     seen: dict[int, str] = {}
     _deps(fn, jit, seen)
-    # Triton's own (tl.sum, ...) are covered by its version; a companion's library by its pinned version
-    own = (os.path.realpath(os.path.dirname(triton.__file__)) + os.sep, *req.get("allowed", []))
-    outside = sorted({f for f in seen.values()
-                      if os.path.realpath(f) not in files and not os.path.realpath(f).startswith(own)})
-    if outside:
-        raise _Refused("SourceError", f"{inst.where}: kernel {inst.kernel!r} calls @triton.jit functions defined "
-                       f"outside the crate's sources ({', '.join(outside)}): the entry hash could not cover them; "
-                       "add their files to the crate's 'sources'")
+    # a @triton.jit function the kernel calls, at any depth (Triton's cache_key covers its source):
+    # its module's file is among what the compile read (hatch_khal.triton.audit), by the version of
+    # the distribution that installed it or by content in the project; anything else is refused there
     params = kernelinfo.kernel_params(fn, inst.kernel)
     if inst.recorded:
         inst = fit(inst, params)
@@ -382,36 +385,48 @@ def _ptxas_release(capability: int) -> str | None:
     return tool_release(path)
 
 
-def _imported(names: set[str], crate_files: set[str]) -> list[list[str]]:
-    """[path, sha256] of every module file the crate's sources imported that is neither one of
-    them nor installed (under the interpreter's or a site-packages folder): the project's own
-    modules beside the crate, whose constants a kernel may read. A cached build whose files
-    changed is compiled again."""
-    import hashlib  # lazy: the worker's last step
-    import sysconfig  # lazy: the worker's last step
+def _prepare_audit(req: dict[str, Any]) -> Audit:
+    """The audit hook, installed with Triton and the worker's own modules already imported (they are
+    covered by Triton's and hatch-khal's versions), not yet armed."""
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+    # lazy: Triton is imported only here, in the worker process, after its knobs are set
+    import triton  # noqa: F401
+    import triton.backends.compiler  # noqa: F401 - lazy (as above)
+    import triton.compiler  # noqa: F401 - lazy (as above)
+    import triton.runtime.autotuner  # noqa: F401 - lazy (as above)
+    import triton.runtime.jit  # noqa: F401 - lazy (as above)
 
-    roots = {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                                   *sysconfig.get_paths().values()) if p}
-    roots |= {os.path.realpath(p) + os.sep for p in sys.path if p and "-packages" in p}
-    out = []
-    for name in sorted(names):
-        path = getattr(sys.modules.get(name), "__file__", None)
-        if not path or name.startswith("_khal_triton_src_"):
-            continue
-        real = os.path.realpath(path)
-        if real in crate_files or any(real.startswith(r) for r in roots) or not os.path.isfile(real):
-            continue
-        with open(real, "rb") as f:
-            out.append([real, hashlib.sha256(f.read()).hexdigest()])
-    return out
+    import hatch_khal.triton.effects  # noqa: F401 - lazy (as above)
+    import hatch_khal.triton.ptxas  # noqa: F401 - lazy (as above)
+
+    scratch = req.get("scratch")
+    audit = Audit(ignored=(os.path.realpath(scratch), os.path.abspath(scratch)) if scratch else ())
+    audit.install()
+    return audit
+
+
+def _tool_dirs() -> list[str]:
+    """hatch-khal's own packages (the build tool: its version is in every key)."""
+    import hatch_khal  # lazy (as above)
+    import khal_runtime  # lazy (as above)
+
+    return [os.path.realpath(os.path.dirname(m.__file__ or "")) for m in (hatch_khal, khal_runtime)]
 
 
 def main() -> None:
     req = json.loads(sys.stdin.read())
     real_stdout = sys.stdout
     sys.stdout = sys.stderr  # the author's modules may print: only the answer goes to stdout
+    audit = _prepare_audit(req)
+    before = set(sys.modules)
     try:
-        answer = _compile(req)
+        audit.arm()
+        try:
+            answer = _compile(req)
+        finally:
+            audit.disarm()
+        answer["reads"] = audit.facts(req.get("root") or os.getcwd(), list(req.get("crate_files", req["files"])),
+                                      _tool_dirs(), before)
     except _Refused as exc:
         answer = {"ok": False, "kind": exc.kind, "message": str(exc)}
     real_stdout.write(json.dumps(answer))

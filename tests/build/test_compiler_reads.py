@@ -337,3 +337,52 @@ def test_a_build_from_the_project_folder_passes_the_read_check(tmp_path: Path, m
     root = _project(tmp_path / "p", {})
     monkeypatch.chdir(root)
     assert build(root, tmp_path / "cache", jobs=1)[0].compiled == 1
+
+
+# -- (#37) the binary of a plain compile: NVRTC's trace changes sm_100+ code, and 13.0's from run to run --
+
+#: the example's gelu kernels: enough code for the trace to change NVRTC's sm_100 output
+GELU = ("example_shader_pkg", "kernels/core/gelu.cu")
+BLACKWELL_HOOK = 'archs = ["sm_100"]\nptx-arch = "none"\n'
+
+
+def _gelu_project(root: Path) -> Path:
+    from tests.helpers.paths import ROOT
+
+    example = ROOT / GELU[0] / "kernels"
+    files = {"kernels/gelu/gelu.cu": (example / "core" / "gelu.cu").read_text()}
+    for header in (example / "include").iterdir():
+        files[f"kernels/example/{header.name}"] = header.read_text()
+    crate = '[[tool.hatch.build.targets.wheel.hooks.khal.crates]]\nname = "gelu"\nsources = ["kernels/gelu/*.cu"]\n' \
+            'include-dirs = ["kernels/example"]\n'
+    return make_project(root, hook=BLACKWELL_HOOK, crates=crate, files=files)
+
+
+@pytest.mark.needs_nvrtc
+def test_an_sm_100_cubin_is_byte_identical_from_two_directories_and_caches_and_is_nvrtcs_plain_output(
+        tmp_path: Path) -> None:
+    """Two builds of one crate for sm_100, in two directories with two caches: the same bytes, and
+    the bytes of NVRTC's plain compile of the unit (the trace for the reads would change them)."""
+    first, _ = build(_gelu_project(tmp_path / "a" / "proj"), tmp_path / "a" / "cache", jobs=1)
+    second, _ = build(_gelu_project(tmp_path / "b" / "deeper" / "proj"), tmp_path / "b" / "cache", jobs=1)
+    _, files_a = manifest_of(first)
+    _, files_b = manifest_of(second)
+    (name,) = [n for n in files_a if n.endswith(".cubin")]
+    assert files_a[name] == files_b[name]
+
+    captured: list[CompileJob] = []
+    real = nvrtc.compile_listing_reads
+
+    def capture(job: CompileJob) -> CompileOutput:
+        captured.append(job)
+        return real(job)
+
+    root = _gelu_project(tmp_path / "c" / "proj")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nvrtc.NvrtcCompiler, "compile", lambda self, job: capture(job))
+        third, _ = build(root, None, jobs=1)
+    (job,) = captured
+    plain = nvrtc.compile_unit(job.text, job.name, job.target, list(job.options), job.crate).data
+    _, files_c = manifest_of(third)
+    assert files_c[name] == plain
+    assert files_c[name] == files_a[name]

@@ -123,9 +123,12 @@ def _wheel_bytes(proj: Path, out: Path, cache: Path) -> bytes:
 
 
 def test_reproducible_wheels(tmp_path: Path) -> None:
-    """Same inputs, different directories and cold caches: byte-identical wheels."""
-    a = _wheel_bytes(make_project(tmp_path / "a" / "proj"), tmp_path / "a" / "dist", tmp_path / "a" / "cache")
-    b = _wheel_bytes(make_project(tmp_path / "b" / "x" / "proj"), tmp_path / "b" / "dist", tmp_path / "b" / "cache")
+    """Same inputs, different directories and cold caches: byte-identical wheels, Blackwell cubins
+    included (#37: NVRTC's trace changed their code from build to build)."""
+    hook = 'archs = ["sm_90", "sm_100", "sm_120"]\n'
+    a = _wheel_bytes(make_project(tmp_path / "a" / "proj", hook=hook), tmp_path / "a" / "dist", tmp_path / "a" / "cache")
+    b = _wheel_bytes(make_project(tmp_path / "b" / "x" / "proj", hook=hook), tmp_path / "b" / "dist",
+                     tmp_path / "b" / "cache")
     assert hashlib.sha256(a).hexdigest() == hashlib.sha256(b).hexdigest()
 
 
