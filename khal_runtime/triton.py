@@ -73,13 +73,7 @@ from khal_runtime.memo import EPOCH, bump_epoch, register_memo
 _POINTEE_SIZE = {"i1": 1, "i8": 1, "u8": 1, "fp8e4nv": 1, "fp8e5": 1, "i16": 2, "u16": 2, "fp16": 2, "bf16": 2,
                  "i32": 4, "u32": 4, "fp32": 4, "i64": 8, "u64": 8, "fp64": 8}
 
-__all__ = ["DtypeMismatch", "TritonKernel", "device_pointer"]
-
-
-class DtypeMismatch(ArgumentError):
-    """An array of another dtype than a family's pointer type: a family's call raises it before
-    launching, so that the kernel's own call (:mod:`khal_runtime.triton_call`) can look for the
-    variant of that type."""
+__all__ = ["TritonKernel", "device_pointer"]
 
 
 def device_pointer(obj: Any, where: str) -> int:
@@ -327,6 +321,9 @@ class TritonKernel:
         #: pointer types whose address never moves (DeviceBuffer views, CuPy arrays): the memo keeps them
         self._fixed: set[type] = set()
         self._source = ""
+        #: ``check(*args)`` before every launch, ``bind`` and ``chosen`` (set before the first call): the
+        #: family's kernel's @triton.heuristics computing its constexprs (:func:`khal_runtime.triton_call.heuristic_check`)
+        self.heuristic_check: Callable[..., None] | None = None
         #: ``launch(grid, *args, stream=None)``: generated over khal Kernels at the first call (nothing
         #: is generated when a package loads), else the slow path
         self._fast: Callable[..., None] | None = None
@@ -588,7 +585,7 @@ class TritonKernel:
         """Refuse an array of ``dtype`` as pointer argument ``i`` (the family's ArgumentError)."""
         names = _DTYPE_NAMES.get(self.types[i][1:])
         if dtype is not None and names is not None and _dtype_name(dtype) not in names:
-            raise DtypeMismatch(
+            raise ArgumentError(
                 f"{self.name}(): argument {self.arg_names[i]!r} is an array of {_dtype_name(dtype)}, "
                 f"the kernel was built for {self.types[i]} ({names[0]}): build an instance for it "
                 "(a 'matrix' over the type)")
@@ -620,6 +617,8 @@ class TritonKernel:
         """A launch through :meth:`Kernel.launch` with every check; what it accepted (the types and
         dtypes of the pointers, the variant of the assumption bits) the fast call takes from then on.
         With no ``stream=``, a call given torch tensors launches on PyTorch's current stream of their device."""
+        if self.heuristic_check is not None:
+            self.heuristic_check(*args)
         if stream is None:
             stream = self._torch_stream(args)
         values = self._values(args)
@@ -783,7 +782,8 @@ class TritonKernel:
             "        if st is None:", f"            {slow}", "        try:", "            cur = thread.dev",
             "        except AttributeError:", "            cur = -1", "        if cur != st.device_id:",
             f"            {slow}", "    elif stream is None:"]
-        L = [f"def launch(grid, {sig}*more, stream=None):",
+        check = [] if self.heuristic_check is None else [f"    CHECK({allargs})"]
+        L = [f"def launch(grid, {sig}*more, stream=None):", *check,
              *(torch_st or ["    if stream is None:"]), "        try:", "            st = thread.ready",
              "        except AttributeError:",
              "            st = None", "        if st is None:", "            if crate._backend is None:",
@@ -938,7 +938,8 @@ class TritonKernel:
                               "NOMEMO": NOMEMO, "NUMBERS": (int, float), "EMPTY": self._empty, "TORCH": _torch_reader,
                               "STABLE": STABLE_ARRAY_TYPES,
                               "FIXED": self._fixed, "EXTRAS": self._extras, "scratch_ptrs": scratch.pointers,
-                              "NAME": self.name, "TT": TORCH_TENSOR_TYPES, "torch_stream": torch_stream}
+                              "NAME": self.name, "TT": TORCH_TENSOR_TYPES, "torch_stream": torch_stream,
+                              "CHECK": self.heuristic_check}
         for i in self._pointers:
             ns[f"R{i}"], ns[f"D{i}"] = self._readers[i], self._dtypes[i]
         # ``launch(grid, ...)``, and ``launch.make(grid)``: the same body as a closure over one grid
@@ -979,6 +980,8 @@ class TritonKernel:
         """``b = k.bind(*args, stream=None)``, then ``b(grid)``: the arguments checked once (the
         variant chosen, as a call with them would), packed once, and each ``b(grid)`` launches at
         about the cost of a raw launch (a bound launch of the variant, :meth:`Kernel.bind`)."""
+        if self.heuristic_check is not None:
+            self.heuristic_check(*args)
         if stream is None:
             stream = self._torch_stream(args)
         values, chosen = self._known_choice(args, "bind()")
@@ -993,6 +996,8 @@ class TritonKernel:
     def chosen(self, *args: Any) -> str:
         """The entry a call with ``args`` would launch (no launch; of an autotuned family, the config
         chosen for their key values, the rule's or the pinned one)."""
+        if self.heuristic_check is not None:
+            self.heuristic_check(*args)
         return str(self._known_choice(args, "chosen()")[1][2].entry.name)
 
 
