@@ -438,11 +438,11 @@ class CrateKernels:
         can be read at run time)."""
         from khal_runtime import triton_call  # lazy: only crates with heuristics need it at load
 
+        fam: Any
         for fam in self._kernels.values():
             t = fam.entry.triton
             if t.heuristics:
-                fam.heuristic_check = triton_call.heuristic_check(  # type: ignore[union-attr]
-                    fam, self._host(t.module, t.qualname or t.kernel))  # type: ignore[arg-type]
+                fam.heuristic_check = triton_call.heuristic_check(fam, self._host(t.module, t.qualname or t.kernel))
 
     def _host(self, module: str | None, qualname: str) -> Any:
         """The kernel's host object record (shared by its TritonFunction and instance families)."""

@@ -110,11 +110,11 @@ def _print_stats() -> None:
     got = stats()
     if not got:
         return
-    width = max(len(k) for k in got)
-    lines = [f"khal Triton launches (KHAL_TRITON_STATS): {'kernel':<{width}}  exact JIT variant  other  JIT fallback"]
+    width = max(len("kernel"), *(len(k) for k in got))
+    lines = ["khal Triton launches (KHAL_TRITON_STATS=1): the variant the JIT would have compiled, another, the JIT",
+             f"  {'kernel':<{width}}  {'exact':>8}  {'other':>8}  {'JIT':>8}"]
     for k, v in got.items():
-        lines.append(f"  {k:<{width + len('khal Triton launches (KHAL_TRITON_STATS): ') - 2}}  "
-                     f"{v['exact']:>17}  {v['other']:>5}  {v['jit']:>12}")
+        lines.append(f"  {k:<{width}}  {v['exact']:>8}  {v['other']:>8}  {v['jit']:>8}")
     print("\n".join(lines), file=sys.stderr)
 
 
@@ -742,9 +742,10 @@ class TritonFunction:
 
     # -- the slow path: bind, specialise, choose -----------------------------------------------------
 
-    def _bind(self, values: tuple[Any, ...], options: tuple[Any, ...]) -> _Call:
+    def _bind(self, values: tuple[Any, ...], options: tuple[Any, ...], heuristics_done: bool = True) -> _Call:
         """The call's constexprs (canonical), options, each runtime argument's JIT specialisation and
-        type; its key (what the variants of one family share)."""
+        type; its key (what the variants of one family share). ``heuristics_done``: ``values`` hold
+        the heuristics' values already (the generated call computes them)."""
         c = _Call()
         c.values = list(values)
         c.raw_options = tuple(options)
@@ -752,7 +753,7 @@ class TritonFunction:
         for p, v in zip(self.params, values):
             if v is MISSING and not (p.name in heur or (self.tuned and p.constexpr)):
                 self._missing_argument(p.name)
-        if self.heuristics:
+        if self.heuristics and not heuristics_done:
             a = {p.name: v for p, v in zip(self.params, values) if v is not MISSING}
             a.update({o: v for o, v in zip(OPTIONS, options) if v is not None})
             for n, fn in self._heuristic_fns():
@@ -809,15 +810,14 @@ class TritonFunction:
     def _family(self, c: _Call) -> TritonKernel | None:
         """The family of the variants with the call's constexprs, options, types and Nones (made at
         the first call of that key), None when no variant has them."""
-        fam = self._families.get(c.key, MISSING)
-        if fam is not MISSING:
-            return fam  # type: ignore[no-any-return]
+        if c.key in self._families:
+            return self._families[c.key]
         with self._fam_lock:
             match = [v for v in self._prepare() if self._matches(v, c)]
             if match and "*" in c.types.values():  # an address: the first pointer types that match
                 first = match[0].types
                 match = [v for v in match if v.types == first]
-            fam = None
+            fam: TritonKernel | None = None
             if match:
                 jit_checks = frozenset(
                     [(p.name, "1") for p in self.params if not p.constexpr and not p.do_not_specialize
@@ -873,7 +873,7 @@ class TritonFunction:
                 self._bad_keywords({k: v})
             bound[k] = v
         values = tuple(bound.get(p.name, p.default if p.has_default else MISSING) for p in self.params)
-        c = self._bind(values, opts)
+        c = self._bind(values, opts, heuristics_done=False)
         fam = self._family(c)
         if fam is None or not self._fits(fam, c):
             raise self._missing_error(c, fam)
