@@ -72,6 +72,10 @@ STATS_VAR = "KHAL_TRITON_STATS"
 #: the options a call may give, and Triton's defaults for them
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 OPTION_DEFAULTS = (4, 3, 1, None)
+_OPTION_SET = frozenset(OPTIONS)
+_NO_OPTIONS = (None,) * len(OPTIONS)
+#: the options tuples calls gave, one object per value
+_interned: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 #: call shapes remembered per kernel (the generated call checks them in turn)
 SHAPES = 4
 #: a parameter the call did not give (a heuristic's, an autotuned config's, or one missing)
@@ -503,6 +507,8 @@ class TritonFunction:
         self._shapes: list[tuple[Any, ...]] = []
         self._makers: tuple[Callable[[Any], Any], Callable[[Any], Any]] | None = None
         self._grids: dict[Any, Callable[..., None]] = {}
+        #: a call's option keywords (their items) -> the options tuple (:meth:`_options`)
+        self._options_seen: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._source = ""
         #: call keys whose missing variant went to the JIT (said once each)
         self._jitted: set[tuple[Any, ...]] = set()
@@ -631,16 +637,15 @@ class TritonFunction:
                 checked_missing.append(p.name)
             else:
                 sig.append(p.name)
-        head = ", ".join(sig + ["*", "num_warps=None", "num_stages=None", "num_ctas=None", "maxnreg=None",
-                                "stream=None", "**_khal_extra"])
+        # the options come in ``**_khal_kw`` (the cheapest binding of keywords a call rarely gives: no
+        # keyword-only default is looked up when they are not given), as one interned tuple
+        head = ", ".join(sig + ["*", "stream=None", "**_khal_kw"])
         allv = "(" + "".join(f"{p.name}, " for p in params) + ")"
-        opts = "(num_warps, num_stages, num_ctas, maxnreg)"
-        slow = f"return _khal_slow(_khal_grid, {allv}, {opts}, stream)"
-        # the shape: options, then per constexpr (heuristic ones included) its object, per runtime
-        # argument what its kind checks; then the launch function and the branch (which are None)
-        fields: list[str] = []
-        conds = [f"_khal_s[{j}] is {o}" for j, o in enumerate(OPTIONS)]
-        layout: list[tuple[str, str]] = [(o, "option") for o in OPTIONS]
+        slow = f"return _khal_slow(_khal_grid, {allv}, _khal_o, stream)"
+        # the shape: the options' tuple (None: none given), then per constexpr (heuristic ones included)
+        # its object, per runtime argument what its kind checks; then the launch function and the branch
+        conds = ["_khal_s[0] is _khal_o"]
+        layout: list[tuple[str, str]] = [("", "options")]
         for p in params:
             n = p.name
             j = len(layout)
@@ -674,7 +679,9 @@ class TritonFunction:
         branches = sorted({tuple(n for n in (p.name for p in params if not p.constexpr) if v.types[n] != "none")
                            for v in self._prepare()})
         self._branches = branches
-        body: list[str] = ["        if _khal_extra:", "            return _khal_bad(_khal_extra)"]
+        body: list[str] = ["        if _khal_kw:", "            try:", "                _khal_o = _khal_OPTS[tuple(_khal_kw.items())]",
+                           "            except (KeyError, TypeError):", "                _khal_o = _khal_opts(_khal_kw)",
+                           "        else:", "            _khal_o = None"]
         for n in checked_missing:
             body += [f"        if {n} is _khal_M:", f"            return _khal_need({n!r})"]
         if self.heuristics:
@@ -683,8 +690,8 @@ class TritonFunction:
             for n in (p.name for p in params if p.name in heur or (self.tuned and p.constexpr) or
                       p.name in checked_missing):
                 body += [f"        if {n} is _khal_M:", f"            del _khal_a[{n!r}]"]
-            for o in OPTIONS:
-                body += [f"        if {o} is not None:", f"            _khal_a[{o!r}] = {o}"]
+            body += ["        if _khal_o is not None:", "            for _khal_n, _khal_v in zip(_khal_ON, _khal_o):",
+                     "                if _khal_v is not None:", "                    _khal_a[_khal_n] = _khal_v"]
             body += ["        for _khal_n, _khal_f in _khal_heur():", "            _khal_a[_khal_n] = _khal_f(_khal_a)"]
             body += [f"        {n} = _khal_a[{n!r}]" for n in self.heuristics if n in {p.name for p in params}]
         hit = " and ".join(conds)
@@ -714,7 +721,8 @@ class TritonFunction:
             src += [f"def {maker}(_khal_grid):", f"    def {fname}({head}):", *body, *grid_lines, *tail,
                     f"    return {fname}", "", ""]
         ns: dict[str, Any] = {**defaults, "_khal_M": MISSING, "_khal_S": self._shapes, "_khal_slow": self._slow,
-                              "_khal_bad": self._bad_keywords, "_khal_need": self._missing_argument,
+                              "_khal_OPTS": self._options_seen, "_khal_opts": self._options, "_khal_ON": OPTIONS,
+                              "_khal_need": self._missing_argument,
                               "_khal_RETRY": (ArgumentError, TritonAssumptionError), "_khal_tc": _type_code,
                               "_khal_heur": self._heuristic_fns}
         self._source = "\n".join(src)
@@ -728,6 +736,21 @@ class TritonFunction:
     def _signature_text(self) -> str:
         ps = [f"{p.name}{' (constexpr)' if p.constexpr else ''}" for p in self.params]
         return f"{', '.join(ps)}; options num_warps, num_stages, num_ctas, maxnreg; stream"
+
+    def _options(self, kw: dict[str, Any]) -> tuple[Any, ...]:
+        """The options a call's keywords give, (num_warps, num_stages, num_ctas, maxnreg) as given
+        (None: not given), one object per value (the generated call compares it by identity); a
+        keyword that is not an option is the named error."""
+        if not kw.keys() <= _OPTION_SET:
+            self._bad_keywords({k: v for k, v in kw.items() if k not in _OPTION_SET})
+        raw = tuple(kw.get(o) for o in OPTIONS)
+        try:
+            raw = _interned.setdefault(raw, raw)
+            if len(self._options_seen) < 64:
+                self._options_seen[tuple(kw.items())] = raw
+        except TypeError:  # an unhashable value: the slow path names it
+            pass
+        return raw
 
     def _bad_keywords(self, extra: dict[str, Any]) -> None:
         names = ", ".join(repr(k) for k in extra)
@@ -748,7 +771,7 @@ class TritonFunction:
         the heuristics' values already (the generated call computes them)."""
         c = _Call()
         c.values = list(values)
-        c.raw_options = tuple(options)
+        c.raw_options = options
         heur = set(self.heuristics)
         for p, v in zip(self.params, values):
             if v is MISSING and not (p.name in heur or (self.tuned and p.constexpr)):
@@ -849,8 +872,8 @@ class TritonFunction:
         bits = fam._bits(values)
         return any(mask & bits == mask for mask, _ in fam._masks)
 
-    def _slow(self, grid: Any, values: tuple[Any, ...], options: tuple[Any, ...], stream: Any) -> None:
-        c = self._bind(values, options)
+    def _slow(self, grid: Any, values: tuple[Any, ...], options: tuple[Any, ...] | None, stream: Any) -> None:
+        c = self._bind(values, options or _NO_OPTIONS)
         fam = self._family(c)
         if fam is None or not self._fits(fam, c):
             return self._not_built(grid, c, fam, stream)
@@ -896,9 +919,9 @@ class TritonFunction:
         shape: list[Any] = []
         for name, what in self._layout:
             i = self._index(name)
-            v = c.values[i] if what != "option" else None
-            if what == "option":
-                shape.append(c.raw_options[OPTIONS.index(name)])
+            v = c.values[i] if what != "options" else None
+            if what == "options":
+                shape.append(None if c.raw_options is _NO_OPTIONS else c.raw_options)
             elif what == "const":
                 shape.append(v)
             elif what == "none":
