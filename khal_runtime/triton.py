@@ -114,6 +114,8 @@ TUNE_LAUNCHES = 5
 CONFIG_VAR = "KHAL_TRITON_CONFIG"
 #: a slot field no argument is identical to
 NOMEMO = object()
+#: one family's state made at a time (:meth:`TritonKernel.__getattr__`)
+_SETUP_LOCK = threading.RLock()
 
 
 class _ThreadOwner:
@@ -250,9 +252,36 @@ class TritonKernel:
                  jit_checks: frozenset[tuple[str, str]] | None = None) -> None:
         """``jit_checks``: the assumptions (argument name, ``"16"`` or ``"1"``) Triton's JIT would make
         of the kernel's arguments where they hold (not of a ``do_not_specialize`` one): a call then
-        launches the variant making exactly those that hold, when built, before the most specialised."""
+        launches the variant making exactly those that hold, when built, before the most specialised.
+
+        The rest of the family's state is made at its first use (:meth:`__getattr__`): a package of
+        many families loads without it."""
         self.name = name
         self.crate = crate
+        self._init_args = (variants, jit_checks)
+        if os.environ.get(CONFIG_VAR, "").strip():  # a pin is checked when the package loads
+            self._fast  # noqa: B018
+
+    def __getattr__(self, attr: str) -> Any:
+        """An attribute of the family's state, made now (:meth:`_setup`) if it was not yet."""
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        d = self.__dict__
+        with _SETUP_LOCK:
+            args = d.pop("_init_args", None)
+            if args is not None:
+                try:
+                    self._setup(*args)
+                except BaseException:
+                    d["_init_args"] = args
+                    raise
+        try:
+            return d[attr]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}") from None
+
+    def _setup(self, variants: list[Any], jit_checks: frozenset[tuple[str, str]] | None) -> None:
+        name, crate = self.name, self.crate
         #: most assumptions first: the as-written instance, then its conservative twin
         self.variants = sorted(variants, key=lambda k: -len(k.entry.triton.divisible) - len(k.entry.triton.ones))
         first = self.variants[0].entry
@@ -323,7 +352,8 @@ class TritonKernel:
         self._source = ""
         #: ``check(*args)`` before every launch, ``bind`` and ``chosen`` (set before the first call): the
         #: family's kernel's @triton.heuristics computing its constexprs (:func:`khal_runtime.triton_call.heuristic_check`)
-        self.heuristic_check: Callable[..., None] | None = None
+        self.__dict__.setdefault("heuristic_check", None)
+        self.heuristic_check: Callable[..., None] | None
         #: ``launch(grid, *args, stream=None)``: generated over khal Kernels at the first call (nothing
         #: is generated when a package loads), else the slow path
         self._fast: Callable[..., None] | None = None

@@ -951,7 +951,7 @@ class TritonFunction:
             variant = fam._known_choice(tuple(c.runtime), "stats")[1][2]
         except KhalError:
             return
-        vspec = fam.jit_specs.get(id(variant))  # type: ignore[attr-defined]
+        vspec = fam.jit_specs.get(id(variant))
         cspec = tuple(c.spec[p.name] for p in self.params if not p.constexpr)
         exact = vspec is not None and all(a == b or (b[0] == "*" and a[0].startswith("*") and a[1] == b[1])
                                           for a, b in zip(vspec, cspec))
