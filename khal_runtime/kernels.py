@@ -436,22 +436,22 @@ class CrateKernels:
         """Instance families of a kernel with ``@triton.heuristics``: each call checks that the
         heuristics compute the values its variants were compiled with (where the kernel's module
         can be read at run time)."""
-        from khal_runtime import triton_call  # lazy: only crates with heuristics need it at load
+        from khal_runtime.triton_host import heuristic_check  # lazy: only crates with heuristics need it at load
 
         fam: Any
         for fam in self._kernels.values():
             t = fam.entry.triton
             if t.heuristics:
-                fam.heuristic_check = triton_call.heuristic_check(fam, self._host(t.module, t.qualname or t.kernel))
+                fam.heuristic_check = heuristic_check(fam, self._host(t.module, t.qualname or t.kernel))
 
     def _host(self, module: str | None, qualname: str) -> Any:
         """The kernel's host object record (shared by its TritonFunction and instance families)."""
-        from khal_runtime import triton_call  # lazy: as above
+        from khal_runtime.triton_host import Host  # lazy: as above
 
         hosts = self.__dict__.setdefault("_hosts", {})
         h = hosts.get((module, qualname))
         if h is None:
-            h = hosts[(module, qualname)] = triton_call._Host(module, qualname)
+            h = hosts[(module, qualname)] = Host(module, qualname)
         return h
 
     def function(self, name: str) -> Any:
@@ -475,7 +475,6 @@ class CrateKernels:
             from khal_runtime.triton_call import TritonFunction  # lazy: as above
 
             f = TritonFunction(self, name, entries)
-            t = entries[0].entry.triton
             f._host = self._host(f.module, f.qualname or name)
             funcs[name] = f
         return f

@@ -40,15 +40,10 @@ specialisation and the others (:func:`stats`; a table on stderr at exit). Off by
 from __future__ import annotations
 
 import atexit
-import importlib
-import importlib.util
-import json
-import math
 import os
 import re
 import sys
 import threading
-import types
 import warnings
 from typing import Any, Callable, Iterable
 
@@ -56,17 +51,15 @@ from khal_runtime.abi import env_flag
 from khal_runtime.errors import (ArgumentError, KhalError, TritonAssumptionError, TritonJitFallbackWarning,
                                  TritonMissingVariantError)
 from khal_runtime.generated import define
-from khal_runtime.manifest import TritonDtype
 from khal_runtime.triton import TritonKernel
+from khal_runtime.triton_host import MISSING, Heuristic, Host
+from khal_runtime.triton_record import append_record, canon, lock_table, show, uncanon
 from khal_runtime.triton_spec import SpecError, as_index, int_type, pointer_type, specialize_param, spelling
 
-__all__ = ["FALLBACK_VAR", "RECORD_VAR", "STATS_VAR", "TritonFunction", "heuristic_check", "lock_table", "stats"]
+__all__ = ["FALLBACK_VAR", "STATS_VAR", "TritonFunction", "group_functions", "stats"]
 
 #: ``KHAL_TRITON_JIT_FALLBACK``: a call no variant covers goes to Triton's JIT (on / off: overrides the crate's option)
 FALLBACK_VAR = "KHAL_TRITON_JIT_FALLBACK"
-#: ``KHAL_TRITON_RECORD``: where the JIT fallback appends the variants it compiled (lock format)
-RECORD_VAR = "KHAL_TRITON_RECORD"
-RECORD_DEFAULT = "khal-triton.missing.lock"
 #: ``KHAL_TRITON_STATS``: count exact-JIT-specialisation launches per kernel
 STATS_VAR = "KHAL_TRITON_STATS"
 #: the options a call may give, and Triton's defaults for them
@@ -78,8 +71,6 @@ _NO_OPTIONS = (None,) * len(OPTIONS)
 _interned: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 #: call shapes remembered per kernel (the generated call checks them in turn)
 SHAPES = 4
-#: a parameter the call did not give (a heuristic's, an autotuned config's, or one missing)
-MISSING: Any = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
 #: a shape slot's field no argument is
 _NOMATCH: Any = type("NoMatch", (), {"__repr__": lambda self: "<empty>"})()
 
@@ -87,7 +78,6 @@ _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _INT_RANGES = {"i32": (_I32_MIN, _I32_MAX, True), "i64": (-(1 << 63), (1 << 63) - 1, False),
                "u64": (1 << 63, (1 << 64) - 1, True)}
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
 
 # -- counting (KHAL_TRITON_STATS) -----------------------------------------------------------------
 
@@ -124,268 +114,6 @@ def _print_stats() -> None:
 
 if _STATS_ON:
     atexit.register(_print_stats)
-
-
-# -- constexpr values ------------------------------------------------------------------------------
-
-def canon(v: Any) -> Any:
-    """A constexpr's value as a key: equal for the values Triton's JIT compiles alike, apart for the
-    others (``True`` / ``1`` / ``1.0``; an int and a NumPy int are alike; a ``tl.dtype`` and the
-    manifest's :class:`~khal_runtime.manifest.TritonDtype` of its name are alike)."""
-    t = type(v)
-    if t is int or v is None or t is str:
-        return v
-    if t is bool:
-        return (bool, v)
-    if t is float:
-        return (float, v)
-    if t is TritonDtype:
-        return ("dtype", v.dtype)
-    if t.__name__ == "constexpr" and hasattr(v, "value"):  # tl.constexpr(x)
-        return canon(v.value)
-    name = getattr(v, "name", None)
-    if isinstance(name, str) and (t.__name__ == "dtype" or "dtype" in (c.__name__ for c in t.__mro__)):
-        return ("dtype", name)  # a tl.dtype (Triton's, or the stand-in's)
-    if isinstance(v, bool):
-        return (bool, bool(v))
-    if isinstance(v, int):
-        return int(v)
-    if isinstance(v, float):
-        return (float, float(v))
-    item = getattr(v, "item", None)  # a NumPy scalar
-    if callable(item) and getattr(v, "shape", None) == ():
-        try:
-            return canon(item())
-        except Exception:  # noqa: BLE001 - not a scalar after all
-            pass
-    return ("object", repr(v))
-
-
-def _uncanon(c: Any) -> Any:
-    """A canonical value back as the lock file / a message writes it (a ConstValue)."""
-    if type(c) is tuple:
-        if c[0] is bool or c[0] is float:
-            return c[1]
-        if c[0] == "dtype":
-            return TritonDtype(dtype=c[1])
-        return c[1]
-    return c
-
-
-def _show(v: Any) -> str:
-    v = _uncanon(v)
-    if type(v) is TritonDtype:
-        return f"tl.{v.dtype}"
-    return repr(v)
-
-
-# -- the lock file's spelling ----------------------------------------------------------------------
-
-def _toml_key(k: str) -> str:
-    return k if _BARE_KEY.match(k) else json.dumps(k)
-
-
-def _toml_value(v: Any) -> str:
-    if type(v) is TritonDtype:
-        return f"{{ dtype = {json.dumps(v.dtype)} }}"
-    if v is None:
-        return "{ none = true }"
-    if type(v) is bool:
-        return "true" if v else "false"
-    if type(v) is int:
-        return str(v)
-    if type(v) is float:
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    return json.dumps(str(v))
-
-
-def _inline(d: dict[str, Any], raw: bool = False) -> str:
-    if not d:
-        return "{}"
-    return "{ " + ", ".join(f"{_toml_key(k)} = {json.dumps(v) if raw else _toml_value(v)}" for k, v in d.items()) + " }"
-
-
-def lock_table(crate: str, kernel: str, args: dict[str, str], constexprs: dict[str, Any],
-               options: tuple[Any, ...] | None, *, module: str | None = None, config: int | None = None) -> str:
-    """One ``[[variant]]`` table of the lock file (notes/triton-jit.md): ``args`` in the lock's
-    spelling, ``constexprs`` ConstValues, ``options`` (num_warps, num_stages, num_ctas, maxnreg)."""
-    lines = ["[[variant]]", f"crate = {json.dumps(crate)}", f"kernel = {json.dumps(kernel)}"]
-    if module:
-        lines.append(f"module = {json.dumps(module)}")
-    lines.append(f"args = {_inline(args, raw=True)}")
-    lines.append(f"constexprs = {_inline(constexprs)}")
-    if options is not None:
-        nw, ns, nc, mr = options
-        lines += [f"num_warps = {nw}", f"num_stages = {ns}"]
-        if nc not in (None, 1):
-            lines.append(f"num_ctas = {nc}")
-        if mr is not None:
-            lines.append(f"maxnreg = {mr}")
-    if config is not None:
-        lines.append(f"config = {config}")
-    return "\n".join(lines) + "\n"
-
-
-_record_lock = threading.Lock()
-
-
-def _append_record(text: str) -> str:
-    """Append lock tables to the record file (``KHAL_TRITON_RECORD``, default
-    ``khal-triton.missing.lock`` here), made with the lock's ``version = 1`` first; its path."""
-    path = os.environ.get(RECORD_VAR) or RECORD_DEFAULT
-    with _record_lock:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write("# Variants Triton's JIT compiled for calls the package's build does not cover (khal's JIT\n"
-                        "# fallback); merge into khal-triton.lock (python -m hatch_khal triton record) and rebuild.\n"
-                        "version = 1\n")
-        with open(path, "a", encoding="utf-8") as f:
-            f.write("\n" + text)
-    return path
-
-
-# -- the host object: heuristics, the JIT ----------------------------------------------------------
-
-def unwrap_host(obj: Any) -> tuple[list[tuple[str, Callable[[dict[str, Any]], Any]]], Any, Any]:
-    """(the heuristics, outermost first, as (constexpr, function of the args dict); the autotuner or
-    None; the JIT function) of a kernel's module global: real Triton's ``Heuristics`` /
-    ``Autotuner`` / ``JITFunction``, or the stand-in's (the same attribute names: ``values``,
-    ``configs``, ``fn``)."""
-    heur: list[tuple[str, Callable[[dict[str, Any]], Any]]] = []
-    tuner = None
-    o = obj
-    for _ in range(32):
-        values = getattr(o, "values", None)
-        if isinstance(values, dict):
-            heur.extend(values.items())
-        elif getattr(o, "configs", None) is not None and tuner is None:
-            tuner = o
-        fn = getattr(o, "fn", None)
-        if fn is None or isinstance(fn, types.FunctionType):
-            return heur, tuner, o
-        o = fn
-    return heur, tuner, o
-
-
-def _is_real_triton(obj: Any) -> bool:
-    mod = getattr(type(obj), "__module__", "") or ""
-    return mod == "triton" or mod.startswith("triton.")
-
-
-class _Host:
-    """Where a kernel's heuristics (and its JIT, for the fallback) come from: the object
-    :meth:`TritonFunction.adopt_host` was given, else the kernel's module's global, imported at the
-    first need (``TritonFacts.module`` / ``qualname``)."""
-
-    def __init__(self, module: str | None, qualname: str) -> None:
-        self.module, self.qualname = module, qualname
-        self.obj: Any = None
-        self._heur: list[tuple[str, Callable[[dict[str, Any]], Any]]] | None = None
-        self._error: str | None = None
-
-    def adopt(self, obj: Any) -> None:
-        self.obj, self._heur, self._error = obj, None, None
-
-    def imported(self) -> Any:
-        """The kernel's module global (its original object when the module holds a TritonFunction);
-        raises ImportError / AttributeError."""
-        if not self.module:
-            raise ImportError("the build recorded no module the kernel can be imported from")
-        o: Any = importlib.import_module(self.module)
-        for part in self.qualname.split("."):
-            o = getattr(o, part)
-        if isinstance(o, TritonFunction):
-            o = o.host
-            if o is None:
-                raise ImportError(f"{self.module}.{self.qualname} is khal's TritonFunction with no original adopted")
-        return o
-
-    def heuristics(self, wanted: tuple[str, ...], who: str) -> list[tuple[str, Callable[[dict[str, Any]], Any]]]:
-        """The heuristics computing ``wanted``; a named KhalError when they cannot be read."""
-        if self._heur is not None:
-            return self._heur
-        if self._error is not None:
-            raise KhalError(self._error)
-        obj = self.obj
-        if obj is None:
-            try:
-                obj = self.imported()
-            except Exception as exc:  # noqa: BLE001 - any failure importing the user's module is reported by name
-                self._error = (
-                    f"{who}: its @triton.heuristics compute {', '.join(wanted)} at each call, from the kernel's "
-                    f"module, which cannot be read here: {type(exc).__name__}: {exc} (module "
-                    f"{self.module or '(none recorded)'}, {self.qualname}). Import the module once with Triton, or "
-                    "khal's stand-in, available (a companion package installs it), or give the kernel's original "
-                    "object: kernels.<kernel>.adopt_host(obj)")
-                raise KhalError(self._error) from None
-        heur, _, _ = unwrap_host(obj)
-        have = [n for n, _ in heur]
-        lost = [n for n in wanted if n not in have]
-        if lost:
-            raise KhalError(f"{who}: the build recorded heuristics for {', '.join(lost)}, which the kernel's "
-                            f"@triton.heuristics ({', '.join(have) or 'none'}) do not compute: rebuild the package")
-        self._heur = heur
-        return heur
-
-    def try_heuristics(self, wanted: tuple[str, ...], who: str) -> list[tuple[str, Callable[[dict[str, Any]], Any]]] | None:
-        try:
-            return self.heuristics(wanted, who)
-        except KhalError:
-            return None
-
-    def jit(self) -> Any:
-        """Triton's own kernel object (real Triton), or None where Triton or the module is not there."""
-        if self.obj is not None and _is_real_triton(self.obj):
-            return self.obj
-        if importlib.util.find_spec("triton") is None:
-            return None
-        try:
-            o = self.imported()
-        except Exception:  # noqa: BLE001 - not importable: no fallback
-            return None
-        return o if _is_real_triton(o) else None
-
-
-def heuristic_check(family: TritonKernel, host: _Host) -> Callable[..., None] | None:
-    """For an instance family whose kernel has ``@triton.heuristics``: a check the family's call
-    makes of its arguments that each heuristic computes the value its variants were compiled with
-    (a family has one set of constexprs), else :class:`~khal_runtime.errors.TritonAssumptionError`
-    (before, a call breaking the premise ran the variant compiled for it, an ``EVEN = true`` twin
-    unmasked over a ragged tail). Without the kernel's module (no Triton, no stand-in) it checks nothing."""
-    facts = family.variants[0].entry.triton
-    wanted = tuple(facts.heuristics)
-    if not wanted or family.tuned:
-        return None
-    names = family.arg_names
-    compiled = {n: facts.constexprs[n] for n in wanted if n in facts.constexprs}
-    consts = dict(facts.constexprs)
-    state: list[Any] = [None]  # the heuristics, once read ([] when they cannot be)
-
-    def check(*args: Any) -> None:
-        heur = state[0]
-        if heur is None:
-            heur = state[0] = host.try_heuristics(wanted, family.name) or []
-        if not heur or len(args) != len(names) or any(a is MISSING for a in args):
-            return
-        d = {**consts, **dict(zip(names, args))}
-        for n, fn in heur:
-            d[n] = v = fn(d)
-            if n in compiled and canon(v) != canon(compiled[n]):
-                raise TritonAssumptionError(
-                    f"{family.name}: the kernel's @triton.heuristics compute {n} = {_show(canon(v))} for this call, "
-                    f"and every variant of the instance was compiled with {n} = {_show(canon(compiled[n]))} (it would "
-                    f"run code for another premise). Call the kernel's own launcher (kernels.{facts.qualname or facts.kernel}"
-                    f"[grid](...): it picks the variant by the heuristic), or build an instance with {n} = "
-                    f"{_show(canon(v))}")
-    return check
 
 
 # -- the kernel's own call -------------------------------------------------------------------------
@@ -430,7 +158,7 @@ class _Variant:
         for p in params:
             if p.constexpr:
                 if p.name in self.cx:
-                    parts.append(f"{p.name}={_show(self.cx[p.name])}")
+                    parts.append(f"{p.name}={show(self.cx[p.name])}")
             elif self.types[p.name] == "none":
                 parts.append(f"{p.name}=None")
             else:
@@ -498,7 +226,7 @@ class TritonFunction:
         self.kernels = list(variants)
         self.tuned = any(k.entry.triton.config is not None for k in variants)
         self.heuristics: tuple[str, ...] = tuple(first.heuristics)
-        self._host = _Host(self.module, self.qualname or name)
+        self._host = Host(self.module, self.qualname or name)
         self._variants: list[_Variant] | None = None
         #: call key -> the family launching it (None: no variant covers it)
         self._families: dict[tuple[Any, ...], TritonKernel | None] = {}
@@ -760,7 +488,7 @@ class TritonFunction:
     def _missing_argument(self, name: str) -> None:
         raise ArgumentError(f"{self.name}[grid](): missing argument {name!r}; the kernel takes {self._signature_text()}")
 
-    def _heuristic_fns(self) -> list[tuple[str, Callable[[dict[str, Any]], Any]]]:
+    def _heuristic_fns(self) -> list[Heuristic]:
         return self._host.heuristics(self.heuristics, self.name)
 
     # -- the slow path: bind, specialise, choose -----------------------------------------------------
@@ -980,7 +708,7 @@ class TritonFunction:
                 "(inside `with torch.cuda.stream(s):`)."))
         if c.key not in self._jitted:
             self._jitted.add(c.key)
-            path = _append_record("".join(self._lock_tables(c)))
+            path = append_record("".join(self._lock_tables(c)))
             warnings.warn(f"{self.crate}.{self.name}: no built variant covers {self._call_text(c)}; Triton's JIT "
                           f"compiles it (recorded in {path} for the next build)", TritonJitFallbackWarning, stacklevel=4)
         heur = set(self.heuristics)
@@ -996,7 +724,7 @@ class TritonFunction:
         for p in self.params:
             if p.constexpr:
                 cv = c.cx.get(p.name, MISSING)
-                parts.append(f"{p.name}=" + ("(config)" if cv is MISSING else _show(cv)))
+                parts.append(f"{p.name}=" + ("(config)" if cv is MISSING else show(cv)))
             else:
                 s = c.spec[p.name]
                 parts.append(f"{p.name}=None" if s == ("constexpr", None) else
@@ -1020,7 +748,7 @@ class TritonFunction:
                 ty = next((v.types[p.name] for v in self._prepare() if v.types[p.name].startswith("*")), "*i8")
                 s = (ty, s[1])
             args[p.name] = spelling(s, c.types[p.name] if c.types[p.name] in _INT_RANGES else "i32")
-        cx = {n: _uncanon(v) for n, v in c.cx.items() if v is not MISSING}
+        cx = {n: uncanon(v) for n, v in c.cx.items() if v is not MISSING}
         companion = getattr(getattr(self._ck.crate, "triton", None), "serves", None) is not None
         module = self.module if companion else None
         kernel = self.qualname or self.name
@@ -1032,7 +760,7 @@ class TritonFunction:
             if v.config is not None:
                 configs.setdefault(v.config, v)
         for j, v in sorted(configs.items()):
-            own = {n: _uncanon(x) for n, x in v.cx.items() if c.cx.get(n) is MISSING}
+            own = {n: uncanon(x) for n, x in v.cx.items() if c.cx.get(n) is MISSING}
             out.append(lock_table(self.crate, kernel, args, {**cx, **own}, v.options, module=module, config=j))
         return out
 
