@@ -235,8 +235,8 @@ class TritonFunction:
         self._shapes: list[tuple[Any, ...]] = []
         self._makers: tuple[Callable[[Any], Any], Callable[[Any], Any]] | None = None
         self._grids: dict[Any, Callable[..., None]] = {}
-        #: a call's option keywords (their items) -> the options tuple (:meth:`_options`)
-        self._options_seen: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        #: the option keywords of the last call that gave some, and their options tuple (:meth:`_options`)
+        self._options_last: list[Any] = [_NOMATCH, None]
         self._source = ""
         #: call keys whose missing variant went to the JIT (said once each)
         self._jitted: set[tuple[Any, ...]] = set()
@@ -407,8 +407,10 @@ class TritonFunction:
         branches = sorted({tuple(n for n in (p.name for p in params if not p.constexpr) if v.types[n] != "none")
                            for v in self._prepare()})
         self._branches = branches
-        body: list[str] = ["        if _khal_kw:", "            try:", "                _khal_o = _khal_OPTS[tuple(_khal_kw.items())]",
-                           "            except (KeyError, TypeError):", "                _khal_o = _khal_opts(_khal_kw)",
+        # (the options of the last call that gave some, compared as a dict: one comparison when they repeat)
+        body: list[str] = ["        if _khal_kw:", "            if _khal_kw == (_khal_c := _khal_LAST)[0]:",
+                           "                _khal_o = _khal_c[1]", "            else:",
+                           "                _khal_o = _khal_opts(_khal_kw)",
                            "        else:", "            _khal_o = None"]
         for n in checked_missing:
             body += [f"        if {n} is _khal_M:", f"            return _khal_need({n!r})"]
@@ -449,7 +451,7 @@ class TritonFunction:
             src += [f"def {maker}(_khal_grid):", f"    def {fname}({head}):", *body, *grid_lines, *tail,
                     f"    return {fname}", "", ""]
         ns: dict[str, Any] = {**defaults, "_khal_M": MISSING, "_khal_S": self._shapes, "_khal_slow": self._slow,
-                              "_khal_OPTS": self._options_seen, "_khal_opts": self._options, "_khal_ON": OPTIONS,
+                              "_khal_LAST": self._options_last, "_khal_opts": self._options, "_khal_ON": OPTIONS,
                               "_khal_need": self._missing_argument,
                               "_khal_RETRY": (ArgumentError, TritonAssumptionError), "_khal_tc": _type_code,
                               "_khal_heur": self._heuristic_fns}
@@ -473,11 +475,12 @@ class TritonFunction:
             self._bad_keywords({k: v for k, v in kw.items() if k not in _OPTION_SET})
         raw = tuple(kw.get(o) for o in OPTIONS)
         try:
+            if len(_interned) >= 1024:
+                _interned.clear()
             raw = _interned.setdefault(raw, raw)
-            if len(self._options_seen) < 64:
-                self._options_seen[tuple(kw.items())] = raw
         except TypeError:  # an unhashable value: the slow path names it
-            pass
+            return raw
+        self._options_last[:] = [dict(kw), raw]
         return raw
 
     def _bad_keywords(self, extra: dict[str, Any]) -> None:
