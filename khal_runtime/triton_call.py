@@ -422,7 +422,9 @@ class TritonFunction:
                 body += [f"        if {n} is _khal_M:", f"            del _khal_a[{n!r}]"]
             body += ["        if _khal_o is not None:", "            for _khal_n, _khal_v in zip(_khal_ON, _khal_o):",
                      "                if _khal_v is not None:", "                    _khal_a[_khal_n] = _khal_v"]
-            body += ["        for _khal_n, _khal_f in _khal_heur():", "            _khal_a[_khal_n] = _khal_f(_khal_a)"]
+            body += ["        for _khal_n, _khal_f in _khal_heur():", "            try:",
+                     "                _khal_a[_khal_n] = _khal_f(_khal_a)", "            except KeyError as _khal_e:",
+                     "                _khal_hkey(_khal_n, _khal_e)"]
             body += [f"        {n} = _khal_a[{n!r}]" for n in self.heuristics if n in {p.name for p in params}]
         hit = " and ".join(conds)
         for j in range(SHAPES):  # (an empty slot's fields are none of the call's: its first test fails)
@@ -454,7 +456,7 @@ class TritonFunction:
                               "_khal_LAST": self._options_last, "_khal_opts": self._options, "_khal_ON": OPTIONS,
                               "_khal_need": self._missing_argument,
                               "_khal_RETRY": (ArgumentError, TritonAssumptionError), "_khal_tc": _type_code,
-                              "_khal_heur": self._heuristic_fns}
+                              "_khal_heur": self._heuristic_fns, "_khal_hkey": self._heuristic_key}
         self._source = "\n".join(src)
         plain = define(self._source, f"triton kernel {self.name}", ns, "plain")
         callable_grid = ns.pop("callable_grid")
@@ -491,6 +493,13 @@ class TritonFunction:
     def _missing_argument(self, name: str) -> None:
         raise ArgumentError(f"{self.name}[grid](): missing argument {name!r}; the kernel takes {self._signature_text()}")
 
+    def _heuristic_key(self, name: str, exc: KeyError) -> None:
+        """A heuristic read an argument the call does not have: the named error."""
+        tuned = (" (a heuristic under @triton.autotune reading a value a config sets is not supported: the "
+                 "run time computes the heuristics from the call's own arguments)") if self.tuned else ""
+        raise ArgumentError(f"{self.name}[grid](): the kernel's @triton.heuristics for {name} read {exc}, which the call "
+                            f"does not give{tuned}; the kernel takes {self._signature_text()}") from None
+
     def _heuristic_fns(self) -> list[Heuristic]:
         return self._host.heuristics(self.heuristics, self.name)
 
@@ -511,7 +520,10 @@ class TritonFunction:
             a = {p.name: v for p, v in zip(self.params, values) if v is not MISSING}
             a.update({o: v for o, v in zip(OPTIONS, options) if v is not None})
             for n, fn in self._heuristic_fns():
-                a[n] = fn(a)
+                try:
+                    a[n] = fn(a)
+                except KeyError as exc:
+                    self._heuristic_key(n, exc)
             c.values = [a.get(p.name, v) if p.name in heur else v for p, v in zip(self.params, values)]
         if self.tuned:
             given = [o for o, v in zip(OPTIONS, options) if v is not None]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from khal_runtime.errors import KhalError, TritonAssumptionError, TritonMissingVariantError
+from khal_runtime.errors import ArgumentError, KhalError, TritonAssumptionError, TritonMissingVariantError
 
 from tests.helpers.fakecuda import FakeDriver, fake  # noqa: F401
 from tests.helpers.triton_fake import Tensor, load_crate, param, slots, variant
@@ -109,6 +109,15 @@ def test_an_adopted_host_gives_the_heuristics_and_a_kernel_whose_module_cannot_b
     assert fake.launches[-1]["f"] == f"FUNC:{es[0].symbol}"
     ks.k[(4,)](x, out, 4000, BLOCK=256)
     assert fake.launches[-1]["f"] == f"FUNC:{es[1].symbol}"
+
+    class Wrong:  # a heuristic reading an argument the kernel does not have
+        values = {"EVEN": lambda a: a["n_cols"] % 2 == 0}
+        fn = staticmethod(lambda: None)
+
+    ks.k.adopt_host(Wrong())
+    with pytest.raises(ArgumentError, match=r"k\[grid\]\(\): the kernel's @triton.heuristics for EVEN read 'n_cols', "
+                                            r"which the call does not give; the kernel takes x, out, n, BLOCK"):
+        ks.k[(4,)](x, out, 4096, BLOCK=256)
 
 
 def test_an_instance_family_refuses_a_call_its_heuristics_compute_another_value_for(
