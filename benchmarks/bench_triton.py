@@ -241,6 +241,16 @@ def run(args: Any) -> list[Row]:
             op(g, x, y, o, n)
             return lambda: op(g, x, y, o, n)
 
+        # the kernel's own call (kernels.add_kernel: Triton's call, keyword constexpr, the JIT's
+        # specialisation choosing the variant), where the build recorded the kernel's signature
+        from khal_runtime.triton_call import TritonFunction
+
+        own_fn = getattr(K, "add_kernel", None)
+        if isinstance(own_fn, TritonFunction):
+            own = own_fn[(n // 1024,)]
+            own(x, y, o, n, BLOCK_SIZE=1024, stream=st)
+            fns["khal_own"] = lambda: own(x, y, o, n, BLOCK_SIZE=1024, stream=st)
+            fns["khal_own_idiom"] = lambda: own_fn[((x.numel() + 1023) // 1024,)](x, y, o, x.numel(), BLOCK_SIZE=1024)
         top = guarded(SECTION, "vector add: torch op", rows, torch_op)
         if top is not None:
             fns["torch_op"] = top
@@ -282,6 +292,20 @@ def run(args: Any) -> list[Row]:
             rows.append(Row(SECTION, "vector add: cuda.core.launch, torch tensors' data_ptr() per launch, no checks", v,
                             "us/launch", v / raw, "raw", note=f"min {got['cuda_core']['min']:.2f}; khal typed call "
                                                               f"(same tensors) / this = {ours / v:.2f}x"))
+        if "khal_own" in got:
+            v = got["khal_own"]["median"]
+            cc_v = got["cuda_core"]["median"] if "cuda_core" in got else None
+            rows.append(Row(SECTION, "vector add: khal kernels.add_kernel[grid](x, y, o, n, BLOCK_SIZE=1024), the "
+                            "kernel's own call", v, "us/launch", v / cc_v if cc_v else v / raw,
+                            "cuda_core" if cc_v else "raw", "<= 1.10x cuda.core" if cc_v else "",
+                            (v / cc_v <= 1.10) if cc_v else None,
+                            f"min {got['khal_own']['min']:.2f}; / the family's call {v / ours:.2f}x; Triton JIT / "
+                            f"this {theirs / v:.2f}x"))
+            v = got["khal_own_idiom"]["median"]
+            rows.append(Row(SECTION, "vector add: kernels.add_kernel[(cdiv(n, B),)](..., x.numel(), BLOCK_SIZE=1024), "
+                            "torch's stream", v, "us/launch", v / raw, "raw",
+                            note=f"min {got['khal_own_idiom']['min']:.2f}; the JIT called so: {vj:.2f} us, "
+                                 f"{vj / v:.2f}x this"))
         rows.append(Row(SECTION, "vector add: Triton JIT launcher", theirs, "us/launch", theirs / ours, "khal",
                         ">= 2x khal", theirs / ours >= 2.0, f"min {got['jit']['min']:.2f}"))
 

@@ -218,6 +218,52 @@ def make_triton_kernel(configs: int = 0) -> Any:
     return TritonKernel("add", "bench", variants)
 
 
+def make_triton_function(heuristics: bool = False) -> Any:
+    """A Triton kernel's own call (``kernels.add_kernel``, :class:`~khal_runtime.triton_call.TritonFunction`)
+    over the variants :func:`make_triton_kernel` makes (x, y, out: ``*fp32:16``, n: ``i32:16``, and
+    the conservative one), with the kernel's signature ``add_kernel(x, y, out, n, BLOCK_SIZE:
+    tl.constexpr = 1024)``. ``heuristics``: ``@triton.heuristics({"EVEN": n % BLOCK_SIZE == 0})``
+    over it, a constexpr ``EVEN`` (variants for True and False), from an adopted host object."""
+    from khal_runtime.backends import cuda
+    from khal_runtime.backends.cuda.launch import LaunchPlan
+    from khal_runtime.kernels import Kernel
+    from khal_runtime.manifest import Entry, Param, TritonFacts, TritonParam, symbol_for
+    from khal_runtime.triton_call import TritonFunction
+
+    runtime = SimpleNamespace(name="bench", backend=cuda.BACKEND, _backend=cuda.BACKEND,
+                              crate=SimpleNamespace(triton=None))
+    u64 = {"kind": "scalar", "element_type": "uint64", "element_size": 8, "element_align": 8}
+    params = (*(Param(name=n, **u64) for n in ("x", "y", "out")),  # type: ignore[arg-type]
+              Param(name="n", kind="scalar", element_type="int32", element_size=4, element_align=4),
+              *(Param(name=n, **u64) for n in ("khal_global_scratch", "khal_profile_scratch")))  # type: ignore[arg-type]
+    tparams = [TritonParam(name=n) for n in ("x", "y", "out", "n")]
+    tparams.append(TritonParam(name="BLOCK_SIZE", constexpr=True, default=1024, has_default=True))
+    evens = (True, False) if heuristics else (None,)
+    if heuristics:
+        tparams.append(TritonParam(name="EVEN", constexpr=True))
+    variants = []
+    for even in evens:
+        for name, divisible in (("add", ("x", "y", "out", "n")), ("add__base", ())):
+            cx: dict[str, Any] = {"BLOCK_SIZE": 1024}
+            if even is not None:
+                cx["EVEN"] = even
+                name += f"_{even}"
+            facts = TritonFacts(kernel="add_kernel", family=name, num_warps=4, num_stages=3, shared=0,
+                                names=("x", "y", "out", "n"), types=("*fp32", "*fp32", "*fp32", "i32"),
+                                divisible=divisible, constexprs=cx, cache_key="k", triton_version="3.6.0",
+                                params=tuple(tparams), heuristics=("EVEN",) if heuristics else ())
+            h = "0123456789abcdef"
+            e = Entry(name=name, symbol=symbol_for(name, h), hash=h, block_size=(128, 1, 1), params=params,
+                      grid_dims=3, triton=facts)
+            k = Kernel(runtime, e)  # type: ignore[arg-type]
+            k._plans[0] = LaunchPlan(e, "bench", 0, object(), _Uniforms())  # type: ignore[arg-type]
+            variants.append(k)
+    f = TritonFunction(runtime, "add_kernel", variants)
+    if heuristics:
+        f.adopt_host(SimpleNamespace(values={"EVEN": lambda a: a["n"] % a["BLOCK_SIZE"] == 0}, fn=lambda: None))
+    return f
+
+
 def _cuda_launch() -> Any:
     from khal_runtime.backends.cuda import driver
 
@@ -283,6 +329,18 @@ def measure() -> dict[str, float]:
     rows["triton autotuned launch (torch-like)"] = per_call_us(lambda: tuned.launch(1024, tens[0], tens[1], tens[2], n))
     rows["triton autotuned launch (torch-like, 8 sets in turn)"] = per_call_us(
         lambda: tuned.launch(1024, *next(turn), n))
+    # the kernel's own call (kernels.<kernel>: keywords, the JIT's specialisation, its families)
+    own, heur = make_triton_function(), make_triton_function(heuristics=True)
+    rows["triton kernel's call k[grid](torch-like)"] = per_call_us(lambda: own[(1024,)](tens[0], tens[1], tens[2], n))
+    rows["triton kernel's call k[grid](torch-like, n=, BLOCK_SIZE=)"] = per_call_us(
+        lambda: own[(1024,)](tens[0], tens[1], tens[2], n=n, BLOCK_SIZE=1024))
+    rows["triton kernel's call, num_warps=4"] = per_call_us(
+        lambda: own[(1024,)](tens[0], tens[1], tens[2], n, num_warps=4))
+    rows["triton kernel's call, grid callable"] = per_call_us(
+        lambda: own[lambda meta: (n // meta["BLOCK_SIZE"],)](tens[0], tens[1], tens[2], n))
+    rows["triton kernel's call, with heuristics (EVEN)"] = per_call_us(
+        lambda: heur[(1024,)](tens[0], tens[1], tens[2], n))
+    rows["triton kernel's call (torch-like, 8 sets in turn)"] = per_call_us(lambda: own[(1024,)](*next(turn), n))
     return rows
 
 
@@ -308,6 +366,8 @@ def measure_triton(rounds: int = 20, number: int = 2000) -> dict[str, float]:
     packed = (xp, yp, op, n, 0, 0)
     bound = tri.bind(x, y, o, n, stream=st)
     alone = make_triton_kernel()[(n // 1024,)]  # a family whose memo holds this one launch only
+    own = make_triton_function()[(n // 1024,)]
+    own(x, y, o, n, stream=st)
     cbound = five.bind(bufs[0], bufs[1], bufs[2], pdev, 0.5, stream=st)
     g4 = (n // 1024,)
     L, f, cu = _cuda_launch(), object(), st._cu  # noqa: N806
@@ -316,6 +376,8 @@ def measure_triton(rounds: int = 20, number: int = 2000) -> dict[str, float]:
         "triton k[grid](tensors, stream=st), same again": lambda: go(x, y, o, n, stream=st),
         "triton k[grid](int addresses, stream=st)": lambda: go(xp, yp, op, n, stream=st),
         "triton k[grid](tensors, stream=st), its family's only launch": lambda: alone(x, y, o, n, stream=st),
+        "triton kernel's own call k[grid](tensors, n=n, BLOCK_SIZE=1024, stream=st)":
+            lambda: own(x, y, o, n=n, BLOCK_SIZE=1024, stream=st),
         "triton b = k.bind(...); b(grid)": lambda: bound(g4),
         "triton variant's LaunchPlan.run, values given": lambda: run(4, 1, 1, bx, 1, 1, shmem, st, packed),
         "cuda five typed call (DeviceBuffer, stream=st)": lambda: five(n, bufs[0], bufs[1], bufs[2], pdev, 0.5,

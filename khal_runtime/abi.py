@@ -21,6 +21,7 @@ module is a leaf: it imports nothing of the project, so every other module may i
 
 from __future__ import annotations
 
+import collections.abc as _abc
 import hashlib
 import json
 import math
@@ -676,8 +677,16 @@ def attributes_signature(attributes: Any) -> dict[str, Any]:
     return out
 
 
+def _getter(p: Any) -> Callable[[str], Any]:
+    def get(key: str) -> Any:
+        return getattr(p, key, None)
+    return get
+
+
 def _field(p: Any, key: str) -> Any:
-    return p.get(key) if isinstance(p, Mapping) else getattr(p, key, None)
+    # (collections.abc's Mapping: ``isinstance`` against typing's alias costs microseconds, and a
+    # manifest's load reads a field of every parameter of every entry)
+    return p.get(key) if type(p) is dict or isinstance(p, _abc.Mapping) else getattr(p, key, None)
 
 
 def _layout(layout: Any) -> dict[str, Any]:
@@ -724,15 +733,16 @@ def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mappi
     WebGPU layouts are known only after the entry point is named with the hash: the runtime
     re-derives those from the WGSL / SPIR-V instead (:mod:`khal_runtime.shaders`). ``triton``: a Triton instance's record
     (:class:`khal_runtime.manifest.TritonFacts`), hashed whole."""
-    field = _field
     out_params = []
     for p in params:
-        d = {k: field(p, k) for k in ("name", "kind", "element_type", "shape", "length", "writable")}
-        ctype = field(p, "ctype")
+        # (one type test per parameter, not per field)
+        field: Callable[[str], Any] = p.get if type(p) is dict or isinstance(p, _abc.Mapping) else _getter(p)
+        d = {k: field(k) for k in ("name", "kind", "element_type", "shape", "length", "writable")}
+        ctype = field("ctype")
         if ctype is not None:
             del d["element_type"]
             d["ctype"] = ctype
-        cuda = (field(p, "layouts") or {}).get("cuda") if layouts else None
+        cuda = (field("layouts") or {}).get("cuda") if layouts else None
         if cuda is not None:
             d["cuda_layout"] = _layout(cuda)
         out_params.append(d)

@@ -28,7 +28,9 @@ __all__ = [
     "current_device_id",
     "default_stream",
     "ensure_current",
+    "is_torch_tensor",
     "ready_stream",
+    "torch_stream",
 ]
 
 _lock = threading.Lock()
@@ -363,4 +365,71 @@ def as_stream(obj: Any) -> Stream:
         if len(_foreign) >= _FOREIGN_MAX:
             _foreign.clear()
         _foreign[key] = s
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch's current stream, for launches given torch tensors and no ``stream=``
+# ---------------------------------------------------------------------------------------------
+#: the tensor types :func:`torch_stream` reads (PyTorch's, learnt by :func:`is_torch_tensor`): a
+#: launch with one of them and no ``stream=`` runs on PyTorch's current stream of its device, as
+#: Triton's launcher does
+TORCH_TENSOR_TYPES: set[type] = set()
+#: ``torch._C._cuda_getCurrentRawStream`` (device -> its current CUstream handle), read once; False
+#: where torch cannot be imported
+_torch_raw: Any = None
+#: ``handle << 8 | device`` -> the runtime's Stream for PyTorch's stream (the same object for the
+#: same stream: launches stay on their fast paths)
+_torch_streams: dict[int, Stream] = {}
+_TORCH_STREAMS_MAX = 64
+
+
+def _torch_raw_reader() -> Any:
+    global _torch_raw
+    raw = _torch_raw
+    if raw is None:
+        try:
+            import torch  # lazy: only for a torch tensor's launch; importing khal_runtime never imports torch
+        except ImportError:
+            raw = False
+        else:
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            if raw is None:
+                def raw(device: int) -> int:
+                    return int(torch.cuda.current_stream(device).cuda_stream)
+        _torch_raw = raw
+    return raw
+
+
+def is_torch_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a PyTorch tensor (its type learnt into :data:`TORCH_TENSOR_TYPES`): of a
+    ``torch`` module, with ``data_ptr`` and ``get_device``, torch importable."""
+    t = type(obj)
+    if t in TORCH_TENSOR_TYPES:
+        return True
+    if not (getattr(t, "__module__", "") or "").startswith("torch") or not callable(getattr(obj, "get_device", None)) \
+            or not callable(getattr(obj, "data_ptr", None)) or not _torch_raw_reader():
+        return False
+    TORCH_TENSOR_TYPES.add(t)
+    return True
+
+
+def torch_stream(tensor: Any) -> Stream | None:
+    """PyTorch's current stream of ``tensor``'s device (``torch.cuda.current_stream(device)``) as
+    a :class:`Stream` (one object per stream), None for a tensor not on a CUDA device or where
+    torch cannot be read."""
+    raw = _torch_raw if _torch_raw is not None else _torch_raw_reader()
+    if not raw:
+        return None
+    dev = tensor.get_device()
+    if dev < 0:
+        return None
+    h = int(raw(dev))
+    key = h << 8 | dev
+    s = _torch_streams.get(key)
+    if s is None:
+        s = Stream(h, dev, backend=backends.current())
+        if len(_torch_streams) >= _TORCH_STREAMS_MAX:
+            _torch_streams.clear()
+        _torch_streams[key] = s
     return s

@@ -23,6 +23,8 @@ __all__ = [
     "PtxTooNewError",
     "TritonAssumptionError",
     "TritonAutotuneError",
+    "TritonJitFallbackWarning",
+    "TritonMissingVariantError",
     "StaleBuildError",
 ]
 
@@ -112,6 +114,19 @@ class TritonAutotuneError(KhalError, RuntimeError):
     """An autotuned Triton family (``autotune = true``) cannot launch or name the config asked for:
     no config is chosen yet for these key values where nothing may time them (``bind``,
     ``chosen``), or a pin (``k.pin``, ``KHAL_TRITON_CONFIG``) names a config it does not have."""
+
+
+class TritonMissingVariantError(KhalError, LookupError):
+    """A Triton kernel's own call (``kernels.<kernel>[grid](...)``) that no built variant covers: no
+    variant of its constexprs, options, argument types and ``None`` arguments, or none whose
+    assumptions (alignment, divisibility, ``== 1``) the call meets. The message lists the nearest
+    built variants, the lock-file table that would build the missing one and the record command."""
+
+
+class TritonJitFallbackWarning(UserWarning):
+    """A Triton kernel's call no built variant covers went to Triton's JIT (the crate's
+    ``jit-fallback``, or ``KHAL_TRITON_JIT_FALLBACK=1``): said once per missing variant, which is
+    appended to the record file (``KHAL_TRITON_RECORD``) for the next build."""
 
 
 class CaptureError(KhalError, RuntimeError):

@@ -427,12 +427,85 @@ class CrateKernels:
             for k in self._kernels.values():
                 families.setdefault(k.entry.triton.family, []).append(k)  # type: ignore[union-attr]
             self._kernels = {f: TritonKernel(f, crate.name, ks) for f, ks in families.items()}  # type: ignore[misc]
+            if any(k.entry.triton.heuristics for k in self.instances.values()):  # type: ignore[union-attr]
+                self._check_heuristics()
+        #: the kernels' own calls (``kernels.<kernel>``: :class:`~khal_runtime.triton_call.TritonFunction`),
+        #: made when first asked for
+        self._functions: dict[str, Any] | None = None
+        self._function_entries: dict[str, list[Kernel]] | None = None
         for n, k in self._kernels.items():
             if not hasattr(type(self), n):
                 self.__dict__[n] = k
         #: the crate's ``__constant__`` / ``__device__`` variables (:class:`ModuleGlobal`); an entry
         #: named ``globals`` stays reachable as ``crate["globals"]``
         self.globals = ModuleGlobals(self)
+
+    def _check_heuristics(self) -> None:
+        """Instance families of a kernel with ``@triton.heuristics``: each call checks that the
+        heuristics compute the values its variants were compiled with (where the kernel's module
+        can be read at run time)."""
+        from khal_runtime.triton_host import heuristic_check  # lazy: only crates with heuristics need it at load
+
+        fam: Any
+        for fam in self._kernels.values():
+            t = fam.entry.triton
+            if t.heuristics:
+                fam.heuristic_check = heuristic_check(fam, self._host(t.module, t.qualname or t.kernel))
+
+    def _host(self, module: str | None, qualname: str) -> Any:
+        """The kernel's host object record (shared by its TritonFunction and instance families)."""
+        from khal_runtime.triton_host import Host  # lazy: as above
+
+        hosts = self.__dict__.setdefault("_hosts", {})
+        h = hosts.get((module, qualname))
+        if h is None:
+            h = hosts[(module, qualname)] = Host(module, qualname)
+        return h
+
+    def function(self, name: str) -> Any:
+        """``kernels.<kernel>`` of a Triton crate: the kernel's own call
+        (:class:`~khal_runtime.triton_call.TritonFunction`, made now), None when the crate has no
+        variant of a kernel of that name recording its signature."""
+        if self.crate.language != "triton":
+            return None
+        funcs = self._functions
+        if funcs is None:
+            funcs = self._functions = {}
+        f = funcs.get(name)
+        if f is None:
+            if self._function_entries is None:
+                from khal_runtime.triton_call import group_functions  # lazy: no Triton call is made at load
+
+                self._function_entries = group_functions(self.instances.values())
+            entries = self._function_entries.get(name)
+            if entries is None:
+                return None
+            from khal_runtime.triton_call import TritonFunction  # lazy: as above
+
+            f = TritonFunction(self, name, entries)
+            f._host = self._host(f.module, f.qualname or name)
+            funcs[name] = f
+        return f
+
+    def function_names(self) -> list[str]:
+        """The kernels with an own call (:meth:`function`)."""
+        if self.crate.language != "triton":
+            return []
+        if self._function_entries is None:
+            from khal_runtime.triton_call import group_functions  # lazy: as above
+
+            self._function_entries = group_functions(self.instances.values())
+        return sorted(self._function_entries)
+
+    def triton_functions(self) -> dict[tuple[str, str], Any]:
+        """The kernels' own calls keyed by (module, qualname), for the kernels importable at run time
+        (``TritonFacts.module`` set): what serving a library's module replaces its globals with."""
+        out = {}
+        for n in self.function_names():
+            f = self.function(n)
+            if f is not None and f.module:
+                out[(f.module, f.qualname or n)] = f
+        return out
 
     @property
     def backend(self) -> Any:
@@ -479,20 +552,31 @@ class CrateKernels:
             self._modules.clear()
 
     def __getattr__(self, name: str) -> Kernel:
+        d = self.__dict__
         try:
-            return self.__dict__["_kernels"][name]  # type: ignore[no-any-return]
+            return d["_kernels"][name]  # type: ignore[no-any-return]
         except KeyError:
+            f = self.function(name) if "_functions" in d and not name.startswith("__") else None
+            if f is not None:
+                d[name] = f
+                return f  # type: ignore[no-any-return]
             raise AttributeError(f"crate {self.name!r} has no entry {name!r}; it has "
-                                 f"{', '.join(self._kernels) or 'none'}") from None
+                                 f"{', '.join([*self._kernels, *self.function_names()]) or 'none'}") from None
 
     def __getitem__(self, name: str) -> Kernel:
-        return self._kernels[name]
+        k = self._kernels.get(name)
+        if k is None:
+            f = self.function(name)
+            if f is not None:
+                return f  # type: ignore[no-any-return]
+            return self._kernels[name]
+        return k
 
     def __iter__(self) -> Iterator[Kernel]:
         return iter(self._kernels.values())
 
     def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(self._kernels))
+        return sorted(set(super().__dir__()) | set(self._kernels) | set(self.function_names()))
 
 
 class KernelSet:
@@ -529,6 +613,14 @@ class KernelSet:
                                  f"use kernels.crates[<crate>].{name}")
         if name in d.get("crates", {}):
             return d["crates"][name]  # type: ignore[no-any-return]
+        if not name.startswith("__") and "crates" in d:  # a Triton kernel's own call (after every entry name)
+            found = [f for f in (ck.function(name) for ck in d["crates"].values()) if f is not None]
+            if len(found) == 1:
+                d[name] = found[0]
+                return found[0]  # type: ignore[no-any-return]
+            if found:
+                raise AttributeError(f"Triton kernel {name!r} exists in crates {[f.crate for f in found]}; "
+                                     f"use kernels.crates[<crate>].{name}")
         raise AttributeError(f"package {d.get('package')!r} has no entry {name!r}; it has "
                              f"{', '.join(sorted(d.get('_kernels', {}))) or 'none'}")
 
@@ -542,7 +634,8 @@ class KernelSet:
         return name in self._kernels
 
     def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(self._kernels) | set(self.crates))
+        funcs = {n for ck in self.crates.values() for n in ck.function_names()}
+        return sorted(set(super().__dir__()) | set(self._kernels) | set(self.crates) | funcs)
 
     @property
     def entries(self) -> list[str]:

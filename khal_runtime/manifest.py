@@ -923,11 +923,13 @@ class Manifest(_Model):
 # reading
 # ---------------------------------------------------------------------------------------------
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"key {k!r} appears twice in one object")
-        out[k] = v
+    out = dict(pairs)  # (built in C: this runs for every object of the manifest)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ValueError(f"key {k!r} appears twice in one object")
+            seen.add(k)
     return out
 
 

@@ -60,7 +60,8 @@ from typing import Any, Callable
 from khal_runtime import abi, capture_state, scratch
 from khal_runtime.arguments import MAX_GRID, dim3
 from khal_runtime.buffers import FREED, DeviceBuffer
-from khal_runtime.device import Stream, _tls, as_stream, default_stream, ready_stream
+from khal_runtime.device import (TORCH_TENSOR_TYPES, Stream, _tls, as_stream, default_stream, is_torch_tensor,
+                                 ready_stream, torch_stream)
 from khal_runtime.errors import (ArgumentError, ArgumentValueError, CaptureError, KhalError, TritonAssumptionError,
                                  TritonAutotuneError)
 from khal_runtime.generated import define
@@ -113,6 +114,8 @@ TUNE_LAUNCHES = 5
 CONFIG_VAR = "KHAL_TRITON_CONFIG"
 #: a slot field no argument is identical to
 NOMEMO = object()
+#: one family's state made at a time (:meth:`TritonKernel.__getattr__`)
+_SETUP_LOCK = threading.RLock()
 
 
 class _ThreadOwner:
@@ -245,9 +248,40 @@ class TritonKernel:
     launched as Triton launches a kernel. ``name`` and ``crate`` as a :class:`Kernel` has them;
     ``variants`` the entries' kernels, most specialised first."""
 
-    def __init__(self, name: str, crate: str, variants: list[Any]) -> None:
+    def __init__(self, name: str, crate: str, variants: list[Any],
+                 jit_checks: frozenset[tuple[str, str]] | None = None) -> None:
+        """``jit_checks``: the assumptions (argument name, ``"16"`` or ``"1"``) Triton's JIT would make
+        of the kernel's arguments where they hold (not of a ``do_not_specialize`` one): a call then
+        launches the variant making exactly those that hold, when built, before the most specialised.
+
+        The rest of the family's state is made at its first use (:meth:`__getattr__`): a package of
+        many families loads without it."""
         self.name = name
         self.crate = crate
+        self._init_args = (variants, jit_checks)
+        if os.environ.get(CONFIG_VAR, "").strip():  # a pin is checked when the package loads
+            self._fast  # noqa: B018
+
+    def __getattr__(self, attr: str) -> Any:
+        """An attribute of the family's state, made now (:meth:`_setup`) if it was not yet."""
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        d = self.__dict__
+        with _SETUP_LOCK:
+            args = d.pop("_init_args", None)
+            if args is not None:
+                try:
+                    self._setup(*args)
+                except BaseException:
+                    d["_init_args"] = args
+                    raise
+        try:
+            return d[attr]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}") from None
+
+    def _setup(self, variants: list[Any], jit_checks: frozenset[tuple[str, str]] | None) -> None:
+        name, crate = self.name, self.crate
         #: most assumptions first: the as-written instance, then its conservative twin
         self.variants = sorted(variants, key=lambda k: -len(k.entry.triton.divisible) - len(k.entry.triton.ones))
         first = self.variants[0].entry
@@ -277,6 +311,9 @@ class TritonKernel:
         #: (bit, argument index) of the divisibility checks and of the "equals 1" checks
         self._bits16 = tuple((1 << i, arg) for i, (arg, what) in enumerate(checks) if what == "16")
         self._bits1 = tuple((1 << i, arg) for i, (arg, what) in enumerate(checks) if what == "1")
+        #: the bits of the checks the JIT makes (None: every check; a variant then is preferred by its count)
+        self._jit_mask = None if jit_checks is None else sum(
+            1 << i for i, (arg, what) in enumerate(checks) if (self.arg_names[arg], what) in jit_checks)
         self._pointers = tuple(i for i, p in enumerate(self._pointer) if p)
         self._count = len(self.types)
         #: assumption bits -> (the variant's launch, its dynamic shared memory, the variant, the indexes of
@@ -312,8 +349,13 @@ class TritonKernel:
         self._backends: set[Any] = set()
         #: pointer types whose address never moves (DeviceBuffer views, CuPy arrays): the memo keeps them
         self._fixed: set[type] = set()
-        self.source = ""
-        #: ``launch(grid, *args, stream=None)``: generated over khal Kernels, else the slow path
+        self._source = ""
+        #: ``check(*args)`` before every launch, ``bind`` and ``chosen`` (set before the first call): the
+        #: family's kernel's @triton.heuristics computing its constexprs (:func:`khal_runtime.triton_call.heuristic_check`)
+        self.__dict__.setdefault("heuristic_check", None)
+        self.heuristic_check: Callable[..., None] | None
+        #: ``launch(grid, *args, stream=None)``: generated over khal Kernels at the first call (nothing
+        #: is generated when a package loads), else the slow path
         self._fast: Callable[..., None] | None = None
         self.launch: Callable[..., None] = self._launch_slow
         #: grid -> ``functools.partial(self.launch, grid)`` (:meth:`__getitem__`)
@@ -336,8 +378,27 @@ class TritonKernel:
             self._rule = facts.choose
             self._pin = _env_pin(crate, name, tuple(self.configs))
         # over khal Kernels (what the generated call reads of them: their plans by device, block, crate)
-        if all(hasattr(k, "_plans") and hasattr(k, "_bx") and hasattr(k, "_crate") for k in self.variants):
-            self.launch = self._fast = self._generate()
+        self._can_fast = all(hasattr(k, "_plans") and hasattr(k, "_bx") and hasattr(k, "_crate") for k in self.variants)
+        if self._can_fast:
+            self.launch = self._first_launch
+
+    def _first_launch(self, grid: Any, *args: Any, stream: Any = None) -> None:
+        """``launch`` until the first call: the fast call generated, then called."""
+        self._ensure_fast()
+        self.launch(grid, *args, stream=stream)
+
+    def _ensure_fast(self) -> Callable[..., None] | None:
+        """The generated call (:meth:`_generate`), made at the first use of the family."""
+        fast = self._fast
+        if fast is None and self._can_fast:
+            self.launch = self._fast = fast = self._generate()
+        return fast
+
+    @property
+    def source(self) -> str:
+        """The generated call's Python (made now when the family was not called yet)."""
+        self._ensure_fast()
+        return self._source
 
     def __repr__(self) -> str:
         return (f"<Triton kernel {self.crate}.{self.name} ({self.kernel}): "
@@ -355,7 +416,11 @@ class TritonKernel:
         return bits
 
     def _choose(self, bits: int, values: list[Any]) -> tuple[Any, int, Any, tuple[int, ...] | None]:
-        for mask, k in self._masks:
+        masks = self._masks
+        if self._jit_mask is not None:  # the variant with exactly the JIT's assumptions, when built
+            want = bits & self._jit_mask
+            masks = sorted(masks, key=lambda mk: mk[0] != want)
+        for mask, k in masks:
             if mask & bits == mask:
                 ones = set(k.entry.triton.ones)
                 keep = None if not ones else tuple(i for i in range(self._count + 2)
@@ -391,7 +456,11 @@ class TritonKernel:
     def _candidates(self, bits: int, values: list[Any]) -> dict[int, Any]:
         """Per config, its most specialised variant whose assumptions ``bits`` hold."""
         out: dict[int, Any] = {}
-        for mask, k in self._masks:
+        masks = self._masks
+        if self._jit_mask is not None:  # per config, the variant with exactly the JIT's assumptions first
+            want = bits & self._jit_mask
+            masks = sorted(masks, key=lambda mk: mk[0] != want)
+        for mask, k in masks:
             c = k.entry.triton.config
             if c not in out and mask & bits == mask:
                 out[c] = k
@@ -576,7 +645,12 @@ class TritonKernel:
 
     def _launch_slow(self, grid: Any, *args: Any, stream: Any = None) -> None:
         """A launch through :meth:`Kernel.launch` with every check; what it accepted (the types and
-        dtypes of the pointers, the variant of the assumption bits) the fast call takes from then on."""
+        dtypes of the pointers, the variant of the assumption bits) the fast call takes from then on.
+        With no ``stream=``, a call given torch tensors launches on PyTorch's current stream of their device."""
+        if self.heuristic_check is not None:
+            self.heuristic_check(*args)
+        if stream is None:
+            stream = self._torch_stream(args)
         values = self._values(args)
         bits = 0
         for bit, arg in self._bits16:
@@ -605,6 +679,15 @@ class TritonKernel:
             chosen[0](grid, None, *values, stream=stream, shared_mem=chosen[1])
         if self._fast is not None:
             self._learn(key, chosen, args)
+
+    def _torch_stream(self, args: tuple[Any, ...]) -> Any:
+        """PyTorch's current stream of the device of the first pointer argument, when it is a torch
+        tensor on a CUDA device (Triton's launcher launches there); else None (this thread's stream)."""
+        for i in self._pointers:
+            if i < len(args) and is_torch_tensor(args[i]):
+                return torch_stream(args[i])
+            break
+        return None
 
     def _launch_variant(self, k: Any, grid: Any, values: list[Any], stream: Any, shmem: int) -> None:
         """Launch variant ``k`` (an entry with clusters or scratch memory, :func:`_extras`) over
@@ -722,8 +805,16 @@ class TritonKernel:
         slow = f"return slow(grid, {allargs + ', ' if n else ''}stream=stream)"
         sig = "".join(f"{a}=MISSING, " for a in names)
         given = "(" + "".join(f"{a}, " for a in names) + ")"
-        L = [f"def launch(grid, {sig}*more, stream=None):",
-             "    if stream is None:", "        try:", "            st = thread.ready",
+        # with no stream=, a torch tensor as the first pointer: PyTorch's current stream of its device
+        p0 = f"a{self._pointers[0]}" if self._pointers else None
+        torch_st = [] if p0 is None else [
+            f"    if stream is None and type({p0}) in TT:", f"        st = torch_stream({p0})",
+            "        if st is None:", f"            {slow}", "        try:", "            cur = thread.dev",
+            "        except AttributeError:", "            cur = -1", "        if cur != st.device_id:",
+            f"            {slow}", "    elif stream is None:"]
+        check = [] if self.heuristic_check is None else [f"    CHECK({allargs})"]
+        L = [f"def launch(grid, {sig}*more, stream=None):", *check,
+             *(torch_st or ["    if stream is None:"]), "        try:", "            st = thread.ready",
              "        except AttributeError:",
              "            st = None", "        if st is None:", "            if crate._backend is None:",
              f"                {slow}", "            st = ready_stream()",
@@ -877,7 +968,8 @@ class TritonKernel:
                               "NOMEMO": NOMEMO, "NUMBERS": (int, float), "EMPTY": self._empty, "TORCH": _torch_reader,
                               "STABLE": STABLE_ARRAY_TYPES,
                               "FIXED": self._fixed, "EXTRAS": self._extras, "scratch_ptrs": scratch.pointers,
-                              "NAME": self.name}
+                              "NAME": self.name, "TT": TORCH_TENSOR_TYPES, "torch_stream": torch_stream,
+                              "CHECK": self.heuristic_check}
         for i in self._pointers:
             ns[f"R{i}"], ns[f"D{i}"] = self._readers[i], self._dtypes[i]
         # ``launch(grid, ...)``, and ``launch.make(grid)``: the same body as a closure over one grid
@@ -887,8 +979,8 @@ class TritonKernel:
         L += ["", "", "def make(grid):", "    memo = type(grid) is int or type(grid) is tuple",
               f"    def go({sig}*more, stream=None):", *("    " + line for line in body),
               "    return go", "", "", "launch.make = make", "del make"]
-        self.source = "\n".join(L) + "\n"
-        return define(self.source, f"triton {self.name}", ns, "launch")  # type: ignore[no-any-return]
+        self._source = "\n".join(L) + "\n"
+        return define(self._source, f"triton {self.name}", ns, "launch")  # type: ignore[no-any-return]
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
         """``k[grid](*args, stream=None)``, as a Triton kernel is called: the generated call as a
@@ -909,7 +1001,7 @@ class TritonKernel:
         return self._launcher(grid)
 
     def _launcher(self, grid: Any) -> Callable[..., None]:
-        fast = self._fast
+        fast = self._fast if self._fast is not None else self._ensure_fast()
         if fast is not None:
             return fast.make(grid)  # type: ignore[attr-defined,no-any-return]
         return functools.partial(self.launch, grid)
@@ -918,6 +1010,10 @@ class TritonKernel:
         """``b = k.bind(*args, stream=None)``, then ``b(grid)``: the arguments checked once (the
         variant chosen, as a call with them would), packed once, and each ``b(grid)`` launches at
         about the cost of a raw launch (a bound launch of the variant, :meth:`Kernel.bind`)."""
+        if self.heuristic_check is not None:
+            self.heuristic_check(*args)
+        if stream is None:
+            stream = self._torch_stream(args)
         values, chosen = self._known_choice(args, "bind()")
         keep = chosen[3]
         if keep is not None:
@@ -930,6 +1026,8 @@ class TritonKernel:
     def chosen(self, *args: Any) -> str:
         """The entry a call with ``args`` would launch (no launch; of an autotuned family, the config
         chosen for their key values, the rule's or the pinned one)."""
+        if self.heuristic_check is not None:
+            self.heuristic_check(*args)
         return str(self._known_choice(args, "chosen()")[1][2].entry.name)
 
 

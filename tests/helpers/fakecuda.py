@@ -648,6 +648,7 @@ def _reset_runtime() -> None:
     cuda_driver.reset_status()
     device._devices.clear()
     device._foreign.clear()
+    device._torch_streams.clear()
     device._tls.__dict__.clear()
     uniform_cache._caches.clear()
     for d in (cuda_indirect._helpers, cuda_indirect._iplans, cuda_indirect._grids, cuda_indirect._scratch,
