@@ -256,30 +256,56 @@ def _holder(module: types.ModuleType, qualname: str) -> tuple[Any, str] | None:
     return obj, parts[-1]
 
 
-def _replace(module: types.ModuleType, qualname: str, owner: _Owner) -> Any:
-    """Replace the kernel ``qualname`` of ``module`` (and the module's other names for the same
-    object) by the owner's function; the original object, or None when nothing was replaced."""
+def _identity(obj: Any) -> tuple[Any, Any]:
+    """(module, qualname) of the Python function under a kernel object's decorators (``.fn`` down)."""
+    for _ in range(16):
+        inner = getattr(obj, "fn", None)
+        if inner is None:
+            break
+        obj = inner
+    return getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+
+
+def _kernel_of(value: Any) -> Any:
+    """The Triton kernel object ``value`` is (a TritonFunction of an earlier load: the one it
+    adopted), or None."""
+    host = value.host if _is_served_function(value) else value
+    return host if _is_kernel(host) else None
+
+
+def _replace(module: types.ModuleType, qualname: str, owner: _Owner) -> list[Any]:
+    """Replace the kernel ``qualname`` of ``module`` by the owner's function: the object found at
+    ``qualname`` and every global of the module holding the kernel whose function is
+    ``module.qualname`` (``_k = triton.jit(_impl)`` included), the outermost decorator's object
+    (``@triton.autotune`` over ``@triton.jit``) adopted; the objects replaced."""
+    name = module.__name__
+    places: list[tuple[Any, str, Any]] = []  # (holder, attribute, value)
     where = _holder(module, qualname)
-    original = getattr(where[0], where[1], None) if where is not None else None
-    if where is None or original is None:
-        warnings.warn(f"khal: package {owner.package!r} (crate {owner.crate!r}) serves {module.__name__}.{qualname}, "
-                      f"but {module.__name__} defines no {qualname} once imported: its launches are not served "
-                      "(rebuild the package from the module as it is)", RuntimeWarning, stacklevel=3)
-        return None
-    function = owner.function(module.__name__, qualname)
-    if original is function:
-        return None
-    host = original.host if _is_served_function(original) else original
-    if not _is_kernel(host):
-        warnings.warn(f"khal: package {owner.package!r} (crate {owner.crate!r}) serves {module.__name__}.{qualname}, "
-                      f"which is {type(host).__name__}, not a Triton kernel: left as it is", RuntimeWarning, stacklevel=3)
-        return None
-    function.adopt_host(host)
-    setattr(where[0], where[1], function)
+    if where is not None and _kernel_of(getattr(where[0], where[1], None)) is not None:
+        places.append((where[0], where[1], getattr(where[0], where[1])))
     for k, v in list(vars(module).items()):
-        if v is original:
-            setattr(module, k, function)
-    return original
+        kernel = _kernel_of(v)
+        if kernel is not None and _identity(kernel) == (name, qualname) and not any(p[2] is v for p in places):
+            places.append((module, k, v))
+    if not places:
+        found = getattr(where[0], where[1], None) if where is not None else None
+        what = f"{type(found).__name__}, not a Triton kernel" if found is not None else f"no {qualname} once imported"
+        warnings.warn(f"khal: package {owner.package!r} (crate {owner.crate!r}) serves {name}.{qualname}, but "
+                      f"{name} holds {what}: its launches are not served (rebuild the package from the module as "
+                      "it is)", RuntimeWarning, stacklevel=3)
+        return []
+    function = owner.function(name, qualname)
+    kernels = [_kernel_of(p[2]) for p in places]
+    inner = {id(getattr(k, "fn", None)) for k in kernels}
+    outermost = next((k for k in kernels if id(k) not in inner), kernels[0])
+    if function.host is not outermost:
+        function.adopt_host(outermost)
+    replaced = []
+    for holder, attr, value in places:
+        if _kernel_of(value) is outermost and value is not function:
+            setattr(holder, attr, function)
+            replaced.append(value)
+    return replaced
 
 
 def _patch(module: types.ModuleType) -> list[tuple[Any, Any]]:
@@ -290,9 +316,10 @@ def _patch(module: types.ModuleType) -> list[tuple[Any, Any]]:
         owner = _served.get((name, qualname))
         if owner is None:
             continue
-        original = _replace(module, qualname, owner)
-        if original is not None:
-            out.append((original, owner.function(name, qualname)))
+        replaced = _replace(module, qualname, owner)
+        if replaced:
+            function = owner.function(name, qualname)
+            out += [(original, function) for original in replaced]
     return out
 
 

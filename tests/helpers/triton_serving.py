@@ -98,14 +98,14 @@ def entries(module: str | None, qualname: str = "add_kernel") -> list[Entry]:
 
 def write_served_package(root: Path, name: str, *, ops: str = OPS, init: str | None = None,
                          module: str | None = None, serves: dict[str, Any] | None = None,
-                         kernel_package: str | None = None) -> Path:
+                         kernel_package: str | None = None, qualname: str = "add_kernel") -> Path:
     """Write ``root/<name>/``: ``__init__.py`` (default: ``kernels = khal_runtime.load(__name__)``),
-    ``ops.py`` (Triton host code) and a manifest serving ``<module>.add_kernel`` (default
-    ``<name>.ops``); ``serves``: the crate's ``triton.serves`` (a companion). ``kernel_package``:
+    ``ops.py`` (Triton host code) and a manifest serving ``<module>.<qualname>`` (default
+    ``<name>.ops.add_kernel``); ``serves``: the crate's ``triton.serves`` (a companion). ``kernel_package``:
     write the kernels' package under another name (a companion's) and ``ops`` nowhere."""
     pkg_name = kernel_package or name
     module = module or f"{name}.ops"
-    pkg = write_package(root, entries(module), package=pkg_name, language="triton")
+    pkg = write_package(root, entries(module, qualname), package=pkg_name, language="triton")
     manifest_path = pkg / "_khal" / "manifest.json"
     if serves is not None:
         data = json.loads(manifest_path.read_text())

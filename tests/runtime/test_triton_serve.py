@@ -238,6 +238,62 @@ def test_a_served_module_imported_after_load_is_patched_when_it_runs(serving: Pa
     assert triton_serve.served_modules() == {f"{pkg}.ops": ("add_kernel",)}
 
 
+def test_the_kernel_under_its_decorators_is_found_by_its_function(serving: Path, fake: FakeDriver) -> None:
+    """A kernel bound under another name than its function's (``add_kernel = heuristics(jit(_impl))``):
+    the global holding the outermost object is replaced, that object adopted (its heuristics give
+    the call its constexpr), the plain function left alone."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    pkg = _name("serve_decorated")
+    ops_text = '''import triton
+import triton.language as tl
+
+
+def _impl(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+
+add_kernel = triton.heuristics({"BLOCK": lambda args: 256})(triton.jit(_impl))
+
+
+def add(x, y, out, n):
+    add_kernel[(4,)](x, y, out, n)
+'''
+    write_served_package(serving, pkg, ops=ops_text, qualname="_impl")
+    _layouts(fake, serving / pkg)
+    ops = importlib.import_module(f"{pkg}.ops")
+    ks = sys.modules[pkg].kernels  # type: ignore[attr-defined]
+    fn = ks.crates["c"].triton_functions()[(f"{pkg}.ops", "_impl")]
+    assert ops.add_kernel is fn and callable(ops._impl) and ops._impl is not fn
+    assert type(fn.host).__name__ == "Heuristics" and fn.host.fn.fn is ops._impl
+    ops.add(0x10000, 0x20000, 0x30000, 1024)
+    assert [launch["f"] for launch in fake.launches] == [f"FUNC:{ks.manifest.crates[0].entries[0].symbol}"]
+
+
+def test_loading_the_package_again_serves_its_new_functions(serving: Path, fake: FakeDriver) -> None:
+    """A second ``load()`` of the package: the module's kernel is the new crate's function, which
+    adopted the original kernel (not the first function)."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    pkg = _name("serve_again")
+    write_served_package(serving, pkg)
+    _layouts(fake, serving / pkg)
+    ops = importlib.import_module(f"{pkg}.ops")
+    first = ops.add_kernel
+    again = khal_runtime.load(pkg)
+    fn = again.crates["c"].triton_functions()[(f"{pkg}.ops", "add_kernel")]
+    assert ops.add_kernel is fn and fn is not first and fn.host is first.host
+    assert type(fn.host).__name__ == "JITFunction"
+
+
+def test_a_served_name_that_is_no_kernel_is_said_and_left(serving: Path, fake: FakeDriver) -> None:
+    pkg = _name("serve_nokernel")
+    write_served_package(serving, pkg, ops="def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK):\n    pass\n")
+    _layouts(fake, serving / pkg)
+    with pytest.warns(RuntimeWarning, match=rf"serves {pkg}\.ops\.add_kernel, but {pkg}\.ops holds function, "
+                                            "not a Triton kernel: its launches are not served"):
+        ops = importlib.import_module(f"{pkg}.ops")
+    assert type(ops.add_kernel).__name__ == "function"
+
+
 # --- companions -------------------------------------------------------------------------------------
 
 def _library(root: Path, name: str, version: str) -> Path:
