@@ -446,7 +446,9 @@ def serve(kernels: KernelSet) -> None:
                 parts = module.split(".")
                 _scoped.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
                 _packages.add(parts[0])
-        if _FINDER not in sys.meta_path:
+        if not sys.meta_path or sys.meta_path[0] is not _FINDER:  # first: before any import hook added since
+            if _FINDER in sys.meta_path:
+                sys.meta_path.remove(_FINDER)
             sys.meta_path.insert(0, _FINDER)
         _patch_imported(touched)
 

@@ -68,13 +68,13 @@ def add_by_meta(x, y, out, n):
 
 
 def entry(name: str, divisible: tuple[str, ...], *, module: str | None, qualname: str | None = "add_kernel",
-          kernel: str = "add_kernel", content: str = CONTENT) -> Entry:
+          kernel: str = "add_kernel", content: str = CONTENT, heuristics: tuple[str, ...] = ()) -> Entry:
     """A variant of ``add_kernel`` hashed as a build hashes it, importable as ``module.qualname``."""
     params = tuple(TritonParam(name=n) for n in NAMES) + (TritonParam(name="BLOCK", constexpr=True),)
     facts = TritonFacts(kernel=kernel, family=kernel, base=not divisible, num_warps=4, num_stages=3, shared=0,
                         names=NAMES, types=TYPES, divisible=divisible, constexprs={"BLOCK": 256}, cache_key="ck",
                         triton_version="3.6.0", params=params, module=module,
-                        qualname=qualname if module else None)
+                        qualname=qualname if module else None, heuristics=heuristics)
     plist = []
     for n, t in zip(NAMES, TYPES):
         if t.startswith("*"):
@@ -89,23 +89,25 @@ def entry(name: str, divisible: tuple[str, ...], *, module: str | None, qualname
                  grid_dims=3, triton=facts)
 
 
-def entries(module: str | None, qualname: str = "add_kernel") -> list[Entry]:
-    """The as-written variant and its conservative twin."""
+def entries(module: str | None, qualname: str = "add_kernel", heuristics: tuple[str, ...] = ()) -> list[Entry]:
+    """The as-written variant and its conservative twin (``heuristics``: the constexprs the kernel's
+    ``@triton.heuristics`` compute)."""
     return [entry(qualname, ("x_ptr", "y_ptr", "out_ptr", "n"), module=module, qualname=qualname,
-                  kernel=qualname),
-            entry(f"{qualname}__base", (), module=module, qualname=qualname, kernel=qualname)]
+                  kernel=qualname, heuristics=heuristics),
+            entry(f"{qualname}__base", (), module=module, qualname=qualname, kernel=qualname, heuristics=heuristics)]
 
 
 def write_served_package(root: Path, name: str, *, ops: str = OPS, init: str | None = None,
                          module: str | None = None, serves: dict[str, Any] | None = None,
-                         kernel_package: str | None = None, qualname: str = "add_kernel") -> Path:
+                         kernel_package: str | None = None, qualname: str = "add_kernel",
+                         heuristics: tuple[str, ...] = ()) -> Path:
     """Write ``root/<name>/``: ``__init__.py`` (default: ``kernels = khal_runtime.load(__name__)``),
     ``ops.py`` (Triton host code) and a manifest serving ``<module>.<qualname>`` (default
     ``<name>.ops.add_kernel``); ``serves``: the crate's ``triton.serves`` (a companion). ``kernel_package``:
     write the kernels' package under another name (a companion's) and ``ops`` nowhere."""
     pkg_name = kernel_package or name
     module = module or f"{name}.ops"
-    pkg = write_package(root, entries(module, qualname), package=pkg_name, language="triton")
+    pkg = write_package(root, entries(module, qualname, heuristics), package=pkg_name, language="triton")
     manifest_path = pkg / "_khal" / "manifest.json"
     if serves is not None:
         data = json.loads(manifest_path.read_text())

@@ -27,6 +27,7 @@ import khal_runtime
 from khal_runtime import triton_serve, triton_standin
 from khal_runtime.errors import TritonServeError, TritonStandInError
 from tests.helpers.fakecuda import FakeDriver, fake, ptx_param_layouts  # noqa: F401
+from tests.helpers.runtime import Tensor
 from tests.helpers.triton_serving import (
     OPS,
     drop_standin_functions,
@@ -59,6 +60,11 @@ def serving(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
         del sys.modules[name]
 
 
+def _tensors() -> tuple[Tensor, Tensor, Tensor]:
+    """x, y, out: torch-like tensors of 1024 float32 at 16-byte-aligned addresses."""
+    return Tensor(0x10000, 1024), Tensor(0x20000, 1024), Tensor(0x30000, 1024)
+
+
 def _layouts(drv: FakeDriver, pkg: Path) -> None:
     for ptx in pkg.rglob("*.ptx"):
         drv.layouts.update({f"FUNC:{n}": layout for n, layout in ptx_param_layouts(ptx.read_bytes()).items()})
@@ -69,9 +75,11 @@ _RUN = '''
 import importlib.util, json
 import {pkg}.ops as ops
 from {pkg} import kernels
+from tests.helpers.runtime import Tensor
 fn = kernels.crates["c"].triton_functions()[("{pkg}.ops", "add_kernel")]
-ops.add(0x10000, 0x20000, 0x30000, 1024)
-ops.add_by_meta(0x10000, 0x20000, 0x30000, 1000)
+x, y, out = Tensor(0x10000, 1024), Tensor(0x20000, 1024), Tensor(0x30000, 1024)
+ops.add(x, y, out, 1024)
+ops.add_by_meta(x, y, out, 1000)
 print(json.dumps({{
     "served": ops.add_kernel is fn,
     "host": type(fn.host).__module__ + "." + type(fn.host).__name__,
@@ -80,7 +88,8 @@ print(json.dumps({{
     "find_spec": repr(importlib.util.find_spec("triton")),
     "in_modules": sorted(m for m in sys.modules if m == "triton" or m.startswith("triton.")),
     "ops_triton": type(ops.triton).__name__ + ":" + str(getattr(ops.triton, "__version__", None)),
-    "calls": [{{k: v for k, v in c.items() if k != "stream"}} for c in getattr(fn, "calls", [])],
+    "calls": [{{k: (v.data_ptr() if hasattr(v, "data_ptr") else v) for k, v in c.items() if k != "stream"}}
+              for c in getattr(fn, "calls", [])],
 }}))
 '''
 
@@ -177,7 +186,7 @@ def other_kernel(x_ptr, BLOCK: tl.constexpr):
 
 
 def unserved():
-    other_kernel[(1,)](0x10000, BLOCK=16)
+    other_kernel[(1,)](None, BLOCK=16)
 
 
 def props():
@@ -219,7 +228,7 @@ def test_a_served_module_imported_before_load_is_patched_at_load(serving: Path, 
     fn = ks.crates["c"].triton_functions()[(f"{lib}.ops", "add_kernel")]
     assert ops.add_kernel is fn and user.the_kernel is fn
     assert fn.host is original
-    ops.add(0x10000, 0x20000, 0x30000, 1024)
+    ops.add(*_tensors(), 1024)
     assert [launch["f"] for launch in fake.launches] == [f"FUNC:{ks.manifest.crates[0].entries[0].symbol}"]
 
 
@@ -258,14 +267,14 @@ add_kernel = triton.heuristics({"BLOCK": lambda args: 256})(triton.jit(_impl))
 def add(x, y, out, n):
     add_kernel[(4,)](x, y, out, n)
 '''
-    write_served_package(serving, pkg, ops=ops_text, qualname="_impl")
+    write_served_package(serving, pkg, ops=ops_text, qualname="_impl", heuristics=("BLOCK",))
     _layouts(fake, serving / pkg)
     ops = importlib.import_module(f"{pkg}.ops")
     ks = sys.modules[pkg].kernels  # type: ignore[attr-defined]
     fn = ks.crates["c"].triton_functions()[(f"{pkg}.ops", "_impl")]
     assert ops.add_kernel is fn and callable(ops._impl) and ops._impl is not fn
     assert type(fn.host).__name__ == "Heuristics" and fn.host.fn.fn is ops._impl
-    ops.add(0x10000, 0x20000, 0x30000, 1024)
+    ops.add(*_tensors(), 1024)
     assert [launch["f"] for launch in fake.launches] == [f"FUNC:{ks.manifest.crates[0].entries[0].symbol}"]
 
 
@@ -326,7 +335,7 @@ def test_a_companion_serves_the_library_version_it_was_built_for(serving: Path, 
     importlib.import_module(companion)
     ops = importlib.import_module(f"{lib}.ops")
     assert type(ops.add_kernel).__name__ != "JITFunction"
-    ops.add(0x10000, 0x20000, 0x30000, 1024)
+    ops.add(*_tensors(), 1024)
     assert len(fake.launches) == 1
 
 
