@@ -414,3 +414,24 @@ def test_the_stand_in_dtypes_are_tritons() -> None:
         assert (s.name, str(s), repr(s)) == (d.name, str(d), repr(d)), n
         assert getattr(s, "primitive_bitwidth", None) == getattr(d, "primitive_bitwidth", None), n
         assert (s.is_floating(), s.is_int(), s.is_ptr()) == (d.is_floating(), d.is_int(), d.is_ptr()), n
+
+
+def test_liger_kernels_ops_import_without_triton(tmp_path: Path) -> None:
+    """A real library's host modules (Liger-Kernel's ``liger_kernel.ops``, every module of it, as
+    installed: never copied here) import through the stand-in when one of them is served and
+    Triton is not installed; afterwards no Triton is left. Skipped where Liger-Kernel or torch is
+    not installed (``pip install liger-kernel --no-deps`` beside torch)."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("liger_kernel", reason="Liger-Kernel is not installed")
+    companion = _name("serve_liger")
+    write_served_package(tmp_path, companion, kernel_package=companion, module="liger_kernel.ops.rms_norm",
+                         qualname="_rms_norm_forward_kernel")
+    out = run_fake(tmp_path, f'''
+import importlib.util
+import {companion}
+import liger_kernel.ops.rms_norm as r
+from torch.utils._triton import has_triton_package
+print(type(r._rms_norm_forward_kernel).__name__ != "JITFunction", type(r._rms_norm_backward_kernel).__module__,
+      importlib.util.find_spec("triton"), has_triton_package())
+''', hide_triton=True)
+    assert out.stdout.split()[-4:] == ["True", "khal_runtime.triton_standin.runtime", "None", "False"]
