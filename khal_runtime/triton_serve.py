@@ -33,9 +33,7 @@ compares the installed distribution's version and module files with the pinned o
 from __future__ import annotations
 
 import hashlib
-import importlib.abc
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import sys
 import threading
@@ -50,6 +48,8 @@ from khal_runtime.errors import TritonServeError
 from khal_runtime.manifest import Crate, ServedLibrary
 
 if TYPE_CHECKING:
+    import importlib.metadata
+
     from khal_runtime.kernels import CrateKernels, KernelSet
 
 __all__ = ["check_companion", "serve", "served_modules"]
@@ -101,7 +101,7 @@ def _top(name: str) -> str:
     return name.partition(".")[0]
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     """First in ``sys.meta_path`` once a package serves modules: wraps the loaders of served modules
     (and, while the stand-in is in use, of every module imported inside a served import); answers
     ``triton`` / ``triton.*`` with the stand-in while a module of a served package executes and
@@ -127,7 +127,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             scope = None
         if not served and scope is None:
             return spec
-        spec.loader = _Loader(spec.loader, name, served, scope)
+        spec.loader = _Loader(spec.loader, name, served, scope)  # type: ignore[assignment]
         return spec
 
     def _find_elsewhere(self, name: str, path: Optional[Sequence[str]],
@@ -148,7 +148,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         pass
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:
     """A module's own loader, wrapped: ``scope`` True / False: the stand-in is visible / hidden while
     the module executes (None: as it was); ``served``: replace its kernels after it executed."""
 
@@ -220,9 +220,10 @@ def _triton_installed() -> bool:
             _real_triton = not triton_standin.is_module(mod)
         else:
             try:
-                _real_triton = importlib.util.find_spec("triton") is not None
+                spec = importlib.util.find_spec("triton")
             except (ImportError, ValueError):
-                _real_triton = False
+                spec = None
+            _real_triton = spec is not None and spec.loader is not triton_standin.spec("triton").loader
     return _real_triton
 
 
@@ -372,6 +373,8 @@ def check_companion(package: str, crate: str, serves: ServedLibrary) -> None:
                f"{package!r} with the installed {dist_name} in its build environment (python -m build / pip wheel "
                "in the companion's project)")
     who = f"package {package!r} (crate {crate!r}) serves the Triton kernels of {dist_name} {pinned}"
+    import importlib.metadata  # lazy: companions only (tens of ms to import)
+
     try:
         dist = importlib.metadata.distribution(dist_name)
     except importlib.metadata.PackageNotFoundError:

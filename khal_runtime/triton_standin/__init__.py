@@ -23,7 +23,6 @@ another library's ``importlib.util.find_spec("triton")`` still finds no Triton.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import types
 from typing import Any, Callable
@@ -103,7 +102,7 @@ def missing(path: str) -> TritonStandInError:
         "@triton.jit kernel")
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:
     """Loads a stand-in module: the one object made for its name."""
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
@@ -119,7 +118,7 @@ _modules: dict[str, types.ModuleType] = {}
 
 def spec(name: str) -> importlib.machinery.ModuleSpec:
     """The spec of stand-in module ``name`` (``triton`` or ``triton.<anything>``)."""
-    return importlib.machinery.ModuleSpec(name, _LOADER, origin=_ORIGIN, is_package=True)
+    return importlib.machinery.ModuleSpec(name, _LOADER, origin=_ORIGIN, is_package=True)  # type: ignore[arg-type]
 
 
 def _getattr_of(name: str, submodules: tuple[str, ...]) -> Callable[[str], Any]:
@@ -142,7 +141,7 @@ def module(name: str) -> types.ModuleType:
     m = types.ModuleType(name, f"khal's Triton stand-in for {name} (Triton is not installed)")
     m.__dict__.update(names)
     m.__spec__ = spec(name)
-    m.__loader__ = _LOADER
+    m.__loader__ = _LOADER  # type: ignore[assignment]
     m.__path__ = []
     m.__package__ = name
     m.__dict__["__khal_standin__"] = True
