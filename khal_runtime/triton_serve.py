@@ -25,14 +25,12 @@ imported meanwhile (torch, say) executes with them taken out again, and when the
 import ends they are gone: ``importlib.util.find_spec("triton")`` still says there is no Triton, and
 torch's ``has_triton()`` stays False. With Triton installed the stand-in is never used.
 
-A companion crate serves only the library version it was built for: :func:`check_companion`
-compares the installed distribution's version and module files with the pinned ones and raises
-:class:`~khal_runtime.errors.TritonServeError` naming both versions otherwise.
+A companion crate serves only the library version it was built for
+(:func:`khal_runtime.triton_companion.check_companion`, before anything of it is registered).
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
 import sys
@@ -40,19 +38,16 @@ import threading
 import types
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence, cast
 
 from khal_runtime import triton_standin
-from khal_runtime.errors import TritonServeError
-from khal_runtime.manifest import Crate, ServedLibrary
+from khal_runtime.manifest import Crate
+from khal_runtime.triton_companion import check_companion
 
 if TYPE_CHECKING:
-    import importlib.metadata
-
     from khal_runtime.kernels import CrateKernels, KernelSet
 
-__all__ = ["check_companion", "serve", "served_modules"]
+__all__ = ["serve", "served_modules"]
 
 
 class _FunctionSource(Protocol):
@@ -343,58 +338,6 @@ def _patch_imported(modules: set[str]) -> None:
             for k, v in list(values.items()):
                 if v is original:
                     setattr(mod, k, function)
-
-
-# --- companions -------------------------------------------------------------------------------------
-
-def _module_file(dist: importlib.metadata.Distribution, path: str) -> Path | None:
-    """The installed file of ``path`` (``liger_kernel/ops/rms_norm.py``): where the distribution's
-    record puts it, else under its top-level package as the import system finds it (editable installs)."""
-    located = Path(str(dist.locate_file(path)))
-    if located.is_file():
-        return located
-    top = path.split("/", 1)[0]
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        spec = None
-    for loc in (spec.submodule_search_locations or []) if spec is not None else []:
-        candidate = Path(loc).parent / path
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def check_companion(package: str, crate: str, serves: ServedLibrary) -> None:
-    """Refuse (:class:`TritonServeError`) to serve a library other than the one ``crate`` was built
-    from: another installed version, a module file whose sha256 differs, or none installed."""
-    dist_name, pinned = serves.distribution, serves.version
-    rebuild = (f"install the version it was built for (pip install '{dist_name}=={pinned}'), or rebuild "
-               f"{package!r} with the installed {dist_name} in its build environment (python -m build / pip wheel "
-               "in the companion's project)")
-    who = f"package {package!r} (crate {crate!r}) serves the Triton kernels of {dist_name} {pinned}"
-    import importlib.metadata  # lazy: companions only (tens of ms to import)
-
-    try:
-        dist = importlib.metadata.distribution(dist_name)
-    except importlib.metadata.PackageNotFoundError:
-        raise TritonServeError(f"{who}, and {dist_name} is not installed: pip install '{dist_name}=={pinned}'") \
-            from None
-    installed = dist.version
-    if installed != pinned:
-        raise TritonServeError(f"{who}, but {dist_name} {installed} is installed: it refuses to serve another "
-                               f"version's kernels; {rebuild}")
-    for path, digest in sorted(serves.files.items()):
-        found = _module_file(dist, path)
-        if found is None:
-            raise TritonServeError(f"{who}; {dist_name} {installed} is installed but has no {path}: {rebuild}")
-        actual = hashlib.sha256(found.read_bytes()).hexdigest()
-        if actual != digest:
-            raise TritonServeError(
-                f"{who}; {dist_name} {installed} is installed, but its {path} ({found}) is not the file the companion "
-                f"was built from (sha256 {actual[:12]}..., built from {digest[:12]}...: an edited or patched "
-                f"install?): it refuses to serve it; reinstall {dist_name}=={pinned}, or rebuild {package!r} against "
-                "this file")
 
 
 # --- registration -----------------------------------------------------------------------------------
