@@ -26,6 +26,8 @@ __all__ = [
     "TritonJitFallbackWarning",
     "TritonMissingVariantError",
     "StaleBuildError",
+    "TritonServeError",
+    "TritonStandInError",
 ]
 
 
@@ -132,3 +134,18 @@ class TritonJitFallbackWarning(UserWarning):
 class CaptureError(KhalError, RuntimeError):
     """Something was done during CUDA graph capture that would break the capture."""
 
+
+
+class TritonServeError(KhalError, ImportError):
+    """A companion package (a crate that serves another library's Triton kernels,
+    ``Crate.triton.serves``) was built for another version of that library, or the library's module
+    files differ from those it was built from, or the library is not installed: the companion
+    refuses to serve it (raised by its ``load()``, so by its ``import``; an ``ImportError``, so that
+    ``try: import companion / except ImportError`` keeps Triton's JIT)."""
+
+
+class TritonStandInError(KhalError, RuntimeError):
+    """Host code ran without Triton installed and asked khal's Triton stand-in for something it does
+    not have: a Triton API beyond ``jit`` / ``autotune`` / ``heuristics`` / ``Config`` / ``cdiv`` /
+    ``next_power_of_2`` / ``language`` dtypes and ``constexpr`` (named in the message), or a launch
+    of a kernel no loaded package serves."""

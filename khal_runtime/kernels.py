@@ -717,4 +717,19 @@ def load(package: str | os.PathLike[str]) -> KernelSet:
     _tracing_from_env_once()
     # cubins shipped by companion distributions (per arch family): where installed, and checked
     companions = resolve_companions(manifest.package or name, pkg_dir, manifest)
-    return KernelSet(manifest.package or name, pkg_dir, manifest, companions)
+    kernels = KernelSet(manifest.package or name, pkg_dir, manifest, companions)
+    if any(_serves(c) for c in manifest.crates):
+        from khal_runtime import triton_serve  # lazy: only for packages whose Triton kernels host code imports
+
+        triton_serve.serve(kernels)
+    return kernels
+
+
+def _serves(crate: Crate) -> bool:
+    """Whether a crate serves kernels host code imports (a Triton entry naming its module, or a
+    companion crate): :mod:`khal_runtime.triton_serve` then replaces them in their modules."""
+    if crate.language != "triton":
+        return False
+    if crate.triton is not None and crate.triton.serves is not None:
+        return True
+    return any(e.triton is not None and e.triton.module for e in crate.entries)
