@@ -14,6 +14,7 @@ __all__ = [
     "BackendUnavailableError",
     "CaptureError",
     "CudaError",
+    "EnvVarError",
     "HashMismatchError",
     "KhalError",
     "LaunchAttributeError",
@@ -29,6 +30,18 @@ __all__ = [
 
 class KhalError(Exception):
     """Base class of every khal_runtime error."""
+
+
+class EnvVarError(KhalError, ValueError):
+    """An environment variable khal reads has a value it does not understand (``KHAL_SKIP_SPIRV=flase``,
+    ``KHAL_BACKEND=vulkan``, ``KHAL_WEBGPU_BATCH=0``): the message names the variable, the value and
+    the values it accepts. One class for every such variable, at build and at run time; a
+    ValueError, as the variables' own errors were before."""
+
+    def __init__(self, message: str, *, variable: str = "", value: str = ""):
+        super().__init__(message)
+        self.variable = variable
+        self.value = value
 
 
 class ManifestError(KhalError, ValueError):
