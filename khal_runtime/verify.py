@@ -474,11 +474,11 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
     if wgsl:
         # WGSL spells names its own way (khal_runtime.shaders, "WGSL names"): each variable is the
         # parameter whose binding (from Slang's reflection) it sits at, when their stems agree
-        at = {(b.group, b.binding): b.param for b in target.bindings}
+        at: dict[tuple[int | None, int | None], str | None] = {(b.group, b.binding): b.param for b in target.bindings}
         facts: dict[str | None, ShaderVar] = {}
         for var in shader.vars:
-            p = at.get((var.group, var.binding), var.param)
-            facts[p if wgsl_stem(p) == wgsl_stem(var.param) else var.param] = var
+            owner = at.get((var.group, var.binding), var.param)
+            facts[owner if wgsl_stem(owner) == wgsl_stem(var.param) else var.param] = var
     else:
         facts = shader.by_param()
 
