@@ -25,13 +25,13 @@ from khal_runtime.verify import check_sources
 
 from tests.helpers.build import Recorder, _crates, build, manifest_of, worker_children
 from tests.helpers.projects import COMMON_CUH, HALF_CU, OTHER_CU, SCALE_CU, make_project
-from tests.conftest import ROOT, build_env, run
+from tests.conftest import ROOT, SESSION_ENV, build_env, run
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in list(os.environ):
-        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")):
+        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")) and k not in SESSION_ENV:
             monkeypatch.delenv(k)
 
 
