@@ -115,3 +115,29 @@ def test_plain_pip_wheel_shows_the_driver_the_ptx_needs(tmp_path: Path, session_
     ok = make_project(tmp_path / "q", hook='archs = ["sm_90"]\n', nvrtc_requirement=f"nvidia-cuda-nvrtc>={major}.{minor}")
     proc = run([*cmd, "-v", str(ok)], env=env)
     assert f"its PTX (ISA {int(major) - 4}.{minor}) needs a CUDA >= {major}.{minor} driver" in proc.stdout + proc.stderr
+
+
+# -- what the entry hash covers (#38 item 15): not the NVRTC release ---------------------------------------
+def test_the_entry_hash_does_not_cover_the_nvrtc_release_the_cache_key_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The docs said the entry hash comes from "the compiler's identity (the NVRTC release)"; it does
+    not, on purpose: NVRTC compiles the kernel the hash names and does not change which kernel that is
+    (a PTX prebuilt by another compiler carries the same hashes, CUDA_OXIDE_SHADERS_PTX_<CRATE>). The
+    compile cache's key does cover it: another NVRTC recompiles."""
+    from hatch_khal.config import parse_config
+    from hatch_khal.cuda import CUDA, CudaFront
+
+    root = make_project(tmp_path / "p", hook='archs = ["sm_90"]\nptx-arch = "none"\n')
+    _, crates = parse_config({"archs": ["sm_90"], "crates": [{"name": "beta", "sources": ["kernels/beta/*.cu"]}]},
+                             default_package="mini_pkg")
+
+    def plan_and_keys(release: str) -> tuple[tuple[tuple[str, str], ...], list[str]]:
+        _nvrtc(monkeypatch, release)
+        planned = CUDA.plan(root, crates[0])
+        prepared = planned.prepared(CudaFront({}))
+        return tuple((e.name, e.hash) for e in planned.entries), [j.key for j in CUDA.jobs(prepared, root, ["sm_90"])]
+
+    hashes_a, keys_a = plan_and_keys("13.0.88")
+    hashes_b, keys_b = plan_and_keys("13.5.37")
+    assert hashes_a == hashes_b and hashes_a
+    assert keys_a != keys_b
