@@ -12,6 +12,7 @@ __all__ = [
     "ArtifactError",
     "BackendFallbackWarning",
     "BackendUnavailableError",
+    "BackendVarError",
     "CaptureError",
     "CudaError",
     "EnvVarError",
@@ -73,6 +74,12 @@ class ParamLayoutError(KhalError):
 class BackendUnavailableError(KhalError, RuntimeError):
     """No backend can run kernels here (no usable CUDA driver/device, no WebGPU adapter), or the
     one ``KHAL_BACKEND`` asks for is unusable or lacks what the package needs."""
+
+
+class BackendVarError(EnvVarError, BackendUnavailableError):
+    """``KHAL_BACKEND`` names no backend: an :class:`EnvVarError`, and a
+    :class:`BackendUnavailableError` as it was before EnvVarError existed (handlers of that keep
+    working)."""
 
 
 class BackendFallbackWarning(UserWarning):

@@ -12,7 +12,7 @@ from hatch_khal.config import parse_config
 from hatch_khal.slang.language import spirv_status
 from khal_runtime import abi
 from khal_runtime import launch_hooks as hooks
-from khal_runtime.errors import EnvVarError, KhalError
+from khal_runtime.errors import BackendUnavailableError, EnvVarError, KhalError
 
 OFF = ["", "0", "false", "FALSE", " no ", "off", "Off"]
 ON = ["1", "true", "yes", "on", " ON "]
@@ -153,3 +153,5 @@ def test_every_bad_variable_value_is_one_class(monkeypatch: pytest.MonkeyPatch, 
     assert str(exc.value).startswith(f"{name}={value!r}") and says in str(exc.value), str(exc.value)
     assert isinstance(exc.value, ValueError) and isinstance(exc.value, KhalError)
     assert exc.value.variable == name
+    if name == "KHAL_BACKEND":  # what it raised before: handlers written for 0.1.0 keep catching it
+        assert isinstance(exc.value, BackendUnavailableError)

@@ -31,7 +31,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from khal_runtime.errors import BackendFallbackWarning, BackendUnavailableError, EnvVarError
+from khal_runtime.errors import BackendFallbackWarning, BackendUnavailableError, BackendVarError, EnvVarError
 
 if TYPE_CHECKING:
     from khal_runtime.device import Device, Stream
@@ -218,7 +218,7 @@ def backend_mode() -> str:
     raw = os.environ.get(BACKEND_ENV, "").strip()
     mode = raw.lower() or "auto"
     if mode not in MODES:
-        raise EnvVarError(
+        raise BackendVarError(
             f"{BACKEND_ENV}={raw!r} is not a backend khal_runtime provides; "
             f"use one of {', '.join(MODES)} (or leave it unset for auto-detection)", variable=BACKEND_ENV, value=raw)
     return mode
