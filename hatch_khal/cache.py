@@ -42,10 +42,11 @@ _LAYOUT = "v1"
 def default_cache_dir() -> Path | None:
     """``KHAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/hatch-khal``, else ``~/.cache/hatch-khal``.
 
-    ``KHAL_NO_CACHE`` turns the cache off: a boolean (:func:`khal_runtime.abi.env_flag`: ``1``
-    and any other value is on; unset, empty, ``0``, ``false``, ``no``, ``off`` are off).
+    ``KHAL_NO_CACHE`` turns the cache off: a boolean (:func:`khal_runtime.abi.env_flag`: ``1``,
+    ``true``, ``yes``, ``on`` are on; unset, empty, ``0``, ``false``, ``no``, ``off`` are off; any
+    other value is an error).
     """
-    if env_flag(os.environ.get("KHAL_NO_CACHE")):
+    if env_flag(os.environ.get("KHAL_NO_CACHE"), "KHAL_NO_CACHE"):
         return None
     explicit = os.environ.get("KHAL_CACHE_DIR")
     if explicit:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from hatch_khal.config import ResolvedCrate
     from hatch_khal.model import BuildResult
 
-__all__ = ["CallbackReporter", "all_prebuilt", "check_packages", "default_package", "runtime_dependency_problem", "summary"]
+__all__ = ["CallbackReporter", "all_prebuilt", "check_packages", "default_package", "runtime_bound",
+           "runtime_dependency_problem", "summary"]
 
 class CallbackReporter:
     """A :class:`~hatch_khal.model.Reporter` over three callables (hatchling's
@@ -98,30 +99,44 @@ def all_prebuilt(crates: list[ResolvedCrate]) -> bool:
 
 
 def summary(result: BuildResult) -> str:
+    """The build's last line: what it made, and which driver its PTX needs (the newest PTX ISA
+    of the build: a driver JITs PTX only up to its own CUDA version)."""
+    # lazy: the binary readers' driver table only after a build
+    from khal_runtime.binaries import min_driver_for_ptx_isa, ptx_driver_note
+
     n_crates = sum(len(p.manifest.crates) for p in result.packages)
     n_art = sum(len(c.artifacts) for p in result.packages for c in p.manifest.crates)
+    isas = {a.ptx_isa for p in result.packages for c in p.manifest.crates for a in c.artifacts
+            if a.kind == "ptx" and a.ptx_isa}
+    placed = [(d, isa) for isa in isas if (d := min_driver_for_ptx_isa(isa)) is not None]
+    ptx = ""
+    if placed:
+        _, isa = max(placed)
+        ptx = f"; its PTX (ISA {isa}) {ptx_driver_note(isa)} to load where no cubin fits"
     return (f"khal: {n_crates} crate(s), {n_art} artifact(s): {result.compiled} compiled, "
-            f"{result.cached} from cache, in {result.seconds:.2f}s")
+            f"{result.cached} from cache, in {result.seconds:.2f}s{ptx}")
 
 
 def runtime_dependency_problem(dependencies: list[str] | None) -> tuple[str, str] | None:
     """What is wrong with the runtime requirement among a shader package's ``[project]
-    dependencies`` (None: dynamic, not known at build time): ``("error", message)`` for a
-    khal-runtime requirement that excludes the runtime this build's manifests are for,
-    ``("warn", message)`` for none at all (an install of the wheel could not import
-    khal_runtime) or for hatch-khal listed instead (the build plugin: it works, through its own
-    dependency on khal-runtime, but installs the build side with the package); None when fine.
+    dependencies`` (None: dynamic, not known at build time): ``("error", message)`` for none at
+    all (an install of the wheel could not import khal_runtime: the build fails, since pip shows a
+    warning only under ``-v``) and for a khal-runtime requirement that excludes the runtime this
+    build's manifests are for; ``("warn", message)`` for hatch-khal listed instead (the build
+    plugin: it works, through its own dependency on khal-runtime, but installs the build side with
+    the package); None when fine.
 
-    A check, not an addition: hatchling's ``prepare_metadata_for_build_wheel`` (used by uv and
-    ``build``) writes the metadata without running build hooks, so a requirement a hook added
-    would be in the wheel and missing from what those resolvers read."""
+    A missing requirement is refused rather than added: hatchling's ``prepare_metadata_for_build_wheel``
+    (which uv and ``build`` may call) writes the metadata without running build hooks, so a
+    requirement only a hook added would be in the wheel and missing from what those resolvers read.
+    The lower bound the manifest needs is added to a declared one (:func:`runtime_bound`): the
+    declared requirement brings a runtime either way."""
     from packaging.requirements import InvalidRequirement, Requirement  # lazy: only while building
     from packaging.utils import canonicalize_name  # lazy: as above
 
     from khal_runtime.manifest import runtime_requirement  # lazy: pydantic, only while building
 
     wanted = runtime_requirement()
-    line = f'add "{wanted}" to [project] dependencies'
     if dependencies is None:
         return None
     reqs = []
@@ -142,5 +157,39 @@ def runtime_dependency_problem(dependencies: list[str] | None) -> tuple[str, str
         return ("warn", f"khal: [project] dependencies list hatch-khal, the build plugin: an install of this "
                         f"package then installs the build side too. The runtime is khal-runtime: replace "
                         f"\"hatch-khal\" with \"{wanted}\" (hatch-khal stays in [build-system] requires)")
-    return ("warn", f"khal: [project] dependencies do not list khal-runtime, which loads the kernels at "
-                    f"import: {line} (an install of this wheel cannot import khal_runtime otherwise)")
+    return ("error", f"[project] dependencies do not list khal-runtime, which loads the kernels at import (an "
+                     f"install of this wheel could not import khal_runtime): add \"{wanted}\" to [project] "
+                     f"dependencies (hatch-khal stays in [build-system] requires only)")
+
+
+def runtime_bound(dependencies: list[str] | None, needed: str) -> str | None:
+    """``khal-runtime>={needed}`` (the oldest runtime that reads the build's manifests,
+    :func:`khal_runtime.manifest.required_runtime`) when the package's declared dependencies do
+    not already guarantee it, else None: what the build hook adds to the wheel's requirements, so
+    that an older runtime, which a looser declared requirement admits, is never installed with it.
+
+    Guaranteed: a khal-runtime requirement without a marker whose specifier has a lower bound
+    (``>=``, ``>``, ``==``, ``~=``, ``===``) at or above ``needed``, since every specifier must
+    hold."""
+    from packaging.requirements import InvalidRequirement, Requirement  # lazy: only while building
+    from packaging.utils import canonicalize_name  # lazy: as above
+    from packaging.version import InvalidVersion, Version  # lazy: as above
+
+    floor = Version(needed)
+    for raw in dependencies or ():
+        try:
+            r = Requirement(raw)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(r.name) != "khal-runtime" or r.marker is not None:
+            continue
+        for s in r.specifier:
+            if s.operator not in (">=", ">", "==", "~=", "==="):
+                continue
+            try:
+                v = Version(s.version.removesuffix(".*"))
+            except InvalidVersion:
+                continue
+            if v >= floor:
+                return None
+    return f"khal-runtime>={needed}"

@@ -33,14 +33,17 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+from khal_runtime.abi import env_flag
+
 from hatch_khal import _worker
 from hatch_khal.compilers import binary_mismatch
 from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, from_name
 from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity
 from hatch_khal.nvidia_wheels import FAMILIES, admitted_majors, library_major
 
-__all__ = ["NVRTC", "OUTPUT_FORMAT", "REQUIREMENT_ENV", "CompileResult", "NvrtcCompiler", "compile_listing_reads", "compile_unit",
-           "nvrtc_release", "nvrtc_version", "requirement", "supported_archs"]
+__all__ = ["ANY_MINOR_ENV", "NVRTC", "OUTPUT_FORMAT", "REQUIREMENT_ENV", "CompileResult", "NvrtcCompiler",
+           "compile_listing_reads", "compile_unit", "nvrtc_release", "nvrtc_version", "ptx_problem", "requirement",
+           "supported_archs"]
 
 #: What an NVRTC output in the cache is, in the compile jobs' keys: 2, the binary of a plain compile
 #: (1's came from the traced compile, whose sm_100+ cubins differ from build to build)
@@ -393,10 +396,62 @@ def _in_child(job: CompileJob) -> CompileOutput:
     return CompileOutput(out[1], out[2], out[3], reads=out[4])
 
 
+#: set (a boolean, ``1``): PTX from an NVRTC newer than ``nvrtc-requirement`` admits is built
+#: anyway, as before 0.2.0 (a build without isolation used the installed NVRTC whatever its minor
+#: version), instead of failing the build (:func:`ptx_problem`)
+ANY_MINOR_ENV = "KHAL_NVRTC_ANY_MINOR"
+
+
+def ptx_problem() -> str | None:
+    """Why the PTX this build would write needs a newer driver than its ``nvrtc-requirement``
+    promises, or None. A driver JITs PTX only up to its own CUDA version and NVRTC writes the PTX
+    ISA of its own release, so PTX from NVRTC 13.5 needs a CUDA 13.5 driver, while the default
+    requirement (CUDA 13.0's NVRTC) promises every CUDA 13 driver. An isolated build installs the
+    requirement; a build without isolation (or a setuptools one) uses the NVRTC installed, and when
+    that one is newer than the requirement admits (a release of a lower minor of its major is
+    admitted, its own is not), the build fails saying so: pip shows a build's output only when it
+    fails, so a warning would reach nobody. An older NVRTC than the requirement's is no driver
+    problem (its PTX loads on more drivers) and passes, as before."""
+    req = _required()
+    if req is None or env_flag(os.environ.get(ANY_MINOR_ENV), ANY_MINOR_ENV):
+        return None
+    from packaging.requirements import Requirement  # lazy: only while building
+    from packaging.version import InvalidVersion, Version  # lazy: only while building
+
+    from khal_runtime.binaries import PTX_ISA_BY_DRIVER, ptx_driver_note  # lazy: only while building
+
+    release = nvrtc_release()
+    major, minor = nvrtc_version()
+    try:
+        have = Version(release.split("+", 1)[0])
+    except InvalidVersion:
+        return None
+    spec = Requirement(req[0]).specifier
+    if spec.contains(have, prereleases=True):
+        return None
+    lower = [f"{major}.{m}.{p}" for m in range(minor) for p in (0, 999)]
+    if not any(spec.contains(v, prereleases=True) for v in lower):
+        return None  # older than the requirement, or another major (nvrtc_version's check)
+    isa = PTX_ISA_BY_DRIVER.get((major, minor), (major - 4, minor) if major >= 13 else None)
+    need = ptx_driver_note(f"{isa[0]}.{isa[1]}" if isa else None) or f"needs a CUDA >= {major}.{minor} driver"
+    lib = _loaded_library()
+    return (f"the NVRTC in this build environment is {release}{f' ({lib})' if lib else ''}, newer than "
+            f"option 'nvrtc-requirement' ({req[0]!r}) admits: the PTX it writes {need} to load, while the "
+            f"requirement promises PTX for every driver it admits (a build with isolation installs the "
+            f"requirement itself; this one uses the NVRTC installed here). Install the requirement "
+            f"(pip install '{req[0]}'), or require this NVRTC (nvrtc-requirement = "
+            f"\"nvidia-cuda-nvrtc>={major}.{minor}\" in the hook table: its PTX then needs that driver), or "
+            f"build no PTX (ptx-arch = \"none\", or KHAL_PTX_ARCH=none); {ANY_MINOR_ENV}=1 builds it anyway")
+
+
 class NvrtcCompiler:
     """NVRTC behind the :class:`hatch_khal.compilers.Compiler` seam (CUDA C++ -> PTX / cubin)."""
 
     name = "nvrtc"
+
+    def ptx_problem(self) -> str | None:
+        """:func:`ptx_problem`: asked by the planning stage of a crate that builds PTX."""
+        return ptx_problem()
 
     def identity(self) -> CompilerIdentity:
         nvrtc_version()  # the requirement's check, on every call

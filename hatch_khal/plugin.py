@@ -17,6 +17,7 @@ import atexit
 import importlib.util
 import shutil
 import tempfile
+from contextlib import AbstractContextManager
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,14 @@ from hatch_khal.builder import build_packages
 from hatch_khal.config import HookConfig, ResolvedCrate, parse_config
 from hatch_khal.errors import ConfigError
 from hatch_khal.frontend import (CallbackReporter, all_prebuilt, check_packages, default_package,
-                                 runtime_dependency_problem, summary)
+                                 runtime_bound, runtime_dependency_problem, summary)
 from hatch_khal.headers import header_requirements
 from hatch_khal.model import BuildResult
 from hatch_khal.nvrtc import requirement as nvrtc_requirement
 from hatch_khal.output import remove_output, write_package_output
 from hatch_khal.remote import cache_url
 from hatch_khal.stores import requirements as store_requirements
+from hatch_khal.report import reported
 from hatch_khal.slang.library import SLANGPY_REQUIREMENT
 from hatch_khal.triton import TRITON_REQUIREMENT
 
@@ -79,9 +81,25 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     def reporter(self) -> CallbackReporter:
         return CallbackReporter(self.app.display_info, self.app.display_warning, self.app.display_debug)
 
-    # -- hatchling API ---------------------------------------------------------
+    # -- hatchling API: each step reports a build error as one block and exits (hatch_khal.report) --
+
+    def _reported(self) -> AbstractContextManager[None]:
+        name = getattr(getattr(self.metadata, "core", None), "raw_name", None) or Path(self.root).name
+        return reported(name, f"{Path(self.root) / 'pyproject.toml'}, {self.where}")
 
     def dependencies(self) -> list[str]:
+        with self._reported():
+            return self._dependencies()
+
+    def clean(self, versions: list[str]) -> None:
+        with self._reported():
+            self._clean(versions)
+
+    def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        with self._reported():
+            self._initialize(version, build_data)
+
+    def _dependencies(self) -> list[str]:
         crates = self._parsed[1]
         deps: list[str] = []
         # NVRTC is needed only to compile: a build whose crates are all prebuilt needs none, and
@@ -100,11 +118,11 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         deps += store_requirements(cache_url(self.hook_config.cache_url)[0])
         return deps
 
-    def clean(self, versions: list[str]) -> None:  # noqa: ARG002
+    def _clean(self, versions: list[str]) -> None:  # noqa: ARG002
         for c in self.crates:
             remove_output(Path(self.root) / c.package)  # ours only: anything else is refused
 
-    def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+    def _initialize(self, version: str, build_data: dict[str, Any]) -> None:
         self._check_table()
         if self.target_name != "wheel":
             raise ConfigError(
@@ -134,6 +152,7 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
                 raise
         else:
             self._stage(result, build_data)
+        self._require_runtime(result, build_data)
         self.reporter.info(summary(result))
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:  # noqa: ARG002
@@ -169,6 +188,26 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         if kind == "error":
             raise ConfigError(f"{self.where}: {message}")
         self.reporter.warn(message)
+
+    def _require_runtime(self, result: BuildResult, build_data: dict[str, Any]) -> None:
+        """Add the oldest khal-runtime that reads this build's manifests to the wheel's requirements
+        (hatchling writes ``build_data["dependencies"]`` into the wheel's METADATA, editable wheels'
+        too), unless the declared dependencies already require it: a package declaring
+        ``khal-runtime>=0.1.0`` whose manifest needs 0.2.0 then requires both, and no older runtime
+        is installed with it to refuse the manifest at import."""
+        # lazy: the manifest's model (pydantic) only after a build
+        from khal_runtime.manifest import required_runtime
+
+        if not result.packages:
+            return
+        from packaging.version import Version  # lazy: only while building
+
+        needed = max((required_runtime(p.manifest) for p in result.packages), key=Version)
+        deps = getattr(self.metadata.core, "dependencies", None)
+        bound = runtime_bound(None if deps is None else list(deps), needed)
+        if bound is not None:
+            build_data.setdefault("dependencies", []).append(bound)
+            self.reporter.info(f"khal: the wheel requires {bound}, the oldest runtime that reads its manifest")
 
     def _check_editables(self) -> None:
         """hatchling's editable wheel (without ``dev-mode-dirs``) imports ``editables`` after the

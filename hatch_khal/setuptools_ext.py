@@ -31,15 +31,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from setuptools import Command
 
+from khal_runtime.errors import EnvVarError  # dependency-free, cheap
+
 from hatch_khal.errors import ConfigError, KhalBuildError  # dependency-free, cheap
 from hatch_khal.frontend import (  # cheap
-    CallbackReporter, all_prebuilt, check_packages, default_package, runtime_dependency_problem, summary,
+    CallbackReporter, all_prebuilt, check_packages, default_package, runtime_bound, runtime_dependency_problem,
+    summary,
 )
 
 if TYPE_CHECKING:
     from setuptools.dist import Distribution
 
     from hatch_khal.config import HookConfig, ResolvedCrate
+    from hatch_khal.model import BuildResult
 
 __all__ = ["BuildKhal", "finalize_distribution_options", "read_khal_table"]
 
@@ -148,7 +152,7 @@ def finalize_distribution_options(dist: Distribution) -> None:
     try:
         read_khal_table(dist)
     except KhalBuildError as exc:
-        raise _setup_error(f"khal: {exc}") from exc
+        raise _setup_error(_block(dist, exc)) from exc
     build = dist.get_command_class("build")
     if COMMAND not in {name for name, _ in build.sub_commands}:
         build.sub_commands.append((COMMAND, _has_khal))
@@ -207,9 +211,10 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
     def run(self) -> None:
         try:
             self._run()
-        except KhalBuildError as exc:
-            # setuptools reports its own errors as "error: ..." without a traceback
-            raise _setup_error(f"khal: {exc}") from exc
+        except (KhalBuildError, EnvVarError) as exc:
+            # setuptools reports its own errors as "error: ..." without a traceback: the block
+            # (hatch_khal.report) is that message
+            raise _setup_error(_block(self.distribution, exc)) from exc
 
     def _run(self) -> None:
         root = _project_root(self.distribution)
@@ -225,7 +230,8 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
         dests = {c.package: Path(self.build_lib) / self._dist_package(root, c.package) for c in crates}
         reporter = CallbackReporter(lambda m: self.announce(m, level=logging.INFO), self.warn,
                                     lambda m: self.announce(m, level=logging.DEBUG))
-        problem = runtime_dependency_problem([str(r) for r in self.distribution.install_requires or ()])
+        declared = [str(r) for r in self.distribution.install_requires or ()]
+        problem = runtime_dependency_problem(declared)
         if problem is not None and problem[0] == "error":
             raise ConfigError(f"[tool.khal]: {problem[1]}")
         if problem is not None:
@@ -242,6 +248,7 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
                                         cache_url=hook.cache_url)
             except KhalBuildError as exc:
                 raise type(exc)(f"{exc}{self._header_note(hook, crates)}") from exc
+        _check_runtime_bound(declared, result)
         for out in result.packages:
             if self.editable_mode:
                 # In place: lenient editable installs (the default) import the source package.
@@ -274,10 +281,10 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
         try:
             nvrtc_version()
         except KhalBuildError as exc:
-            raise _setup_error(
-                f"khal: {exc}\nsetuptools cannot add build requirements: list the compiler in the project's "
+            raise ConfigError(
+                f"{exc}\nsetuptools cannot add build requirements: list the compiler in the project's "
                 f'pyproject.toml, e.g. [build-system] requires = ["setuptools>=70", "hatch-khal", "{requirement}"]'
-                        ) from exc
+            ) from exc
         self._warn_unmet_requirement(requirement)
 
     def _check_slang(self, hook: HookConfig, crates: list[ResolvedCrate]) -> None:
@@ -292,8 +299,8 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
         except SlangNotFound as exc:
             requires = ", ".join(f'"{r}"' for r in ("setuptools>=70", "hatch-khal", hook.nvrtc_requirement,
                                                       SLANGPY_REQUIREMENT))
-            raise _setup_error(
-                f"khal: {exc}\nsetuptools cannot add build requirements: list the Slang compiler in the "
+            raise ConfigError(
+                f"{exc}\nsetuptools cannot add build requirements: list the Slang compiler in the "
                 f"project's pyproject.toml, e.g. [build-system] requires = [{requires}]"
             ) from exc
         self._warn_unmet_requirement(SLANGPY_REQUIREMENT, f"Slang crates are tested with {SLANGPY_REQUIREMENT!r}")
@@ -308,8 +315,8 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
         from hatch_khal.triton import TRITON_REQUIREMENT
 
         if find_spec("triton") is None:
-            raise _setup_error(
-                f"khal: a Triton crate needs Triton in the build environment\nsetuptools cannot add build "
+            raise ConfigError(
+                f"a Triton crate needs Triton in the build environment\nsetuptools cannot add build "
                 f'requirements: list it in the project\'s pyproject.toml, e.g. [build-system] requires = '
                 f'["setuptools>=70", "hatch-khal", "{TRITON_REQUIREMENT}"]')
         self._warn_unmet_requirement(TRITON_REQUIREMENT, f"Triton crates are built with {TRITON_REQUIREMENT!r}")
@@ -357,6 +364,38 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
                 f"{what or f'{_TABLE} nvrtc-requirement is {requirement!r}'} but {req.name} {have} is installed; "
                 "setuptools does not install it for you: pin it in [build-system] requires"
             )
+
+
+def _check_runtime_bound(declared: list[str], result: BuildResult) -> None:
+    """The package's declared requirement admits only runtimes that read its manifests: the hatchling
+    hook adds the lower bound to the wheel itself, setuptools cannot (pip asks it for the wheel's
+    metadata before the build runs), so a requirement that admits an older runtime is refused with
+    the line to write."""
+    from packaging.version import Version  # lazy: only after a build
+
+    from khal_runtime.manifest import required_runtime  # lazy: pydantic, only after a build
+
+    if not result.packages:
+        return
+    needed = max((required_runtime(p.manifest) for p in result.packages), key=Version)
+    bound = runtime_bound(declared, needed)
+    if bound is not None:
+        raise ConfigError(
+            f"{_TABLE}: the manifest of this build needs {bound} (an older runtime refuses it at import), and "
+            f"[project] dependencies ({', '.join(repr(d) for d in declared) or 'none'}) admit an older one; "
+            f"setuptools writes the wheel's requirements before the kernels are built, so hatch-khal cannot add "
+            f"the bound as it does under hatchling: write \"{bound}\" in [project] dependencies")
+
+
+def _block(dist: Distribution, exc: BaseException) -> str:
+    """The failed build's block (:func:`hatch_khal.report.error_block`), for setuptools' ``error:`` line."""
+    from hatch_khal.report import error_block  # lazy: only on failure
+
+    root = _project_root(dist)
+    # setuptools prints "error: <this>" and no traceback, unless its own DISTUTILS_DEBUG is set
+    return "\n" + error_block(exc, dist.get_name() or root.name,
+                              f"{root / 'pyproject.toml'}, {_TABLE} (setuptools command {COMMAND})",
+                              debug="DISTUTILS_DEBUG=1 (setuptools' variable)")
 
 
 def _setup_error(message: str) -> Exception:

@@ -31,9 +31,12 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, Literal, Mapping, NamedTuple, TypeVar
 
+from khal_runtime.errors import EnvVarError
+
 __all__ = [
     "ABI_VERSION",
     "FALSE_VALUES",
+    "TRUE_VALUES",
     "env_flag",
     "HASH_LEN",
     "KINDS",
@@ -68,17 +71,29 @@ __all__ = [
     "unknown_reader",
 ]
 
-#: The values of a boolean ``KHAL_*`` environment variable that mean "off", compared stripped and
-#: case-insensitively (unset is off too); any other value means "on". One rule for the build
+#: The values of a boolean ``KHAL_*`` environment variable, compared stripped and case-insensitively:
+#: unset and these mean "off", :data:`TRUE_VALUES` mean "on", anything else is an
+#: :class:`~khal_runtime.errors.EnvVarError` naming the accepted spellings (a typo such as
+#: ``KHAL_SKIP_SPIRV=flase`` would otherwise turn the switch on). One rule for the build
 #: (``KHAL_NO_CACHE``, ``KHAL_SKIP_SPIRV``) and the runtime (``KHAL_CUDA_ALLOC_TRACE``, the trace
-#: switches).
+#: switches, ``KHAL_EAGER_INIT``).
 FALSE_VALUES = ("", "0", "false", "no", "off")
+TRUE_VALUES = ("1", "true", "yes", "on")
 
 
-def env_flag(value: str | None) -> bool:
-    """Whether a boolean ``KHAL_*`` variable's value (``os.environ.get(name)``) means on:
-    ``None``, ``""``, ``0``, ``false``, ``no``, ``off`` (any case, blanks around) are off, the rest on."""
-    return (value or "").strip().lower() not in FALSE_VALUES
+def env_flag(value: str | None, name: str = "a boolean KHAL_* variable", extra: tuple[str, ...] = ()) -> bool:
+    """Whether a boolean variable's value (``os.environ.get(name)``) means on: ``None``, ``""``, ``0``,
+    ``false``, ``no``, ``off`` are off, ``1``, ``true``, ``yes``, ``on`` (and ``extra``, values of
+    the variable's own that mean on) are on, in any case with blanks around; any other value
+    raises :class:`~khal_runtime.errors.EnvVarError` naming ``name`` and the accepted spellings."""
+    v = (value or "").strip().lower()
+    if v in FALSE_VALUES:
+        return False
+    if v in TRUE_VALUES or v in extra:
+        return True
+    on = "/".join(TRUE_VALUES[:1] + extra + TRUE_VALUES[1:])
+    raise EnvVarError(f"{name}={value!r} is not understood: use {on} (on) or 0/false/no/off "
+                      f"(off; unset or empty is off too)", variable=name, value=value or "")
 
 
 #: Version of the kernel ABI (how parameters are pushed).

@@ -12,8 +12,10 @@ __all__ = [
     "ArtifactError",
     "BackendFallbackWarning",
     "BackendUnavailableError",
+    "BackendVarError",
     "CaptureError",
     "CudaError",
+    "EnvVarError",
     "HashMismatchError",
     "KhalError",
     "LaunchAttributeError",
@@ -33,6 +35,18 @@ __all__ = [
 
 class KhalError(Exception):
     """Base class of every khal_runtime error."""
+
+
+class EnvVarError(KhalError, ValueError):
+    """An environment variable khal reads has a value it does not understand (``KHAL_SKIP_SPIRV=flase``,
+    ``KHAL_BACKEND=vulkan``, ``KHAL_WEBGPU_BATCH=0``): the message names the variable, the value and
+    the values it accepts. One class for every such variable, at build and at run time; a
+    ValueError, as the variables' own errors were before."""
+
+    def __init__(self, message: str, *, variable: str = "", value: str = ""):
+        super().__init__(message)
+        self.variable = variable
+        self.value = value
 
 
 class ManifestError(KhalError, ValueError):
@@ -64,6 +78,12 @@ class ParamLayoutError(KhalError):
 class BackendUnavailableError(KhalError, RuntimeError):
     """No backend can run kernels here (no usable CUDA driver/device, no WebGPU adapter), or the
     one ``KHAL_BACKEND`` asks for is unusable or lacks what the package needs."""
+
+
+class BackendVarError(EnvVarError, BackendUnavailableError):
+    """``KHAL_BACKEND`` names no backend: an :class:`EnvVarError`, and a
+    :class:`BackendUnavailableError` as it was before EnvVarError existed (handlers of that keep
+    working)."""
 
 
 class BackendFallbackWarning(UserWarning):

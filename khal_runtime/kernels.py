@@ -514,7 +514,8 @@ class CrateKernels:
         if b is None:
             c = self.crate
             b = self._backend = backends.for_crate(
-                c.language == "slang" and c.has_webgpu, f"crate {c.name!r} of package {self.package!r}")
+                c.language == "slang" and c.has_webgpu, f"crate {c.name!r} of package {self.package!r}",
+                _no_webgpu_reason(c))
         return b
 
     def blobs(self) -> dict[str, bytes]:
@@ -687,6 +688,18 @@ def _tracing_from_env_once() -> None:
         from khal_runtime import tracing  # lazy: only where tracing is asked for
 
         tracing.install_from_env_once()
+
+
+def _no_webgpu_reason(crate: Crate) -> str:
+    """Why ``crate`` has no WebGPU build, from its manifest's record of its WebGPU stage (which the
+    crate's language wrote: "CUDA C++ source", "Triton source", "KHAL_SKIP_SPIRV is set", ...), for
+    the error of a crate that cannot fall back to WebGPU."""
+    st = crate.spirv
+    if st.status == "not_applicable":
+        return f"{st.reason or 'its sources'}: it builds for CUDA only; Slang crates build for WebGPU too"
+    if st.status == "skipped":
+        return f"its WebGPU stage was skipped at build time ({st.reason or 'KHAL_SKIP_SPIRV'}); rebuild without that"
+    return f"no WGSL / SPIR-V artifacts (WebGPU stage {st.status}{': ' + st.reason if st.reason else ''})"
 
 
 def load(package: str | os.PathLike[str]) -> KernelSet:

@@ -119,7 +119,7 @@ def write_line(line: str, path: str | None = None) -> None:
 
 def alloc_trace_on() -> bool:
     """Whether ``KHAL_CUDA_ALLOC_TRACE`` asks for a line per allocation (read at each one)."""
-    return env_flag(os.environ.get("KHAL_CUDA_ALLOC_TRACE"))
+    return env_flag(os.environ.get("KHAL_CUDA_ALLOC_TRACE"), "KHAL_CUDA_ALLOC_TRACE")
 
 
 def trace_alloc(nbytes: int, device_id: int, inside_capture: bool = False) -> None:

@@ -45,6 +45,7 @@ __all__ = [
     "MANIFEST_DIR",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
+    "ADDED_IN",
     "FIRST_RUNTIME",
     "SCHEMA_VERSION",
     "Artifact",
@@ -76,6 +77,7 @@ __all__ = [
     "package_path",
     "parse_manifest",
     "prebuilt_env_var",
+    "required_runtime",
     "runtime_requirement",
     "split_symbol",
     "symbol_for",
@@ -86,6 +88,22 @@ SCHEMA_VERSION = 4
 #: schema ``n`` needs ``khal-runtime>=FIRST_RUNTIME[n]`` (the requirement the build hook asks a
 #: shader package to list, :func:`runtime_requirement`). Add the release with each new schema.
 FIRST_RUNTIME = {1: "0.1.0", 2: "0.1.0", 3: "0.1.0", 4: "0.1.0"}
+#: Optional fields added to a schema after the release that first read it (``Model.field`` -> the
+#: khal-runtime release that reads it): every runtime refuses a field it does not know (the models
+#: forbid extra keys), so a manifest that writes one needs that release, whatever its schema
+#: number (:func:`required_runtime`, the lower bound the build hook adds to a wheel's
+#: requirements). A field added to the models goes here with the release that adds it
+#: (tests/test_manifest_versions.py lists the fields 0.1.0 read and checks). docs/internals/manifest.md
+#: has the rule.
+ADDED_IN: dict[str, str] = {
+    # 0.2.0: the Triton-as-written facts (#36)
+    "Crate.triton": "0.2.0",
+    "TritonFacts.params": "0.2.0", "TritonFacts.nones": "0.2.0", "TritonFacts.maxnreg": "0.2.0",
+    "TritonFacts.heuristics": "0.2.0", "TritonFacts.module": "0.2.0", "TritonFacts.qualname": "0.2.0",
+    "TritonFacts.recorded": "0.2.0",
+    # 0.2.0: cubins split into companion distributions (#39)
+    "Artifact.distribution": "0.2.0",
+}
 #: Directory inside the package that holds the manifest and the artifacts.
 MANIFEST_DIR = "_khal"
 MANIFEST_NAME = "manifest.json"
@@ -115,20 +133,83 @@ def runtime_requirement(schema: int = SCHEMA_VERSION) -> str:
     return f"khal-runtime>={FIRST_RUNTIME[schema]}"
 
 
+def _release(v: str) -> tuple[int, ...]:
+    """``"0.2.0"`` -> ``(0, 2, 0)``: the release numbers this module's tables hold (and a builder's
+    release, read by :data:`_RELEASE`), compared without the ``packaging`` library, which the
+    runtime does not depend on."""
+    nums = re.match(r"[0-9]+(\.[0-9]+)*", v)
+    parts = tuple(int(x) for x in nums.group(0).split(".")) if nums else ()
+    while parts and parts[-1] == 0:
+        parts = parts[:-1]  # 0.2 == 0.2.0
+    return parts
+
+
+def required_runtime(manifest: Manifest) -> str:
+    """The oldest khal-runtime release that reads ``manifest``: its schema's first runtime
+    (:data:`FIRST_RUNTIME`), or the release of the newest optional field it writes
+    (:data:`ADDED_IN`; a field is written unless None, as :meth:`Manifest.to_json` writes it)."""
+    best = FIRST_RUNTIME[manifest.schema_version]
+
+    def walk(value: Any) -> None:
+        nonlocal best
+        if isinstance(value, BaseModel):
+            cls = type(value).__name__
+            for name in type(value).model_fields:
+                v = getattr(value, name)
+                if v is None:
+                    continue
+                since = ADDED_IN.get(f"{cls}.{name}")
+                if since is not None and _release(since) > _release(best):
+                    best = since
+                walk(v)
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                walk(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+
+    walk(manifest)
+    return best
+
+
 #: a release version as a requirement may name it (PEP 440, no local part); compiled on the error
 #: path only (re caches it), not when the manifest module is imported
 _RELEASE = r"[0-9]{1,9}(\.[0-9]{1,9}){0,5}((a|b|rc)[0-9]{1,9})?(\.post[0-9]{1,9})?(\.dev[0-9]{1,9})?"
+
+
+def _builder_release(data: dict[str, Any]) -> str:
+    """The release of hatch-khal that wrote ``data`` (its toolchain's ``hatch_khal_version``, read
+    without trusting anything else in it), or "" when it does not say one."""
+    toolchain = data.get("toolchain")
+    built = toolchain.get("hatch_khal_version") if isinstance(toolchain, dict) else None
+    release = built.split("+", 1)[0] if isinstance(built, str) else ""
+    return release if re.fullmatch(_RELEASE, release) else ""
+
+
+def _newer_builder(source: str, data: dict[str, Any], why: str) -> str | None:
+    """A manifest this runtime cannot validate, written by a newer hatch-khal: what it has that
+    this runtime does not know (``why``), and which runtime to install (hatch-khal X depends on
+    khal-runtime X, which reads what X writes); None when the builder is not newer than this
+    runtime (then the manifest is broken, and rebuilding is the fix)."""
+    from khal_runtime.__about__ import __version__  # lazy: only on the error path
+
+    release = _builder_release(data)
+    if not release or _release(release) <= _release(__version__):
+        return None
+    return (f"{source}: the package was built by hatch-khal {release}, newer than this runtime (khal-runtime "
+            f"{__version__}), and its manifest has what this runtime does not read ({why}): install "
+            f"khal-runtime>={release} (pip install 'khal-runtime>={release}'); rebuilding the package does not "
+            "help")
 
 
 def _too_new(source: str, version: int, data: dict[str, Any]) -> str:
     """Why a manifest of a newer schema is refused, and which khal-runtime reads it: hatch-khal X
     depends on khal-runtime X, so the version that built the package (its toolchain's
     ``hatch_khal_version``, read without trusting anything else) reads what it wrote."""
-    toolchain = data.get("toolchain")
-    built = toolchain.get("hatch_khal_version") if isinstance(toolchain, dict) else None
-    release = built.split("+", 1)[0] if isinstance(built, str) else ""
+    release = _builder_release(data)
     head = f"{source}: schema version {version} is newer than this runtime understands ({SCHEMA_VERSION})"
-    if re.fullmatch(_RELEASE, release):
+    if release:
         return (f"{head}: the package was built by hatch-khal {release}; install khal-runtime>={release} "
                 f"(pip install 'khal-runtime>={release}')")
     return f"{head}; install a newer khal-runtime (pip install -U khal-runtime)"
@@ -987,6 +1068,11 @@ def parse_manifest(text: str | bytes, source: str = "manifest") -> Manifest:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         msg = first["msg"].removeprefix("Value error, ")
+        # a field of a newer release is what such a manifest has: named first
+        unknown = [".".join(str(p) for p in e["loc"]) for e in exc.errors() if e["type"] == "extra_forbidden"]
+        skew = _newer_builder(source, data, f"the field {unknown[0]}" if unknown else f"{where or '<root>'}: {msg}")
+        if skew is not None:
+            raise ManifestError(skew) from None
         raise ManifestError(
             f"{source}: invalid manifest at {where or '<root>'}: {msg} "
             f"({exc.error_count()} error(s)); rebuild the package"

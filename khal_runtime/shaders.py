@@ -15,6 +15,14 @@ spelling: WGSL ``entryPointParams_<param>_<n>`` and struct members ``<name>_<n>`
 ``entryPointParams.<param>`` and plain member names; the loose scalars' block is the variable
 named ``entryPointParams`` alone. Parsers return a :class:`ShaderFacts` or raise
 :class:`~khal_runtime.binaries.BinaryFormatError`, never anything else.
+
+WGSL names are not the parameters' spellings: WGSL reserves identifiers with ``__``, so Slang's
+emitter folds every run of underscores into one before it adds the ``_<n>`` that keeps names
+apart (parameter ``x_`` is ``entryPointParams_x_0``; ``_x`` after it ``entryPointParams_x_1``;
+``_`` is ``entryPointParams_<n>``, which reads as the loose scalars' block; member ``t__u`` is
+``t_u_0``). A name read from WGSL is therefore only compared as :func:`wgsl_stem` of it, and a
+variable is matched to its parameter by its ``@group`` / ``@binding``, which the build took from
+Slang's reflection (:func:`khal_runtime.verify.webgpu_layout_problems`).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from typing import Iterator, NamedTuple
 
 from khal_runtime.binaries import BinaryFormatError
 
-__all__ = ["Leaf", "ShaderFacts", "ShaderVar", "read_shader", "read_spirv", "read_wgsl"]
+__all__ = ["Leaf", "ShaderFacts", "ShaderVar", "read_shader", "read_spirv", "read_wgsl", "wgsl_stem"]
 
 
 class Leaf(NamedTuple):
@@ -242,6 +250,16 @@ class _Wgsl:
         for mb in members:
             name = _SUFFIX.sub("", mb.name)
             self.leaves(mb.type, base + mb.offset, chain if wrapper else chain + (name,), out, depth + 1)
+
+
+_UNDERSCORES = re.compile(r"_+")
+
+
+def wgsl_stem(name: str | None) -> str:
+    """What of a name survives Slang's WGSL emitter (see the module docstring): runs of underscores
+    folded into one, none at either end. A parameter's name and the name its WGSL variable or
+    member has (its ``_<n>`` taken off) have the same stem; ``None`` (the scalars' block) is ``""``."""
+    return _UNDERSCORES.sub("_", name or "").strip("_")
 
 
 def _param_name(var: str, prefix: str, sep: str, suffix: bool) -> str | None:

@@ -51,7 +51,7 @@ from typing import Any, Callable
 from khal_runtime import abi, backends, interop
 from khal_runtime.capture_state import capturing, current_capture
 from khal_runtime.errors import CudaError, KhalError
-from khal_runtime.launch_hooks import ENV_NAMES, FALSE_VALUES, Hooks, env_asks
+from khal_runtime.launch_hooks import ENV_NAMES, Hooks, env_asks
 from khal_runtime.launch_hooks import hooks as _hooks
 from khal_runtime.launch_hooks import write_line
 from khal_runtime.uniforms import to_uniform
@@ -69,9 +69,6 @@ __all__ = [
     "reset_profile",
     "trace_line",
 ]
-
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = FALSE_VALUES
 
 
 @dataclass(frozen=True)
@@ -100,16 +97,13 @@ def _get(environ: Any, what: str) -> tuple[str, str]:
 
 
 def _flag(environ: Any, what: str, warnings: list[str], extra: tuple[str, ...] = ()) -> str:
+    """"" (off), "1" or one of ``extra``; a value :func:`khal_runtime.abi.env_flag` does not
+    understand raises EnvVarError naming the variable (``warnings``: none are made any more)."""
     name, raw = _get(environ, what)
-    if not abi.env_flag(raw):
+    if not abi.env_flag(raw, name, extra):
         return ""
     v = raw.strip().lower()
-    if v in extra:
-        return str(v)
-    if v not in _TRUE:
-        warnings.append(f"{name}={raw!r} is not understood (use 1{''.join('/' + e for e in extra)} or 0); "
-                        "taking it as 1")
-    return "1"
+    return v if v in extra else "1"
 
 
 def parse_env(environ: Any = None) -> TraceConfig:

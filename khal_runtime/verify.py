@@ -453,12 +453,13 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
     of them is caught here, before the shader is bound. Empty: they agree."""
     # lazy: the readers (their regular expressions, ~1 ms to import) are for WebGPU artifacts
     # only; a CUDA process importing this module never needs them
-    from khal_runtime.shaders import Leaf, read_shader
+    from khal_runtime.shaders import Leaf, ShaderVar, read_shader, wgsl_stem
 
     path = target.path
     kind = {"wgsl": "WGSL", "spirv": "SPIR-V"}.get(target.target, target.target)
+    wgsl = target.target == "wgsl"
     try:
-        facts = read_shader(data, target.target, path).by_param()
+        shader = read_shader(data, target.target, path)
     except BinaryFormatError as exc:
         return [Problem("binary", crate.name, f"crate {crate.name!r}: {exc}; {rebuild_hint(crate)}",
                         ArtifactError, path, entry.name)]
@@ -469,6 +470,22 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
             f"entry {entry.name!r} (crate {crate.name!r}): the manifest's {field} is {manifest}, but the "
             f"{kind} artifact {path} has {artifact}: the manifest was edited after the build or belongs to "
             f"another one; {rebuild_hint(crate)}", ManifestError, path, entry.name, manifest, artifact)
+
+    if wgsl:
+        # WGSL spells names its own way (khal_runtime.shaders, "WGSL names"): each variable is the
+        # parameter whose binding (from Slang's reflection) it sits at, when their stems agree
+        at: dict[tuple[int | None, int | None], str | None] = {(b.group, b.binding): b.param for b in target.bindings}
+        facts: dict[str | None, ShaderVar] = {}
+        for var in shader.vars:
+            owner = at.get((var.group, var.binding), var.param)
+            facts[owner if wgsl_stem(owner) == wgsl_stem(var.param) else var.param] = var
+    else:
+        facts = shader.by_param()
+
+    def same(lf: Leaf) -> Leaf:
+        """A leaf as both sides can spell it: WGSL member names by their stems."""
+        return Leaf(tuple(wgsl_stem(x) if isinstance(x, str) else x for x in lf.path), lf.offset, lf.type) \
+            if wgsl else lf
 
     out: list[Problem] = []
     field = f"webgpu.{target.target}"
@@ -501,20 +518,22 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
             if layout is None:
                 out.append(problem(f"params.{name}.layouts.{target.target}", "missing", "a uniform struct"))
                 continue
-            have = set(v.leaves)
-            mine = _struct_leaves(layout)
+            leaves = [same(lf) for lf in v.leaves]
+            have = set(leaves)
+            written = _struct_leaves(layout)
+            mine = [same(lf) for lf in written]
             # a std140 array of scalars pads each element to a vec4 in WGSL: the element is its
             # first component (path + (0,)); anything else must sit where the artifact has it
             wrong = next((lf for lf in mine if lf not in have and not (
                 isinstance(lf.path[-1], int) and Leaf((*lf.path, 0), lf.offset, lf.type) in have)), None)
-            chains = {lf.chain for lf in v.leaves} ^ {lf.chain for lf in mine}
+            chains = {lf.chain for lf in leaves} ^ {lf.chain for lf in mine}
             cuda = (p.layouts or {}).get("cuda")
             # the same fields, shapes and types as the CUDA layout, which the entry hash covers
-            # (what repacking a C struct for this target relies on)
+            # (what repacking a C struct for this target relies on): the manifest's own spellings
             other = None if cuda is None else \
-                {(lf.path, lf.type) for lf in _struct_leaves(cuda)} ^ {(lf.path, lf.type) for lf in mine}
+                {(lf.path, lf.type) for lf in _struct_leaves(cuda)} ^ {(lf.path, lf.type) for lf in written}
             if wrong is not None:
-                there = [lf for lf in v.leaves if lf.path in (wrong.path, (*wrong.path, 0))]
+                there = [lf for lf in leaves if lf.path in (wrong.path, (*wrong.path, 0))]
                 out.append(problem(f"params.{name}.layouts.{target.target}",
                                    f"field {_path(wrong)!r} ({wrong.type}) at byte {wrong.offset}",
                                    f"it at byte {there[0].offset} ({there[0].type})" if there else "no such field"))
@@ -527,23 +546,31 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
             elif chains:
                 out.append(problem(f"params.{name}.layouts.{target.target}",
                                    f"fields {sorted('.'.join(c) for c in {lf.chain for lf in mine})}",
-                                   f"fields {sorted('.'.join(c) for c in {lf.chain for lf in v.leaves})}"))
+                                   f"fields {sorted('.'.join(c) for c in {lf.chain for lf in leaves})}"))
             elif layout.size < v.end or v.size is not None and layout.size != v.size:
                 out.append(problem(f"params.{name}.layouts.{target.target}.size", f"{layout.size} bytes",
                                    f"a {v.size}-byte struct" if v.size is not None else f"fields up to byte {v.end}"))
     block = facts.get(None)
     if block is not None:
-        slots = {s.param: (s.offset, s.size) for s in target.scalar_slots}
-        have_slots = {lf.chain[0]: (lf.offset, _SCALAR_SIZES.get(lf.type, 0)) for lf in block.leaves if lf.chain}
-        for name in sorted(set(slots) | set(have_slots)):
-            if slots.get(name) != have_slots.get(name):
-                s, h = slots.get(name), have_slots.get(name)
+        # the scalars by their names (WGSL: by the stems of the parameters' names, which are what the
+        # block's members keep of them)
+        def key(n: str) -> str:
+            return wgsl_stem(n) if wgsl else n
+
+        named = {key(s.param): s.param for s in target.scalar_slots}
+        slots = {key(s.param): (s.offset, s.size) for s in target.scalar_slots}
+        block_leaves = [same(lf) for lf in block.leaves]
+        have_slots = {lf.chain[0]: (lf.offset, _SCALAR_SIZES.get(lf.type, 0)) for lf in block_leaves if lf.chain}
+        for k in sorted(set(slots) | set(have_slots)):
+            name = named.get(k, k)
+            if slots.get(k) != have_slots.get(k):
+                s, h = slots.get(k), have_slots.get(k)
                 out.append(problem(f"{field}.scalar_slots (parameter {name!r})",
                                    "nothing" if s is None else f"byte {s[0]} ({s[1]} bytes)",
                                    "no such scalar" if h is None else f"it at byte {h[0]} ({h[1]} bytes)"))
-            elif name in params and any(lf.chain == (name,) and lf.type != params[name].element_type
-                                        for lf in block.leaves):
-                t = next(lf.type for lf in block.leaves if lf.chain == (name,))
+            elif name in params and any(lf.chain == (k,) and lf.type != params[name].element_type
+                                        for lf in block_leaves):
+                t = next(lf.type for lf in block_leaves if lf.chain == (k,))
                 out.append(problem(f"{field}.scalar_slots (parameter {name!r})",
                                    f"a {params[name].element_type} slot", f"a {t}"))
         if not out and (target.scalar_block_size < block.end or

@@ -50,6 +50,23 @@ def test_the_two_distributions_share_one_version_and_hatch_khal_pins_the_runtime
     assert all(f"=={__version__}" in r for extra in ("webgpu", "torch") for r in plugin["optional-dependencies"][extra])
 
 
+def test_one_nvrtc_default_everywhere() -> None:
+    """The ``build`` extra (builds without isolation), the documented setuptools snippet and the
+    isolated default name one NVRTC (#38 item 14: the extra and the snippet said >=12.8, which
+    resolves the newest NVRTC, whose PTX needs the newest driver), and the header wheels the hook adds."""
+    from hatch_khal.config import DEFAULT_NVRTC_REQUIREMENT
+    from hatch_khal.headers import header_requirements
+
+    extra = _toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"]["build"]
+    assert DEFAULT_NVRTC_REQUIREMENT in extra
+    assert set(header_requirements(DEFAULT_NVRTC_REQUIREMENT)) <= set(extra), extra
+    assert not [r for r in extra if r.startswith("nvidia-") and r not in
+                {DEFAULT_NVRTC_REQUIREMENT, *header_requirements(DEFAULT_NVRTC_REQUIREMENT)}], extra
+    doc = (ROOT / "docs" / "guide" / "configuration.md").read_text()
+    snippet = doc.split("<!-- file: setuptools:pyproject.toml -->", 1)[1].split("```", 2)[1]
+    assert f'"{DEFAULT_NVRTC_REQUIREMENT}"' in snippet and "nvidia-cuda-nvrtc>=" not in snippet, snippet
+
+
 def test_every_schema_names_the_first_runtime_that_reads_it() -> None:
     from packaging.version import Version
 
@@ -129,14 +146,16 @@ def test_a_runtime_requirement_excluding_this_runtime_is_an_error() -> None:
     assert f"excludes khal-runtime {__version__}" in msg and f'write "{runtime_requirement()}" instead' in msg
 
 
-@pytest.mark.parametrize("deps, says", [
-    ([], f'add "{runtime_requirement()}" to [project] dependencies'),
-    (["numpy>=1.24"], f'add "{runtime_requirement()}" to [project] dependencies'),
-    (["hatch-khal"], f'replace "hatch-khal" with "{runtime_requirement()}"'),
+@pytest.mark.parametrize("deps, kind, says", [
+    ([], "error", f'add "{runtime_requirement()}" to [project] dependencies'),
+    (["numpy>=1.24"], "error", f'add "{runtime_requirement()}" to [project] dependencies'),
+    (["hatch-khal"], "warn", f'replace "hatch-khal" with "{runtime_requirement()}"'),
 ])
-def test_no_runtime_requirement_is_a_warning_with_the_line_to_write(deps: list[str], says: str) -> None:
-    kind, msg = runtime_dependency_problem(deps) or ("", "")
-    assert kind == "warn" and says in msg, msg
+def test_no_runtime_requirement_is_an_error_with_the_line_to_write(deps: list[str], kind: str, says: str) -> None:
+    """No khal-runtime at all is an error (#38 item 12: a warning only pip -v showed, for a wheel that
+    cannot import); hatch-khal instead works (it depends on the runtime) and stays a warning."""
+    got, msg = runtime_dependency_problem(deps) or ("", "")
+    assert got == kind and says in msg, msg
 
 
 def test_the_example_and_the_test_packages_depend_on_the_runtime_not_the_plugin() -> None:
@@ -151,13 +170,22 @@ def _build(proj: Path, out: Path, cache: Path, check: bool = True) -> subprocess
                 str(proj)], env=build_env(cache), check=check)
 
 
-@pytest.mark.needs_nvrtc
-def test_a_build_without_the_runtime_dependency_warns_with_the_line_to_add(tmp_path: Path, session_cache: Path) -> None:
+def test_a_build_without_the_runtime_dependency_fails_where_plain_pip_shows_it(tmp_path: Path,
+                                                                                   session_cache: Path) -> None:
+    """Refused, not added: a requirement only the hook added would be missing from the metadata uv and
+    build read (hatchling's prepare_metadata_for_build_wheel runs no hook). Plain ``pip wheel`` (no
+    -v) shows the block with the line to add; no traceback."""
     proj = make_project(tmp_path / "proj", dependencies='"numpy"')
-    proc = _build(proj, tmp_path / "dist", session_cache)
-    assert f'add "{runtime_requirement()}" to [project] dependencies' in proc.stdout + proc.stderr
-    (whl,) = (tmp_path / "dist").glob("*.whl")
-    assert not any(r.startswith("khal-runtime") for r in _requires(whl))  # checked, not added
+    env = build_env(session_cache)
+    env.pop("KHAL_BUILD_DEBUG", None)
+    proc = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(tmp_path / "dist"),
+                str(proj)], env=env, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f'add "{runtime_requirement()}" to [project] dependencies' in out, out
+    assert "hatch-khal: the kernels of mini-pkg could not be built (ConfigError)" in out, out
+    assert "Traceback" not in out, out
+    assert not list((tmp_path / "dist").glob("*.whl"))
 
 
 def test_a_build_whose_runtime_requirement_excludes_this_runtime_fails(tmp_path: Path, session_cache: Path) -> None:

@@ -52,9 +52,10 @@ SKIP_ENV = "KHAL_SKIP_SPIRV"
 
 def spirv_status(cfg: ResolvedCrate) -> SpirvStatus:
     """Whether a Slang crate builds WGSL / SPIR-V: yes, unless ``KHAL_SKIP_SPIRV`` is on (a boolean:
-    :func:`khal_runtime.abi.env_flag`, so ``0`` / ``false`` / ``no`` / ``off`` skip nothing) or the
+    :func:`khal_runtime.abi.env_flag`, so ``0`` / ``false`` / ``no`` / ``off`` skip nothing and an
+    unknown value is an error) or the
     crate says ``spirv = false``."""
-    if env_flag(os.environ.get(SKIP_ENV)):
+    if env_flag(os.environ.get(SKIP_ENV), SKIP_ENV):
         return SpirvStatus(status="skipped", reason=f"{SKIP_ENV} is set")
     if cfg.spirv is False:
         return SpirvStatus(status="skipped", reason="option 'spirv = false' of the crate")

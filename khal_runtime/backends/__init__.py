@@ -31,7 +31,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from khal_runtime.errors import BackendFallbackWarning, BackendUnavailableError
+from khal_runtime.errors import BackendFallbackWarning, BackendUnavailableError, BackendVarError, EnvVarError
 
 if TYPE_CHECKING:
     from khal_runtime.device import Device, Stream
@@ -218,10 +218,9 @@ def backend_mode() -> str:
     raw = os.environ.get(BACKEND_ENV, "").strip()
     mode = raw.lower() or "auto"
     if mode not in MODES:
-        raise BackendUnavailableError(
+        raise BackendVarError(
             f"{BACKEND_ENV}={raw!r} is not a backend khal_runtime provides; "
-            f"use one of {', '.join(MODES)} (or leave it unset for auto-detection)"
-        )
+            f"use one of {', '.join(MODES)} (or leave it unset for auto-detection)", variable=BACKEND_ENV, value=raw)
     return mode
 
 
@@ -307,13 +306,13 @@ def prestart() -> None:
     (:func:`khal_runtime.backends.cuda.driver.prestart`, which decides whether CUDA is likely and
     honours ``KHAL_EAGER_INIT``). Nothing when ``KHAL_BACKEND`` is ``webgpu`` (or not a backend:
     ``load`` reports that) or a backend is chosen already. Imports the CUDA package, which is
-    light (its driver module); never raises."""
+    light (its driver module); raises only EnvVarError (``KHAL_EAGER_INIT``)."""
     if _current is not None:
         return
     try:
         mode = backend_mode()
-    except BackendUnavailableError:
-        return
+    except EnvVarError:
+        return  # load() reports it
     if mode == "webgpu":
         return
     try:
@@ -343,10 +342,11 @@ def is_current(backend: Backend) -> bool:
     return _current is backend
 
 
-def for_crate(has_webgpu: bool, what: str) -> Backend:
+def for_crate(has_webgpu: bool, what: str, why_not: str = "it was built for CUDA only") -> Backend:
     """The backend to run a crate on: :func:`current`, except that ``auto`` never falls back to
-    WebGPU for a crate without WebGPU artifacts (CUDA C++, or built with ``KHAL_SKIP_SPIRV``):
-    where CUDA is unusable that is an error saying why, and no fallback is chosen for it."""
+    WebGPU for a crate without WebGPU artifacts (CUDA C++ or Triton sources, or a Slang crate built
+    without its WebGPU stage; ``why_not`` says which): where CUDA is unusable that is an error
+    saying why, and no fallback is chosen for it."""
     b = _current
     if b is not None:
         return b
@@ -354,8 +354,7 @@ def for_crate(has_webgpu: bool, what: str) -> Backend:
         st = get("cuda").status()
         if not st.usable:
             raise BackendUnavailableError(
-                f"{st.reason}; and {what} has no WebGPU build to fall back to (CUDA C++ sources, "
-                "or built with KHAL_SKIP_SPIRV)")
+                f"{st.reason}; and {what} has no WebGPU build to fall back to ({why_not})")
     return current()
 
 
@@ -364,7 +363,7 @@ def backend_status() -> BackendStatus:
     chosen; ``usable=False`` with the reason when no backend can run kernels here."""
     try:
         b = current()
-    except BackendUnavailableError as exc:
+    except (BackendUnavailableError, EnvVarError) as exc:
         return BackendStatus(False, str(exc), "", why=str(exc))
     st = b.status()
     return BackendStatus(st.usable, st.reason, b.name, st.driver_version, st.device_count,

@@ -13,11 +13,12 @@ from khal_runtime.binaries import khal_symbols, read_binary
 
 from tests.helpers.build import build, manifest_of
 from tests.helpers.projects import make_project
+from tests.conftest import SESSION_ENV
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in list(os.environ):
-        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")):
+        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")) and k not in SESSION_ENV:
             monkeypatch.delenv(k)
 
 

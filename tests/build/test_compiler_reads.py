@@ -16,6 +16,7 @@ from hatch_khal.model import CompileJob, CompileOutput
 
 from tests.helpers.build import build, manifest_of
 from tests.helpers.projects import make_project
+from tests.conftest import SESSION_ENV
 
 ALPHA_ONLY = textwrap.dedent(
     """\
@@ -41,7 +42,7 @@ KHAL_ENTRY(cfg, 64, (KHAL_STORAGE(uint32_t, out)))
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in list(os.environ):
-        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")):
+        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")) and k not in SESSION_ENV:
             monkeypatch.delenv(k)
 
 

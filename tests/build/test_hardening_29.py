@@ -18,13 +18,13 @@ from khal_runtime.manifest import parse_manifest
 
 from tests.helpers.projects import make_project
 from tests.helpers.slang import needs_slang
-from tests.conftest import ROOT, build_env, run
+from tests.conftest import ROOT, SESSION_ENV, build_env, run
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in list(os.environ):
-        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")):
+        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")) and k not in SESSION_ENV:
             monkeypatch.delenv(k)
 
 

@@ -13,6 +13,7 @@ from hatch_khal.headers import HeaderSet, header_hint, header_requirements, reso
 
 from tests.helpers.build import build, manifest_of
 from tests.helpers.projects import HALF_CU, make_project
+from tests.conftest import SESSION_ENV
 
 ONE_ARCH = 'archs = ["sm_90"]\nptx-arch = "none"\n'
 
@@ -20,7 +21,7 @@ ONE_ARCH = 'archs = ["sm_90"]\nptx-arch = "none"\n'
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in list(os.environ):
-        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")):
+        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")) and k not in SESSION_ENV:
             monkeypatch.delenv(k)
 
 

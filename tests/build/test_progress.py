@@ -26,6 +26,7 @@ from hatch_khal.model import CompileJob, CompileOutput
 
 from tests.helpers.build import Recorder, _crates, build, worker_children
 from tests.helpers.projects import HALF_CU, make_project
+from tests.conftest import SESSION_ENV
 
 
 class _Stub:
@@ -156,7 +157,7 @@ def test_worker_processes_stop_at_the_first_failure(tmp_path: Path, monkeypatch:
     """A crate with the CUDA headers (worker processes, seconds per arch) and a broken crate: the
     error comes after the broken crate's compile, not the other's four, and no worker is left."""
     for k in list(os.environ):
-        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")):
+        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")) and k not in SESSION_ENV:
             monkeypatch.delenv(k)
     hook = 'archs = ["sm_75", "sm_80", "sm_90", "sm_100"]\nptx-arch = "none"\n'
     root = make_project(tmp_path / "p", hook=hook, files={"kernels/beta/fill.cu": HALF_CU,

@@ -36,6 +36,7 @@ from tests.helpers.projects import make_project
 from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels, make_entry, scalar, storage  # noqa: F401
 from tests.helpers.build import build, manifest_of
 from tests.helpers.paths import PACKAGES
+from tests.conftest import SESSION_ENV
 
 REAL_PKG = PACKAGES / "real_kernels_pkg"
 
@@ -43,7 +44,7 @@ REAL_PKG = PACKAGES / "real_kernels_pkg"
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in list(os.environ):
-        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")) and k != "KHAL_CACHE_DIR":
+        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")) and k not in SESSION_ENV and k != "KHAL_CACHE_DIR":
             monkeypatch.delenv(k)
 
 

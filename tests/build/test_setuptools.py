@@ -119,6 +119,7 @@ def mini_project(proj: Path, requires: str = '"setuptools>=70", "hatch-khal", "n
             [project]
             name = "mini-pkg"
             version = "0.1.0"
+            dependencies = ["khal-runtime>=0.1.0"]
 
             [tool.khal]
             archs = ["sm_90"]
@@ -286,7 +287,7 @@ def test_project_without_tool_khal_is_untouched(tmp_path: Path) -> None:
 
 def test_missing_nvrtc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from setuptools.dist import Distribution
-    from setuptools.errors import SetupError
+    from hatch_khal.errors import ConfigError
 
     import hatch_khal.nvrtc
     from hatch_khal.config import parse_config
@@ -299,7 +300,7 @@ def test_missing_nvrtc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(hatch_khal.nvrtc, "nvrtc_version", no_nvrtc)
     hook, crates = parse_config({"crates": [{"name": "a", "sources": ["k/*.cu"]}]}, default_package="p")
     cmd = BuildKhal(Distribution())
-    with pytest.raises(SetupError, match=r"build-system\] requires.*nvidia-cuda-nvrtc"):
+    with pytest.raises(ConfigError, match=r"build-system\] requires.*nvidia-cuda-nvrtc"):
         cmd._check_nvrtc(hook, crates)
     # every crate prebuilt: no compiler needed, no error
     monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_A", "a.ptx")

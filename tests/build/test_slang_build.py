@@ -27,6 +27,7 @@ from tests.helpers.projects import SCALE_CU, COMMON_CUH
 from tests.helpers.slang import MAIN_SLANG, UTIL_SLANG, needs_slang, write
 from tests.helpers.build import Recorder
 from tests.helpers.slang import ENTRY, one_entry
+from tests.conftest import SESSION_ENV
 
 pytestmark = needs_slang
 
@@ -37,7 +38,7 @@ DEMO = {"name": "demo", "sources": ["k/*.slang"], "include-dirs": ["mods"]}
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in list(os.environ):
-        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")):
+        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")) and k not in SESSION_ENV:
             monkeypatch.delenv(k)
 
 
@@ -411,16 +412,16 @@ def test_the_pinned_slangpy_is_the_tested_one() -> None:
 
 def test_the_setuptools_command_names_the_missing_slangpy(monkeypatch: pytest.MonkeyPatch) -> None:
     from setuptools.dist import Distribution
-    from setuptools.errors import SetupError
 
+    from hatch_khal.errors import ConfigError
     from hatch_khal.setuptools_ext import BuildKhal
 
     hook, crates = parse_config({"crates": [{"name": "a", "sources": ["k/*.slang"]}]}, default_package="p")
     cmd = BuildKhal(Distribution())
     cmd._check_slang(hook, crates)  # installed here: fine
     hide_slangpy(monkeypatch)
-    with pytest.raises(SetupError, match=r"setuptools cannot add build requirements: .*\[build-system\] requires = "
-                                         r"\[.*\"slangpy==0.43.1\"\]"):
+    with pytest.raises(ConfigError, match=r"setuptools cannot add build requirements: .*\[build-system\] requires = "
+                                          r"\[.*\"slangpy==0.43.1\"\]"):
         cmd._check_slang(hook, crates)
     _, cuda_only = parse_config({"crates": [{"name": "a", "sources": ["k/*.cu"]}]}, default_package="p")
     cmd._check_slang(hook, cuda_only)  # no Slang crate: no Slang needed

@@ -22,7 +22,7 @@ import pytest
 
 from khal_runtime import backends
 from khal_runtime.backends.cuda import driver as cuda_driver
-from khal_runtime.errors import BackendUnavailableError, CudaError
+from khal_runtime.errors import BackendUnavailableError, CudaError, EnvVarError
 from tests.helpers.synthetic import build_package
 from tests.helpers.fakecuda import FakeDriver, _reset_runtime, fake_kernels, make_entry, storage
 
@@ -319,12 +319,15 @@ def test_it_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """Off by default (a process importing a package it never launches from must not initialise
     CUDA or hold a context); KHAL_EAGER_INIT=1 turns it on unless the devices are hidden."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    for unset_or_off in (None, "", "0", "off", "maybe"):
+    for unset_or_off in (None, "", "0", "off"):
         if unset_or_off is None:
             monkeypatch.delenv("KHAL_EAGER_INIT", raising=False)
         else:
             monkeypatch.setenv("KHAL_EAGER_INIT", unset_or_off)
         assert not cuda_driver._wanted(), unset_or_off
+    monkeypatch.setenv("KHAL_EAGER_INIT", "maybe")  # not understood: an error (#38 item 12), not "off"
+    with pytest.raises(EnvVarError, match=r"KHAL_EAGER_INIT='maybe' is not understood"):
+        cuda_driver._wanted()
     for on in ("1", "yes", "on", "true"):
         monkeypatch.setenv("KHAL_EAGER_INIT", on)
         assert cuda_driver._wanted(), on

@@ -85,12 +85,14 @@ def test_parse_env(env: dict, want: dict) -> None:
     assert not cfg.warnings
 
 
-def test_parse_env_warns_on_nonsense() -> None:
-    cfg = tracing.parse_env({"KHAL_CUDA_TRACE": "loud"})
-    assert cfg.trace and not cfg.sync
-    assert "KHAL_CUDA_TRACE='loud' is not understood" in cfg.warnings[0]
-    cfg = tracing.parse_env({"KHAL_TRACE": "loud"})
-    assert cfg.trace and "KHAL_TRACE='loud' is not understood" in cfg.warnings[0]
+def test_parse_env_refuses_nonsense() -> None:
+    """An unknown value is an EnvVarError naming the variable as set (#38 item 12; it was taken as 1)."""
+    from khal_runtime.errors import EnvVarError
+
+    with pytest.raises(EnvVarError, match=r"KHAL_CUDA_TRACE='loud' is not understood: use 1/sync/"):
+        tracing.parse_env({"KHAL_CUDA_TRACE": "loud"})
+    with pytest.raises(EnvVarError, match=r"KHAL_TRACE='loud' is not understood"):
+        tracing.parse_env({"KHAL_TRACE": "loud"})
 
 
 def test_trace_describes_a_dict_uniform_without_an_error() -> None:

@@ -53,6 +53,7 @@ import warnings
 from types import ModuleType
 from typing import Any, Callable
 
+from khal_runtime.abi import env_flag
 from khal_runtime.backends import BackendStatus
 from khal_runtime.errors import BackendUnavailableError, CaptureError, CudaError
 
@@ -61,7 +62,6 @@ __all__ = ["EAGER_ENV", "bindings_mismatch", "check", "driver", "driver_version"
 
 #: "1" turns the early initialisation on (off by default: module docstring)
 EAGER_ENV = "KHAL_EAGER_INIT"
-_ON = ("1", "true", "yes", "on")
 #: how long the exit of a process waits for an early initialisation still running
 _EXIT_WAIT_S = 10.0
 
@@ -232,8 +232,7 @@ def reset_status() -> None:
 # ---------------------------------------------------------------------------------------------
 def _wanted() -> bool:
     """Whether :func:`prestart` should start: ``KHAL_EAGER_INIT``, then the environment."""
-    flag = os.environ.get(EAGER_ENV, "").strip().lower()
-    if flag not in _ON:
+    if not env_flag(os.environ.get(EAGER_ENV), EAGER_ENV):  # an unknown value: EnvVarError
         return False  # off by default (the module docstring says why); "0" etc. too
     if os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
         return False  # no device: first use says so, with nothing to overlap
@@ -244,8 +243,10 @@ def prestart() -> bool:
     """Start ``cuInit`` (and, with one device, device 0's primary context) in a background
     thread, if CUDA is the likely backend and nothing has probed it yet; True if it started.
     Called through :func:`khal_runtime.backends.prestart` (the import of the runtime by a shader
-    package, ``khal_runtime.load()``), which has already ruled out ``KHAL_BACKEND=webgpu``. Never raises: whatever fails here is found again,
-    and reported as before, at first use."""
+    package, ``khal_runtime.load()``), which has already ruled out ``KHAL_BACKEND=webgpu``. Raises only
+    :class:`~khal_runtime.errors.EnvVarError`, for a ``KHAL_EAGER_INIT`` it does not understand (at the
+    shader package's import, as ``load`` would): whatever else fails here is found again, and
+    reported as before, at first use."""
     global _early
     if _early is not None or _status is not None or not _wanted():
         return False

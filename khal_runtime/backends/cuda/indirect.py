@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Any
 
+from khal_runtime.abi import env_flag
 from khal_runtime.arguments import blocks, dim3, misaligned, read_array
 from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.backends.cuda.graphs import relaxed_capture_mode
@@ -45,13 +46,11 @@ from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.capture_state import forbid_in_capture
 from khal_runtime.device import Device, Stream, as_stream, ensure_current
 from khal_runtime.dtypes import ReadOnly, dtype_info
-from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
+from khal_runtime.errors import ArgumentError, ArgumentValueError, EnvVarError, KhalError
 from khal_runtime.launch_hooks import write_line
 from khal_runtime.manifest import Entry, Param
 
 __all__ = ["HELPER_PTX", "dispatch_indirect", "persistent_grid", "threads_to_groups", "prepare"]
-
-_TRUE = ("1", "true", "yes", "on")
 
 #: ``groups[0] = ceil(threads[0] / block)`` without overflow, one thread. PTX ISA 7.0 / sm_75 so
 #: every driver since CUDA 11.0 can JIT it (checked with nvJitLink in the tests).
@@ -98,7 +97,7 @@ _tls = threading.local()
 
 
 def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUE
+    return env_flag(os.environ.get(name), name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,7 +153,6 @@ def persistent_grid(kernel: Any, plan: LaunchPlan) -> int:
     d = plan.device_id
     g = _grids.get(plan)
     if g is None:
-        dev = Device(d)
         raw = os.environ.get("KHAL_CUDA_INDIRECT_BLOCKS_PER_SM", "").strip()
         per_sm = 0
         if raw:
@@ -163,7 +161,10 @@ def persistent_grid(kernel: Any, plan: LaunchPlan) -> int:
             except ValueError:
                 per_sm = 0
             if per_sm < 1:
-                raise ArgumentValueError(f"KHAL_CUDA_INDIRECT_BLOCKS_PER_SM={raw!r}: expected an integer >= 1")
+                raise EnvVarError(f"KHAL_CUDA_INDIRECT_BLOCKS_PER_SM={raw!r}: expected an integer >= 1 (blocks per "
+                                  "SM of the persistent grid), or unset for the kernel's occupancy limit",
+                                  variable="KHAL_CUDA_INDIRECT_BLOCKS_PER_SM", value=raw)
+        dev = Device(d)
         if not per_sm:
             bx, by, bz = kernel.block_size
             fn = plan.indirect_function if plan.indirect_function is not None else plan.function

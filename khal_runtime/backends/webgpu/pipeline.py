@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from khal_runtime.backends.webgpu._wgpu import native, wgpu_module
 from khal_runtime.backends.webgpu.errors import PipelineCreationError
-from khal_runtime.errors import KhalError
+from khal_runtime.errors import EnvVarError, KhalError
 from khal_runtime.manifest import Entry, WebGpuTarget
 
 if TYPE_CHECKING:
@@ -33,7 +33,8 @@ def select_target(entry: Entry, crate: str = "") -> WebGpuTarget:
     """The entry's target to run: WGSL, or SPIR-V with ``KHAL_WEBGPU_SHADER=spirv``."""
     raw = os.environ.get(SHADER_ENV, "").strip().lower() or "wgsl"
     if raw not in ("wgsl", "spirv"):
-        raise KhalError(f"{SHADER_ENV}={raw!r}: expected wgsl (the default) or spirv")
+        raise EnvVarError(f"{SHADER_ENV}={raw!r}: expected wgsl (the default) or spirv", variable=SHADER_ENV,
+                          value=raw)
     name = f"{crate + '.' if crate else ''}{entry.name}"
     if not entry.webgpu:
         raise KhalError(f"entry {name} has no WebGPU build (a CUDA C++ crate, or built with "

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from khal_runtime.backends.webgpu._wgpu import native, wgpu_module
 from khal_runtime.backends.webgpu.errors import WebGpuError
-from khal_runtime.errors import CaptureError
+from khal_runtime.errors import CaptureError, EnvVarError
 
 if TYPE_CHECKING:
     from khal_runtime.backends.webgpu.device import WebGpuDevice
@@ -59,7 +59,8 @@ def _batch_size() -> int:
     except ValueError:
         n = 0
     if n < 1:
-        raise ValueError(f"{BATCH_ENV}={raw!r}: expected an integer >= 1 (dispatches per submit)")
+        raise EnvVarError(f"{BATCH_ENV}={raw!r}: expected an integer >= 1 (dispatches per submit; default "
+                          f"{_DEFAULT_BATCH})", variable=BATCH_ENV, value=raw)
     return n
 
 

@@ -32,6 +32,7 @@ from khal_runtime.verify import verify_package
 
 from tests.helpers.fakecuda import FakeDriver, fake, fake_kernels  # noqa: F401
 from tests.helpers.paths import PACKAGES
+from tests.conftest import SESSION_ENV
 
 GEO_PKG = PACKAGES / "geometry_kernels_pkg"
 
@@ -39,7 +40,7 @@ GEO_PKG = PACKAGES / "geometry_kernels_pkg"
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in list(os.environ):
-        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")) and k != "KHAL_CACHE_DIR":
+        if k.startswith(("KHAL_", "CUDA_OXIDE_SHADERS_PTX_")) and k not in SESSION_ENV and k != "KHAL_CACHE_DIR":
             monkeypatch.delenv(k)
 
 

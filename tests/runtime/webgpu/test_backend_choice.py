@@ -6,6 +6,7 @@ Slang crate with only some of its binaries, its CUDA C++ crate, its Slang crate 
 from __future__ import annotations
 
 import os
+import re
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -59,6 +60,7 @@ def pkgs(example_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
         "other_arch": _package(root, example_wheel, "other_arch_pkg", sl, _webgpu_or("sm_100", "sm_120")),
         "sm90": _package(root, example_wheel, "sm90_pkg", sl, _webgpu_or("sm_90")),
         "cuda_cpp": _package(root, example_wheel, "cuda_cpp_pkg", "core", lambda a: a.kind in ("cubin", "ptx")),
+        "triton": _package(root, example_wheel, "triton_pkg", "tutorials", lambda a: True),
         "skipped": _package(root, example_wheel, "skipped_pkg", sl, lambda a: a.kind in ("cubin", "ptx"),
                             spirv=SpirvStatus(status="skipped", reason="KHAL_SKIP_SPIRV is set"),
                             entries=tuple(e.model_copy(update={"webgpu": None}) for e in entries)),
@@ -175,17 +177,23 @@ def test_explicit_cuda_without_usable_cuda_fails_at_load_with_the_hint(
     assert ("An NVIDIA device is visible (/dev/nvidiactl)" in str(exc.value)) is nvidiactl
 
 
-@pytest.mark.parametrize("which", ["cuda_cpp", "skipped"])
+@pytest.mark.parametrize("which, crate, why", [
+    ("cuda_cpp", "core", "CUDA C++ source: it builds for CUDA only"),
+    ("skipped", "slang", "its WebGPU stage was skipped at build time (KHAL_SKIP_SPIRV is set)"),
+    ("triton", "tutorials", "Triton source: it builds for CUDA only"),
+])
 def test_auto_without_cuda_on_a_cuda_only_package_has_nothing_to_fall_back_to(
-        fake_cuda: tuple[FakeDriver, list[str]], pkgs: dict[str, Path], which: str) -> None:
+        fake_cuda: tuple[FakeDriver, list[str]], pkgs: dict[str, Path], which: str, crate: str, why: str) -> None:
+    """The reason a crate cannot fall back comes from its own manifest (#38 item 17: a Triton crate's
+    said "CUDA C++ sources, or built with KHAL_SKIP_SPIRV")."""
     drv, lines = fake_cuda
     drv.devices = 0
     ks = khal_runtime.load(pkgs[which])
-    crate = "core" if which == "cuda_cpp" else "slang"
     with pytest.raises(BackendUnavailableError,
                        match=rf"no CUDA device/driver was found.*; and crate '{crate}' of package "
-                             rf"'{which}_pkg' has no WebGPU build to fall back to"):
+                             rf"'{which}_pkg' has no WebGPU build to fall back to \({re.escape(why)}") as exc:
         ks.crates[crate].load()
+    assert (which == "cuda_cpp") is ("CUDA C++" in str(exc.value))
     assert lines == []
 
 
@@ -204,10 +212,12 @@ def test_a_slang_crate_built_without_its_webgpu_stage_under_webgpu_is_a_named_er
 def test_an_invalid_khal_backend_is_a_named_error_listing_the_valid_values(
         fake_cuda: tuple[FakeDriver, list[str]], pkgs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
         value: str) -> None:
+    """A bad value is an EnvVarError, the one class of every variable's bad value (#38 item 17)."""
     monkeypatch.setenv("KHAL_BACKEND", value)
     msg = rf"KHAL_BACKEND='{value}' is not a backend khal_runtime provides; use one of auto, cuda, webgpu"
-    with pytest.raises(BackendUnavailableError, match=msg):
+    with pytest.raises(khal_runtime.EnvVarError, match=msg) as exc:
         khal_runtime.load(pkgs["sm90"])
+    assert exc.value.variable == "KHAL_BACKEND" and exc.value.value == value
     st = khal_runtime.backend_status()
     assert not st.usable and f"KHAL_BACKEND='{value}'" in st.reason
 
