@@ -401,8 +401,8 @@ def _distributed(args: argparse.Namespace) -> int:
 _DESCRIPTION = (
     "Look into a built shader package, no GPU needed. PATH is a wheel (.whl), a directory (a "
     "package directory holding _khal/manifest.json, or a tree with such packages below it), or "
-    "the name of an installed package. `triton record` runs a command and records the Triton "
-    "variants it launches into the project's lock file; `shard`, `merge` and `split` build at scale "
+    "the name of an installed package. triton record runs a command and records the Triton "
+    "variants it launches into the project's lock file; shard, merge and split build at scale "
     "(a build split across CI jobs, wheels within the index's size limit)."
 )
 

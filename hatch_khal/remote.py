@@ -61,13 +61,13 @@ def cache_url(option: str | None) -> tuple[str | None, str]:
 def remote_cache(option: str | None, warn: Callable[[str], None]) -> RemoteCache | None:
     """The remote layer a build uses (None: no URL, or ``KHAL_NO_CACHE``); ConfigError for a URL
     or a ``KHAL_CACHE_TIMEOUT`` that is not one."""
-    if env_flag(os.environ.get("KHAL_NO_CACHE")):
+    if env_flag(os.environ.get("KHAL_NO_CACHE"), "KHAL_NO_CACHE"):
         return None
     url, where = cache_url(option)
     if url is None:
         return None
     store = open_store(url, where=where, timeout=timeout_from_env())
-    return RemoteCache(store, read_only=env_flag(os.environ.get("KHAL_CACHE_READ_ONLY")), warn=warn)
+    return RemoteCache(store, read_only=env_flag(os.environ.get("KHAL_CACHE_READ_ONLY"), "KHAL_CACHE_READ_ONLY"), warn=warn)
 
 
 class RemoteCache:

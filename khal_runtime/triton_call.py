@@ -81,7 +81,7 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 # -- counting (KHAL_TRITON_STATS) -----------------------------------------------------------------
 
-_STATS_ON = env_flag(os.environ.get(STATS_VAR))
+_STATS_ON = env_flag(os.environ.get(STATS_VAR), STATS_VAR)
 #: "crate.kernel" -> [launches of the JIT's exact variant, of another variant, through the JIT fallback]
 _stats: dict[str, list[int]] = {}
 _stats_lock = threading.Lock()
@@ -705,7 +705,7 @@ class TritonFunction:
     def _fallback_on(self) -> bool:
         raw = os.environ.get(FALLBACK_VAR)
         if raw is not None and raw.strip():
-            return env_flag(raw)
+            return env_flag(raw, FALLBACK_VAR)
         t = getattr(self._ck.crate, "triton", None)
         return bool(getattr(t, "jit_fallback", False))
 
