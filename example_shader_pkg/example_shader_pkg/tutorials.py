@@ -32,7 +32,7 @@ def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``x + y`` for tensors of float32 or float16 (any length; a tensor whose data is not 16-byte
     aligned or whose length is not a multiple of 16 runs the crate's conservative variant)."""
     if x.shape != y.shape:
-        raise ValueError(f"add: two tensors of one shape, not {tuple(x.shape)} and {tuple(y.shape)}")
+        raise TypeError(f"add: two tensors of one shape, not {tuple(x.shape)} and {tuple(y.shape)}")
     x, y = x.contiguous(), y.contiguous()  # (the kernel reads them as flat arrays)
     output = torch.empty_like(x)
     n_elements = output.numel()
@@ -56,7 +56,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     every width takes the same variants; programs loop over the rows)."""
     n_rows, n_cols = x.shape
     if n_cols > 1024:
-        raise ValueError(f"softmax: at most 1024 columns, not {n_cols}")
+        raise TypeError(f"softmax: at most 1024 columns, not {n_cols}")
     if x.stride(1) != 1:
         x = x.contiguous()  # (the kernel reads each row as a contiguous run)
     y = torch.empty_like(x)
@@ -68,7 +68,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for 2-D float16 tensors (64x64 tiles, float32 accumulation, any strides)."""
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"matmul: incompatible dimensions {tuple(a.shape)} and {tuple(b.shape)}")
+        raise TypeError(f"matmul: incompatible dimensions {tuple(a.shape)} and {tuple(b.shape)}")
     M, K = a.shape  # noqa: N806 - the tutorial's names
     N = b.shape[1]  # noqa: N806
     c = torch.empty((M, N), device=a.device, dtype=torch.float16)
