@@ -25,8 +25,8 @@ from khal_runtime.abi import DEFAULT_DYNAMIC_SHARED
 from khal_runtime.calls import adopt, generic_call
 from khal_runtime.companions import Resolved, missing_hint
 from khal_runtime.companions import resolve as resolve_companions
-from khal_runtime.errors import (BackendUnavailableError, KhalError, LaunchAttributeError, NoCompatibleBinaryError,
-                                 StaleBuildError)
+from khal_runtime.errors import (BackendUnavailableError, KhalError, LaunchAttributeError, ManifestError,
+                                 NoCompatibleBinaryError, StaleBuildError)
 from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
 from khal_runtime.triton import TritonKernel
 from khal_runtime.verify import check_manifest, check_sources, read_artifact
@@ -712,6 +712,10 @@ def load(package: str | os.PathLike[str]) -> KernelSet:
     backends.prestart()  # (khal_runtime.load has called it already, before importing this module)
     mode = backends.backend_mode()
     name, pkg_dir = find_package_dir(package)
+    recording = bool(os.environ.get(RECORDING_ENV))
+    if recording and not (pkg_dir / MANIFEST_DIR / MANIFEST_NAME).is_file():
+        # `python -m hatch_khal triton record` of a package never built: its kernels run under Triton's JIT
+        return UnbuiltKernels(name)  # type: ignore[return-value]
     manifest = load_manifest(pkg_dir / MANIFEST_DIR / MANIFEST_NAME)
     problems = check_manifest(manifest)
     if problems:
@@ -731,11 +735,30 @@ def load(package: str | os.PathLike[str]) -> KernelSet:
     # cubins shipped by companion distributions (per arch family): where installed, and checked
     companions = resolve_companions(manifest.package or name, pkg_dir, manifest)
     kernels = KernelSet(manifest.package or name, pkg_dir, manifest, companions)
-    if any(_serves(c) for c in manifest.crates):
+    # a recorded process runs Triton's JIT, which records the launches: nothing is served then
+    if not recording and any(_serves(c) for c in manifest.crates):
         from khal_runtime import triton_serve  # lazy: only for packages whose Triton kernels host code imports
 
         triton_serve.serve(kernels)
     return kernels
+
+
+#: set by ``python -m hatch_khal triton record`` in the processes it records
+RECORDING_ENV = "KHAL_TRITON_RECORDING"
+
+
+class UnbuiltKernels:
+    """What ``load()`` returns, while ``python -m hatch_khal triton record`` runs, for a package not
+    built yet: its host code runs Triton's JIT (which the recording needs); asking it for a kernel
+    says so."""
+
+    def __init__(self, package: str) -> None:
+        self.package = package
+
+    def __getattr__(self, name: str) -> Any:
+        raise ManifestError(f"package {self.package!r} is not built yet (no khal manifest): while `python -m "
+                            f"hatch_khal triton record` runs, its kernels {name!r} included run under Triton's JIT; "
+                            "build the package to launch them through khal")
 
 
 def _serves(crate: Crate) -> bool:
