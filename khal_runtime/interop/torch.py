@@ -83,7 +83,7 @@ def dtype_name(key: Any) -> tuple[str, int] | None:
     """(element type name, itemsize) of a ``torch.dtype``, else None."""
     if not (type(key).__module__ or "").startswith("torch"):
         return None
-    name = _NAMES.get(str(key), str(key))
+    name = _NAMES.get(str(key), str(key).removeprefix("torch."))  # (torch.float8_e4m3fn: float8_e4m3fn)
     return name, int(getattr(key, "itemsize", abi.SCALARS[name].size if name in abi.SCALARS else 0))
 
 

@@ -857,8 +857,9 @@ def test_a_bound_launch_takes_each_grid_as_given_and_refuses_a_buffer_freed_sinc
     count = len(fake.launches)
     with pytest.raises(ArgumentValueError, match=r"add_fp32\[grid\]: grid: \(1, 70000, 1\) programs, more than"):
         b((1, 70000))
-    with pytest.raises(ArgumentValueError, match=r"add_fp32\[grid\]: grid: every dimension must be >= 1"):
-        b(0)
+    b(0)  # an empty grid: nothing launched (#38)
+    with pytest.raises(ArgumentValueError, match=r"add_fp32\[grid\]: grid: every dimension must be >= 0"):
+        b(-1)
     y.free()
     with pytest.raises(ValueError, match="freed"):
         b(g4)

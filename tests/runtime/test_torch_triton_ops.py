@@ -128,8 +128,9 @@ def test_the_fake_impl_checks_grid_device_and_dtype_with_the_familys_errors(fake
             ops.add([], x, out, 1000, 2.0)
         with pytest.raises(ArgumentValueError, match="expected 1 to 3 dimensions"):
             ops.add([1, 1, 1, 1], x, out, 1000, 2.0)
-        with pytest.raises(ArgumentValueError, match=r"add\[grid\]: grid: every dimension must be >= 1"):
-            ops.add([0], x, out, 1000, 2.0)
+        assert ops.add([0], x, out, 0, 2.0) is None and ops.add([4, 0], x, out, 0, 2.0) is None  # empty: traced
+        with pytest.raises(ArgumentValueError, match=r"add\[grid\]: grid: every dimension must be >= 0"):
+            ops.add([-1], x, out, 1000, 2.0)
         with pytest.raises(ArgumentError, match=r"add\(\): argument 'out' is an array of float16, the kernel was "
                                                 r"built for \*fp32 \(float32\)"):
             ops.add([4], x, torch.empty(1000, dtype=torch.float16, device="cuda"), 1000, 2.0)
@@ -164,6 +165,27 @@ def test_compile_fullgraph_traces_the_op_and_the_real_impl_refuses_host_tensors(
     assert len(graphs) == 1
     targets = {str(n.target).removesuffix(".default") for n in graphs[0].graph.nodes if n.op == "call_function"}
     assert f"{ks.package}.add" in targets
+
+
+def test_an_empty_grid_traces_under_compile_and_launches_nothing(fake: FakeDriver, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """#38 item 5: an empty batch (``cdiv(0, BLOCK)`` programs) is traced by the fake impl and
+    reaches the kernel, which launches nothing; it was refused in the trace before."""
+    ks, _ = _package(fake, tmp_path)
+    ns = getattr(torch.ops, ks.package)
+    calls: list[list[int]] = []
+    monkeypatch.setattr(khal_torch, "_triton_elsewhere", lambda spec, grid, args: calls.append(list(grid)))
+
+    def step(x: Any, out: Any) -> Any:
+        n = x.numel()
+        ns.add([(n + 255) // 256], x, out, n, 2.0)
+        return out.sum()
+
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        got = torch.compile(step, fullgraph=True, backend="aot_eager", dynamic=dynamic)(torch.ones(0), torch.zeros(0))
+        assert float(got) == 0.0
+    assert calls and all(g == [0] for g in calls)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -309,12 +331,15 @@ def test_the_cuda_kernel_gets_the_familys_named_errors_and_bumps_nothing_then(cu
         impl([4], _CudaTensor(0x10002), out, 1024, 2.0)
     with pytest.raises(ArgumentValueError, match="grid: expected 1 to 3 dimensions"):
         impl([], x, out, 1024, 2.0)
-    with pytest.raises(ArgumentValueError, match=r"every dimension must be >= 1"):
-        impl([0], x, out, 1024, 2.0)
+    with pytest.raises(ArgumentValueError, match=r"every dimension must be >= 0 \(0: launch nothing\), got \(-1, 1, 1\)"):
+        impl([-1], x, out, 1024, 2.0)
     with pytest.raises(ArgumentValueError, match=r"argument 'out' \(\*fp32\) is on cuda:1, an earlier tensor "
                                                  r"argument on cuda:0"):
         impl([4], x, _CudaTensor(0x20000, device=1), 1024, 2.0)
     assert len(drv.launches) == n and (x.v, out.v) == (0, 0)
+    impl([0], x, out, 0, 2.0)  # an empty grid (an empty batch): nothing launched, and no error
+    impl([4, 0], x, out, 0, 2.0)
+    assert len(drv.launches) == n
 
 
 def test_a_family_without_its_twin_refuses_a_broken_assumption_by_name(fake: FakeDriver, tmp_path: Path,
