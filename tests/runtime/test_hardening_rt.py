@@ -354,3 +354,81 @@ def test_a_device_buffer_of_another_device_is_refused_by_the_cuda_call_too(fake:
         with pytest.raises(ArgumentValueError, match=r"is on device 1, the launch is on device 0: move it there"):
             launch()
     assert fake.launches == []
+
+
+# -- (2) a per-thread stream's scratch is per thread ---------------------------------------------
+def _scratch_family(drv: FakeDriver, tmp_path: Path) -> Any:
+    names, types = ("x", "n"), ("*fp32", "i32")
+    return triton_kernels(drv, tmp_path, [triton_entry("sk", "sk", names, types, scratch=64)]).sk
+
+
+def _scratch_of(launch: dict[str, Any]) -> int:
+    return int.from_bytes(launch["slots"][2], "little")  # (x, n, global scratch, profile scratch)
+
+
+def _in_thread(fn: Any) -> Any:
+    import threading
+
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+@pytest.mark.parametrize("how", ["int", "stream object"])
+def test_two_threads_on_the_per_thread_stream_get_scratch_of_their_own(fake: FakeDriver, tmp_path: Path,
+                                                                        how: str) -> None:
+    from khal_runtime import scratch
+    from khal_runtime.device import as_stream, ensure_current
+
+    sk = _scratch_family(fake, tmp_path)
+    x = _buf(0x10000)
+    per_thread = 2 if how == "int" else as_stream(2)  # CU_STREAM_PER_THREAD (one object shared by the threads)
+
+    def launches() -> list[int]:
+        ensure_current(0)
+        for _ in range(12):  # past the memo's promotion to a shared snapshot
+            sk[4](x, 1024, stream=per_thread)
+        sk.launch(4, x, 1024, stream=per_thread)
+        b = sk.bind(x, 1024, stream=per_thread)
+        b(4)
+        b(4)
+        return [_scratch_of(la) for la in fake.launches[-15:]]
+
+    mine = launches()
+    theirs = _in_thread(launches)
+    assert len(set(mine)) == 1 and len(set(theirs)) == 1 and mine[0] and theirs[0]
+    assert mine[0] != theirs[0]  # concurrent streams: one buffer each
+    again = launches()
+    assert set(again) == {mine[0]}  # the other thread's launches did not take this thread's
+    assert scratch.held()["retired"] >= 64 * 4  # the ended thread's buffer: kept until release()
+    # an ordinary stream is one stream for every thread: one buffer, shared
+    st = khal_runtime.default_stream()
+    sk[4](x, 1024, stream=st)
+    shared = _scratch_of(fake.launches[-1])
+    assert _in_thread(lambda: (ensure_current(0), sk[4](x, 1024, stream=st), _scratch_of(fake.launches[-1]))[2]) \
+        == shared
+
+
+def test_the_per_thread_default_stream_of_cuda_bindings_is_per_thread(fake: FakeDriver,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from khal_runtime.backends.cuda import BACKEND
+
+    assert BACKEND.is_per_thread_stream(2) and not BACKEND.is_per_thread_stream(1)
+    assert not BACKEND.is_per_thread_stream(0) and not BACKEND.is_per_thread_stream(0x1234)
+    monkeypatch.setenv("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+    assert BACKEND.is_per_thread_stream(0)
+    monkeypatch.setenv("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0")
+    assert not BACKEND.is_per_thread_stream(0)
+
+
+def test_an_indirect_dispatchs_count_word_is_per_thread_on_the_per_thread_stream(fake: FakeDriver) -> None:
+    from khal_runtime.backends.cuda.indirect import _scratch_for
+    from khal_runtime.device import as_stream
+
+    st = as_stream(2)
+    mine = _scratch_for(0, st)
+    assert _scratch_for(0, st) is mine and _in_thread(lambda: _scratch_for(0, st)) is not mine
+    owned = khal_runtime.default_stream()
+    assert _in_thread(lambda: _scratch_for(0, owned)) is _scratch_for(0, owned)

@@ -48,6 +48,7 @@ from khal_runtime.dtypes import ReadOnly, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
 from khal_runtime.launch_hooks import write_line
 from khal_runtime.manifest import Entry, Param
+from khal_runtime.scratch import stream_key
 
 __all__ = ["HELPER_PTX", "dispatch_indirect", "persistent_grid", "threads_to_groups", "prepare"]
 
@@ -92,7 +93,8 @@ _lock = threading.Lock()
 _helpers: dict[int, Any] = {}           # device -> CUfunction
 _iplans: dict[Any, Any] = {}            # direct LaunchPlan -> LaunchPlan of the indirect variant
 _grids: dict[Any, int] = {}             # direct LaunchPlan -> persistent grid size
-_scratch: dict[tuple[int, int], Any] = {}  # (device, stream handle) -> DeviceBuffer (1 x uint32)
+#: (device, stream handle, thread token or 0: ``scratch.stream_key``) -> DeviceBuffer (1 x uint32)
+_scratch: dict[tuple[int, ...], Any] = {}
 _helper_args: dict[tuple[int, int, int], tuple[Any, Any, int]] = {}
 _tls = threading.local()
 
@@ -179,7 +181,8 @@ def persistent_grid(kernel: Any, plan: LaunchPlan) -> int:
 
 
 def _scratch_for(device_id: int, stream: Any) -> Any:
-    key = (device_id, stream.handle)
+    # (a per-thread stream is another stream in each thread, whose helpers run concurrently: a word each)
+    key = (device_id, *stream_key(stream)[1:])
     buf = _scratch.get(key)
     if buf is None:
         ensure_current(device_id)

@@ -291,6 +291,9 @@ class WebGpuBackend:
     def is_legacy_stream(self, handle: int) -> bool:
         return False
 
+    def is_per_thread_stream(self, handle: int) -> bool:
+        return False
+
     def synchronize(self, stream: Stream) -> None:
         stream._cu.synchronize()
 
