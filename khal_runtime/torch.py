@@ -45,6 +45,7 @@ launch path (``stream=`` takes the raw handle PyTorch gives, ``bind()``).
 from __future__ import annotations
 
 import keyword
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -351,6 +352,14 @@ _by_namespace: dict[str, TorchOps] = {}
 _by_qualname: dict[str, _Spec] = {}
 
 
+def _same_place(a: Any, b: Any) -> bool:
+    """Whether two loads' package directories are one (a reload), not two copies side by side."""
+    try:
+        return bool(os.path.samefile(a, b))
+    except OSError:  # (a directory gone since, or a KernelSet made without one)
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
 def registered(namespace: str) -> TorchOps | None:
     """The operators registered under ``namespace`` in this process, if any."""
     return _by_namespace.get(namespace)
@@ -365,10 +374,12 @@ def register(kernels: KernelSet, namespace: str | None = None) -> TorchOps:
     the ``CUDA`` key, a fake implementation and a kernel for other devices that refuses them.
 
     Idempotent: registering the same package again returns the same :class:`TorchOps` (and for
-    another load of it with the same entries, e.g. after a reload, the operators launch through
-    the newest one). A namespace holding another package's operators, or this package's with
-    other signatures, is a :class:`~khal_runtime.errors.KhalError`: PyTorch cannot redefine an
-    operator in a running process."""
+    another load of it from the same directory with the same entries, e.g. after a reload, the
+    operators launch through the newest one). A namespace holding another package's operators,
+    this package's with other signatures, or those of another copy of it (the same name loaded
+    from another directory: two installs side by side, a vendored copy) is a
+    :class:`~khal_runtime.errors.KhalError`: PyTorch cannot redefine an operator in a running
+    process, and one copy must not take over the other's."""
     if not isinstance(kernels, KernelSet):
         raise TypeError(f"register() takes the kernels of a package (khal_runtime.load(...)), got "
                         f"{type(kernels).__module__}.{type(kernels).__qualname__}")
@@ -380,9 +391,17 @@ def register(kernels: KernelSet, namespace: str | None = None) -> TorchOps:
             return prev
         specs = _plan(torch, kernels, ns)
         if prev is not None:
-            if prev.package == kernels.package and prev._signature == _signature(specs):
-                prev._rebind(kernels)
+            same = prev.package == kernels.package and prev._signature == _signature(specs)
+            if same and _same_place(prev.kernels.package_dir, kernels.package_dir):
+                prev._rebind(kernels)  # another load of the same copy (a reload, a rebuild in place)
                 return prev
+            if same:
+                raise KhalError(
+                    f"torch.ops.{ns} holds the operators of package {prev.package!r} loaded from "
+                    f"{prev.kernels.package_dir}; this is another copy of it, loaded from {kernels.package_dir} "
+                    "(two installs side by side, a vendored copy), whose kernels would take the first's "
+                    f"operators over: register this copy under a namespace of its own "
+                    f"(register(kernels, namespace='...')), or import one copy only")
             what = (f"package {prev.package!r}" if prev.package != kernels.package else
                     f"package {prev.package!r} with other entries or signatures (was it rebuilt?)")
             raise KhalError(

@@ -203,6 +203,26 @@ def test_a_namespace_holds_one_package() -> None:
     assert khal_torch.register(ks) is ops
 
 
+def test_another_copy_of_a_package_is_refused_by_name_and_registers_under_its_own_namespace(
+        tmp_path: Path) -> None:
+    """#38 item 3: the same name, entries and schemas loaded from two directories are two copies
+    (two wheels in two paths, a vendored copy), not a reload: the second does not take the first's
+    operators."""
+    name = f"khal_copy{next(_names)}_{os.getpid()}"
+    (tmp_path / "a" / name).mkdir(parents=True)
+    (tmp_path / "b" / name).mkdir(parents=True)
+    first = models_kernels(name, directory=tmp_path / "a" / name)
+    ops = khal_torch.register(first)
+    second = models_kernels(name, directory=tmp_path / "b" / name)
+    with pytest.raises(KhalError, match=rf"holds the operators of package '{name}' loaded from .*/a/{name}; this is "
+                                        rf"another copy of it, loaded from .*/b/{name}"):
+        khal_torch.register(second)
+    assert ops.kernels is first and ops._specs["saxpy"].kernel is first.saxpy
+    reload = models_kernels(name, directory=tmp_path / "a" / ".." / "a" / name)  # the same place, spelt otherwise
+    assert khal_torch.register(reload) is ops and ops.kernels is reload
+    assert khal_torch.register(second, namespace=f"{name}_b").kernels is second
+
+
 def test_a_namespace_with_foreign_ops_is_refused() -> None:
     ns = f"khal_foreign{os.getpid()}"
     torch.library.custom_op(f"{ns}::saxpy", lambda x: x.clone(), mutates_args=(), schema="(Tensor x) -> Tensor")

@@ -27,7 +27,8 @@ torch = pytest.importorskip(
 
 import khal_runtime.torch as khal_torch  # noqa: E402
 from khal_runtime import abi  # noqa: E402
-from khal_runtime.errors import ArgumentError, ArgumentValueError, CaptureError, TritonAssumptionError  # noqa: E402
+from khal_runtime.errors import (ArgumentError, ArgumentValueError, CaptureError, KhalError,  # noqa: E402
+                                 TritonAssumptionError)
 from khal_runtime.manifest import Entry, Param, TritonFacts  # noqa: E402
 from khal_runtime.torch_triton import TritonOpSpec  # noqa: E402
 from khal_runtime.triton import TritonKernel  # noqa: E402
@@ -108,9 +109,26 @@ def test_registering_again_rebinds_the_family(fake: FakeDriver, tmp_path: Path) 
     spec = ops._specs["add"]
     spec.grids[(1,)] = (1,)
     entries = [_entry("add", "add", ("x", "out", "n")), _entry("add__base", "add", ())]
-    again = fake_kernels(fake, tmp_path / "again", entries, package=ks.package, language="triton")
+    again = fake_kernels(fake, tmp_path, entries, package=ks.package, language="triton")  # a reload
     assert khal_torch.register(again) is ops
     assert spec.kernel is again.add and spec.crate_kernels is again.crates["c"] and spec.grids == {}
+
+
+def test_a_second_copy_of_the_package_does_not_take_over_its_operators(fake: FakeDriver, tmp_path: Path) -> None:
+    """#38 item 3: the same package (name, entries, schemas) loaded from another directory (two
+    wheels in two paths, a vendored copy) is refused by name; it took the first copy's operators."""
+    ks, ops = _package(fake, tmp_path / "a")
+    entries = [_entry("add", "add", ("x", "out", "n")), _entry("add__base", "add", ())]
+    copy = fake_kernels(fake, tmp_path / "b", entries, package=ks.package, language="triton")
+    with pytest.raises(KhalError, match=rf"torch.ops.{ks.package} holds the operators of package '{ks.package}' "
+                                        rf"loaded from .*/a/{ks.package}; this is another copy of it, loaded from "
+                                        rf".*/b/{ks.package} \(two installs side by side, a vendored copy\).*"
+                                        r"register\(kernels, namespace='...'\)"):
+        khal_torch.register(copy)
+    assert ops._specs["add"].kernel is ks.add and ops.kernels is ks  # the first copy keeps its operators
+    theirs = khal_torch.register(copy, namespace=f"{ks.package}_b")
+    assert theirs is not ops and theirs._specs["add"].kernel is copy.add
+    assert khal_torch.register(ks) is ops
 
 
 # ---------------------------------------------------------------------------------------------
