@@ -504,10 +504,11 @@ def _loaded(spec: _Spec, device: int) -> bool:
 
 class _Bound:
     """One argument set of an operator, bound (:meth:`Kernel.bind`) on one stream: reused while
-    the same objects come back, each tensor with the version and ``data_ptr()`` it had after
+    the same objects come back, each tensor with the version, ``data_ptr()`` and dtype it had after
     the last launch (or, after an in-place op elsewhere, the same full facts), on that stream."""
 
-    __slots__ = ("args", "tensors", "facts", "ptrs", "versions", "deltas", "written", "device", "handle", "launch")
+    __slots__ = ("args", "tensors", "facts", "ptrs", "dtypes", "keys", "versions", "deltas", "written", "device",
+                 "handle", "launch")
 
     def __init__(self, args: tuple[Any, ...], tensors: tuple[Any, ...], written: tuple[Any, ...],
                  device: int, handle: int, launch: Any) -> None:
@@ -515,6 +516,9 @@ class _Bound:
         self.device, self.handle, self.launch = device, handle, launch
         self.facts = tuple(_facts(t) for t in tensors)
         self.ptrs = tuple(f[3] for f in self.facts)
+        self.dtypes = tuple(f[5] for f in self.facts)
+        #: each tensor's data_ptr() and dtype, in turn (``.data =`` may change either, not the version)
+        self.keys = tuple(x for f in self.facts for x in (f[3], f[5]))
         self.versions: tuple[int, ...] = ()
         self.deltas: tuple[int, ...] = ()
 
@@ -578,7 +582,7 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
             "            if vs != b.versions:  # an in-place op: this op's launch of another set, or another op",
             f"                if not _still(b, spec.last, ({''.join(x + ', ' for x in t)}), vs):",
             "                    continue",
-            f"            elif ({''.join(x + '.data_ptr(), ' for x in t)}) != b.ptrs:  # .data =, swap_tensors",
+            f"            elif ({''.join(x + '.data_ptr(), ' + x + '.dtype, ' for x in t)}) != b.keys:  # .data =, swap_tensors",
             "                continue",
             "        except Exception:  # e.g. a tensor swapped into an inference tensor: no version",
             "            continue",
@@ -613,12 +617,12 @@ def _still(b: _Bound, last: _Bound | None, tensors: tuple[Any, ...], versions: t
     with the same facts as ``b`` packed (the bump was that launch's own: a tensor written by
     every one of several argument sets used in turn; that launch checked its facts), or else
     the same facts read again."""
-    vb, fb, pb = b.versions, b.facts, b.ptrs
+    vb, fb, pb, db = b.versions, b.facts, b.ptrs, b.dtypes
     lt, lv, lf = (last.tensors, last.versions, last.facts) if last is not None else ((), (), ())
     for j, t in enumerate(tensors):
         v = versions[j]
         if v == vb[j] or (j < len(lt) and lt[j] is t and lv[j] == v and lf[j] == fb[j]):
-            if t.data_ptr() != pb[j]:
+            if t.data_ptr() != pb[j] or t.dtype is not db[j]:  # (.data = keeps the version)
                 return False
         elif _facts(t) != fb[j]:
             return False

@@ -29,11 +29,12 @@ conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKerne
   generated for the family (:meth:`TritonKernel._generate`, ``k.source``), two paths:
 
   1. a repeat: the same argument objects (``is``), the same grid object (an int or a tuple; a
-     callable grid is evaluated on every call), the same stream, each tensor's ``data_ptr()`` the
-     address packed, nothing freed since (``memo.EPOCH``): the block this thread packed then is
+     callable grid is evaluated on every call), the same stream, each tensor's ``data_ptr()`` and
+     dtype the ones packed, nothing freed since (``memo.EPOCH``): the block this thread packed then is
      launched as it is, with the launch call's arguments prebuilt (one of ``SLOTS`` memo slots per
      thread; nothing read, checked, chosen or packed again; the address is all a Triton kernel is
-     given of a tensor, so an in-place write keeps the memo and a moved tensor does not); a slot
+     given of a tensor, so an in-place write keeps the memo and a moved tensor does not, nor one
+     given another dtype at the same address by ``.data =``); a slot
      hit ``PROMOTE_AFTER`` times becomes one of ``SLOTS`` shared snapshots of the family (a copy of
      its block nothing writes again), which every thread checks first, with no thread-local read,
      as the CUDA typed call does;
@@ -849,7 +850,8 @@ class TritonKernel:
         conds = [f"({x} is k[{j}] or type({x}) in NUMBERS and type({x}) is type(k[{j}]) and {x} == k[{j}] "
                  f"and ({x} or str({x}) == str(k[{j}])))"
                  for j, x in enumerate(names)] + [f"st is k[{n + 1}]", "not more"]
-        conds += [f"(k[{n + 2 + j}] is None or a{i}.data_ptr() == k[{n + 2 + j}])"
+        # (a tensor: the address and dtype packed; ``.data =`` a view of another dtype keeps the address)
+        conds += [f"(k[{n + 2 + j}] is None or (a{i}.data_ptr(), a{i}.dtype) == k[{n + 2 + j}])"
                   for j, i in enumerate(self._pointers)]
         memo_line = len(L)  # (``k[grid]``'s closure over a callable grid skips the memo: it can hold none)
         L += ["    if not hooks.active:", "        try:"]
@@ -894,12 +896,13 @@ class TritonKernel:
                       f"        rd = R{i}.get(t)", "        if rd is TORCH:",  # _torch_reader's reads, inline
                       # (an array of another device: the slow path names it, as the CUDA C++ call does)
                       f"            if not a{i}.is_cuda or a{i}.get_device() != dev:", f"                {slow}",
-                      f"            v{i} = q{i} = a{i}.data_ptr()", f"            if a{i}.dtype not in D{i}:",
-                      f"                {slow}", "        else:", "            if rd is None:",
+                      f"            v{i} = a{i}.data_ptr()", f"            dt = a{i}.dtype",
+                      f"            if dt not in D{i}:", f"                {slow}", f"            q{i} = (v{i}, dt)",
+                      "        else:", "            if rd is None:",
                       f"                {slow}",
                       f"            v{i}, dt = rd(a{i}, dev)", f"            if dt not in D{i}:", f"                {slow}",
                       # what a slot can recheck: an address read again (data_ptr), or one that cannot move
-                      f"            q{i} = None if t in FIXED or t in STABLE else v{i} if rd is DATA_PTR else NOMEMO"]
+                      f"            q{i} = None if t in FIXED or t in STABLE else (v{i}, dt) if rd is DATA_PTR else NOMEMO"]
                 if i in align:
                     L += [f"    if v{i} & {align[i]}:", f"        {slow}"]
             elif i in self._ints:  # an integral value of another type (NumPy, IntEnum) as its int

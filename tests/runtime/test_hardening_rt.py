@@ -432,3 +432,36 @@ def test_an_indirect_dispatchs_count_word_is_per_thread_on_the_per_thread_stream
     assert _scratch_for(0, st) is mine and _in_thread(lambda: _scratch_for(0, st)) is not mine
     owned = khal_runtime.default_stream()
     assert _in_thread(lambda: _scratch_for(0, owned)) is _scratch_for(0, owned)
+
+
+# -- (4) a dtype changed at the same address is not the remembered launch --------------------------
+class _TorchLike:
+    """What a Triton family reads of a CUDA tensor (torch's module name: read as one)."""
+
+    is_cuda = True
+
+    def __init__(self, ptr: int, dtype: Any) -> None:
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def get_device(self) -> int:
+        return 0
+
+
+_TorchLike.__module__ = "torch"
+
+
+@pytest.mark.parametrize("repeats", [2, 12], ids=["memo slot", "shared snapshot"])
+def test_a_triton_memo_is_not_repeated_on_another_dtype_at_the_same_address(fake: FakeDriver, tmp_path: Path,
+                                                                             repeats: int) -> None:
+    add = _add(fake, tmp_path)
+    f32, i32 = _Dt("torch.float32"), _Dt("torch.int32")
+    x, out = _TorchLike(0x10000, f32), _TorchLike(0x20000, f32)
+    for _ in range(repeats):
+        add[4](x, out, 1024)
+    x.dtype = i32  # x.data = x.data.view(torch.int32): the same address, the version kept
+    with pytest.raises(ArgumentError, match=r"argument 'x' is an array of int32, the kernel was built for \*fp32"):
+        add[4](x, out, 1024)
+    assert len(fake.launches) == repeats

@@ -698,6 +698,23 @@ def test_scalars_match_by_value_but_not_a_signed_zero(fast_op: Any) -> None:
     assert [repr(v) for _, v in got] == ["-0.0", "-0.0", "0.0"]  # each launch packs its own zero
 
 
+def test_a_dtype_changed_at_the_same_address_is_not_the_bound_set(fast_op: Any) -> None:
+    """#38 item 4: ``t.data = t.data.view(torch.int32)`` keeps the version and the address: the
+    bound launch packed for float32 is not repeated on int32 data (also when the version moved by
+    the op's own bump, which the bound set accepts without reading the facts)."""
+    call, rec, _, _ = fast_op
+    x, y, p = _CudaTensor(0x1000), _CudaTensor(0x2000), _CudaTensor(0x3000, n=4)
+    for _ in range(3):
+        call("saxpy", 8, x, y, p)
+    assert rec.binds == 1
+    x.dtype = torch.int32  # x.data = x.data.view(torch.int32): no version bump, the same pointer
+    call("saxpy", 8, x, y, p)
+    assert rec.binds == 2 and rec.calls[-1][0] == "bound"  # bound again on the new facts (the kernel's checks)
+    y.dtype = torch.int32  # y's version moved by the op's own bump since the bind (the accepted case)
+    call("saxpy", 8, x, y, p)
+    assert rec.binds == 3
+
+
 def test_inference_tensors_are_never_bound(fast_op: Any) -> None:
     call, rec, _, bumps = fast_op
     x, y, p = _CudaTensor(0x1000), _CudaTensor(0x2000), _CudaTensor(0x3000, n=4)

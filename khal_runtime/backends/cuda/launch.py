@@ -412,7 +412,7 @@ class LaunchPlan:
             "as_stream": as_stream, "NOMEMO": NOMEMO,
             "EPOCH": EPOCH, "STABLE_TYPES": interop.STABLE_ARRAY_TYPES,
             "MEMO_TYPES": interop.MEMO_ARRAY_TYPES, "STABLE_MEMO": (None, None),
-            "tensor_memo": interop.tensor_memo, "FREED": FREED,
+            "tensor_memo": interop.tensor_memo, "UNVERSIONED": interop.UNVERSIONED, "FREED": FREED,
             "IMMUTABLE_SCALAR": IMMUTABLE_SCALAR, "uniform_reader": uniform_reader,
             "ready_stream": ready_stream, "pack_u64": _PACK_U64,
             "storage_seen": self._storage_seen, "uniform_seen": self._uniform_seen,

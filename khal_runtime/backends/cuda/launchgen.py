@@ -55,13 +55,16 @@ class MemoLayout:
 
     A memo slot (this thread's, rewritten on every full read): ``a0 .. a{P-1}`` (the argument
     objects), ``stream`` (also its valid flag), ``n``, ``gx``, per uniform ``reader{i}`` and
-    ``bytes{i}``, per storage ``version{i}``, ``pointer{i}`` and ``storage{i}``, then ``buf`` (the
-    argument block), ``addr`` (the ``void*[]`` address), ``hits`` and ``ptrs``.
+    ``bytes{i}``, per storage ``version{i}``, ``pointer{i}``, ``storage{i}``, ``dtype{i}`` and
+    ``count{i}``, then ``buf`` (the argument block), ``addr`` (the ``void*[]`` address), ``hits`` and
+    ``ptrs``.
     A shared snapshot (never written after it is made): ``a0 .. a{P-1}``, ``stream``, ``n``,
     ``call`` (the launch call's whole argument tuple), ``gx``, ``addr``, the same per-uniform and
     per-storage fields, and ``keep`` (what must outlive it).
     The version is None for an array type that cannot change (``interop.STABLE_ARRAY_TYPES``),
-    else the tensor's ``_version`` when it was packed (``interop.VERSIONED_ARRAY_TYPES``).
+    else the tensor's ``_version`` when it was packed (``interop.VERSIONED_ARRAY_TYPES``), or
+    ``interop.UNVERSIONED`` for a tensor without a version counter (an inference tensor: its count
+    and contiguity are compared instead).
     A thread's slots live in ``plan_tls.s``, a :class:`ThreadSlots`.
     """
 
@@ -72,7 +75,8 @@ class MemoLayout:
         self.uniform = [i for i, reader in enumerate(readers) if reader.uniform]
         self.tensor = [i for i, reader in enumerate(readers) if reader.array]
         per_param = [n for i in self.uniform for n in (f"reader{i}", f"bytes{i}")]
-        per_param += [n for i in self.tensor for n in (f"version{i}", f"pointer{i}", f"storage{i}")]
+        per_param += [n for i in self.tensor for n in (f"version{i}", f"pointer{i}", f"storage{i}", f"dtype{i}",
+                                                        f"count{i}")]
         self.slot_fields = (*self.args, "stream", "n", "gx", *per_param, "buf", "addr", "hits", "ptrs")
         self.snapshot_fields = (*self.args, "stream", "n", "call", "gx", "addr", *per_param, "keep")
         self.Slot = type("MemoSlot", (), {"__slots__": self.slot_fields})
@@ -373,8 +377,8 @@ def memo_store_lines(spec: CodeSpec, I: str) -> list[str]:  # noqa: E741, N803
         ucond.append(f"r{i} is not NOMEMO")
         inner.append(f"m.reader{i} = r{i}; m.bytes{i} = h{i}")
     for i in lo.tensor:
-        inner.append(f"m.version{i} = q{i}[0]; m.pointer{i} = p{i}; m.storage{i} = q{i}[1]" if i in versioned
-                     else f"m.version{i} = None")
+        inner.append(f"m.version{i} = q{i}[0]; m.pointer{i} = p{i}; m.storage{i} = q{i}[1]; m.dtype{i} = k{i}; "
+                     f"m.count{i} = c{i}" if i in versioned else f"m.version{i} = None")
     stores: list[str] = []
     for a in lo.args:
         stores.append(f"m.{a} = {a}")
@@ -410,12 +414,16 @@ def memo_store_lines(spec: CodeSpec, I: str) -> list[str]:  # noqa: E741, N803
 # a first call makes them, and each comprehension is a frame of its budget, test_generated_code.)
 def tensor_unchanged(spec: CodeSpec, m: str) -> list[str]:
     """Each tensor the memo ``m`` holds (for the parameters that have seen one) has the
-    version and pointer it had when packed (an array of a stable type has version None)."""
+    version, pointer and dtype it had when packed (``.data =`` a view of another dtype at the same
+    address keeps the other two); one without a version counter (an inference tensor,
+    ``UNVERSIONED``) the pointer, dtype, count and contiguity (what an in-place op can change under
+    the same identity: ``resize_``, ``t_``, ``.data =``). An array of a stable type has version None."""
     out: list[str] = []
     for i in spec.memo.tensor:
         if i in spec.versioned:
-            out.append(f"({m}.version{i} is None or (a{i}._version == {m}.version{i} "
-                       f"and a{i}.data_ptr() == {m}.pointer{i}))")
+            out.append(f"((v := {m}.version{i}) is None or (a{i}._version == v if v is not UNVERSIONED else "
+                       f"a{i}.numel() == {m}.count{i} and a{i}.is_contiguous()) and a{i}.data_ptr() == {m}.pointer{i} "
+                       f"and a{i}.dtype is {m}.dtype{i})")
     return out
 
 
