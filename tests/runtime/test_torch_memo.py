@@ -251,6 +251,27 @@ def test_a_remembered_tensor_swapped_with_an_inference_tensor(call: Any, repeats
     assert SwappableTensor.version_reads == reads
 
 
+def test_an_inference_tensor_after_versioned_ones_is_learnt_then_remembered(call: Any) -> None:
+    """The call's code was made for versioned tensors (no branch for a tensor without a version):
+    the first inference tensor it would store is learnt instead, the kernel takes the call made for
+    it, and its repeats are remembered, never reading its ``_version``."""
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for _ in range(3):
+        call(x, y, z)
+    plan = call.kernel.plan(0)
+    assert not plan._unversioned and "UNVERSIONED else" not in plan.call_source
+    w = InferenceTensor(0x4000, 300)
+    for _ in range(3):
+        assert call(w, y, z)[0] == (0x4000, 300)
+    assert plan._unversioned == {0} and "a0._version == ver if ver is not UNVERSIONED else" in plan.call_source
+    before = Tensor.reads
+    assert call(w, y, z)[0] == (0x4000, 300)
+    assert Tensor.reads == before + 1  # a hit: w's count compared, no full read
+    w.n = 50
+    assert call(w, y, z)[0] == (0x4000, 50)
+    assert call(x, y, z)[0] == (0x1000, 300) and InferenceTensor.version_reads == 0
+
+
 @pytest.mark.parametrize("repeats", [2, PROMOTE_AFTER + 3], ids=["memo slot", "shared snapshot"])
 def test_a_dtype_changed_at_the_same_address_is_read_again(call: Any, repeats: int) -> None:
     """#38 item 4: ``t.data = t.data.view(torch.int32)`` keeps the version and the address; a

@@ -132,6 +132,9 @@ class CodeSpec:
     uinline: tuple[tuple[tuple[type, Any], ...], ...]
     #: storage parameters that have seen a versioned array (torch): their memos check it
     versioned: frozenset[int]
+    #: those of them that have seen one without a version counter (a torch inference tensor): their
+    #: memos compare its pointer, dtype, count and contiguity instead (the others pay no branch)
+    unversioned: frozenset[int]
     #: the fields of memo slots and snapshots
     memo: MemoLayout
     #: launch hooks installed: every launch goes through ``hooks.dispatch``
@@ -366,6 +369,10 @@ def memo_store_lines(spec: CodeSpec, I: str) -> list[str]:  # noqa: E741, N803
     for i, reader in enumerate(spec.readers):
         if reader.uniform:
             continue
+        if i in versioned and i not in spec.unversioned:  # an inference tensor here: learnt, not stored
+            conds.append(f"(q{i} := STABLE_MEMO if t{i} in STABLE_TYPES else tensor_memo(a{i})) is not None "
+                         f"and (q{i}[0] is not UNVERSIONED or unversioned_seen({i}))")
+            continue
         conds.append(f"(q{i} := STABLE_MEMO if t{i} in STABLE_TYPES else tensor_memo(a{i})) is not None"
                      if i in versioned else f"t{i} in STABLE_TYPES" if reader.array
                      else f"IMMUTABLE_SCALAR[type(a{i})]")
@@ -420,10 +427,13 @@ def tensor_unchanged(spec: CodeSpec, m: str) -> list[str]:
     the same identity: ``resize_``, ``t_``, ``.data =``). An array of a stable type has version None."""
     out: list[str] = []
     for i in spec.memo.tensor:
-        if i in spec.versioned:
-            out.append(f"((v := {m}.version{i}) is None or (a{i}._version == v if v is not UNVERSIONED else "
+        if i in spec.unversioned:
+            out.append(f"((ver := {m}.version{i}) is None or (a{i}._version == ver if ver is not UNVERSIONED else "
                        f"a{i}.numel() == {m}.count{i} and a{i}.is_contiguous()) and a{i}.data_ptr() == {m}.pointer{i} "
                        f"and a{i}.dtype is {m}.dtype{i})")
+        elif i in spec.versioned:  # (never an UNVERSIONED one: memo_store_lines; the version read once)
+            out.append(f"((ver := {m}.version{i}) is None or (a{i}._version == ver and a{i}.data_ptr() == "
+                       f"{m}.pointer{i} and a{i}.dtype is {m}.dtype{i}))")
     return out
 
 
@@ -449,8 +459,8 @@ def snapshot_hits(spec: CodeSpec) -> list[str]:
         conds.append(f"{a} is k.{a}")
     conds += ["st is k.stream", "n is k.n", "not _more"]
     conds += tensor_unchanged(spec, "k")
-    for i in lo.uniform:
-        conds.append(f"(k.reader{i} is None or k.reader{i}(a{i}) == k.bytes{i})")
+    for i in lo.uniform:  # (the reader read once)
+        conds.append(f"((rdr := k.reader{i}) is None or rdr(a{i}) == k.bytes{i})")
     hit = " and ".join(conds)
     out: list[str] = []
     for j in range(SLOTS):
