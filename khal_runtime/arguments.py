@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import operator
 import struct
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from khal_runtime import abi, interop
 from khal_runtime.dtypes import ReadOnly, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.generated import define
 from khal_runtime.interop import ADDRESS_SPACE, BadArgument
-from khal_runtime.manifest import Entry, Param
 from khal_runtime.packing import pack_cuda
 from khal_runtime.uniforms import is_converter, uniform_converter
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry, Param
 
 __all__ = [
     "MAX_GRID",

@@ -15,7 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from khal_runtime import backends, launch_hooks
 from khal_runtime.arguments import check_block, check_block_within, check_grid, diagnose_args, dim3, grid3
@@ -24,9 +24,13 @@ from khal_runtime.device import Stream, _tls, as_stream, current_device_id, defa
 from khal_runtime.abi import DEFAULT_DYNAMIC_SHARED
 from khal_runtime.calls import adopt, generic_call
 from khal_runtime.errors import BackendUnavailableError, KhalError, LaunchAttributeError, StaleBuildError
-from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
+from khal_runtime.manifest_load import load_manifest
+from khal_runtime.manifest_records import MANIFEST_DIR, MANIFEST_NAME
 from khal_runtime.triton import TritonKernel
 from khal_runtime.verify import check_manifest, check_sources, read_artifact
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Crate, Entry, Manifest
 
 __all__ = ["CrateKernels", "Kernel", "KernelSet", "LaunchConfig", "ModuleGlobal", "ModuleGlobals", "find_package_dir",
            "launch", "load"]

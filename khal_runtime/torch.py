@@ -47,19 +47,23 @@ from __future__ import annotations
 import keyword
 import os
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from operator import is_
-from typing import Any, Callable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union, cast
 
 from khal_runtime import abi, interop
 from khal_runtime.arguments import struct_bytes as _struct_bytes
 from khal_runtime.device import Stream
 from khal_runtime.errors import ArgumentError, ArgumentValueError, BackendUnavailableError, CaptureError, KhalError
 from khal_runtime.kernels import Kernel, KernelSet
-from khal_runtime.manifest import Entry, Param
+from khal_runtime.manifest_records import Entry as _EntryRecord
 from khal_runtime.torch_triton import TritonOpSpec, check_fake, not_cuda, other_device, triton_spec
 from khal_runtime.triton import TritonKernel
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry, Param
 
 __all__ = ["CrateOps", "TorchOps", "register", "registered", "uniform"]
 
@@ -357,7 +361,7 @@ def _same_place(a: Any, b: Any) -> bool:
     try:
         return bool(os.path.samefile(a, b))
     except OSError:  # (a directory gone since, or a KernelSet made without one)
-        return os.path.abspath(a) == os.path.abspath(b)
+        return bool(os.path.abspath(a) == os.path.abspath(b))
 
 
 def registered(namespace: str) -> TorchOps | None:
@@ -879,8 +883,9 @@ def _entry_of(op: Any) -> tuple[Entry, str]:
     "namespace::name"), or a manifest Entry."""
     if isinstance(op, Kernel):
         return op.entry, f"{op.crate}.{op.name}"
-    if isinstance(op, Entry):
-        return op, op.name
+    models = sys.modules.get("khal_runtime.manifest")  # (a pydantic Entry exists only once that is imported)
+    if isinstance(op, _EntryRecord) or models is not None and isinstance(op, models.Entry):
+        return cast("Entry", op), str(op.name)  # (a loaded package's entries are records: manifest_load)
     qual = op if isinstance(op, str) else (
         getattr(op, "_qualified_op_name", None) or getattr(op, "_qualname", None)
         or getattr(getattr(op, "_overloadpacket", None), "_qualified_op_name", None))

@@ -255,7 +255,8 @@ def _reader_for(obj: Any) -> Callable[[Any, int], tuple[int, Any]] | None:
     if type(obj) is DeviceBuffer:
         return _buffer_reader
     if callable(getattr(obj, "data_ptr", None)):
-        return _torch_reader if array_type(obj).name == "torch.Tensor" else _data_ptr_reader
+        return _torch_reader if array_type(obj).name == "torch.Tensor" and callable(getattr(obj, "get_device", None)) \
+            else _data_ptr_reader
     if type(getattr(getattr(obj, "data", None), "ptr", None)) is int and hasattr(obj, "__cuda_array_interface__"):
         return _cupy_reader
     if isinstance(getattr(obj, "__cuda_array_interface__", None), dict):
@@ -393,9 +394,19 @@ class TritonKernel:
             self._key_args = tuple(self.arg_names.index(n) for n in facts.autotune_key if n in self.arg_names)
             self._rule = facts.choose
             self._pin = _env_pin(crate, name, tuple(self.configs))
-        # over khal Kernels (what the generated call reads of them: their plans by device, block, crate)
+        # over khal Kernels (what the generated call reads of them: their plans by device, block, crate):
+        # generated at the first call, not when the package loads (compiling it costs ~15 ms a family:
+        # an import of a package with a Triton crate paid it for every family, #38 item 18)
         if all(hasattr(k, "_plans") and hasattr(k, "_bx") and hasattr(k, "_crate") for k in self.variants):
+            self.launch = self._first_launch
+
+    def _first_launch(self, grid: Any, *args: Any, stream: Any = None) -> None:
+        """The first call: generate the fast call (:meth:`_generate`), which every call takes from
+        then on (the launchers ``k[grid]`` made before it are dropped), and launch through it."""
+        if self._fast is None:
             self.launch = self._fast = self._generate()
+            self._grids.clear()
+        self.launch(grid, *args, stream=stream)
 
     def __repr__(self) -> str:
         return (f"<Triton kernel {self.crate}.{self.name} ({self.kernel}): "

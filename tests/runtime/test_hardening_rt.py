@@ -465,3 +465,28 @@ def test_a_triton_memo_is_not_repeated_on_another_dtype_at_the_same_address(fake
     with pytest.raises(ArgumentError, match=r"argument 'x' is an array of int32, the kernel was built for \*fp32"):
         add[4](x, out, 1024)
     assert len(fake.launches) == repeats
+
+
+def test_an_autotuned_family_times_nothing_for_an_empty_grid(fake: FakeDriver, tmp_path: Path) -> None:
+    """Timing the configs of an empty launch would time nothing and keep that choice for the key."""
+    names, types = ("x", "n"), ("*fp32", "i32")
+    entries = []
+    for config, block in ((0, 128), (1, 256)):
+        e = triton_entry(f"tk_c{config}", "tk", names, types, constexprs={"BLOCK": block})
+        facts = e.triton.model_copy(update={"config": config, "autotune_key": ("n",)})
+        from khal_runtime import abi as _abi
+
+        sig = _abi.entry_signature(e.name, e.block_size, e.params, grid_dims=3, triton=facts.record())
+        h = _abi.entry_hash(CONTENT, sig)
+        entries.append(e.model_copy(update={"triton": facts, "hash": h, "symbol": _abi.symbol_for(e.name, h)}))
+    ks = triton_kernels(fake, tmp_path, entries)
+    tk = next(iter(ks.crates["c"]))
+    assert tk.tuned
+    x = _buf(0x10000)
+    for _ in range(2):
+        tk[lambda meta: ((0 + meta["BLOCK"] - 1) // meta["BLOCK"],)](x, 0)
+        tk[0](x, 4096)
+    assert fake.launches == [] and tk.choices == {}
+    tk.pin(1)
+    tk[4](x, 4096)
+    assert len(fake.launches) == 1

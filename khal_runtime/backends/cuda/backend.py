@@ -13,7 +13,7 @@ in the package's ``__init__``, so that importing the package (for :func:`driver.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from khal_runtime.backends import BackendStatus
 from khal_runtime.backends.cuda import driver as _drv
@@ -24,7 +24,9 @@ from khal_runtime.backends.cuda.timer import EventTimer
 from khal_runtime.backends.cuda.uniform_cache import cache_for
 from khal_runtime.device import Device, Stream, ensure_current
 from khal_runtime.errors import CudaError, NoCompatibleBinaryError, PtxTooNewError
-from khal_runtime.manifest import Crate
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Crate
 
 __all__ = ["BACKEND", "CudaBackend", "CudaDevice"]
 

@@ -26,7 +26,7 @@ import ctypes
 import struct
 import sys
 import threading
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from khal_runtime import abi, interop
 from khal_runtime.arguments import Short, diagnose_args, dtype_ok, struct_bytes
@@ -43,9 +43,11 @@ from khal_runtime.dtypes import dtype_info
 from khal_runtime.errors import CudaError
 from khal_runtime.generated import define
 from khal_runtime.launch_hooks import hooks
-from khal_runtime.manifest import Entry
 from khal_runtime.memo import EPOCH, register_memo
 from khal_runtime.uniforms import cached_converter, is_converter, uniform_converter
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry
 
 __all__ = ["MISSING", "NOMEMO", "DirectLaunch", "LaunchPlan", "launch_call"]
 

@@ -35,11 +35,13 @@ there too, which makes the plan's call again) or to ``diagnose``, which names th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from khal_runtime import abi
 from khal_runtime.arguments import blocks_source
-from khal_runtime.manifest import Entry
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry
 
 #: memo slots per thread and shared snapshots per plan (distinct argument sets remembered)
 SLOTS = 4

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from khal_runtime import abi
 from khal_runtime.abi import SCALARS
@@ -44,7 +44,9 @@ from khal_runtime.backends.webgpu.pipeline import get_pipeline, select_target
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
 from khal_runtime.generated import define
-from khal_runtime.manifest import Entry, Param, WebGpuTarget
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry, Param, WebGpuTarget
 
 __all__ = ["BoundDispatch", "KernelPlan", "StorageInfo", "register_storage_type"]
 
