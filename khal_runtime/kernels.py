@@ -15,10 +15,10 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from khal_runtime import backends, launch_hooks
-from khal_runtime.arguments import check_block, check_block_within, check_grid, diagnose_args, dim3
+from khal_runtime.arguments import check_block, check_block_within, check_grid, diagnose_args, dim3, grid3
 from khal_runtime.arguments import shared_mem as check_shared_mem
 from khal_runtime.device import Stream, _tls, as_stream, current_device_id, default_stream, ensure_current
 from khal_runtime.abi import DEFAULT_DYNAMIC_SHARED
@@ -27,9 +27,13 @@ from khal_runtime.companions import Resolved, missing_hint
 from khal_runtime.companions import resolve as resolve_companions
 from khal_runtime.errors import (BackendUnavailableError, KhalError, LaunchAttributeError, ManifestError,
                                  NoCompatibleBinaryError, StaleBuildError)
-from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, load_manifest
+from khal_runtime.manifest_load import load_manifest
+from khal_runtime.manifest_records import MANIFEST_DIR, MANIFEST_NAME
 from khal_runtime.triton import TritonKernel
 from khal_runtime.verify import check_manifest, check_sources, read_artifact
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Crate, Entry, Manifest
 
 __all__ = ["CrateKernels", "Kernel", "KernelSet", "LaunchConfig", "ModuleGlobal", "ModuleGlobals", "find_package_dir",
            "launch", "load"]
@@ -195,7 +199,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         ``shared_mem``: bytes of dynamic shared memory (None: what the entry declares with
         ``KHAL_SHARED_MEM``, else 0); ``cluster``: blocks per thread-block cluster (an int or up to
         three dims; CUDA on sm_90+, for a kernel compiled without ``KHAL_CLUSTER``), the grid a
-        multiple of it."""
+        multiple of it. A grid with a 0 in it (``cdiv(0, BLOCK)``) launches nothing: the arguments
+        are checked as for a launch, and the call returns (a negative grid is an error)."""
         if shared_mem is None:
             shared_mem = self._shared
         st = self._stream(stream)
@@ -203,7 +208,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         if type(grid) is int and 0 < grid <= 2**31 - 1:
             gx, gy, gz = grid, 1, 1
         else:
-            gx, gy, gz = dim3(grid, f"{self.name}.launch(): grid")
+            gx, gy, gz = grid3(grid, f"{self.name}.launch(): grid")
             check_grid(self.name, (gx, gy, gz), self._ldims)
         bx, by, bz = self._bx, self._by, self._bz
         if block is not None and not (type(block) is int and block == bx and self._flat):
@@ -221,9 +226,13 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
                 f"{'' if self._shared else ': the limit without a declaration'}); declare KHAL_SHARED_MEM({shmem}) in its "
                 "KHAL_ENTRY marker (above 48 KB the function is opted in once, at load)")
         if cluster is not None:
-            self._clustered(plan, cluster)(gx, gy, gz, bx, by, bz, shmem, st, args)
+            run = self._clustered(plan, cluster)
+        else:
+            run = plan.run
+        if not (gx and gy and gz):  # an empty grid: the arguments checked, nothing launched
+            diagnose_args(plan.entry, args, device=st.device_id)
             return
-        plan.run(gx, gy, gz, bx, by, bz, shmem, st, args)
+        run(gx, gy, gz, bx, by, bz, shmem, st, args)
 
     def _clustered(self, plan: Any, cluster: Any) -> Callable[..., None]:
         """The explicit launch of ``plan`` with clusters of ``cluster`` blocks, or the named error."""

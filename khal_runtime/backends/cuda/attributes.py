@@ -20,12 +20,14 @@ the cluster a launch attribute); the grid must be a multiple of the cluster dims
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from khal_runtime.abi import DEFAULT_DYNAMIC_SHARED, MAX_PORTABLE_CLUSTER
 from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.errors import LaunchAttributeError
-from khal_runtime.manifest import Entry
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry
 
 __all__ = ["FunctionAttributes", "make_launch_ex", "prepare_function"]
 

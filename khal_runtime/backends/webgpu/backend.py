@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from khal_runtime import capture_state
 from khal_runtime.backends import BackendStatus
@@ -33,8 +33,10 @@ from khal_runtime.device import Device, Stream, as_stream
 from khal_runtime.errors import ArgumentError, BackendUnavailableError, CaptureError, KhalError, LaunchAttributeError
 from khal_runtime.graphs import Graph
 from khal_runtime.launch_hooks import hooks
-from khal_runtime.manifest import Crate
 from khal_runtime.verify import check_launch_facts, read_artifact
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Crate
 
 __all__ = ["BACKEND", "WebGpuBackend", "WebGpuPlan"]
 
@@ -289,6 +291,9 @@ class WebGpuBackend:
         return self.native_stream(handle)  # type: ignore[no-any-return]
 
     def is_legacy_stream(self, handle: int) -> bool:
+        return False
+
+    def is_per_thread_stream(self, handle: int) -> bool:
         return False
 
     def synchronize(self, stream: Stream) -> None:
