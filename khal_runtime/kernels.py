@@ -27,10 +27,10 @@ from khal_runtime.companions import Resolved, missing_hint
 from khal_runtime.companions import resolve as resolve_companions
 from khal_runtime.errors import (BackendUnavailableError, KhalError, LaunchAttributeError, ManifestError,
                                  NoCompatibleBinaryError, StaleBuildError)
-from khal_runtime.manifest_load import load_manifest
+from khal_runtime.manifest_load import read_manifest
 from khal_runtime.manifest_records import MANIFEST_DIR, MANIFEST_NAME
 from khal_runtime.triton import TritonKernel
-from khal_runtime.verify import check_manifest, check_sources, read_artifact
+from khal_runtime.verify import check_crate_hashes, check_manifest, check_sources, read_artifact
 
 if TYPE_CHECKING:
     from khal_runtime.manifest import Crate, Entry, Manifest
@@ -414,8 +414,12 @@ class CrateKernels:
     entries as attributes (``kernels.crates["core"].saxpy``); its module globals in ``globals``."""
 
     def __init__(self, package: str, package_dir: Path, crate: Crate, *,
-                 artifact_dirs: dict[str, Path] | None = None, missing: dict[str, list[str]] | None = None) -> None:
+                 artifact_dirs: dict[str, Path] | None = None, missing: dict[str, list[str]] | None = None,
+                 hashes_checked: bool = True) -> None:
         self.package = package
+        #: whether its entry hashes were recomputed (``load`` does it for a manifest the build's digest
+        #: does not vouch for; else the first use of the crate does, before anything loads)
+        self._hashes_checked = hashes_checked
         self.package_dir = Path(package_dir)
         self.crate = crate
         #: artifact path -> the companion distribution's folder it is read from (others: the package's)
@@ -541,6 +545,11 @@ class CrateKernels:
             with self._lock:
                 m = self._modules.get(device_id)
                 if m is None:
+                    if not self._hashes_checked:
+                        problems = check_crate_hashes(self.crate)
+                        if problems:
+                            raise problems[0].exception()
+                        self._hashes_checked = True
                     try:
                         m = self.backend.load_crate(self, device_id)
                     except NoCompatibleBinaryError as exc:
@@ -592,7 +601,8 @@ class CrateKernels:
 class KernelSet:
     """Every entry of a shader package: ``ks.<entry>`` (unique names), ``ks.crates[<crate>].<entry>``."""
 
-    def __init__(self, package: str, package_dir: Path, manifest: Manifest, companions: Resolved | None = None) -> None:
+    def __init__(self, package: str, package_dir: Path, manifest: Manifest, companions: Resolved | None = None, *,
+                 hashes_checked: bool = True) -> None:
         self.package = package
         self.package_dir = package_dir
         self.manifest = manifest
@@ -600,7 +610,8 @@ class KernelSet:
         dirs = companions.dirs if companions is not None else {}
         missing = companions.missing if companions is not None else {}
         self.crates: dict[str, CrateKernels] = {
-            c.name: CrateKernels(package, package_dir, c, artifact_dirs=dirs, missing=missing) for c in crates
+            c.name: CrateKernels(package, package_dir, c, artifact_dirs=dirs, missing=missing,
+                                 hashes_checked=hashes_checked or manifest.schema_version < 2) for c in crates
         }
         by_name: dict[str, list[Kernel]] = {}
         for ck in self.crates.values():
@@ -725,10 +736,11 @@ def load(package: str | os.PathLike[str]) -> KernelSet:
     if recording and not (pkg_dir / MANIFEST_DIR / MANIFEST_NAME).is_file():
         # `python -m hatch_khal triton record` of a package never built: its kernels run under Triton's JIT
         return UnbuiltKernels(name)  # type: ignore[return-value]
-    manifest = load_manifest(pkg_dir / MANIFEST_DIR / MANIFEST_NAME)
-    problems = check_manifest(manifest)
-    if problems:
-        raise problems[0].exception()
+    manifest, vouched = read_manifest(pkg_dir / MANIFEST_DIR / MANIFEST_NAME)
+    if not vouched:  # (vouched by the build's digest: each crate's entry hashes at its first use)
+        problems = check_manifest(manifest)
+        if problems:
+            raise problems[0].exception()
     stale = check_sources(manifest, pkg_dir)
     if stale:
         more = f" (and {len(stale) - 1} more file(s))" if len(stale) > 1 else ""
@@ -743,7 +755,7 @@ def load(package: str | os.PathLike[str]) -> KernelSet:
     _tracing_from_env_once()
     # cubins shipped by companion distributions (per arch family): where installed, and checked
     companions = resolve_companions(manifest.package or name, pkg_dir, manifest)
-    kernels = KernelSet(manifest.package or name, pkg_dir, manifest, companions)
+    kernels = KernelSet(manifest.package or name, pkg_dir, manifest, companions, hashes_checked=not vouched)
     # a recorded process runs Triton's JIT, which records the launches: nothing is served then
     if not recording and any(_serves(c) for c in manifest.crates):
         from khal_runtime import triton_serve  # lazy: only for packages whose Triton kernels host code imports

@@ -37,7 +37,7 @@ from khal_runtime.manifest_records import Manifest as _Records
 if TYPE_CHECKING:
     from khal_runtime.manifest import Manifest
 
-__all__ = ["DIGEST_NAME", "build_digest", "load_manifest", "manifest_digest", "records"]
+__all__ = ["DIGEST_NAME", "build_digest", "load_manifest", "manifest_digest", "read_manifest", "records"]
 
 #: the digest file beside the manifest (in ``_khal/``)
 DIGEST_NAME = "manifest.digest"
@@ -93,6 +93,13 @@ def load_manifest(path: Path) -> Manifest:
     """The manifest at ``path`` (``<package>/_khal/manifest.json``): read without validation when
     its digest says the build wrote it through this runtime's models, else validated in full
     (the module docstring says what is checked on each path). Raises ManifestError."""
+    return read_manifest(path)[0]
+
+
+def read_manifest(path: Path) -> tuple[Manifest, bool]:
+    """:func:`load_manifest`, and whether the build's digest vouched for the bytes (then
+    :func:`khal_runtime.kernels.load` recomputes a crate's entry hashes at its first use, not at
+    import: an import costs nothing per entry)."""
     path = Path(path)
     try:
         data = read_regular_file(path, MAX_MANIFEST_BYTES, "the manifest", ManifestError)
@@ -105,12 +112,12 @@ def load_manifest(path: Path) -> Manifest:
             if version == SCHEMA_VERSION:
                 m = _Records(obj)
                 _confined(m, str(path))
-                return cast("Manifest", m)
+                return cast("Manifest", m), True
         except (ValueError, KeyError, TypeError, AttributeError):
             pass  # (a digest that matches bytes no build of ours wrote: the models say what is wrong)
     from khal_runtime import manifest as models  # lazy: pydantic, for a manifest the build did not vouch for
 
     if data is None:
-        return models.load_manifest(path)  # (its error: no manifest, and why)
+        return models.load_manifest(path), False  # (its error: no manifest, and why)
     models.parse_manifest(data, str(path))  # the named ManifestError of a manifest that is not valid
-    return records(json.loads(data))
+    return records(json.loads(data)), False

@@ -201,25 +201,29 @@ def check_manifest(manifest: Manifest) -> list[Problem]:
     hash that its own signature does not give."""
     if manifest.schema_version < 2:
         return []
+    return [p for crate in manifest.crates for p in check_crate_hashes(crate)]
+
+
+def check_crate_hashes(crate: Crate) -> list[Problem]:
+    """:func:`check_manifest` for one crate (a schema 2 or later manifest's)."""
     problems: list[Problem] = []
-    for crate in manifest.crates:
-        for e in crate.entries:
-            want = abi.entry_hash(crate.content_hash, e.signature())
-            if want != e.hash and any(p.layouts for p in e.params) and \
-                    abi.entry_hash(crate.content_hash, e.signature(layouts=False)) == e.hash:
-                # built before the uniforms' CUDA layouts were hashed: it loads as it did then (its
-                # hash is not the one a build with the layouts would give, so an edit of a newer
-                # manifest never passes this way); its WebGPU layouts are still checked at use
-                continue
-            if want != e.hash:
-                problems.append(Problem(
-                    "manifest", crate.name,
-                    f"entry {e.name!r} (crate {crate.name!r}): the manifest records hash {e.hash}, but "
-                    f"the entry's own signature and its crate's content hash give {want}: the manifest "
-                    "was edited after the build (the hash covers the entry's name, block size, launch "
-                    "shape and launch attributes, and its parameters' names, kinds, element types, shapes, lengths, writability "
-                    "and uniforms' CUDA layouts); rebuild the package",
-                    ManifestError, None, e.name, e.hash, want))
+    for e in crate.entries:
+        want = abi.entry_hash(crate.content_hash, e.signature())
+        if want != e.hash and any(p.layouts for p in e.params) and \
+                abi.entry_hash(crate.content_hash, e.signature(layouts=False)) == e.hash:
+            # built before the uniforms' CUDA layouts were hashed: it loads as it did then (its
+            # hash is not the one a build with the layouts would give, so an edit of a newer
+            # manifest never passes this way); its WebGPU layouts are still checked at use
+            continue
+        if want != e.hash:
+            problems.append(Problem(
+                "manifest", crate.name,
+                f"entry {e.name!r} (crate {crate.name!r}): the manifest records hash {e.hash}, but "
+                f"the entry's own signature and its crate's content hash give {want}: the manifest "
+                "was edited after the build (the hash covers the entry's name, block size, launch "
+                "shape and launch attributes, and its parameters' names, kinds, element types, shapes, lengths, writability "
+                "and uniforms' CUDA layouts); rebuild the package",
+                ManifestError, None, e.name, e.hash, want))
     return problems
 
 
