@@ -12,7 +12,7 @@ Modules, one concern each (lower ones never import higher ones):
 * :mod:`.stream` -- the device's ordered command stream (open encoder / pass, batching);
 * :mod:`.device` -- adapter choice, status, one device per ordinal;
 * :mod:`.memory` -- storage buffers, views, ordered uploads / downloads / clears / copies;
-* :mod:`.uniforms` -- content-addressed uniform regions; :mod:`.bindings` -- bind groups;
+* :mod:`.uniform_pool` -- content-addressed uniform regions; :mod:`.bindings` -- bind groups;
 * :mod:`.artifacts` -- an entry's WGSL / SPIR-V from its package, checked (sha256, entry hash);
 * :mod:`.pipeline` -- shader modules, explicit layouts, compute pipelines (cached);
 * :mod:`.launch` -- :class:`Launcher`: dispatch a pipeline with views and packed bytes;

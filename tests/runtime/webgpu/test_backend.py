@@ -216,7 +216,7 @@ def test_scalars_in_push_constants(wdev: Any, stream: Any) -> None:
 
 
 def test_same_uniform_bytes_reuse_region_and_bind_group(wdev: Any, stream: Any) -> None:
-    from khal_runtime.backends.webgpu.uniforms import uniform_pool
+    from khal_runtime.backends.webgpu.uniform_pool import uniform_pool
 
     k = plan("saxpy", wdev)
     x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
@@ -675,7 +675,7 @@ struct Pair {{ a: f32, b: f32 }}
 
 
 def test_memoised_call_sees_frees_and_pool_recycling(wdev: Any, stream: Any) -> None:
-    from khal_runtime.backends.webgpu.uniforms import uniform_pool
+    from khal_runtime.backends.webgpu.uniform_pool import uniform_pool
 
     k = plan("saxpy", wdev)
     x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
@@ -691,7 +691,7 @@ def test_memoised_call_sees_frees_and_pool_recycling(wdev: Any, stream: Any) -> 
 
 
 def test_many_distinct_uniform_values_recycle_the_pool(wdev: Any, stream: Any) -> None:
-    from khal_runtime.backends.webgpu.uniforms import uniform_pool
+    from khal_runtime.backends.webgpu.uniform_pool import uniform_pool
 
     k = plan("saxpy", wdev)
     pool = uniform_pool(wdev)
