@@ -26,11 +26,10 @@ from khal_runtime.backends.webgpu.bindings import (
     bind_group_cache,
     immediates_cache,
 )
-from khal_runtime.backends.webgpu.errors import GroupLimitError
+from khal_runtime.errors import ArgumentError, ArgumentValueError, GroupLimitError
 from khal_runtime.backends.webgpu.memory import Resource, View, check_storage
 from khal_runtime.backends.webgpu.pipeline import Pipeline
 from khal_runtime.backends.webgpu.uniform_pool import Region, uniform_pool
-from khal_runtime.errors import ArgumentError, ArgumentValueError
 
 __all__ = ["Launcher", "group_limit_error"]
 
