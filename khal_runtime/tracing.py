@@ -326,17 +326,14 @@ def profile_stats() -> dict[str, dict[str, float]]:
                    "min_us": 1000 * s.lo, "max_us": 1000 * s.hi}
                for k, s in _profiler.stats.items()}
     for bk in backends.loaded():  # backends that time launches themselves (WebGPU)
-        stats = getattr(bk, "profile_stats", None)
-        if stats is not None:
-            out.update(stats())
+        out.update(bk.profile_stats())
     return out
 
 
 def _backend_tables() -> list[str]:
     tables = []
     for bk in backends.loaded():
-        table = getattr(bk, "profile_table", None)
-        text = table() if table is not None else None
+        text = bk.profile_table()
         if text:
             tables.append(text)
     return tables
@@ -359,9 +356,7 @@ def profile(file: Any = None, *, reset: bool = False, print_table: bool = True) 
 def reset_profile() -> None:
     _profiler.reset()
     for bk in backends.loaded():
-        reset = getattr(bk, "reset_profile", None)
-        if reset is not None:
-            reset()
+        bk.reset_profile()
 
 
 # ---------------------------------------------------------------------------------------------

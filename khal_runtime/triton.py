@@ -378,7 +378,7 @@ class TritonKernel:
             self._rule = facts.choose
             self._pin = _env_pin(crate, name, tuple(self.configs))
         # over khal Kernels (what the generated call reads of them: their plans by device, block, crate)
-        self._can_fast = all(hasattr(k, "_plans") and hasattr(k, "_bx") and hasattr(k, "_crate") for k in self.variants)
+        self._can_fast = all(hasattr(k, "_plans") and hasattr(k, "block_size") and hasattr(k, "_crate") for k in self.variants)
         if self._can_fast:
             self.launch = self._first_launch
 
@@ -732,9 +732,9 @@ class TritonKernel:
                 directs[dev] = (parts.function, parts.pack, parts.new_block, parts.launch, parts.failed, parts) \
                     if parts is not None else False
         if self.tuned:
-            self._fast_chosen[bits] = (k._plans, chosen[1], k._bx, which, directs, k.entry.triton.constexprs)
+            self._fast_chosen[bits] = (k._plans, chosen[1], k.block_size[0], which, directs, k.entry.triton.constexprs)
         else:
-            self._fast_chosen[bits] = (k._plans, chosen[1], k._bx, which, directs)
+            self._fast_chosen[bits] = (k._plans, chosen[1], k.block_size[0], which, directs)
 
     def _new_slots(self) -> _ThreadSlots:
         """This thread's memo slots of the family (:meth:`_generate`): ``SLOTS`` of them, each

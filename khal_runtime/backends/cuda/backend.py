@@ -12,9 +12,9 @@ in the package's ``__init__``, so that importing the package (for :func:`driver.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from khal_runtime.backends import BackendStatus
+from khal_runtime.backends import BackendStatus, KernelHandle
 from khal_runtime.backends.cuda import driver as _drv
 from khal_runtime.backends.cuda import graphs, indirect, loader
 from khal_runtime.backends.cuda.bound import BoundLaunch
@@ -24,6 +24,10 @@ from khal_runtime.backends.cuda.uniform_cache import cache_for
 from khal_runtime.device import Device, Stream, ensure_current
 from khal_runtime.errors import CudaError, NoCompatibleBinaryError, PtxTooNewError
 from khal_runtime.manifest import Crate
+
+if TYPE_CHECKING:
+    from khal_runtime.backends import Backend
+    from khal_runtime.backends import LaunchPlan as ContractPlan
 
 __all__ = ["BACKEND", "CudaBackend", "CudaDevice"]
 
@@ -203,7 +207,7 @@ class CudaBackend:
         with graphs.relaxed_capture_mode():
             return loader.load_module(crate.crate, crate.package, blobs, dev, st.driver_version or (0, 0))
 
-    def plan(self, kernel: Any, module: loader.LoadedModule, device_id: int) -> LaunchPlan:
+    def plan(self, kernel: KernelHandle, module: loader.LoadedModule, device_id: int) -> LaunchPlan:
         return LaunchPlan(kernel.entry, kernel.crate, device_id, module.functions[kernel.name],
                           cache_for(device_id), module.indirect.get(kernel.name),
                           module.attributes.get(kernel.name), module.indirect_attributes.get(kernel.name),
@@ -212,14 +216,14 @@ class CudaBackend:
     def unload(self, module: loader.LoadedModule) -> None:
         loader.unload(module)
 
-    def bind(self, kernel: Any, plan: LaunchPlan, args: tuple[Any, ...], stream: Stream) -> BoundLaunch:
+    def bind(self, kernel: KernelHandle, plan: LaunchPlan, args: tuple[Any, ...], stream: Stream) -> BoundLaunch:
         return BoundLaunch(kernel, plan, args, stream)
 
-    def dispatch_indirect(self, kernel: Any, plan: LaunchPlan, count: Any, args: tuple[Any, ...],
+    def dispatch_indirect(self, kernel: KernelHandle, plan: LaunchPlan, count: Any, args: tuple[Any, ...],
                           stream: Stream, grid: Any, threads: bool, host_read: bool | None) -> None:
         indirect.dispatch_indirect(kernel, plan, count, args, stream, grid, threads, host_read)
 
-    def persistent_grid(self, kernel: Any, plan: LaunchPlan) -> int:
+    def persistent_grid(self, kernel: KernelHandle, plan: LaunchPlan) -> int:
         return indirect.persistent_grid(kernel, plan)
 
     # -- graphs and profiling ------------------------------------------------------------------
@@ -234,5 +238,21 @@ class CudaBackend:
             self._timer = EventTimer()
         return self._timer
 
+    def profile_stats(self) -> dict[str, dict[str, float]]:
+        """Nothing of its own: the profiler times CUDA launches with :meth:`timer`'s events."""
+        return {}
+
+    def profile_table(self) -> str | None:
+        return None
+
+    def reset_profile(self) -> None:
+        pass
+
 
 BACKEND = CudaBackend()
+
+if TYPE_CHECKING:  # mypy holds the backend and its plans to the contract (khal_runtime.backends)
+    _backend_contract: Backend = BACKEND
+
+    def _plan_contract(plan: LaunchPlan) -> ContractPlan:
+        return plan

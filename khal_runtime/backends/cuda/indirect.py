@@ -39,6 +39,7 @@ from typing import Any
 
 from khal_runtime.abi import env_flag
 from khal_runtime.arguments import blocks, dim3, misaligned, read_array
+from khal_runtime.backends import KernelHandle
 from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.backends.cuda.graphs import relaxed_capture_mode
 from khal_runtime.backends.cuda.launch import LaunchPlan
@@ -123,7 +124,7 @@ def prepare(device: int = 0) -> None:
     _helper(int(device))
 
 
-def _indirect_plan(kernel: Any, plan: LaunchPlan) -> LaunchPlan:
+def _indirect_plan(kernel: KernelHandle, plan: LaunchPlan) -> LaunchPlan:
     ip = _iplans.get(plan)
     if ip is None:
         e = plan.entry
@@ -146,7 +147,7 @@ def _indirect_plan(kernel: Any, plan: LaunchPlan) -> LaunchPlan:
     return ip  # type: ignore[no-any-return]
 
 
-def persistent_grid(kernel: Any, plan: LaunchPlan) -> int:
+def persistent_grid(kernel: KernelHandle, plan: LaunchPlan) -> int:
     """Blocks of the persistent grid for ``kernel``'s indirect variant on ``plan``'s device: SM
     count x blocks per SM (``KHAL_CUDA_INDIRECT_BLOCKS_PER_SM``, else the kernel's occupancy
     limit, else 4)."""
@@ -258,7 +259,7 @@ def _pinned_word() -> int:
 # ---------------------------------------------------------------------------------------------
 # dispatch
 # ---------------------------------------------------------------------------------------------
-def dispatch_indirect(kernel: Any, plan: LaunchPlan, count: Any, args: tuple[Any, ...], st: Stream,
+def dispatch_indirect(kernel: KernelHandle, plan: LaunchPlan, count: Any, args: tuple[Any, ...], st: Stream,
                       grid: Any = None, threads: bool = False, host_read: bool | None = None) -> None:
     """``kernel`` over the workgroup (``threads=True``: thread) count in device buffer ``count``
     on ``plan``'s device (its context current).
@@ -279,7 +280,7 @@ def dispatch_indirect(kernel: Any, plan: LaunchPlan, count: Any, args: tuple[Any
     ip.run(gx, 1, 1, bx, by, bz, plan.shared, st, args + (groups,))
 
 
-def _dispatch_host_read(kernel: Any, count: Any, args: tuple[Any, ...], st: Stream, threads: bool) -> None:
+def _dispatch_host_read(kernel: KernelHandle, count: Any, args: tuple[Any, ...], st: Stream, threads: bool) -> None:
     name = f"{kernel.crate}.{kernel.name}"
     forbid_in_capture(
         f"indirect dispatch of {name} with a host read of its count "

@@ -26,9 +26,10 @@ import ctypes
 import struct
 import sys
 import threading
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from khal_runtime import abi, interop
+from khal_runtime.backends import DirectLaunch, KernelHandle
 from khal_runtime.arguments import Short, diagnose_args, dtype_ok, struct_bytes
 from khal_runtime.backends.cuda.attributes import FunctionAttributes, make_launch_ex
 from khal_runtime.backends.cuda.driver import driver
@@ -84,25 +85,6 @@ def uniform_reader(obj: Any, converted: Any) -> Any:
     return conv
 
 
-class DirectLaunch(NamedTuple):
-    """What a front that reads, checks and packs its own values launches an entry with
-    (:meth:`LaunchPlan.direct`; the Triton call, :mod:`khal_runtime.triton`): ``pack(block, 0,
-    *values)`` (the plan's ``struct.Struct.pack_into``: plain ints and floats, ``struct.error``
-    out of range), ``new_block()`` (an argument block, its ``void*[]`` and that array's address),
-    ``launch(function, gx, gy, gz, bx, by, bz, shmem, cu_stream, addr, 0)`` (``cuLaunchKernel``),
-    ``failed(result, gx, gy, gz, bx, by, bz)`` (the named error of a failed launch), and for a
-    launch repeated with the same block, grid and stream: ``prepared(*prepare(function, grid,
-    block, shmem, cu_stream, addr))`` (:func:`launch_call`)."""
-
-    function: Any
-    pack: Callable[..., None]
-    new_block: Callable[[], tuple[Any, Any, int]]
-    launch: Callable[..., Any]
-    failed: Callable[..., None]
-    prepared: Callable[..., Any]
-    prepare: Callable[..., tuple[Any, ...]]
-
-
 class _ImmutableScalars(dict):  # type: ignore[type-arg]
     """type -> whether a scalar argument of that type can never change in place (so the
     prepacked path may reuse what it packed from the same object): Python and NumPy scalars
@@ -130,7 +112,7 @@ class LaunchPlan:
     def __init__(self, entry: Entry, crate: str, device_id: int, function: Any,
                  uniforms: UniformCache, indirect_function: Any = None,
                  attributes: FunctionAttributes | None = None,
-                 indirect_attributes: FunctionAttributes | None = None, kernel: Any = None) -> None:
+                 indirect_attributes: FunctionAttributes | None = None, kernel: KernelHandle | None = None) -> None:
         self.entry = entry
         #: the generic ``Kernel`` whose call this plan makes (its code sends the slow path this)
         self.kernel = kernel
@@ -481,6 +463,11 @@ class LaunchPlan:
             with self._keep_lock:
                 self._clustered[key] = fn
         return fn
+
+    def cooperative_limit(self, threads: int, shared: int) -> int:
+        """The most blocks of ``threads`` threads and ``shared`` bytes that can be co-resident on
+        the device (occupancy per SM x SMs, computed once per combination)."""
+        return self.fattrs.coresident(threads, shared)
 
     def direct(self) -> DirectLaunch | None:
         """The parts of a launch for a front that packs its own values (:class:`DirectLaunch`),

@@ -170,7 +170,7 @@ def test_pdl_reaches_launches_and_graphs(fake: FakeDriver) -> None:
     for _ in range(12):
         ks.k(4096, x, 7)
     ks.k.launch(2, None, x, 7)
-    st = ks.k._stream(None)
+    st = ks.k.resolve_stream(None)
     st.begin_capture()
     ks.k(4096, x, 7)
     ks.k.bind(x, 7)(128)
@@ -347,7 +347,7 @@ def test_module_globals_are_device_views_copyable_both_ways(fake: FakeDriver) ->
         g["tabel"]
     # a device-to-device refill is captured (a graph refills the table on replay)
     src = DeviceBuffer(0x30000, 256, "float32", 0)
-    st = ks.k._stream(None)
+    st = ks.k.resolve_stream(None)
     st.begin_capture()
     table.copy_from(src)
     st.end_capture()
