@@ -152,12 +152,12 @@ class Device:
 class Stream:
     """A stream of work bound to one device (a CUDA stream; on WebGPU the device's queue)."""
 
-    __slots__ = ("device_id", "handle", "_cu", "_owned", "_keep", "_bk", "__weakref__")
+    __slots__ = ("device_id", "handle", "native", "_owned", "_keep", "_bk", "__weakref__")
 
     device_id: int
     handle: int
     #: the backend's own stream object: what a launch passes (a cuda-bindings ``CUstream``)
-    _cu: Any
+    native: Any
     _owned: bool
     _keep: Any
     _bk: Any
@@ -167,7 +167,7 @@ class Stream:
         self._bk = backend if backend is not None else backends.current()
         self.handle = int(handle)
         self.device_id = int(device_id)
-        self._cu = native if native is not None else self._bk.native_stream(self.handle)
+        self.native = native if native is not None else self._bk.native_stream(self.handle)
         self._owned = owned
         self._keep = keep
 

@@ -951,7 +951,7 @@ class TritonKernel:
               "    m.key = EMPTY", "    blk = m.blocks[which]", "    if blk is None:",
               "        blk = m.blocks[which] = new_block()", "    try:", "        pack(blk[0], 0, *vals)",
               "    except Exception:",  # out of range: the slow path names the argument
-              f"        {slow}", "    cu = st._cu", "    addr = blk[2]",
+              f"        {slow}", "    cu = st.native", "    addr = blk[2]",
               "    r = launch(function, gx, gy, gz, bx, 1, 1, shmem, cu, addr, 0)", "    if r[0]:",
               "        fail(r[0], gx, gy, gz, bx, 1, 1)"]
         memo = ["grid_memo is not NOMEMO"] + [f"q{i} is not NOMEMO" for i in self._pointers]

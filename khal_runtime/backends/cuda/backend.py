@@ -111,7 +111,7 @@ class CudaBackend:
         return Stream(int(cu), device.device_id, owned=True, native=cu, backend=self)
 
     def destroy_stream(self, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuStreamDestroy(stream._cu), "cuStreamDestroy")
+        _drv.check(_drv.driver().cuStreamDestroy(stream.native), "cuStreamDestroy")
 
     def native_stream(self, handle: int) -> Any:
         return _drv.driver().CUstream(handle)
@@ -134,18 +134,18 @@ class CudaBackend:
             _drv.check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
     def synchronize(self, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuStreamSynchronize(stream._cu), "cuStreamSynchronize")
+        _drv.check(_drv.driver().cuStreamSynchronize(stream.native), "cuStreamSynchronize")
 
     def synchronize_device(self, device: Device) -> None:
         _drv.check(_drv.driver().cuCtxSynchronize(), "cuCtxSynchronize")
 
     def is_capturing(self, stream: Stream) -> bool:
         drv = _drv.driver()
-        status = _drv.check(drv.cuStreamIsCapturing(stream._cu), "cuStreamIsCapturing")
+        status = _drv.check(drv.cuStreamIsCapturing(stream.native), "cuStreamIsCapturing")
         return bool(status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
 
     def wait_event(self, stream: Stream, event: Any) -> None:
-        _drv.check(_drv.driver().cuStreamWaitEvent(stream._cu, event, 0), "cuStreamWaitEvent")
+        _drv.check(_drv.driver().cuStreamWaitEvent(stream.native, event, 0), "cuStreamWaitEvent")
 
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, device: Device, nbytes: int, what: str = "") -> tuple[int, Any]:
@@ -164,19 +164,19 @@ class CudaBackend:
         _drv.check(_drv.driver().cuMemFree(allocation), "cuMemFree")
 
     def copy_from_host(self, buf: Any, host: Any, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuMemcpyHtoDAsync(buf.ptr, host.ctypes.data, host.nbytes, stream._cu),
+        _drv.check(_drv.driver().cuMemcpyHtoDAsync(buf.ptr, host.ctypes.data, host.nbytes, stream.native),
               "cuMemcpyHtoDAsync")
 
     def copy_to_host(self, host: Any, buf: Any, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuMemcpyDtoHAsync(host.ctypes.data, buf.ptr, host.nbytes, stream._cu),
+        _drv.check(_drv.driver().cuMemcpyDtoHAsync(host.ctypes.data, buf.ptr, host.nbytes, stream.native),
               "cuMemcpyDtoHAsync")
 
     def copy_device(self, dst: int, src: int, nbytes: int, stream: Stream) -> None:
         """Device-to-device copy on ``stream`` (capturable: a module global refilled in a graph)."""
-        _drv.check(_drv.driver().cuMemcpyDtoDAsync(dst, src, nbytes, stream._cu), "cuMemcpyDtoDAsync")
+        _drv.check(_drv.driver().cuMemcpyDtoDAsync(dst, src, nbytes, stream.native), "cuMemcpyDtoDAsync")
 
     def fill_zero(self, buf: Any, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuMemsetD8Async(buf.ptr, 0, buf.nbytes, stream._cu), "cuMemsetD8Async")
+        _drv.check(_drv.driver().cuMemsetD8Async(buf.ptr, 0, buf.nbytes, stream.native), "cuMemsetD8Async")
 
     # -- kernels -------------------------------------------------------------------------------
     def missing_binary(self, crate: Crate, package: str) -> str | None:

@@ -142,7 +142,7 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
     2-D / 3-D entry takes ``(nx, ny[, nz])``. With ``grid_of`` (:meth:`BoundLaunch.over_grid`)
     ``n`` is what it turns into blocks."""
     drv = driver()
-    launch, f, cu, dev = drv.cuLaunchKernel, plan.function, stream._cu, stream.device_id
+    launch, f, cu, dev = drv.cuLaunchKernel, plan.function, stream.native, stream.device_id
     fast, call_args = launch_call(drv, plan.fattrs)  # the entry's launch attributes, prebuilt
     shared, check_attrs = plan.shared, plan.check_attrs
     slow_launch = make_launch_ex(drv, plan.fattrs) if plan.fattrs.needs_ex else None  # (traced launches)

@@ -221,7 +221,7 @@ def threads_to_groups(threads: Any, block: int, out: Any = None, stream: Any = N
         raise ArgumentValueError(f"threads_to_groups: block must be 1..1024, got {block}")
     f = _helper(st.device_id)
     addr = _helper_block(src, dst, int(block))
-    err = driver().cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, st._cu, addr, 0)[0]
+    err = driver().cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, st.native, addr, 0)[0]
     if err:
         check((err,), "cuLaunchKernel(khal_threads_to_groups)")
     return out
@@ -292,8 +292,8 @@ def _dispatch_host_read(kernel: KernelHandle, count: Any, args: tuple[Any, ...],
     drv = driver()
     host = _pinned_word()
     t0 = time.perf_counter()
-    check(drv.cuMemcpyDtoHAsync(host, src, 4, st._cu), "cuMemcpyDtoHAsync")
-    check(drv.cuStreamSynchronize(st._cu), "cuStreamSynchronize")
+    check(drv.cuMemcpyDtoHAsync(host, src, 4, st.native), "cuMemcpyDtoHAsync")
+    check(drv.cuStreamSynchronize(st.native), "cuStreamSynchronize")
     waited = time.perf_counter() - t0
     value = ctypes.c_uint32.from_address(host).value
     bx = kernel.block_size[0]

@@ -521,7 +521,7 @@ class LaunchPlan:
         addr = ctypes.addressof(ptrs)
         fields = {name: getattr(m, name) for name in lo.snapshot_fields if name in lo.slot_fields}
         fields.update(stream=st, call=launch_call(driver(), self.fattrs)[1](self.function, (m.gx, 1, 1), self.block,
-                                                                               self.shared, st._cu, addr),
+                                                                               self.shared, st.native, addr),
                       addr=addr, keep=(blk, ptrs))
         snap = lo.snapshot(**fields)
         if m.stream is st and EPOCH[0] == ep:  # nothing freed or flushed meanwhile

@@ -214,7 +214,7 @@ class _Capture:
     def __init__(self, backend: WebGpuBackend, stream: Stream, label: str | None, keep: Any) -> None:
         self._backend = backend
         self.stream = stream
-        self._cap = recording.Capture(stream._cu, label=label, keep=keep)
+        self._cap = recording.Capture(stream.native, label=label, keep=keep)
         self.label = self._cap.label
         self.graph: _Graph | None = None
         self.kernels: list[str] = []
@@ -296,7 +296,7 @@ class WebGpuBackend:
         return Stream(next(self._handles), device.device_id, native=dev.stream, backend=self)
 
     def destroy_stream(self, stream: Stream) -> None:
-        stream._cu.flush()
+        stream.native.flush()
 
     def native_stream(self, handle: int) -> Any:
         raise KhalError(f"stream handle 0x{handle:x}: WebGPU has no foreign streams; pass None "
@@ -309,13 +309,13 @@ class WebGpuBackend:
         return False
 
     def synchronize(self, stream: Stream) -> None:
-        stream._cu.synchronize()
+        stream.native.synchronize()
 
     def synchronize_device(self, device: Device) -> None:
         device._impl.handle.stream.synchronize()
 
     def is_capturing(self, stream: Stream) -> bool:
-        return stream._cu.capturing() is not None
+        return stream.native.capturing() is not None
 
     def wait_event(self, stream: Stream, event: Any) -> None:
         pass  # one queue per device: everything is already in order

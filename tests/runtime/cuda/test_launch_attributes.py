@@ -351,7 +351,7 @@ def test_module_globals_are_device_views_copyable_both_ways(fake: FakeDriver) ->
     st.begin_capture()
     table.copy_from(src)
     st.end_capture()
-    assert ("cuMemcpyDtoDAsync", 0x7700000, 0x30000, 1024, st._cu) in fake.calls
+    assert ("cuMemcpyDtoDAsync", 0x7700000, 0x30000, 1024, st.native) in fake.calls
     assert table.as_buffer("float32").size == 256
 
 
