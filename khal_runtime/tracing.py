@@ -185,7 +185,7 @@ def trace_line(seq: int, plan: Any, grid: tuple[int, ...], block: tuple[int, ...
     """The ``KHAL_TRACE`` line of one launch."""
     handle = getattr(stream, "handle", stream)
     h = f"0x{handle:x}" if isinstance(handle, int) else str(handle)
-    bk = getattr(getattr(stream, "_bk", None), "name", "cuda")
+    bk = getattr(getattr(stream, "backend_impl", None), "name", "cuda")
     where = "" if bk == "cuda" else f" ({bk})"
     return (f"khal: launch #{seq} {kernel_name(plan)} grid={_dims(grid)} block={_dims(block)} "
             f"shmem={int(shmem)} stream={h}{where}{note} args: {describe_args(plan.entry, args)}")
@@ -236,7 +236,7 @@ class Profiler:
         self.sources: set[str] = set()
 
     def record(self, key: str, stream: Any, do: Callable[[], Any], kernels: tuple[str, ...] = ()) -> Any:
-        timer = stream._bk.timer()
+        timer = stream.backend_impl.timer()
         if timer is None:  # the backend times its launches itself (WebGPU: timestamp queries)
             return do()
         with self.lock:
@@ -449,7 +449,7 @@ class Dispatcher:
 
     def _sync(self, seq: int, name: str, grid: Any, block: Any, stream: Any) -> None:
         try:
-            stream._bk.synchronize(stream)
+            stream.backend_impl.synchronize(stream)
         except KhalError as exc:
             code = getattr(exc, "code", "") or str(exc)
             msg = (f"KHAL_TRACE=sync: kernel {name} (launch #{seq}, grid={_dims(grid)} "

@@ -202,7 +202,7 @@ def _torch_reader(a: Any) -> tuple[int, Any]:
 
 def _buffer_reader(a: Any) -> tuple[int, Any]:
     base = a._base
-    live = a._et != FREED and (base is None or base._et != FREED) and getattr(a._bk, "name", "cuda") == "cuda"
+    live = a._et != FREED and (base is None or base._et != FREED) and getattr(a.backend_impl, "name", "cuda") == "cuda"
     return a.ptr, (a.dtype if live else _BAD)
 
 
@@ -519,7 +519,7 @@ class TritonKernel:
         backend's timer (CUDA events: what the profiler uses), on the call's own arguments. A config
         whose warm-up launch is refused (a named khal error: more resources than the device has) is
         left out, as Triton's autotuner leaves out one that runs out of resources."""
-        timer = st._bk.timer()
+        timer = st.backend_impl.timer()
         runs = []
         for c, k in cands.items():
             launch, shmem, _, keep = self._variant_choice(k)
@@ -718,7 +718,7 @@ class TritonKernel:
             self._readers[i][type(a)] = reader
             self._dtypes[i].add(getattr(a, "dtype", None))
             if type(a) is DeviceBuffer:
-                self._backends.add(a._bk)  # a CUDA one: the slow path read its __cuda_array_interface__
+                self._backends.add(a.backend_impl)  # a CUDA one: the slow path read its __cuda_array_interface__
             if type(a) is DeviceBuffer or (reader is _cupy_reader and type(a).__module__.startswith("cupy")):
                 self._fixed.add(type(a))
         k = chosen[2]
@@ -873,7 +873,7 @@ class TritonKernel:
             if self._pointer[i]:
                 L += [f"    t = type(a{i})", "    if t is int:", f"        v{i} = a{i}", f"        q{i} = None",
                       # a DeviceBuffer of a CUDA backend seen accepted, live, not a view: read inline
-                      f"    elif t is DeviceBuffer and a{i}._base is None and a{i}._et != FREED and a{i}._bk in BK "
+                      f"    elif t is DeviceBuffer and a{i}._base is None and a{i}._et != FREED and a{i}.backend_impl in BK "
                       f"and a{i}.dtype in D{i}:", f"        v{i} = a{i}.ptr", f"        q{i} = None", "    else:",
                       f"        rd = R{i}.get(t)", "        if rd is TORCH:",  # _torch_reader's reads, inline
                       f"            if getattr(a{i}, 'is_cuda', True) is False:", f"                {slow}",

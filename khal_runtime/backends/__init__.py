@@ -247,6 +247,9 @@ class Backend(Protocol):
     def copy_from_host(self, buf: Any, host: Any, stream: Stream) -> None: ...
     def copy_to_host(self, host: Any, buf: Any, stream: Stream) -> None: ...
     def fill_zero(self, buf: Any, stream: Stream) -> None: ...
+    def native_view(self, buf: Any) -> Any:
+        """The backend's own object over ``buf``'s bytes, what its launch path binds (WebGPU's
+        ``WgpuArray``), or None where a launch passes the pointer (CUDA)."""
 
     # -- kernels (``crate``: a :class:`khal_runtime.kernels.CrateKernels`) ----------------------
     def missing_binary(self, crate: Crate, package: str) -> str | None:

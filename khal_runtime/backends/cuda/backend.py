@@ -238,6 +238,10 @@ class CudaBackend:
             self._timer = EventTimer()
         return self._timer
 
+    def native_view(self, buf: Any) -> None:
+        """None: a launch passes the buffer's pointer."""
+        return None
+
     def profile_stats(self) -> dict[str, dict[str, float]]:
         """Nothing of its own: the profiler times CUDA launches with :meth:`timer`'s events."""
         return {}

@@ -187,7 +187,7 @@ def _scratch_for(device_id: int, stream: Any) -> Any:
         ensure_current(device_id)
         with relaxed_capture_mode():  # an internal word, allocated once per stream
             dptr = check(driver().cuMemAlloc(4), "cuMemAlloc")
-        buf = DeviceBuffer(int(dptr), 1, "uint32", device_id, alloc=dptr, backend=stream._bk)
+        buf = DeviceBuffer(int(dptr), 1, "uint32", device_id, alloc=dptr, backend=stream.backend_impl)
         with _lock:
             buf = _scratch.setdefault(key, buf)
     return buf
