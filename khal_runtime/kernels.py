@@ -22,7 +22,7 @@ from khal_runtime.backends import LaunchPlan
 from khal_runtime.arguments import check_block, check_block_within, check_grid, diagnose_args, dim3
 from khal_runtime.arguments import shared_mem as check_shared_mem
 from khal_runtime.device import Stream, _tls, as_stream, current_device_id, default_stream, ensure_current
-from khal_runtime.abi import DEFAULT_DYNAMIC_SHARED
+from khal_runtime.launch_attributes import CLUSTER_DIMS, COOPERATIVE, DEFAULT_DYNAMIC_SHARED
 from khal_runtime.calls import generic_call
 from khal_runtime.companions import Resolved, missing_hint
 from khal_runtime.companions import resolve as resolve_companions
@@ -256,7 +256,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         """The explicit launch of ``plan`` with clusters of ``cluster`` blocks, or the named error."""
         dims = dim3(cluster, f"{self.name}.launch(): cluster")
         a = self.entry.attributes
-        compiled = tuple(a.cluster_dims) if a is not None and a.cluster_dims else None
+        compiled = CLUSTER_DIMS.of(a)
         if compiled is not None and dims != compiled:
             raise LaunchAttributeError(
                 f"{self.name}.launch(): cluster={dims}, but the kernel was compiled with clusters of {compiled} "
@@ -270,7 +270,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         (None: the declared) that can be co-resident on the device: the largest grid a cooperative
         entry (``KHAL_COOPERATIVE``) may be launched with (occupancy per SM x SMs, computed once)."""
         a = self.entry.attributes
-        if a is None or not a.cooperative:
+        if not COOPERATIVE.of(a):
             raise LaunchAttributeError(f"{self.name}: not a cooperative entry (KHAL_COOPERATIVE)")
         dev = current_device_id() if device is None else int(device)
         plan = self.ready_plan(dev)

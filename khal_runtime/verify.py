@@ -35,6 +35,7 @@ from khal_runtime import abi
 from khal_runtime.binaries import (FOLD_TAGGED_GLOBAL, BinaryFormatError, KernelReads, khal_symbols, ptx_cluster_dims,
                                    ptx_kernel_reads, read_binary, webgpu_entry_points)
 from khal_runtime.errors import ArtifactError, HashMismatchError, KhalError, ManifestError, StaleBuildError
+from khal_runtime.launch_attributes import CLUSTER_DIMS
 from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Crate, Entry, LaunchFacts, Manifest, Param,
                                    StructLayout, WebGpuTarget, load_manifest, package_path, prebuilt_env_var,
                                    read_regular_file)
@@ -299,7 +300,7 @@ def check_launch_facts(crate: Crate, blobs: Mapping[str, bytes]) -> list[Problem
             for e in crate.entries:  # the cluster dims the kernel was compiled with (__cluster_dims__)
                 if e.symbol not in kernels:
                     continue  # check_symbols names the missing kernel
-                said = e.attributes.cluster_dims if e.attributes is not None else None
+                said = CLUSTER_DIMS.of(e.attributes)
                 if clusters.get(e.symbol) != (tuple(said) if said else None):
                     problems.append(Problem(
                         "manifest", crate.name, f"entry {e.name!r} (crate {crate.name!r}): the manifest's cluster dims "

@@ -1367,7 +1367,7 @@ def test_tritons_pdl_and_cooperative_metadata_reach_every_launch_of_the_family(
         for _ in range(3):
             k[(4,)](0x1000, 64)
         k.bind(0x1000, 64)(2)
-        st = k.variants[0]._stream(None)
+        st = k.variants[0].resolve_stream(None)
         with st.capture():
             k[(4,)](0x1000, 64)
         got = fake.launches[n:]
