@@ -9,6 +9,7 @@ The grammar is deliberately small so it can be read without a C++ parser::
               | KHAL_COOPERATIVE                       a cooperative grid (grid.sync())
               | KHAL_CLUSTER ( INT [ , INT [ , INT ] ] )  thread-block cluster dims (sm_90+)
               | KHAL_PDL                               programmatic dependent launch
+              | KHAL_CLUSTER_SCHEDULING ( spread | load_balancing )  how clusters are placed (with KHAL_CLUSTER)
     (each option at most once, in any order; the launch attributes are the rows of
     khal_runtime.launch_attributes, whose markers these are)
     instance := KHAL_INSTANTIATE ( IDENT , IDENT { , targ } )

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterator, Mapping, Optional, TypeVar
+from typing import Any, Callable, Generic, Iterator, Literal, Mapping, Optional, TypeVar
 
-__all__ = ["ATTRIBUTES", "CLUSTER_DIMS", "COOPERATIVE", "DEFAULT_DYNAMIC_SHARED",
+__all__ = ["ATTRIBUTES", "CLUSTER_DIMS", "CLUSTER_SCHEDULING", "COOPERATIVE", "DEFAULT_DYNAMIC_SHARED",
            "LaunchAttribute", "MAX_DYNAMIC_SHARED", "MAX_PORTABLE_CLUSTER", "PDL", "AttributeTable",
            "AttributeTableError", "describe", "indirect_blocker", "parse_marker", "problems", "signature",
            "value_of", "values"]
@@ -115,6 +115,16 @@ def _cluster(args: list[str], option: str) -> tuple[int, int, int]:
     return v
 
 
+#: the cluster scheduling policies a launch may prefer (``CUclusterSchedulingPolicy``)
+SCHEDULING_POLICIES = ("spread", "load_balancing")
+
+
+def _scheduling(args: list[str], option: str) -> Optional[str]:
+    if len(args) != 1 or args[0] not in SCHEDULING_POLICIES:
+        raise ValueError(f"{option!r} must be KHAL_CLUSTER_SCHEDULING({' | '.join(SCHEDULING_POLICIES)})")
+    return args[0]
+
+
 MAX_DYNAMIC_SHARED: LaunchAttribute[Optional[int]] = LaunchAttribute(
     name="max_dynamic_shared", marker="KHAL_SHARED_MEM", arguments="(bytes)", annotation=Optional[int],
     default=None, since=None,
@@ -145,8 +155,20 @@ PDL: LaunchAttribute[bool] = LaunchAttribute(
         "launch may start before the previous kernel on the stream ends (it waits in "
         "cudaGridDependencySynchronize)",
     parse=_flag, words=lambda v: "PDL")
+CLUSTER_SCHEDULING: LaunchAttribute[Optional[str]] = LaunchAttribute(
+    name="cluster_scheduling", marker="KHAL_CLUSTER_SCHEDULING", arguments="(spread | load_balancing)",
+    annotation=Optional[Literal["spread", "load_balancing"]], default=None, since="0.2.0",
+    doc="how the clusters of a clustered entry are placed on the GPU's processor clusters "
+        "(CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE): spread them out, or balance the load; "
+        "Triton's launcher asks for spread for every num_ctas > 1 kernel",
+    parse=_scheduling,
+    check=lambda v: None if v is None or v in SCHEDULING_POLICIES else
+    f"cluster_scheduling {v!r} is none of {', '.join(SCHEDULING_POLICIES)}",
+    words=lambda v: f"cluster scheduling {v}",
+    requires=(("cluster_dims", "a scheduling policy places a clustered entry's clusters"),))
+
 #: every launch attribute, in manifest and hash order
-ATTRIBUTES: tuple[LaunchAttribute[Any], ...] = (MAX_DYNAMIC_SHARED, COOPERATIVE, CLUSTER_DIMS, PDL)
+ATTRIBUTES: tuple[LaunchAttribute[Any], ...] = (MAX_DYNAMIC_SHARED, COOPERATIVE, CLUSTER_DIMS, PDL, CLUSTER_SCHEDULING)
 _BY_FIELD = {r.name: r for r in ATTRIBUTES}
 _BY_MARKER = {r.marker: r for r in ATTRIBUTES}
 

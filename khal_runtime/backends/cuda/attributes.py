@@ -256,6 +256,9 @@ CUDA_ATTRIBUTES: AttributeTable[CudaAttribute] = AttributeTable("the CUDA backen
     "cluster_dims": CudaAttribute(load=_load_cluster, at_launch=_check_cluster_grid),
     "pdl": CudaAttribute(launch=lambda drv, v: _launch_attribute(
         drv, "PROGRAMMATIC_STREAM_SERIALIZATION", programmaticStreamSerializationAllowed=1)),
+    "cluster_scheduling": CudaAttribute(launch=lambda drv, policy: _launch_attribute(
+        drv, "CLUSTER_SCHEDULING_POLICY_PREFERENCE", clusterSchedulingPolicyPreference=getattr(
+            drv.CUclusterSchedulingPolicy, f"CU_CLUSTER_SCHEDULING_POLICY_{policy.upper()}"))),
 })
 
 
