@@ -5,13 +5,11 @@ The grammar is deliberately small so it can be read without a C++ parser::
     entry    := [ template < tparams > ] KHAL_ENTRY ( IDENT , block , ( param { , param } ) { , option } )
     block    := INT | ( INT , INT [ , INT ] )
     option   := KHAL_LAUNCH_BOUNDS ( INT | none )      any block within the bounds
-              | KHAL_SHARED_MEM ( INT )                dynamic shared memory, bytes (above 48 KB too)
-              | KHAL_COOPERATIVE                       a cooperative grid (grid.sync())
-              | KHAL_CLUSTER ( INT [ , INT [ , INT ] ] )  thread-block cluster dims (sm_90+)
-              | KHAL_PDL                               programmatic dependent launch
-              | KHAL_CLUSTER_SCHEDULING ( spread | load_balancing )  how clusters are placed (with KHAL_CLUSTER)
-    (each option at most once, in any order; the launch attributes are the rows of
-    khal_runtime.launch_attributes, whose markers these are)
+              | attribute                              a launch attribute
+    attribute:= the marker of a row of khal_runtime.launch_attributes.ATTRIBUTES, with the arguments
+                 its row parses (KHAL_SHARED_MEM ( INT ), KHAL_COOPERATIVE, KHAL_CLUSTER ( INT [ , INT
+                 [ , INT ] ] ), KHAL_PDL, ...: docs/guide/writing-kernels.md has the table)
+    (each option at most once, in any order)
     instance := KHAL_INSTANTIATE ( IDENT , IDENT { , targ } )
     param    := KHAL_STORAGE ( type , IDENT )
               | KHAL_STORAGE_ARRAY ( type , INT , IDENT )
