@@ -380,14 +380,14 @@ def language_tests(modules: dict[str, Path] | None = None) -> dict[str, list[int
     compared with a language's name (``==``, ``!=``, ``in (...)``), outside the languages' own modules."""
     modules = MODULES if modules is None else modules
 
-    def names(n: ast.AST) -> set[str]:
-        if isinstance(n, ast.Constant) and isinstance(n.value, str):
-            return {n.value}
-        if isinstance(n, (ast.Tuple, ast.List, ast.Set)):
-            return {e.value for e in n.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
-        return set()
+    def names(n: ast.expr) -> set[object]:
+        try:
+            v = ast.literal_eval(n)
+            return set(v) if isinstance(v, (tuple, list, set, frozenset)) else {v}
+        except (ValueError, TypeError):  # not a literal, or one of unhashable items
+            return set()
 
-    def is_language(n: ast.AST) -> bool:
+    def is_language(n: ast.expr) -> bool:
         return (isinstance(n, ast.Attribute) and n.attr == "language") or \
             (isinstance(n, ast.Name) and n.id in ("language", "lang"))
 
