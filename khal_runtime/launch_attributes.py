@@ -80,9 +80,6 @@ class LaunchAttribute(Generic[_T]):
         v = value_of(attributes, self.name)
         return self.default if v is None else v
 
-    def is_set(self, attributes: Any) -> bool:
-        return _is_set(self, value_of(attributes, self.name))
-
 
 def _is_set(row: LaunchAttribute[Any], v: Any) -> bool:
     return v is not None and v != row.default and v is not False

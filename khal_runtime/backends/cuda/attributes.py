@@ -31,7 +31,7 @@ from typing import Any, Callable, NamedTuple
 
 from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.errors import LaunchAttributeError
-from khal_runtime.launch_attributes import (CLUSTER_DIMS, COOPERATIVE, DEFAULT_DYNAMIC_SHARED, MAX_PORTABLE_CLUSTER,
+from khal_runtime.launch_attributes import (CLUSTER_DIMS, DEFAULT_DYNAMIC_SHARED, MAX_PORTABLE_CLUSTER,
                                             AttributeTable, values)
 from khal_runtime.manifest import Entry
 
@@ -52,7 +52,6 @@ class FunctionAttributes:
         self.shared_limit = max(self.shared, DEFAULT_DYNAMIC_SHARED)
         #: (row, value) of each attribute the entry has
         self.given = list(values(a))
-        self.cooperative = COOPERATIVE.of(a)
         self.cluster: tuple[int, int, int] | None = CLUSTER_DIMS.of(a)
         self.sm_count = sm_count
         #: the CUlaunchAttribute list of every launch: built once
