@@ -326,7 +326,11 @@ def _code_literals() -> set[str]:
 
 
 def _macros() -> set[str]:
-    return set(re.findall(r"\b(KHAL_\w+)", (ROOT / "hatch_khal/include/khal.h").read_text()))
+    """The markers and macros of khal.h, and the launch attributes' markers (their rows')."""
+    from khal_runtime.launch_attributes import ATTRIBUTES
+
+    return set(re.findall(r"\b(KHAL_\w+)", (ROOT / "hatch_khal/include/khal.h").read_text())) | \
+        {r.marker for r in ATTRIBUTES}
 
 
 def _doc_text(*names: str) -> str:
