@@ -8,9 +8,9 @@ runtime calls for a repeated launch), (d) cuda.core.launch, (e) CuPy RawKernel c
 the same translation unit; the typed call once with the uniform as a ctypes struct (what a user writes; its bytes are re-read
 every launch) and once with it in a DeviceBuffer (as (c), (d) and (e) get it: a device
 pointer); then the typed call with torch tensors and CuPy arrays as the buffers, with torch
-inference tensors (no version counter: read in full every launch, as a tensor changed since
-its last launch is), and, for scale, what the reuse check and the full read cost on three
-torch tensors without any launch. Ratios to (c); the rows with torch or CuPy arrays are timed
+inference tensors (no version counter: a repeat compares their pointer, dtype, count and
+contiguity instead of the version; #38 item 19: they were read in full every launch), and, for
+scale, what the reuse checks and the full read cost on three torch tensors without any launch. Ratios to (c); the rows with torch or CuPy arrays are timed
 as a group of their own, with their own (c).
 
 Also section ``pycost`` (CPU, runs anywhere): the Python-side cost of the same calls with a
@@ -26,7 +26,7 @@ from _common import BenchPackage, Row, build_bench_package, guarded, import_benc
 
 SECTION = "launch"
 #: rows with torch / CuPy arrays as the buffers: timed as a group of their own, ratios to its (c)
-ARRAY_ROWS = ("torch", "torch_dev", "d_torch", "torch_inf", "cupy", "torch_check", "torch_reads")
+ARRAY_ROWS = ("torch", "torch_dev", "d_torch", "torch_inf", "cupy", "torch_check", "torch_inf_check", "torch_reads")
 N = 256  # one block: the kernels do (almost) nothing; the host cost is what is measured
 
 
@@ -201,8 +201,14 @@ def run(args: Any) -> list[Row]:
 
             def torch_check() -> Any:  # what a reused launch reads from 3 tensors, no launch
                 tx, ty, tz = torch_arrays()
-                return lambda: (tx._version, tx.data_ptr(), ty._version, ty.data_ptr(),
-                                tz._version, tz.data_ptr())
+                return lambda: (tx._version, tx.data_ptr(), tx.dtype, ty._version, ty.data_ptr(), ty.dtype,
+                                tz._version, tz.data_ptr(), tz.dtype)
+
+            def torch_inf_check() -> Any:  # what a reused launch reads from 3 inference tensors
+                tx, ty, tz = torch_arrays(inference=True)
+                return lambda: (tx.numel(), tx.is_contiguous(), tx.data_ptr(), tx.dtype,
+                                ty.numel(), ty.is_contiguous(), ty.data_ptr(), ty.dtype,
+                                tz.numel(), tz.is_contiguous(), tz.data_ptr(), tz.dtype)
 
             def torch_reads() -> Any:  # what the full read takes from 3 tensors, no launch
                 tx, ty, tz = torch_arrays()
@@ -215,11 +221,13 @@ def run(args: Any) -> list[Row]:
                                       ("torch_dev", "(a) typed call, torch tensors, uniform on device",
                                        typed(torch_arrays, pdev)),
                                       ("d_torch", "(d) cuda.core.launch, torch data_ptr()", cc_torch),
-                                      # no _version: the full read on every launch
+                                      # no _version: a repeat compares pointer, dtype, count, contiguity
                                       ("torch_inf", "(a) typed call, torch inference tensors",
                                        typed(lambda: torch_arrays(inference=True), p)),
                                       ("cupy", "(a) typed call, CuPy arrays", typed(cupy_arrays, p)),
                                       ("torch_check", "reuse check of 3 torch tensors, no launch", torch_check),
+                                      ("torch_inf_check", "reuse check of 3 torch inference tensors, no launch",
+                                       torch_inf_check),
                                       ("torch_reads", "full read of 3 torch tensors, no launch", torch_reads)):
                 fn = guarded(SECTION, f"{kname} {label}", rows, setup)
                 if fn is not None:
@@ -247,9 +255,11 @@ def run(args: Any) -> list[Row]:
               "torch": "(a) typed call, torch tensors",
               "torch_dev": "(a) typed call, torch tensors, uniform in a DeviceBuffer",
               "d_torch": "(d) cuda.core.launch, torch tensors' data_ptr() read per launch, no checks",
-              "torch_inf": "(a) typed call, torch inference tensors (read in full every launch)",
+              "torch_inf": "(a) typed call, torch inference tensors",
               "cupy": "(a) typed call, CuPy arrays",
-              "torch_check": "(info) reuse check of 3 torch tensors (_version, data_ptr)",
+              "torch_check": "(info) reuse check of 3 torch tensors (_version, data_ptr, dtype)",
+              "torch_inf_check": "(info) reuse check of 3 torch inference tensors (numel, is_contiguous, data_ptr, "
+                                 "dtype)",
               "torch_reads": "(info) full read of 3 torch tensors (is_cuda, get_device, is_contiguous, data_ptr, numel, dtype)"}
     for (kname, key), r in results.items():
         if r is None:
@@ -269,7 +279,7 @@ def run(args: Any) -> list[Row]:
             bar, ok = "<= 1.15x (c)", ratio is not None and ratio <= 1.15
         elif key == "bound":
             bar, ok = "<= 1.10x (c)", ratio is not None and ratio <= 1.10
-        elif key in ("torch", "torch_dev"):
+        elif key in ("torch", "torch_dev", "torch_inf"):
             # DESIGN.md's torch bar: within 1.15x of cuda.core.launch given data_ptr() with no
             # checks (the code a torch user would otherwise write), measured in the same run
             d_t = results.get((kname, "d_torch"))

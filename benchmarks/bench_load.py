@@ -1,6 +1,7 @@
 """Section 3, load: a fresh process doing import + first launch of the example package from
-cubin (no JIT, no NVRTC at run time), against the DESIGN bar of 300 ms, with where the time
-goes; the same with the driver's early initialisation on (``KHAL_EAGER_INIT=1``; off by default) and with the
+cubin (no JIT, no NVRTC at run time), against the DESIGN bars (import + first launch within the
+driver's own init + 100 ms, measured in the same run; ``import example_shader_pkg`` within 30 ms
+of ``import numpy``), with where the time goes; the same with the driver's early initialisation on (``KHAL_EAGER_INIT=1``; off by default) and with the
 PTX path forced (a copy of the package whose manifest lists no cubins); the floors that are
 not ours, each alone in a fresh process (numpy, pydantic, cuda-bindings, cuInit + primary
 context); and CuPy RawModule compiling the same translation unit with its kernel cache empty and
@@ -35,7 +36,12 @@ from typing import Any
 from _common import ROOT, Row, crate_unit, env_with_path, guarded
 
 SECTION = "load"
-#: DESIGN.md, performance bars: import + first launch from cubin in a fresh process
+#: DESIGN.md, performance bars (restated 2026-12-07): import + first launch from cubin in a fresh
+#: process within the driver's own init (cuInit + primary context, the "driver" floor of the same
+#: run) + this many ms, and ``import <package>`` within IMPORT_BAR_MS of ``import numpy``
+BAR_OVER_DRIVER_MS = 100.0
+IMPORT_BAR_MS = 30.0
+#: the flat bar before it was restated (the eager-init row is still held to it)
 BAR_MS = 300.0
 REPS = 5
 
@@ -153,7 +159,13 @@ def _ptx_only_copy(pkg_dir: Path, dest: Path) -> Path:
     man = load_manifest(mpath)
     crates = tuple(c.model_copy(update={"artifacts": tuple(a for a in c.artifacts if a.kind != "cubin")})
                    for c in man.crates)
-    mpath.write_text(man.model_copy(update={"crates": crates}).to_json())
+    data = man.model_copy(update={"crates": crates}).to_json().encode()
+    mpath.write_bytes(data)
+    from khal_runtime.manifest_load import DIGEST_NAME, build_digest
+
+    digest = build_digest(data)  # as the build would write it: the copy loads as the wheel does
+    if digest is not None:
+        (mpath.parent / DIGEST_NAME).write_text(digest + "\n")
     return dest
 
 
@@ -179,8 +191,7 @@ def run(args: Any) -> list[Row]:
                         "no JIT, no NVRTC", ok,
                         f"{_stages(r)} ({r['artifact']}; driver init "
                         f"{'in the background' if r['eager_init'] else 'at first use'})", extra=r))
-        rows.append(Row(SECTION, "bar: import + first launch (cubin)", r["total_ms"], "ms", None, "",
-                        f"<= {BAR_MS:.0f} ms", r["total_ms"] <= BAR_MS, "DESIGN.md, performance bars"))
+        measured["cubin"] = r
         z = _median(eager_runs)
         rows.append(Row(SECTION, "khal import + first launch, KHAL_EAGER_INIT=1", z["total_ms"], "ms",
                         z["total_ms"] / r["total_ms"], "this / default", "<= 300 ms", z["total_ms"] <= BAR_MS,
@@ -190,7 +201,8 @@ def run(args: Any) -> list[Row]:
         fenv = _child_env(env, KHAL_EAGER_INIT="0")
         _child(FLOOR_CHILD, fenv, what)
         r = _median([_child(FLOOR_CHILD, fenv, what) for _ in range(reps)])
-        why = ("ours, and pydantic's import: the manifest's validation, the launch path's imports"
+        measured[what] = r
+        why = ("ours: the manifest read through its digest (no pydantic, #38), the launch path's imports"
                if what == "load" else "not ours")
         rows.append(Row(SECTION, f"  alone: {label}", r["ms"], "ms", note=f"fresh process; {why}", extra=r))
 
@@ -235,9 +247,22 @@ def run(args: Any) -> list[Row]:
                         note=f"compile (cache hit) {r['compile_ms']:.0f} ms", extra=r))
         shutil.rmtree(tmp, ignore_errors=True)
 
+    measured: dict[str, dict[str, Any]] = {}
     guarded(SECTION, "khal import + first launch (cubin)", rows, cubin)
     for what, label in FLOORS.items():
         guarded(SECTION, f"  alone: {label}", rows, lambda w=what, lb=label: floor(w, lb))
+    c, drv, npy = measured.get("cubin"), measured.get("driver"), measured.get("numpy")
+    if c is not None and drv is not None:
+        bar = drv["ms"] + BAR_OVER_DRIVER_MS
+        rows.append(Row(SECTION, "bar: import + first launch (cubin)", c["total_ms"], "ms", None, "",
+                        f"<= driver init + {BAR_OVER_DRIVER_MS:.0f} ms ({bar:.0f})", c["total_ms"] <= bar,
+                        f"DESIGN.md, performance bars; driver init {drv['ms']:.0f} ms in this run"))
+    if c is not None and npy is not None:
+        beyond = c["import_ms"] - npy["ms"]
+        rows.append(Row(SECTION, "bar: import example_shader_pkg beyond import numpy", beyond, "ms", None, "",
+                        f"<= {IMPORT_BAR_MS:.0f} ms", beyond <= IMPORT_BAR_MS,
+                        f"import {c['import_ms']:.0f} ms (numpy's included), numpy alone {npy['ms']:.0f} ms; "
+                        "the CPU's own table: benchmarks/cpu_cold_start.py"))
     guarded(SECTION, "khal import + first launch (PTX forced)", rows, ptx)
     guarded(SECTION, "CuPy RawModule", rows, cupy)
     return rows

@@ -80,7 +80,17 @@ def write_package(root: Path, name: str, families: int) -> Path:
                             "artifacts": [{"kind": "ptx", "arch": "compute_90", "path": rel, "ptx_isa": "8.0",
                                            "sha256": hashlib.sha256(ptx).hexdigest(), "size": len(ptx)}],
                             "entries": entries}]}
-    (pkg / "_khal" / "manifest.json").write_text(json.dumps(manifest))
+    data = json.dumps(manifest).encode()
+    # as the build writes it: validated through the models, with the digest that lets the runtime
+    # read it without building pydantic's validators (khal_runtime.manifest_load)
+    from khal_runtime.manifest import parse_manifest
+    from khal_runtime.manifest_load import DIGEST_NAME, build_digest
+
+    parse_manifest(data, name)
+    (pkg / "_khal" / "manifest.json").write_bytes(data)
+    digest = build_digest(data)
+    if digest is not None:
+        (pkg / "_khal" / DIGEST_NAME).write_text(digest + "\n")
     return pkg
 
 

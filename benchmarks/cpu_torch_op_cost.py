@@ -7,7 +7,8 @@ Rows, timed in turns (``_common.interleaved_per_call_us``), for the operator's k
 ``CUDA`` key (called directly: the dispatcher before it costs the same on every row) and the
 typed call under it: the same tensors every call, the first tensor one of four in turn, one of
 64 in turn (a new object every call, without an allocation), a new ``torch.empty`` every call
-(what a compiled graph hands the op), and the allocation alone. Then the time of single
+(what a compiled graph hands the op), and the allocation alone; the typed call with the same
+inference tensors (made under ``torch.inference_mode()``: no version counter). Then the time of single
 attribute reads on a real tensor, and a cProfile of the op with a new tensor every call and
 with four sets in turn::
 
@@ -72,6 +73,8 @@ def rows(torch: Any, op: Any, five: Any, st: Any) -> dict[str, Callable[[], Any]
     g, z = torch.randn(n), torch.empty(n)
     tp = torch.frombuffer(bytearray(bytes(BenchParams(2.0, 1.0))), dtype=torch.uint8).clone()
     hs = [torch.randn(n) for _ in range(64)]
+    with torch.inference_mode():  # serving code's tensors: no version counter (#38 item 19)
+        ih, ig, iz = torch.randn(n), torch.randn(n), torch.empty(n)
     c4, c64 = itertools.cycle(hs[:4]), itertools.cycle(hs)
     t4, t64 = itertools.cycle(hs[:4]), itertools.cycle(hs)
     empty = torch.empty
@@ -85,6 +88,7 @@ def rows(torch: Any, op: Any, five: Any, st: Any) -> dict[str, Callable[[], Any]
         "typed: same tensors": lambda: five(n, hs[0], g, z, p, 0.5, stream=st),
         "typed: h one of 4 in turn": lambda: five(n, next(t4), g, z, p, 0.5, stream=st),
         "typed: h one of 64 in turn": lambda: five(n, next(t64), g, z, p, 0.5, stream=st),
+        "typed: same inference tensors": lambda: five(n, ih, ig, iz, p, 0.5, stream=st),
     }
 
 

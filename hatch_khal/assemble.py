@@ -18,6 +18,7 @@ from typing import Any
 
 from khal_runtime.abi import parse_arch, symbol_for
 from khal_runtime.binaries import BinaryFormatError, BinaryInfo, khal_symbols, read_binary
+from khal_runtime.manifest_load import DIGEST_NAME, build_digest
 from khal_runtime.manifest import (
     MANIFEST_DIR,
     MANIFEST_NAME,
@@ -205,7 +206,12 @@ def assemble_packages(
             editable=Editable(project_root=str(root)) if editable else None,
         )
         pkg_files = files[package]
-        pkg_files[f"{MANIFEST_DIR}/{MANIFEST_NAME}"] = manifest.to_json().encode()
+        data = manifest.to_json().encode()
+        pkg_files[f"{MANIFEST_DIR}/{MANIFEST_NAME}"] = data
+        # what lets the runtime read it without building pydantic's validators (khal_runtime.manifest_load)
+        digest = build_digest(data)
+        if digest is not None:
+            pkg_files[f"{MANIFEST_DIR}/{DIGEST_NAME}"] = (digest + "\n").encode()
         # the typed kernels module: `from ._khal import kernels` (a pure function of the manifest)
         pkg_files.update(stub_files(manifest))
         out.append(PackageOutput(package, manifest, pkg_files))

@@ -115,6 +115,30 @@ def _triton_doc(c: Crate, family: str) -> list[str]:
     return out
 
 
+def _triton_functions(c: Crate) -> list[str]:
+    """The kernels of Triton crate ``c`` that have their own call (entries recording the kernel's
+    signature, as :func:`khal_runtime.triton_call.group_functions` groups them), in entry order."""
+    out: list[str] = []
+    for e in c.entries:
+        t = e.triton
+        if t is not None and t.params:
+            name = t.qualname or t.kernel
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def _function_doc(c: Crate, name: str) -> list[str]:
+    """The attribute docstring of kernel ``name``'s own call in crate ``c``."""
+    variants = [e for e in c.entries if e.triton is not None and (e.triton.qualname or e.triton.kernel) == name]
+    t = variants[0].triton
+    assert t is not None
+    params = ", ".join(p.name for p in t.params)
+    where = f" (served as ``{t.module}.{name}``)" if t.module else ""
+    return [f"Triton kernel ``{name}`` of crate ``{c.name}``: its own call over {len(variants)} variant(s){where}.",
+            "", f"``k[grid]({params}, num_warps=..., num_stages=..., stream=None)``, as Triton's JIT takes it."]
+
+
 def _doc(lines: list[str], indent: str) -> list[str]:
     if not lines:
         return []
@@ -195,7 +219,7 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
         taken.add(name)
         return name
 
-    taken.add("TritonKernel")
+    taken.update({"TritonKernel", "TritonFunction"})
     entry_classes: dict[tuple[str, str], str] = {}
     crate_classes: dict[str, str] = {}
     #: crate -> the entries as attributes (name, type): a Triton crate's are its instance families,
@@ -212,12 +236,19 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
                 continue
             entry_classes[(c.name, e.name)] = fresh(f"Kernel_{_ident(c.name)}__{e.name}")
             visible[c.name].append((e.name, entry_classes[(c.name, e.name)]))
+        # each kernel's own call (``kernels.<kernel>``, a TritonFunction) where no family has its name
+        families = {name for name, _ in visible[c.name]}
+        for fn in _triton_functions(c):
+            if fn not in families:
+                visible[c.name].append((fn, "TritonFunction"))
     #: (crate, family) -> the attribute docstring of a Triton family: its variants and their hashes
     triton_docs: dict[tuple[str, str], list[str]] = {}
     for c in manifest.crates:
         for name, typ in visible[c.name]:
             if typ == "TritonKernel":
                 triton_docs[(c.name, name)] = _triton_doc(c, name)
+            elif typ == "TritonFunction":
+                triton_docs[(c.name, name)] = _function_doc(c, name)
     counts: dict[str, int] = {}
     for c in manifest.crates:
         for name, _ in visible[c.name]:
@@ -253,7 +284,7 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
     ]
     if any(c.language == "triton" for c in manifest.crates):
         lines[lines.index("from khal_runtime.kernels import CrateKernels, Kernel, KernelSet") + 1:0] = [
-            "from khal_runtime.triton import TritonKernel"]
+            "from khal_runtime.triton import TritonKernel", "from khal_runtime.triton_call import TritonFunction"]
     for c in manifest.crates:
         for e in c.entries:
             if (c.name, e.name) in entry_classes:
@@ -277,7 +308,9 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
     if shared:
         doc += ["", f"In several crates, so only through ``crates``: {', '.join(shared)}."]
     lines += _doc(doc, "    ")
-    unique = [(name, typ) for c in manifest.crates for name, typ in visible[c.name] if counts[name] == 1]
+    # (KernelSet[name] holds entries only: a kernel's own call is an attribute, not an item)
+    unique = [(name, typ) for c in manifest.crates for name, typ in visible[c.name]
+              if counts[name] == 1 and typ != "TritonFunction"]
     for c in manifest.crates:
         for name, typ in visible[c.name]:
             if counts[name] == 1 and _usable(name) and name not in _KERNELSET_ATTRS:

@@ -6,8 +6,9 @@
     kernels.saxpy(len(a), x, y, params)            # n threads, on the owned stream
 
 Importing this package is cheap: it imports neither cuda.bindings, wgpu, pydantic,
-NVRTC nor hatch_khal; those come on first use. ``load`` (the import of a shader package)
-imports pydantic and validates the manifest. With ``KHAL_EAGER_INIT=1`` (off by default), the
+NVRTC nor hatch_khal; those come on first use. ``load`` (the import of a shader package) reads
+the manifest; pydantic validates it only when the digest the build wrote beside it does not vouch
+for it (:mod:`khal_runtime.manifest_load`). With ``KHAL_EAGER_INIT=1`` (off by default), the
 driver's initialisation starts in a background thread before that, so that the two overlap: at
 the ``load`` call, or already when this package is first imported by a shader package's
 ``__init__`` (a package whose directory holds ``_khal/manifest.json``: it is about to call

@@ -67,6 +67,7 @@ __all__ = [
     "reader",
     "prebuilt_env_var",
     "scalar",
+    "integral",
     "scalar_value",
     "split_symbol",
     "symbol_for",
@@ -209,6 +210,20 @@ def bf16_bits(value: Any) -> int:
 def _is_bool(obj: Any) -> bool:
     tp = type(obj)
     return tp is bool or (tp.__module__ == "numpy" and tp.__name__ in ("bool", "bool_"))
+
+
+def integral(obj: Any) -> Any:
+    """An integral scalar of another type than ``int`` (a NumPy integer, an ``IntEnum``, a 0-d
+    integer tensor: anything with ``__index__``) as the int it stands for; anything else (an int,
+    a bool, a float, a string) as it is, for the caller's own check to take or refuse. What a
+    check of a value (Triton's ``:16`` / ``:1`` assumptions, an autotune key) reads, so that
+    ``np.int64(1024)`` meets what ``1024`` meets."""
+    if type(obj) is int or isinstance(obj, (float, str, bytes)) or _is_bool(obj):
+        return obj
+    try:
+        return operator.index(obj)
+    except TypeError:
+        return obj
 
 
 def scalar_value(element_type: str, obj: Any) -> Any:

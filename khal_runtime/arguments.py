@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import operator
 import struct
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from khal_runtime import abi, interop
 from khal_runtime.dtypes import ReadOnly, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError
 from khal_runtime.generated import define
 from khal_runtime.interop import ADDRESS_SPACE, BadArgument
-from khal_runtime.manifest import Entry, Param
 from khal_runtime.packing import pack_cuda
 from khal_runtime.uniforms import is_converter, uniform_converter
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry, Param
 
 __all__ = [
     "MAX_GRID",
@@ -35,8 +37,10 @@ __all__ = [
     "diagnose_args",
     "dim3",
     "dtype_ok",
+    "grid3",
     "grid_for",
     "grid_for_threads",
+    "is_empty",
     "misaligned",
     "read_array",
     "shared_mem",
@@ -53,8 +57,34 @@ class Short(Exception):
 
 
 def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
-    """An int or a sequence of up to 3 ints (NumPy integers too; never floats or bools) as (x, y, z):
-    the one reader of launch geometry, for the CUDA and the WebGPU paths."""
+    """An int or a sequence of up to 3 ints (NumPy integers too; never floats or bools) as (x, y, z),
+    each >= 1: the one reader of launch geometry (blocks, clusters, persistent grids), for the
+    CUDA and the WebGPU paths. A grid that may be empty is read by :func:`grid3`."""
+    t = _dims(v, what)
+    if any(x < 1 for x in t):
+        raise ArgumentValueError(f"{what}: every dimension must be >= 1, got {t}")
+    return t
+
+
+def grid3(v: Any, what: str = "grid") -> tuple[int, int, int]:
+    """A launch's grid as (x, y, z), read as :func:`dim3` reads it but each dimension >= 0: a
+    grid with a 0 in it is an empty launch (no programs, ``cdiv(0, BLOCK)``), which every
+    launch path accepts and launches nothing for, as Triton's launcher and CUDA code guarding
+    ``cuLaunchKernel`` do (:func:`is_empty`). A negative or non-integer dimension stays an error,
+    and so does ``()``: an empty tuple names no dimension, it is not a grid of 0 (Triton's own
+    launcher fails on it too)."""
+    t = _dims(v, what)
+    if any(x < 0 for x in t):
+        raise ArgumentValueError(f"{what}: every dimension must be >= 0 (0: launch nothing), got {t}")
+    return t
+
+
+def is_empty(grid: tuple[int, int, int]) -> bool:
+    """Whether a grid read by :func:`grid3` has no blocks (launch nothing)."""
+    return not (grid[0] and grid[1] and grid[2])
+
+
+def _dims(v: Any, what: str) -> tuple[int, int, int]:
     try:
         if isinstance(v, (str, bytes, bool)):
             raise TypeError
@@ -67,11 +97,12 @@ def dim3(v: Any, what: str = "grid") -> tuple[int, int, int]:
                 raise TypeError  # (2, True): a bool is not a count on any axis either
     except TypeError:
         raise ArgumentError(f"{what}: expected an integer or up to 3 integers, got {v!r}") from None
-    if len(t) != 3 or (hasattr(v, "__len__") and not len(v)):
+    if hasattr(v, "__len__") and not len(v):
+        raise ArgumentValueError(f"{what}: expected 1 to 3 dimensions, got {v!r} (an empty tuple names no "
+                                 "dimension; a grid of no programs is 0 or (0,))")
+    if len(t) != 3:
         raise ArgumentValueError(f"{what}: expected 1 to 3 dimensions, got {v!r}")
-    if any(x < 1 for x in t):
-        raise ArgumentValueError(f"{what}: every dimension must be >= 1, got {t}")
-    return t
+    return (t[0], t[1], t[2])
 
 
 def thread_count(kernel: str, n: Any) -> int:

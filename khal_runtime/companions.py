@@ -21,9 +21,13 @@ import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from khal_runtime.errors import ArtifactError
-from khal_runtime.manifest import MANIFEST_DIR, Crate, Manifest
+from khal_runtime.manifest_records import MANIFEST_DIR
+
+if TYPE_CHECKING:  # the runtime holds khal_runtime.manifest_records objects, typed as the models
+    from khal_runtime.manifest import Crate, Manifest
 
 __all__ = ["COMPANION_FILE", "GROUP", "Resolved", "missing_hint", "resolve"]
 

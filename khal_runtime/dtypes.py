@@ -59,11 +59,15 @@ def add_dtype_namer(namer: DtypeNamer) -> None:
             _NAMERS = (*_NAMERS, namer)
 
 
-# DLPack type codes: 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool.
+# DLPack type codes: 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool, 7.. the float8 kinds
+# (DLPack 1.1: 10 float8_e4m3fn, 12 float8_e5m2, named as torch and ml_dtypes name them; no ABI
+# scalar type is one: only a Triton pointer takes them, checked by name).
 _DLPACK = {(0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64",
            (1, 8): "uint8", (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64",
            (2, 16): "float16", (2, 32): "float32", (2, 64): "float64",
-           (4, 16): "bfloat16", (5, 64): "complex64", (5, 128): "complex128", (6, 8): "bool", (1, 1): "bool"}
+           (4, 16): "bfloat16", (5, 64): "complex64", (5, 128): "complex128", (6, 8): "bool", (1, 1): "bool",
+           (7, 8): "float8_e3m4", (8, 8): "float8_e4m3", (9, 8): "float8_e4m3b11fnuz", (10, 8): "float8_e4m3fn",
+           (11, 8): "float8_e4m3fnuz", (12, 8): "float8_e5m2", (13, 8): "float8_e5m2fnuz", (14, 8): "float8_e8m0fnu"}
 
 
 #: the byte-order character NumPy gives a dtype of the other byte order than this machine's
@@ -145,7 +149,7 @@ def dtype_info(key: Hashable) -> tuple[str, int]:
         name = _DLPACK.get((code, bits))
         if name is None or lanes != 1:
             return f"dlpack(code={code}, bits={bits}, lanes={lanes})", (bits * lanes + 7) // 8
-        return name, SCALAR_TYPES[name]
+        return name, SCALAR_TYPES.get(name, bits // 8)
     for namer in _NAMERS:
         got = namer(key)
         if got is not None:

@@ -15,22 +15,26 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from khal_runtime import backends, launch_hooks
 from khal_runtime.backends import LaunchPlan
-from khal_runtime.arguments import check_block, check_block_within, check_grid, diagnose_args, dim3
+from khal_runtime.arguments import check_block, check_block_within, check_grid, diagnose_args, dim3, grid3
 from khal_runtime.arguments import shared_mem as check_shared_mem
 from khal_runtime.device import Stream, _tls, as_stream, current_device_id, default_stream, ensure_current
 from khal_runtime.launch_attributes import CLUSTER_DIMS, COOPERATIVE, DEFAULT_DYNAMIC_SHARED
 from khal_runtime.calls import generic_call
 from khal_runtime.companions import Resolved, missing_hint
 from khal_runtime.companions import resolve as resolve_companions
-from khal_runtime.errors import (BackendUnavailableError, KhalError, LaunchAttributeError, NoCompatibleBinaryError,
-                                 StaleBuildError)
-from khal_runtime.manifest import MANIFEST_DIR, MANIFEST_NAME, Crate, Entry, Manifest, Param, load_manifest
+from khal_runtime.errors import (BackendUnavailableError, KhalError, LaunchAttributeError, ManifestError,
+                                 NoCompatibleBinaryError, StaleBuildError)
+from khal_runtime.manifest_load import read_manifest
+from khal_runtime.manifest_records import MANIFEST_DIR, MANIFEST_NAME
 from khal_runtime.triton import TritonKernel
-from khal_runtime.verify import check_manifest, check_sources, read_artifact
+from khal_runtime.verify import check_crate_hashes, check_manifest, check_sources, read_artifact
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Crate, Entry, Manifest, Param
 
 __all__ = ["CrateKernels", "Kernel", "KernelSet", "LaunchConfig", "ModuleGlobal", "ModuleGlobals", "find_package_dir",
            "launch", "load"]
@@ -222,7 +226,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         ``shared_mem``: bytes of dynamic shared memory (None: what the entry declares with
         ``KHAL_SHARED_MEM``, else 0); ``cluster``: blocks per thread-block cluster (an int or up to
         three dims; CUDA on sm_90+, for a kernel compiled without ``KHAL_CLUSTER``), the grid a
-        multiple of it."""
+        multiple of it. A grid with a 0 in it (``cdiv(0, BLOCK)``) launches nothing: the arguments
+        are checked as for a launch, and the call returns (a negative grid is an error)."""
         if shared_mem is None:
             shared_mem = self.dynamic_shared
         st = self.resolve_stream(stream)
@@ -230,7 +235,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         if type(grid) is int and 0 < grid <= 2**31 - 1:
             gx, gy, gz = grid, 1, 1
         else:
-            gx, gy, gz = dim3(grid, f"{self.name}.launch(): grid")
+            gx, gy, gz = grid3(grid, f"{self.name}.launch(): grid")
             check_grid(self.name, (gx, gy, gz), self._launch_dims)
         bx, by, bz = self.block_size
         if block is not None and not (type(block) is int and block == bx and self._int_block_is_compiled):
@@ -248,9 +253,13 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
                 f"bytes{'' if self.dynamic_shared else ': the limit without a declaration'}); declare "
                 f"KHAL_SHARED_MEM({shmem}) in its KHAL_ENTRY marker (above 48 KB the function is opted in once, at load)")
         if cluster is not None:
-            self._clustered(plan, cluster)(gx, gy, gz, bx, by, bz, shmem, st, args)
+            run = self._clustered(plan, cluster)
+        else:
+            run = plan.run
+        if not (gx and gy and gz):  # an empty grid: the arguments checked, nothing launched
+            diagnose_args(plan.entry, args, device=st.device_id)
             return
-        plan.run(gx, gy, gz, bx, by, bz, shmem, st, args)
+        run(gx, gy, gz, bx, by, bz, shmem, st, args)
 
     def _clustered(self, plan: LaunchPlan, cluster: Any) -> Callable[..., None]:
         """The explicit launch of ``plan`` with clusters of ``cluster`` blocks, or the named error."""
@@ -427,8 +436,12 @@ class CrateKernels:
     entries as attributes (``kernels.crates["core"].saxpy``); its module globals in ``globals``."""
 
     def __init__(self, package: str, package_dir: Path, crate: Crate, *,
-                 artifact_dirs: dict[str, Path] | None = None, missing: dict[str, list[str]] | None = None) -> None:
+                 artifact_dirs: dict[str, Path] | None = None, missing: dict[str, list[str]] | None = None,
+                 hashes_checked: bool = True) -> None:
         self.package = package
+        #: whether its entry hashes were recomputed (``load`` does it for a manifest the build's digest
+        #: does not vouch for; else the first use of the crate does, before anything loads)
+        self._hashes_checked = hashes_checked
         self.package_dir = Path(package_dir)
         self.crate = crate
         #: artifact path -> the companion distribution's folder it is read from (others: the package's)
@@ -554,6 +567,11 @@ class CrateKernels:
             with self._lock:
                 m = self._modules.get(device_id)
                 if m is None:
+                    if not self._hashes_checked:
+                        problems = check_crate_hashes(self.crate)
+                        if problems:
+                            raise problems[0].exception()
+                        self._hashes_checked = True
                     try:
                         m = self.backend.load_crate(self, device_id)
                     except NoCompatibleBinaryError as exc:
@@ -605,7 +623,8 @@ class CrateKernels:
 class KernelSet:
     """Every entry of a shader package: ``ks.<entry>`` (unique names), ``ks.crates[<crate>].<entry>``."""
 
-    def __init__(self, package: str, package_dir: Path, manifest: Manifest, companions: Resolved | None = None) -> None:
+    def __init__(self, package: str, package_dir: Path, manifest: Manifest, companions: Resolved | None = None, *,
+                 hashes_checked: bool = True) -> None:
         self.package = package
         self.package_dir = package_dir
         self.manifest = manifest
@@ -613,7 +632,8 @@ class KernelSet:
         dirs = companions.dirs if companions is not None else {}
         missing = companions.missing if companions is not None else {}
         self.crates: dict[str, CrateKernels] = {
-            c.name: CrateKernels(package, package_dir, c, artifact_dirs=dirs, missing=missing) for c in crates
+            c.name: CrateKernels(package, package_dir, c, artifact_dirs=dirs, missing=missing,
+                                 hashes_checked=hashes_checked or manifest.schema_version < 2) for c in crates
         }
         by_name: dict[str, list[Kernel]] = {}
         for ck in self.crates.values():
@@ -734,10 +754,15 @@ def load(package: str | os.PathLike[str]) -> KernelSet:
     backends.prestart()  # (khal_runtime.load has called it already, before importing this module)
     mode = backends.backend_mode()
     name, pkg_dir = find_package_dir(package)
-    manifest = load_manifest(pkg_dir / MANIFEST_DIR / MANIFEST_NAME)
-    problems = check_manifest(manifest)
-    if problems:
-        raise problems[0].exception()
+    recording = bool(os.environ.get(RECORDING_ENV))
+    if recording and not (pkg_dir / MANIFEST_DIR / MANIFEST_NAME).is_file():
+        # `python -m hatch_khal triton record` of a package never built: its kernels run under Triton's JIT
+        return UnbuiltKernels(name)  # type: ignore[return-value]
+    manifest, vouched = read_manifest(pkg_dir / MANIFEST_DIR / MANIFEST_NAME)
+    if not vouched:  # (vouched by the build's digest: each crate's entry hashes at its first use)
+        problems = check_manifest(manifest)
+        if problems:
+            raise problems[0].exception()
     stale = check_sources(manifest, pkg_dir)
     if stale:
         more = f" (and {len(stale) - 1} more file(s))" if len(stale) > 1 else ""
@@ -752,12 +777,31 @@ def load(package: str | os.PathLike[str]) -> KernelSet:
     _tracing_from_env_once()
     # cubins shipped by companion distributions (per arch family): where installed, and checked
     companions = resolve_companions(manifest.package or name, pkg_dir, manifest)
-    kernels = KernelSet(manifest.package or name, pkg_dir, manifest, companions)
-    if any(_serves(c) for c in manifest.crates):
+    kernels = KernelSet(manifest.package or name, pkg_dir, manifest, companions, hashes_checked=not vouched)
+    # a recorded process runs Triton's JIT, which records the launches: nothing is served then
+    if not recording and any(_serves(c) for c in manifest.crates):
         from khal_runtime import triton_serve  # lazy: only for packages whose Triton kernels host code imports
 
         triton_serve.serve(kernels)
     return kernels
+
+
+#: set by ``python -m hatch_khal triton record`` in the processes it records
+RECORDING_ENV = "KHAL_TRITON_RECORDING"
+
+
+class UnbuiltKernels:
+    """What ``load()`` returns, while ``python -m hatch_khal triton record`` runs, for a package not
+    built yet: its host code runs Triton's JIT (which the recording needs); asking it for a kernel
+    says so."""
+
+    def __init__(self, package: str) -> None:
+        self.package = package
+
+    def __getattr__(self, name: str) -> Any:
+        raise ManifestError(f"package {self.package!r} is not built yet (no khal manifest): while `python -m "
+                            f"hatch_khal triton record` runs, its kernels {name!r} included run under Triton's JIT; "
+                            "build the package to launch them through khal")
 
 
 def _serves(crate: Crate) -> bool:

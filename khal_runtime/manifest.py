@@ -26,6 +26,7 @@ without them reads (and hashes) as before, and an older runtime refuses one with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -114,6 +115,18 @@ MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 32 << 20
 #: JSON nesting deeper than this is refused (the schema nests 8 deep).
 _MAX_DEPTH = 64
+
+
+
+def source_digest() -> str:
+    """The sha256 naming the source these models are made from (``manifest_records.SOURCE_DIGEST``,
+    which the digest the build writes beside a manifest names): this module and
+    ``launch_attributes.py``, whose rows are :data:`LaunchAttributes`' fields."""
+    h = hashlib.sha256()
+    for source in (__file__, attrs.__file__):
+        h.update(Path(source).read_bytes() + b"\0")
+    return h.hexdigest()
+
 
 _HEX = "0123456789abcdef"
 _MAX_ELEMENT = 1 << 20  # bytes of one element / uniform struct

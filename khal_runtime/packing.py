@@ -23,12 +23,14 @@ import itertools
 import struct
 import sys
 from collections.abc import Mapping
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from khal_runtime import abi
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
 from khal_runtime.generated import define
-from khal_runtime.manifest import Param, StructField, StructLayout, WebGpuTarget
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Param, StructField, StructLayout, WebGpuTarget
 
 __all__ = [
     "Leaf",

@@ -9,6 +9,13 @@ other, so they can share it. An outgrown buffer is kept, not freed, until :func:
 launch remembered before (the typed call's memo, a bound launch) may still pass its pointer,
 and a buffer only that stream's launches ever use stays valid for them. No allocation per launch.
 
+Per-thread streams. ``CU_STREAM_PER_THREAD`` (and the NULL stream under cuda-bindings' per-thread
+default stream) is one handle for a different stream in each thread (the backend's
+``is_per_thread_stream``): its launches in two threads run concurrently, so each thread has its
+own buffer (:func:`stream_key`), retired (kept until :func:`release`) when the thread ends, and a
+launch on such a stream is never remembered (:func:`pointers` says so): a remembered launch could
+be repeated by another thread.
+
 Graph capture. A captured launch must not share its scratch with eager launches (a replay on
 another stream would race them), and nothing may be allocated while a capture is open. So the
 first scratch launch captured on a stream takes that stream's buffer out of the pool: the capture
@@ -28,7 +35,9 @@ remembered or bound launch made before another library's capture and repeated in
 
 from __future__ import annotations
 
+import itertools
 import threading
+import weakref
 from typing import Any
 
 from khal_runtime import capture_state
@@ -37,7 +46,7 @@ from khal_runtime.device import Device
 from khal_runtime.errors import CaptureError
 from khal_runtime.memo import bump_epoch
 
-__all__ = ["GENERATION", "held", "pointer", "pointers", "release"]
+__all__ = ["GENERATION", "held", "pointer", "pointers", "release", "stream_key", "thread_token"]
 
 #: sizes are rounded up to this (cuMemAlloc aligns every allocation to at least 256 bytes, more
 #: than any scratch alignment a manifest may record)
@@ -46,13 +55,14 @@ GRAIN = 256
 #: the runtime began or ended, :func:`release`): a bound launch compares it at each launch
 GENERATION = [0]
 
-#: (device, stream handle) -> (pointer, bytes, buffer): the stream's eager buffer
-_pools: dict[tuple[int, int], tuple[int, int, DeviceBuffer]] = {}
+#: (device, stream handle, thread token or 0: :func:`stream_key`) -> (pointer, bytes, buffer): the
+#: stream's eager buffer
+_pools: dict[tuple[int, int, int], tuple[int, int, DeviceBuffer]] = {}
 #: outgrown eager buffers, kept until release(): a remembered launch may still pass them
 _retired: list[DeviceBuffer] = []
-#: (device, stream handle) -> the buffers taken for captures of another library (the last one in
-#: use), kept for the process (the runtime cannot see when those graphs go)
-_foreign: dict[tuple[int, int], list[DeviceBuffer]] = {}
+#: (device, stream handle, thread token or 0) -> the buffers taken for captures of another library
+#: (the last one in use), kept for the process (the runtime cannot see when those graphs go)
+_foreign: dict[tuple[int, int, int], list[DeviceBuffer]] = {}
 _lock = threading.Lock()
 _listening = [False]
 
@@ -70,21 +80,66 @@ def _listen() -> None:
         capture_state.add_listener(_capture_changed)
 
 
+class _ThreadEnd:
+    """Held only by one thread's local storage: it goes when the thread ends (:func:`thread_token`)."""
+
+    __slots__ = ("token", "__weakref__")
+
+    token: int
+
+
+_local = threading.local()
+#: thread tokens: one per thread that asked, never reused (thread idents are)
+_tokens = itertools.count(1)
+
+
+def thread_token() -> int:
+    """A number for the calling thread, never given to another one; when the thread ends, the
+    scratch kept for it (its per-thread streams' buffers) is retired."""
+    end: _ThreadEnd | None = _local.__dict__.get("end")
+    if end is None:
+        end = _ThreadEnd()
+        end.token = next(_tokens)
+        _local.end = end
+        weakref.finalize(end, _thread_ended, end.token)
+    return end.token
+
+
+def _thread_ended(token: int) -> None:
+    """A thread's storage went: its per-thread streams' buffers are retired (its stream's work may
+    still be running: kept until :func:`release`, as an outgrown buffer is)."""
+    with _lock:
+        for key in [k for k in _pools if k[2] == token]:
+            _retired.append(_pools.pop(key)[2])
+
+
+def stream_key(st: Any) -> tuple[int, int, int]:
+    """What scratch is kept per: (device, stream handle, 0), or, for a handle that is another
+    stream in each thread (``CU_STREAM_PER_THREAD``), the calling thread's :func:`thread_token`
+    in place of the 0."""
+    h = st.handle
+    if h > 2 or not st.backend_impl.is_per_thread_stream(h):  # (the per-thread handles are 0 and 2)
+        return (st.device_id, h, 0)
+    return (st.device_id, h, thread_token())
+
+
 def _round(nbytes: int) -> int:
     return (nbytes + GRAIN - 1) // GRAIN * GRAIN
 
 
 def pointers(st: Any, global_bytes: int, profile_bytes: int, what: str) -> tuple[int, int, bool]:
     """The two scratch pointers of a launch on stream ``st`` (:func:`pointer` each), and whether
-    the stream is capturing: a launch whose pointers are a capture's must not be remembered for
-    eager launches (the runtime does not see another library's capture end)."""
+    the launch must not be remembered: the stream is capturing (a launch whose pointers are a
+    capture's must not be repeated eagerly: the runtime does not see another library's capture
+    end), or it is a per-thread stream (the pointers are this thread's: another thread repeating
+    the launch must take its own)."""
     if not global_bytes and not profile_bytes:
         return 0, 0, False
+    key = stream_key(st)
     if st.is_capturing():
-        key = (st.device_id, st.handle)
         return (_captured(st, key, global_bytes, what) if global_bytes else 0,
                 _captured(st, key, profile_bytes, what) if profile_bytes else 0, True)
-    return pointer(st, global_bytes, what, False), pointer(st, profile_bytes, what, False), False
+    return pointer(st, global_bytes, what, False), pointer(st, profile_bytes, what, False), key[2] != 0
 
 
 def pointer(st: Any, nbytes: int, what: str, check_capture: bool = True) -> int:
@@ -93,7 +148,7 @@ def pointer(st: Any, nbytes: int, what: str, check_capture: bool = True) -> int:
     names the launch in errors; ``check_capture``: False when the caller knows ``st`` is not capturing."""
     if not nbytes:
         return 0
-    key = (st.device_id, st.handle)
+    key = stream_key(st)
     if check_capture and st.is_capturing():
         return _captured(st, key, nbytes, what)
     got = _pools.get(key)
@@ -112,10 +167,10 @@ def pointer(st: Any, nbytes: int, what: str, check_capture: bool = True) -> int:
         return buf.ptr
 
 
-def _captured(st: Any, key: tuple[int, int], nbytes: int, what: str) -> int:
+def _captured(st: Any, key: tuple[int, int, int], nbytes: int, what: str) -> int:
     """The scratch of a launch captured on ``st``: the capture's own buffer for the stream."""
     cap = capture_state.current_capture(st) or capture_state.current_capture()
-    mine: dict[tuple[int, int], list[DeviceBuffer]] | None = getattr(cap, "scratch", None)
+    mine: dict[tuple[int, int, int], list[DeviceBuffer]] | None = getattr(cap, "scratch", None)
     if mine is None:
         mine = _foreign
     with _lock:

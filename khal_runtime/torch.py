@@ -45,11 +45,13 @@ launch path (``stream=`` takes the raw handle PyTorch gives, ``bind()``).
 from __future__ import annotations
 
 import keyword
+import os
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from operator import is_
-from typing import Any, Callable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union, cast
 
 from khal_runtime import abi, interop
 from khal_runtime.arguments import struct_bytes as _struct_bytes
@@ -57,9 +59,12 @@ from khal_runtime.device import Stream
 from khal_runtime.errors import ArgumentError, ArgumentValueError, BackendUnavailableError, CaptureError, KhalError
 from khal_runtime.generated import define
 from khal_runtime.kernels import Kernel, KernelSet
-from khal_runtime.manifest import Entry, Param
+from khal_runtime.manifest_records import Entry as _EntryRecord
 from khal_runtime.torch_triton import TritonOpSpec, check_fake, not_cuda, other_device, triton_spec
 from khal_runtime.triton import TritonKernel
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry, Param
 
 __all__ = ["CrateOps", "TorchOps", "register", "registered", "uniform"]
 
@@ -352,6 +357,14 @@ _by_namespace: dict[str, TorchOps] = {}
 _by_qualname: dict[str, _Spec] = {}
 
 
+def _same_place(a: Any, b: Any) -> bool:
+    """Whether two loads' package directories are one (a reload), not two copies side by side."""
+    try:
+        return bool(os.path.samefile(a, b))
+    except OSError:  # (a directory gone since, or a KernelSet made without one)
+        return bool(os.path.abspath(a) == os.path.abspath(b))
+
+
 def registered(namespace: str) -> TorchOps | None:
     """The operators registered under ``namespace`` in this process, if any."""
     return _by_namespace.get(namespace)
@@ -366,10 +379,12 @@ def register(kernels: KernelSet, namespace: str | None = None) -> TorchOps:
     the ``CUDA`` key, a fake implementation and a kernel for other devices that refuses them.
 
     Idempotent: registering the same package again returns the same :class:`TorchOps` (and for
-    another load of it with the same entries, e.g. after a reload, the operators launch through
-    the newest one). A namespace holding another package's operators, or this package's with
-    other signatures, is a :class:`~khal_runtime.errors.KhalError`: PyTorch cannot redefine an
-    operator in a running process."""
+    another load of it from the same directory with the same entries, e.g. after a reload, the
+    operators launch through the newest one). A namespace holding another package's operators,
+    this package's with other signatures, or those of another copy of it (the same name loaded
+    from another directory: two installs side by side, a vendored copy) is a
+    :class:`~khal_runtime.errors.KhalError`: PyTorch cannot redefine an operator in a running
+    process, and one copy must not take over the other's."""
     if not isinstance(kernels, KernelSet):
         raise TypeError(f"register() takes the kernels of a package (khal_runtime.load(...)), got "
                         f"{type(kernels).__module__}.{type(kernels).__qualname__}")
@@ -381,9 +396,17 @@ def register(kernels: KernelSet, namespace: str | None = None) -> TorchOps:
             return prev
         specs = _plan(torch, kernels, ns)
         if prev is not None:
-            if prev.package == kernels.package and prev._signature == _signature(specs):
-                prev._rebind(kernels)
+            same = prev.package == kernels.package and prev._signature == _signature(specs)
+            if same and _same_place(prev.kernels.package_dir, kernels.package_dir):
+                prev._rebind(kernels)  # another load of the same copy (a reload, a rebuild in place)
                 return prev
+            if same:
+                raise KhalError(
+                    f"torch.ops.{ns} holds the operators of package {prev.package!r} loaded from "
+                    f"{prev.kernels.package_dir}; this is another copy of it, loaded from {kernels.package_dir} "
+                    "(two installs side by side, a vendored copy), whose kernels would take the first's "
+                    f"operators over: register this copy under a namespace of its own "
+                    f"(register(kernels, namespace='...')), or import one copy only")
             what = (f"package {prev.package!r}" if prev.package != kernels.package else
                     f"package {prev.package!r} with other entries or signatures (was it rebuilt?)")
             raise KhalError(
@@ -486,10 +509,11 @@ def _loaded(spec: _Spec, device: int) -> bool:
 
 class _Bound:
     """One argument set of an operator, bound (:meth:`Kernel.bind`) on one stream: reused while
-    the same objects come back, each tensor with the version and ``data_ptr()`` it had after
+    the same objects come back, each tensor with the version, ``data_ptr()`` and dtype it had after
     the last launch (or, after an in-place op elsewhere, the same full facts), on that stream."""
 
-    __slots__ = ("args", "tensors", "facts", "ptrs", "versions", "deltas", "written", "device", "handle", "launch")
+    __slots__ = ("args", "tensors", "facts", "ptrs", "dtypes", "keys", "versions", "deltas", "written", "device",
+                 "handle", "launch")
 
     def __init__(self, args: tuple[Any, ...], tensors: tuple[Any, ...], written: tuple[Any, ...],
                  device: int, handle: int, launch: Any) -> None:
@@ -497,6 +521,9 @@ class _Bound:
         self.device, self.handle, self.launch = device, handle, launch
         self.facts = tuple(_facts(t) for t in tensors)
         self.ptrs = tuple(f[3] for f in self.facts)
+        self.dtypes = tuple(f[5] for f in self.facts)
+        #: each tensor's data_ptr() and dtype, in turn (``.data =`` may change either, not the version)
+        self.keys = tuple(x for f in self.facts for x in (f[3], f[5]))
         self.versions: tuple[int, ...] = ()
         self.deltas: tuple[int, ...] = ()
 
@@ -560,7 +587,7 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
             "            if vs != b.versions:  # an in-place op: this op's launch of another set, or another op",
             f"                if not _still(b, spec.last, ({''.join(x + ', ' for x in t)}), vs):",
             "                    continue",
-            f"            elif ({''.join(x + '.data_ptr(), ' for x in t)}) != b.ptrs:  # .data =, swap_tensors",
+            f"            elif ({''.join(x + '.data_ptr(), ' + x + '.dtype, ' for x in t)}) != b.keys:  # .data =, swap_tensors",
             "                continue",
             "        except Exception:  # e.g. a tensor swapped into an inference tensor: no version",
             "            continue",
@@ -593,12 +620,12 @@ def _still(b: _Bound, last: _Bound | None, tensors: tuple[Any, ...], versions: t
     with the same facts as ``b`` packed (the bump was that launch's own: a tensor written by
     every one of several argument sets used in turn; that launch checked its facts), or else
     the same facts read again."""
-    vb, fb, pb = b.versions, b.facts, b.ptrs
+    vb, fb, pb, db = b.versions, b.facts, b.ptrs, b.dtypes
     lt, lv, lf = (last.tensors, last.versions, last.facts) if last is not None else ((), (), ())
     for j, t in enumerate(tensors):
         v = versions[j]
         if v == vb[j] or (j < len(lt) and lt[j] is t and lv[j] == v and lf[j] == fb[j]):
-            if t.data_ptr() != pb[j]:
+            if t.data_ptr() != pb[j] or t.dtype is not db[j]:  # (.data = keeps the version)
                 return False
         elif _facts(t) != fb[j]:
             return False
@@ -855,8 +882,9 @@ def _entry_of(op: Any) -> tuple[Entry, str]:
     "namespace::name"), or a manifest Entry."""
     if isinstance(op, Kernel):
         return op.entry, f"{op.crate}.{op.name}"
-    if isinstance(op, Entry):
-        return op, op.name
+    models = sys.modules.get("khal_runtime.manifest")  # (a pydantic Entry exists only once that is imported)
+    if isinstance(op, _EntryRecord) or models is not None and isinstance(op, models.Entry):
+        return cast("Entry", op), str(op.name)  # (a loaded package's entries are records: manifest_load)
     qual = op if isinstance(op, str) else (
         getattr(op, "_qualified_op_name", None) or getattr(op, "_qualname", None)
         or getattr(getattr(op, "_overloadpacket", None), "_qualified_op_name", None))

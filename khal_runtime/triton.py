@@ -29,11 +29,12 @@ conservative ``<name>__base`` entry. ``kernels.<name>`` is a :class:`TritonKerne
   generated for the family (:meth:`TritonKernel._generate`, ``k.source``), two paths:
 
   1. a repeat: the same argument objects (``is``), the same grid object (an int or a tuple; a
-     callable grid is evaluated on every call), the same stream, each tensor's ``data_ptr()`` the
-     address packed, nothing freed since (``memo.EPOCH``): the block this thread packed then is
+     callable grid is evaluated on every call), the same stream, each tensor's ``data_ptr()`` and
+     dtype the ones packed, nothing freed since (``memo.EPOCH``): the block this thread packed then is
      launched as it is, with the launch call's arguments prebuilt (one of ``SLOTS`` memo slots per
      thread; nothing read, checked, chosen or packed again; the address is all a Triton kernel is
-     given of a tensor, so an in-place write keeps the memo and a moved tensor does not); a slot
+     given of a tensor, so an in-place write keeps the memo and a moved tensor does not, nor one
+     given another dtype at the same address by ``.data =``); a slot
      hit ``PROMOTE_AFTER`` times becomes one of ``SLOTS`` shared snapshots of the family (a copy of
      its block nothing writes again), which every thread checks first, with no thread-local read,
      as the CUDA typed call does;
@@ -58,14 +59,15 @@ import threading
 from typing import Any, Callable
 
 from khal_runtime import abi, capture_state, scratch
-from khal_runtime.arguments import MAX_GRID, dim3
+from khal_runtime.arguments import MAX_GRID, grid3, is_empty
 from khal_runtime.buffers import FREED, DeviceBuffer
-from khal_runtime.device import (TORCH_TENSOR_TYPES, Stream, _tls, as_stream, default_stream, is_torch_tensor,
-                                 ready_stream, torch_stream)
+from khal_runtime.device import (TORCH_TENSOR_TYPES, Stream, _tls, as_stream, current_device_id, default_stream,
+                                 is_torch_tensor, ready_stream, torch_stream)
 from khal_runtime.errors import (ArgumentError, ArgumentValueError, CaptureError, KhalError, TritonAssumptionError,
                                  TritonAutotuneError)
 from khal_runtime.generated import define
-from khal_runtime.interop import STABLE_ARRAY_TYPES
+from khal_runtime.dtypes import dtype_info
+from khal_runtime.interop import STABLE_ARRAY_TYPES, array_type, device_of
 from khal_runtime.launch_hooks import hooks
 from khal_runtime.memo import EPOCH, bump_epoch, register_memo
 
@@ -74,6 +76,26 @@ _POINTEE_SIZE = {"i1": 1, "i8": 1, "u8": 1, "fp8e4nv": 1, "fp8e5": 1, "i16": 2, 
                  "i32": 4, "u32": 4, "fp32": 4, "i64": 8, "u64": 8, "fp64": 8}
 
 __all__ = ["TritonKernel", "device_pointer"]
+
+
+def _device_for(stream: Any) -> int:
+    """The device a launch on ``stream`` (None: this thread's stream) runs on."""
+    if stream is None:
+        st = _tls.__dict__.get("stream")
+        return st.device_id if st is not None else current_device_id()
+    return (stream if type(stream) is Stream else as_stream(stream)).device_id
+
+
+def _int_address(a: Any) -> int | None:
+    """An address given as an integral scalar of another type than int (an ``IntEnum``, a NumPy
+    integer: not an array, which has a dtype of its own), else None."""
+    tp = type(a)
+    if isinstance(a, int) and tp is not bool:
+        return int(a)
+    if tp.__module__ == "numpy" and tp.__name__ != "ndarray":
+        v = abi.integral(a)
+        return v if type(v) is int else None
+    return None
 
 
 def device_pointer(obj: Any, where: str) -> int:
@@ -93,10 +115,11 @@ def device_pointer(obj: Any, where: str) -> int:
     cai = getattr(obj, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
         return int(cai["data"][0])
-    if isinstance(obj, bool) or not isinstance(obj, int):
+    addr = abi.integral(obj)
+    if type(addr) is not int:
         raise ArgumentError(f"{where}: {type(obj).__name__} is not a device pointer (a torch tensor, a CuPy array, "
                             "anything with __cuda_array_interface__, or an int address)")
-    return int(obj)
+    return addr
 
 
 #: memo slots per thread and family, and shared snapshots per family (distinct launches
@@ -196,30 +219,47 @@ _BAD = object()
 _MISSING = object()
 
 
-def _torch_reader(a: Any) -> tuple[int, Any]:
-    return a.data_ptr(), (a.dtype if getattr(a, "is_cuda", True) is not False else _BAD)
+def _torch_reader(a: Any, dev: int) -> tuple[int, Any]:
+    """A torch tensor (read inline by the fast call): its dtype only on a CUDA device ``dev``."""
+    return a.data_ptr(), (a.dtype if a.is_cuda and a.get_device() == dev else _BAD)
 
 
-def _buffer_reader(a: Any) -> tuple[int, Any]:
+def _data_ptr_reader(a: Any, dev: int) -> tuple[int, Any]:
+    """Another type with torch's ``data_ptr()`` (its device, where the interop registry knows it)."""
+    on = device_of(a)
+    return a.data_ptr(), (a.dtype if getattr(a, "is_cuda", True) is not False and on in (None, dev) else _BAD)
+
+
+def _buffer_reader(a: Any, dev: int) -> tuple[int, Any]:
     base = a._base
     live = a._et != FREED and (base is None or base._et != FREED) and getattr(a.backend_impl, "name", "cuda") == "cuda"
-    return a.ptr, (a.dtype if live else _BAD)
+    return a.ptr, (a.dtype if live and a.device_id == dev else _BAD)
 
 
-def _cupy_reader(a: Any) -> tuple[int, Any]:
-    return a.data.ptr, getattr(a, "dtype", None)
+def _cupy_reader(a: Any, dev: int) -> tuple[int, Any]:
+    on = device_of(a)
+    return a.data.ptr, (getattr(a, "dtype", None) if on in (None, dev) else _BAD)
 
 
-def _cai_reader(a: Any) -> tuple[int, Any]:
-    return int(a.__cuda_array_interface__["data"][0]), getattr(a, "dtype", None)
+def _cai_reader(a: Any, dev: int) -> tuple[int, Any]:
+    cai = a.__cuda_array_interface__
+    return int(cai["data"][0]), _cai_dtype(a, cai)
 
 
-def _reader_for(obj: Any) -> Callable[[Any], tuple[int, Any]] | None:
+def _cai_dtype(a: Any, cai: dict[str, Any]) -> Any:
+    """The dtype of an array read through its ``__cuda_array_interface__``: its ``dtype``, else the
+    interface's ``typestr`` (an object with the interface alone is checked too)."""
+    dt = getattr(a, "dtype", None)
+    return dt if dt is not None else cai.get("typestr")
+
+
+def _reader_for(obj: Any) -> Callable[[Any, int], tuple[int, Any]] | None:
     """How the fast call reads a pointer of ``type(obj)`` (as :func:`device_pointer` does), or None."""
     if type(obj) is DeviceBuffer:
         return _buffer_reader
     if callable(getattr(obj, "data_ptr", None)):
-        return _torch_reader
+        return _torch_reader if array_type(obj).name == "torch.Tensor" and callable(getattr(obj, "get_device", None)) \
+            else _data_ptr_reader
     if type(getattr(getattr(obj, "data", None), "ptr", None)) is int and hasattr(obj, "__cuda_array_interface__"):
         return _cupy_reader
     if isinstance(getattr(obj, "__cuda_array_interface__", None), dict):
@@ -231,7 +271,10 @@ def _reader_for(obj: Any) -> Callable[[Any], tuple[int, Any]] | None:
 _DTYPE_NAMES = {"fp16": ("float16", "half"), "bf16": ("bfloat16",), "fp32": ("float32", "float"),
                 "fp64": ("float64", "double"), "i8": ("int8",), "i16": ("int16", "short"), "i32": ("int32", "int"),
                 "i64": ("int64", "long"), "u8": ("uint8",), "u16": ("uint16",), "u32": ("uint32",),
-                "u64": ("uint64",), "i1": ("bool",)}
+                "u64": ("uint64",), "i1": ("bool",),
+                # torch's float8_e4m3fn / float8_e5m2 (ml_dtypes' NumPy dtypes and DLPack codes 10 / 12
+                # are named so too), and the __cuda_array_interface__ typestrs ml_dtypes gives them
+                "fp8e4nv": ("float8_e4m3fn", "|V1"), "fp8e5": ("float8_e5m2", "|f1")}
 #: a dtype object -> its name (torch's without ``torch.``): one str() per dtype, not per call
 _dtype_names: dict[Any, str] = {}
 
@@ -239,8 +282,21 @@ _dtype_names: dict[Any, str] = {}
 def _dtype_name(dtype: Any) -> str:
     name = _dtype_names.get(dtype)
     if name is None:
-        name = _dtype_names[dtype] = str(dtype).removeprefix("torch.")
+        name = _dtype_names[dtype] = _name_of(dtype)
     return name
+
+
+def _name_of(dtype: Any) -> str:
+    """A dtype's name as :data:`_DTYPE_NAMES` spells it: torch's without ``torch.``, NumPy's (ml_dtypes'
+    float8 types too), a DLPack ``(code, bits, lanes)``'s, a ``__cuda_array_interface__`` typestr's
+    (a one-byte one with ``|`` for its byte order: it has none)."""
+    if type(dtype) is tuple:
+        return dtype_info(dtype)[0]
+    if type(dtype) is str and dtype[:1] in ("<", ">", "|", "="):
+        if dtype[2:] == "1":
+            return "|" + dtype[1:]
+        return dtype_info(dtype)[0]
+    return str(dtype).removeprefix("torch.")
 
 
 class TritonKernel:
@@ -321,7 +377,7 @@ class TritonKernel:
         self._chosen: dict[Any, tuple[Any, int, Any, tuple[int, ...] | None]] = {}
         #: the fast call's state (:meth:`_generate`): per pointer argument, type -> reader and the dtypes
         #: seen accepted; assumption bits -> (the variant's plans by device, its shared memory, block, index)
-        self._readers: dict[int, dict[type, Callable[[Any], tuple[int, Any]]]] = {i: {} for i in self._pointers}
+        self._readers: dict[int, dict[type, Callable[[Any, int], tuple[int, Any]]]] = {i: {} for i in self._pointers}
         self._dtypes: dict[int, set[Any]] = {i: set() for i in self._pointers}
         self._fast_chosen: dict[Any, tuple[Any, ...]] = {}
         #: per variant, device -> its plan's direct launch parts (``LaunchPlan.direct``), False for none
@@ -331,6 +387,9 @@ class TritonKernel:
         self._scalar_kind = tuple("pointer" if self._pointer[i] else
                                   _scalar_kind(getattr(params.get(nm), "element_type", None))
                                   for i, nm in enumerate(self.arg_names))
+        #: the integer scalars (an integral value of another type is read as its int: ``abi.integral``)
+        self._ints = tuple(i for i, t in enumerate(self.types) if not self._pointer[i]
+                           and t.partition(":")[0] in ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"))
         #: the memo slots (:meth:`_new_slots`): a slot's key, a tuple (:meth:`_generate`), is
         #: ``EMPTY`` when it holds no launch
         n = len(self.types)
@@ -391,7 +450,10 @@ class TritonKernel:
         """The generated call (:meth:`_generate`), made at the first use of the family."""
         fast = self._fast
         if fast is None and self._can_fast:
+            # generated at the first call, not when the package loads (~15 ms a family, #38 item 18);
+            # the launchers ``k[grid]`` made before it are dropped
             self.launch = self._fast = fast = self._generate()
+            self._grids.clear()
         return fast
 
     @property
@@ -563,10 +625,11 @@ class TritonKernel:
             self._chosen[key] = chosen
         return key, chosen
 
-    def _known_choice(self, args: tuple[Any, ...], what: str
+    def _known_choice(self, args: tuple[Any, ...], what: str, device: int | None = None
                       ) -> tuple[list[Any], tuple[Any, int, Any, tuple[int, ...] | None]]:
-        """The variant a call with ``args`` launches, with no launch and no timing (``bind``, ``chosen``)."""
-        values = self._values(args)
+        """The variant a call with ``args`` launches, with no launch and no timing (``bind``, ``chosen``;
+        ``device``: the launch's, whose arrays' devices are checked)."""
+        values = self._values(args, device)
         bits = self._bits(values)
         if not self.tuned:
             return values, self._chosen.get(bits) or self._choose(bits, values)
@@ -606,8 +669,8 @@ class TritonKernel:
 
     def pointee_dtype(self, i: int) -> str | None:
         """The dtype name an array passed as pointer argument ``i`` must have (``*fp32``:
-        ``"float32"``, torch's spelling without ``torch.``), None when the family checks none
-        (the fp8 kinds). Every variant of a family takes the same types."""
+        ``"float32"``, ``*fp8e4nv``: ``"float8_e4m3fn"``, torch's spelling without ``torch.``), None
+        for a pointee the family knows no dtype of. Every variant of a family takes the same types."""
         names = _DTYPE_NAMES.get(self.types[i][1:])
         return names[0] if names is not None else None
 
@@ -620,22 +683,40 @@ class TritonKernel:
                 f"the kernel was built for {self.types[i]} ({names[0]}): build an instance for it "
                 "(a 'matrix' over the type)")
 
-    def _pointer_of(self, i: int, a: Any) -> int:
-        """Argument ``i`` (a pointer, not an int) as a device address, its dtype checked."""
-        self.check_dtype(i, getattr(a, "dtype", None))
+    def _pointer_of(self, i: int, a: Any, device: int | None) -> int:
+        """Argument ``i`` (a pointer, not an int) as a device address, its dtype checked (an array
+        with ``__cuda_array_interface__`` and no ``dtype``: its typestr), and, for a launch on
+        ``device``, its device where the array's type says it (as the CUDA C++ call refuses one)."""
+        dtype = getattr(a, "dtype", None)
+        if dtype is None:
+            cai = getattr(a, "__cuda_array_interface__", None)
+            if isinstance(cai, dict):
+                dtype = cai.get("typestr")
+        self.check_dtype(i, dtype)
+        if device is not None and type(a) is not int:
+            on = device_of(a)
+            if on is not None and on != device:
+                raise ArgumentValueError(
+                    f"{self.name}(): argument {self.arg_names[i]!r} is on device {on}, the launch is on device "
+                    f"{device}: move it there, or launch on a stream of device {on}")
         return device_pointer(a, f"{self.name}(): argument {self.arg_names[i]!r}")
 
-    def _values(self, args: tuple[Any, ...]) -> list[Any]:
-        """The kernel's parameters: ``args`` with pointers as addresses, then the two null scratch
-        pointers; each pointer checked against its elements' size."""
+    def _values(self, args: tuple[Any, ...], device: int | None = None) -> list[Any]:
+        """The kernel's parameters: ``args`` with pointers as addresses, integral scalars (NumPy,
+        ``IntEnum``, a 0-d integer tensor) as ints, then the two null scratch pointers; each pointer
+        checked against its elements' size and, for a launch on ``device``, its device."""
         if len(args) != self._count:
             raise ArgumentError(f"{self.name}() takes {len(self.types)} argument(s) "
                                 f"({', '.join(self.arg_names)}), got {len(args)}")
         out = [*args, 0, 0]
+        for i in self._ints:
+            if type(out[i]) is not int:
+                out[i] = abi.integral(out[i])
         for i in self._pointers:
             a = out[i]
             if type(a) is not int:
-                out[i] = self._pointer_of(i, a)
+                addr = _int_address(a)
+                out[i] = addr if addr is not None else self._pointer_of(i, a, device)
         for i, mask in self._align:
             if out[i] & mask:
                 raise ArgumentValueError(
@@ -646,12 +727,18 @@ class TritonKernel:
     def _launch_slow(self, grid: Any, *args: Any, stream: Any = None) -> None:
         """A launch through :meth:`Kernel.launch` with every check; what it accepted (the types and
         dtypes of the pointers, the variant of the assumption bits) the fast call takes from then on.
-        With no ``stream=``, a call given torch tensors launches on PyTorch's current stream of their device."""
+        With no ``stream=``, a call given torch tensors launches on PyTorch's current stream of their device.
+        An empty grid (a 0 in it, ``cdiv(0, BLOCK)``) launches nothing, after the arguments' checks
+        (no variant is chosen: nothing runs, so nothing is assumed)."""
+        if any(a is _MISSING for a in args):  # (a short call through the generated one)
+            args = tuple(a for a in args if a is not _MISSING)
         if self.heuristic_check is not None:
             self.heuristic_check(*args)
         if stream is None:
             stream = self._torch_stream(args)
-        values = self._values(args)
+        values = self._values(args, _device_for(stream))
+        if self._no_programs(grid):
+            return
         bits = 0
         for bit, arg in self._bits16:
             v = values[arg]
@@ -668,6 +755,8 @@ class TritonKernel:
         if type(grid) is not int:
             if callable(grid):
                 grid = grid(chosen[2].entry.triton.constexprs if self.tuned else self.constexprs)
+                if self.tuned and is_empty(grid3(grid, f"{self.name}[grid]: grid")):
+                    return  # (empty with the config chosen)
             if type(grid) in (tuple, list) and len(grid) == 1:
                 grid = grid[0]
         keep = chosen[3]
@@ -689,6 +778,26 @@ class TritonKernel:
             break
         return None
 
+    def _no_programs(self, grid: Any) -> bool:
+        """Whether ``grid`` (an int, up to three, or a callable of the constexprs) has no programs,
+        read with the family's named errors (a negative or non-integer grid). A callable grid of an
+        autotuned family is empty when it is so with every config's constexprs (an empty launch is
+        not timed)."""
+        what = f"{self.name}[grid]: grid"
+        if type(grid) is int:
+            return is_empty(grid3(grid, what))
+        if not callable(grid):
+            g = grid[0] if type(grid) in (tuple, list) and len(grid) == 1 else grid
+            return is_empty(grid3(g, what))
+        metas = [c["constexprs"] for c in self.configs.values()] if self.tuned else [self.constexprs]
+        for meta in metas:
+            g = grid(meta)
+            if type(g) in (tuple, list) and len(g) == 1:
+                g = g[0]
+            if not is_empty(grid3(g, what)):
+                return False
+        return True
+
     def _launch_variant(self, k: Any, grid: Any, values: list[Any], stream: Any, shmem: int) -> None:
         """Launch variant ``k`` (an entry with clusters or scratch memory, :func:`_extras`) over
         ``grid`` programs through its Kernel's launch: ``num_ctas`` blocks per program along x, and
@@ -697,7 +806,9 @@ class TritonKernel:
         ex = _extras(k.entry.triton)
         assert ex is not None
         ctas, gsize, psize = ex
-        gx, gy, gz = dim3(grid, f"{self.name}[grid]: grid")
+        gx, gy, gz = grid3(grid, f"{self.name}[grid]: grid")
+        if not (gx and gy and gz):
+            return
         st = as_stream(stream)
         values = list(values)
         programs = gx * gy * gz * ctas
@@ -834,7 +945,8 @@ class TritonKernel:
         conds = [f"({x} is k[{j}] or type({x}) in NUMBERS and type({x}) is type(k[{j}]) and {x} == k[{j}] "
                  f"and ({x} or str({x}) == str(k[{j}])))"
                  for j, x in enumerate(names)] + [f"st is k[{n + 1}]", "not more"]
-        conds += [f"(k[{n + 2 + j}] is None or a{i}.data_ptr() == k[{n + 2 + j}])"
+        # (a tensor: the address and dtype packed; ``.data =`` a view of another dtype keeps the address)
+        conds += [f"(k[{n + 2 + j}] is None or (a{i}.data_ptr(), a{i}.dtype) == k[{n + 2 + j}])"
                   for j, i in enumerate(self._pointers)]
         memo_line = len(L)  # (``k[grid]``'s closure over a callable grid skips the memo: it can hold none)
         L += ["    if not hooks.active:", "        try:"]
@@ -867,24 +979,30 @@ class TritonKernel:
         # 2. the full read
         L += [f"    if more{f' or {names[-1]} is MISSING' if n else ''}:",
               f"        return slow(grid, *(a for a in {given} if a is not MISSING), *more, stream=stream)",
-              "    if crate._backend is None:", f"        {slow}", "    ep = EPOCH[0]"]
+              "    if crate._backend is None:", f"        {slow}", "    ep = EPOCH[0]", "    dev = st.device_id"]
         align = dict(self._align)
         for i in range(n):
             if self._pointer[i]:
                 L += [f"    t = type(a{i})", "    if t is int:", f"        v{i} = a{i}", f"        q{i} = None",
                       # a DeviceBuffer of a CUDA backend seen accepted, live, not a view: read inline
                       f"    elif t is DeviceBuffer and a{i}._base is None and a{i}._et != FREED and a{i}.backend_impl in BK "
-                      f"and a{i}.dtype in D{i}:", f"        v{i} = a{i}.ptr", f"        q{i} = None", "    else:",
+                      f"and a{i}.dtype in D{i} and a{i}.device_id == dev:", f"        v{i} = a{i}.ptr",
+                      f"        q{i} = None", "    else:",
                       f"        rd = R{i}.get(t)", "        if rd is TORCH:",  # _torch_reader's reads, inline
-                      f"            if getattr(a{i}, 'is_cuda', True) is False:", f"                {slow}",
-                      f"            v{i} = q{i} = a{i}.data_ptr()", f"            if a{i}.dtype not in D{i}:",
-                      f"                {slow}", "        else:", "            if rd is None:",
+                      # (an array of another device: the slow path names it, as the CUDA C++ call does)
+                      f"            if not a{i}.is_cuda or a{i}.get_device() != dev:", f"                {slow}",
+                      f"            v{i} = a{i}.data_ptr()", f"            dt = a{i}.dtype",
+                      f"            if dt not in D{i}:", f"                {slow}", f"            q{i} = (v{i}, dt)",
+                      "        else:", "            if rd is None:",
                       f"                {slow}",
-                      f"            v{i}, dt = rd(a{i})", f"            if dt not in D{i}:", f"                {slow}",
-                      # what a slot can recheck: an address read again (data_ptr, above), or one that cannot move
-                      f"            q{i} = None if t in FIXED or t in STABLE else NOMEMO"]
+                      f"            v{i}, dt = rd(a{i}, dev)", f"            if dt not in D{i}:", f"                {slow}",
+                      # what a slot can recheck: an address read again (data_ptr), or one that cannot move
+                      f"            q{i} = None if t in FIXED or t in STABLE else (v{i}, dt) if rd is DATA_PTR else NOMEMO"]
                 if i in align:
                     L += [f"    if v{i} & {align[i]}:", f"        {slow}"]
+            elif i in self._ints:  # an integral value of another type (NumPy, IntEnum) as its int
+                L += [f"    v{i} = a{i}", f"    if type(v{i}) is not int:", f"        v{i} = integral(v{i})",
+                      f"        if type(v{i}) is not int:", f"            {slow}"]
             else:
                 L.append(f"    v{i} = a{i}")
         L.append("    bits = 0")
@@ -901,7 +1019,7 @@ class TritonKernel:
         else:
             L += ["    c = chosen.get(bits)", "    if c is None:", f"        {slow}",
                   "    plans, shmem, bx, which, directs = c"]
-        L += ["    dev = st.device_id", "    d = directs.get(dev)",
+        L += ["    d = directs.get(dev)",
               "    if d is None:", f"        {slow}",
               "    g = grid", "    if type(g) is tuple and len(g) == 1:", "        g = g[0]",
               "    if type(g) is not int:", "        if type(g) is not tuple:",
@@ -938,7 +1056,8 @@ class TritonKernel:
         # scalars struct packs as they are (else the plan's run converts them by the ABI's rules)
         plain = [f"type(v{i}) is int" if self._scalar_kind[i] == "int" else
                  f"(type(v{i}) is float or type(v{i}) is int)" for i in range(n)
-                 if not self._pointer[i] and self._scalar_kind[i] in ("int", "float")]
+                 if not self._pointer[i] and self._scalar_kind[i] in ("int", "float")
+                 and not (i in self._ints and self._scalar_kind[i] == "int")]  # (those are ints: above)
         direct = ["d is False", "hooks.active"]
         direct += [f"not {c}" for c in plain]
         if any(not self._pointer[i] and self._scalar_kind[i] not in ("int", "float") for i in range(n)):
@@ -965,11 +1084,11 @@ class TritonKernel:
                               "ready_stream": ready_stream, "tls": self._tls, "new_slots": self._new_slots,
                               "hooks": hooks, "prepare": _prepare, "failed": _failed, "EPOCH": EPOCH,
                               "snaps": self._shared, "promote": self._promote,
-                              "NOMEMO": NOMEMO, "NUMBERS": (int, float), "EMPTY": self._empty, "TORCH": _torch_reader,
+                              "NOMEMO": NOMEMO, "NUMBERS": (int, float), "EMPTY": self._empty, "TORCH": _torch_reader, "DATA_PTR": _data_ptr_reader,
                               "STABLE": STABLE_ARRAY_TYPES,
                               "FIXED": self._fixed, "EXTRAS": self._extras, "scratch_ptrs": scratch.pointers,
                               "NAME": self.name, "TT": TORCH_TENSOR_TYPES, "torch_stream": torch_stream,
-                              "CHECK": self.heuristic_check}
+                              "CHECK": self.heuristic_check, "integral": abi.integral}
         for i in self._pointers:
             ns[f"R{i}"], ns[f"D{i}"] = self._readers[i], self._dtypes[i]
         # ``launch(grid, ...)``, and ``launch.make(grid)``: the same body as a closure over one grid
@@ -1014,14 +1133,15 @@ class TritonKernel:
             self.heuristic_check(*args)
         if stream is None:
             stream = self._torch_stream(args)
-        values, chosen = self._known_choice(args, "bind()")
+        device = _device_for(stream)
+        values, chosen = self._known_choice(args, "bind()", device)
         keep = chosen[3]
         if keep is not None:
             values = [values[i] for i in keep]
         k = chosen[2]
         if _extras(k.entry.triton) is not None:
             return _TritonBoundExtras(self, k, values, as_stream(stream))  # type: ignore[return-value]
-        return TritonBound(self, k, k.bind(*values, stream=stream), args)
+        return TritonBound(self, k, k.bind(*values, stream=stream), args, device)
 
     def chosen(self, *args: Any) -> str:
         """The entry a call with ``args`` would launch (no launch; of an autotuned family, the config
@@ -1068,13 +1188,15 @@ class TritonBound(functools.partial):  # type: ignore[type-arg]
     #: the variant's bound launch (:meth:`Kernel.bind`): it holds the packed block
     bound: Any
 
-    def __new__(cls, family: TritonKernel, variant: Any, bound: Any, args: tuple[Any, ...] = ()) -> TritonBound:
+    def __new__(cls, family: TritonKernel, variant: Any, bound: Any, args: tuple[Any, ...] = (),
+                device: int | None = None) -> TritonBound:
         grid_of = _grid_reader(family, variant)
-        self = super().__new__(cls, bound.over_grid(grid_of, (lambda: family._values(args)) if args else None))
+        self = super().__new__(cls, bound.over_grid(grid_of, (lambda: family._values(args, device)) if args else None))
         self.family, self.variant, self.bound = family, variant, bound
         return self
 
-    def __init__(self, family: TritonKernel, variant: Any, bound: Any, args: tuple[Any, ...] = ()) -> None:
+    def __init__(self, family: TritonKernel, variant: Any, bound: Any, args: tuple[Any, ...] = (),
+                 device: int | None = None) -> None:
         pass  # (set in __new__)
 
     def __reduce__(self) -> Any:
@@ -1092,12 +1214,12 @@ def _grid_reader(family: TritonKernel, variant: Any) -> Callable[[Any], tuple[tu
     constexprs = variant.entry.triton.constexprs
     what = f"{family.name}[grid]: grid"
 
-    def grid_of(grid: Any) -> tuple[tuple[int, int, int], bool]:
+    def grid_of(grid: Any) -> tuple[tuple[int, int, int], bool]:  # (a 0 in it: the caller launches nothing)
         t = type(grid)
         g = grid(constexprs) if t is not int and t is not tuple and callable(grid) else grid
         if type(g) in (tuple, list) and len(g) == 1:
             g = g[0]
-        gx, gy, gz = dim3(g, what)
+        gx, gy, gz = grid3(g, what)
         if gx > MAX_GRID[0] or gy > MAX_GRID[1] or gz > MAX_GRID[2]:
             raise ArgumentValueError(f"{what}: {(gx, gy, gz)} programs, more than a launch may have "
                                      f"{MAX_GRID}; split the work into several launches")
@@ -1149,6 +1271,8 @@ class _TritonBoundExtras:
             self.bound(last[1])
             return
         (gx, gy, gz), keep = self._grid_of(grid)
+        if not (gx and gy and gz):  # an empty grid: nothing launched
+            return
         if any(self._sizes):
             gen = scratch.GENERATION[0]
             programs = gx * gy * gz * self._ctas

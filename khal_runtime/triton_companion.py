@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from khal_runtime.errors import TritonServeError
-from khal_runtime.manifest import ServedLibrary
 
 if TYPE_CHECKING:
+    from khal_runtime.manifest import ServedLibrary
     import importlib.metadata
 
 __all__ = ["check_companion"]

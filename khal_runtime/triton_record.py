@@ -19,7 +19,7 @@ import re
 import threading
 from typing import Any
 
-from khal_runtime.manifest import TritonDtype
+from khal_runtime.manifest_records import TritonDtype
 
 __all__ = ["RECORD_DEFAULT", "RECORD_VAR", "append_record", "canon", "lock_table", "show", "uncanon"]
 
@@ -42,8 +42,8 @@ def canon(v: Any) -> Any:
         return (bool, v)
     if t is float:
         return (float, v)
-    if t is TritonDtype:
-        return ("dtype", v.dtype)
+    if t.__name__ == "TritonDtype" and isinstance(getattr(v, "dtype", None), str):
+        return ("dtype", v.dtype)  # the manifest's (its plain record, or the pydantic model)
     if t.__name__ == "constexpr" and hasattr(v, "value"):  # tl.constexpr(x)
         return canon(v.value)
     name = getattr(v, "name", None)
@@ -70,14 +70,14 @@ def uncanon(c: Any) -> Any:
         if c[0] is bool or c[0] is float:
             return c[1]
         if c[0] == "dtype":
-            return TritonDtype(dtype=c[1])
+            return TritonDtype({"dtype": c[1]})
         return c[1]
     return c
 
 
 def show(v: Any) -> str:
     v = uncanon(v)
-    if type(v) is TritonDtype:
+    if type(v).__name__ == "TritonDtype":
         return f"tl.{v.dtype}"
     return repr(v)
 
@@ -87,7 +87,7 @@ def _toml_key(k: str) -> str:
 
 
 def _toml_value(v: Any) -> str:
-    if type(v) is TritonDtype:
+    if type(v).__name__ == "TritonDtype":
         return f"{{ dtype = {json.dumps(v.dtype)} }}"
     if v is None:
         return "{ none = true }"

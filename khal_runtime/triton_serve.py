@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence, cast
 
 from khal_runtime import triton_standin
-from khal_runtime.manifest import Crate
 from khal_runtime.triton_companion import check_companion
 
 if TYPE_CHECKING:
+    from khal_runtime.manifest import Crate
     from khal_runtime.kernels import CrateKernels, KernelSet
 
 __all__ = ["serve", "served_modules"]

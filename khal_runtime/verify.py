@@ -32,15 +32,13 @@ from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from khal_runtime import abi
-from khal_runtime.binaries import (FOLD_TAGGED_GLOBAL, BinaryFormatError, KernelReads, khal_symbols, ptx_cluster_dims,
-                                   ptx_kernel_reads, read_binary, webgpu_entry_points)
 from khal_runtime.errors import ArtifactError, HashMismatchError, KhalError, ManifestError, StaleBuildError
 from khal_runtime.launch_attributes import CLUSTER_DIMS
-from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Crate, Entry, LaunchFacts, Manifest, Param,
-                                   StructLayout, WebGpuTarget, load_manifest, package_path, prebuilt_env_var,
-                                   read_regular_file)
+from khal_runtime.manifest_records import MANIFEST_DIR, MANIFEST_NAME, package_path, read_regular_file
 
 if TYPE_CHECKING:
+    from khal_runtime.binaries import KernelReads
+    from khal_runtime.manifest import Artifact, Crate, Entry, LaunchFacts, Manifest, Param, StructLayout, WebGpuTarget
     from khal_runtime.shaders import Leaf
 
 __all__ = [
@@ -62,6 +60,14 @@ __all__ = [
     "verify_package",
     "webgpu_layout_problems",
 ]
+
+
+def _binaries() -> Any:
+    """:mod:`khal_runtime.binaries`, imported at the first artifact checked (lazy: loading a package
+    checks its manifest only, and that module's regexes cost a few ms to compile)."""
+    from khal_runtime import binaries  # lazy: see above
+
+    return binaries
 
 
 #: An artifact larger than this is refused unread (a cubin of the example is 30 KB).
@@ -93,7 +99,7 @@ class Problem:
         return self.message
 
 
-crate_env_var = prebuilt_env_var
+crate_env_var = abi.prebuilt_env_var
 
 
 def rebuild_hint(crate: Crate) -> str:
@@ -196,25 +202,29 @@ def check_manifest(manifest: Manifest) -> list[Problem]:
     hash that its own signature does not give."""
     if manifest.schema_version < 2:
         return []
+    return [p for crate in manifest.crates for p in check_crate_hashes(crate)]
+
+
+def check_crate_hashes(crate: Crate) -> list[Problem]:
+    """:func:`check_manifest` for one crate (a schema 2 or later manifest's)."""
     problems: list[Problem] = []
-    for crate in manifest.crates:
-        for e in crate.entries:
-            want = abi.entry_hash(crate.content_hash, e.signature())
-            if want != e.hash and any(p.layouts for p in e.params) and \
-                    abi.entry_hash(crate.content_hash, e.signature(layouts=False)) == e.hash:
-                # built before the uniforms' CUDA layouts were hashed: it loads as it did then (its
-                # hash is not the one a build with the layouts would give, so an edit of a newer
-                # manifest never passes this way); its WebGPU layouts are still checked at use
-                continue
-            if want != e.hash:
-                problems.append(Problem(
-                    "manifest", crate.name,
-                    f"entry {e.name!r} (crate {crate.name!r}): the manifest records hash {e.hash}, but "
-                    f"the entry's own signature and its crate's content hash give {want}: the manifest "
-                    "was edited after the build (the hash covers the entry's name, block size, launch "
-                    "shape and launch attributes, and its parameters' names, kinds, element types, shapes, lengths, writability "
-                    "and uniforms' CUDA layouts); rebuild the package",
-                    ManifestError, None, e.name, e.hash, want))
+    for e in crate.entries:
+        want = abi.entry_hash(crate.content_hash, e.signature())
+        if want != e.hash and any(p.layouts for p in e.params) and \
+                abi.entry_hash(crate.content_hash, e.signature(layouts=False)) == e.hash:
+            # built before the uniforms' CUDA layouts were hashed: it loads as it did then (its
+            # hash is not the one a build with the layouts would give, so an edit of a newer
+            # manifest never passes this way); its WebGPU layouts are still checked at use
+            continue
+        if want != e.hash:
+            problems.append(Problem(
+                "manifest", crate.name,
+                f"entry {e.name!r} (crate {crate.name!r}): the manifest records hash {e.hash}, but "
+                f"the entry's own signature and its crate's content hash give {want}: the manifest "
+                "was edited after the build (the hash covers the entry's name, block size, launch "
+                "shape and launch attributes, and its parameters' names, kinds, element types, shapes, lengths, writability "
+                "and uniforms' CUDA layouts); rebuild the package",
+                ManifestError, None, e.name, e.hash, want))
     return problems
 
 
@@ -224,8 +234,8 @@ def check_symbols(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem
     if artifact.kind in ("wgsl", "spirv"):
         return _check_entry_point(crate, artifact, data)
     try:
-        info = read_binary(data, artifact.path)
-    except BinaryFormatError as exc:
+        info = _binaries().read_binary(data, artifact.path)
+    except _binaries().BinaryFormatError as exc:
         return [Problem("binary", crate.name, str(exc), ArtifactError, artifact.path)]
     problems: list[Problem] = []
     want_kind = artifact.kind
@@ -247,7 +257,7 @@ def check_symbols(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem
                                 f"{artifact.ptx_isa} (artifacts.ptx_isa), the file says .version "
                                 f"{info.ptx_isa}: the manifest was edited after the build; {rebuild_hint(crate)}",
                                 ManifestError, artifact.path))
-    found = khal_symbols(info)
+    found = _binaries().khal_symbols(info)
     functions = set(info.functions)
     probes = dict(info.globals_u64)
     for entry in crate.entries:
@@ -275,8 +285,16 @@ def facts_from_reads(k: KernelReads, fixed_block: bool, tagged: bool) -> LaunchF
     """A kernel's launch facts from what its PTX reads (:func:`khal_runtime.binaries.ptx_kernel_reads`):
     the grid axes it tells apart, and whether its ids fold the compiled block in (a block fixed
     by its marker, and ``khal:fold`` tags reached; untagged PTX, ``tagged`` False, counts as folding)."""
-    return LaunchFacts(source="ptx", grid_axes=k.grid_axes,
-                       block_fixed=fixed_block and (bool(k.folds) or not tagged), reads=k.registers)
+    from khal_runtime.manifest import LaunchFacts  # lazy: the build's (pydantic) model
+
+    return LaunchFacts(**_facts_fields(k, fixed_block, tagged))
+
+
+def _facts_fields(k: KernelReads, fixed_block: bool, tagged: bool) -> dict[str, Any]:
+    """The fields of :func:`facts_from_reads`' facts (what the runtime compares, field by field:
+    a manifest read without pydantic holds plain records, :mod:`khal_runtime.manifest_load`)."""
+    return {"source": "ptx", "grid_axes": k.grid_axes, "block_fixed": fixed_block and (bool(k.folds) or not tagged),
+            "reads": tuple(k.registers)}
 
 
 def check_launch_facts(crate: Crate, blobs: Mapping[str, bytes]) -> list[Problem]:
@@ -290,13 +308,13 @@ def check_launch_facts(crate: Crate, blobs: Mapping[str, bytes]) -> list[Problem
     tagged = False
     if ptx:
         try:
-            info = read_binary(blobs[ptx[0].path], ptx[0].path)
-        except BinaryFormatError:
+            info = _binaries().read_binary(blobs[ptx[0].path], ptx[0].path)
+        except _binaries().BinaryFormatError:
             return []  # check_symbols names it
         if info.text is not None:
-            kernels = ptx_kernel_reads(info.text)
-            tagged = FOLD_TAGGED_GLOBAL in dict(info.globals_u64)
-            clusters = ptx_cluster_dims(info.text)
+            kernels = _binaries().ptx_kernel_reads(info.text)
+            tagged = _binaries().FOLD_TAGGED_GLOBAL in dict(info.globals_u64)
+            clusters = _binaries().ptx_cluster_dims(info.text)
             for e in crate.entries:  # the cluster dims the kernel was compiled with (__cluster_dims__)
                 if e.symbol not in kernels:
                     continue  # check_symbols names the missing kernel
@@ -320,10 +338,10 @@ def check_launch_facts(crate: Crate, blobs: Mapping[str, bytes]) -> list[Problem
         k = kernels.get(e.symbol)
         if k is None:
             continue  # check_symbols names the missing kernel
-        want = facts_from_reads(k, e.fixed_block, tagged)
-        if want != f:
-            diff = ", ".join(f"{n} {getattr(f, n)!r} (the PTX says {getattr(want, n)!r})"
-                             for n in ("grid_axes", "block_fixed", "reads") if getattr(f, n) != getattr(want, n))
+        want = _facts_fields(k, e.fixed_block, tagged)
+        if any(getattr(f, n) != v for n, v in want.items()):
+            diff = ", ".join(f"{n} {getattr(f, n)!r} (the PTX says {v!r})"
+                             for n, v in want.items() if n != "source" and getattr(f, n) != v)
             problems.append(Problem(
                 "manifest", crate.name, f"{where}: the manifest's launch facts are not the shipped PTX's: {diff}; "
                 f"the manifest was edited after the build; {rebuild_hint(crate)}",
@@ -384,8 +402,8 @@ def _check_size_probes(crate: Crate, artifact: Artifact, entry: Entry, p: Param,
 
 def _check_entry_point(crate: Crate, artifact: Artifact, data: bytes) -> list[Problem]:
     try:
-        names = webgpu_entry_points(data, artifact.kind, artifact.path)
-    except BinaryFormatError as exc:
+        names = _binaries().webgpu_entry_points(data, artifact.kind, artifact.path)
+    except _binaries().BinaryFormatError as exc:
         return [Problem("binary", crate.name, str(exc), ArtifactError, artifact.path)]
     try:
         entry = crate.entry(artifact.entry or "")
@@ -461,7 +479,7 @@ def webgpu_layout_problems(crate: Crate, entry: Entry, target: WebGpuTarget, dat
     wgsl = target.target == "wgsl"
     try:
         shader = read_shader(data, target.target, path)
-    except BinaryFormatError as exc:
+    except _binaries().BinaryFormatError as exc:
         return [Problem("binary", crate.name, f"crate {crate.name!r}: {exc}; {rebuild_hint(crate)}",
                         ArtifactError, path, entry.name)]
 
@@ -658,7 +676,9 @@ def verify_package(package_dir: str | os.PathLike[str], manifest: Manifest | Non
     checked bytes (default :func:`read_artifact` from ``package_dir``; a wheel's reader streams
     its members, :func:`read_artifact_stream`), raising ArtifactError."""
     pkg = Path(package_dir)
-    if manifest is None:
+    if manifest is None:  # validated in full, whatever its digest says (the runtime's load trusts one)
+        from khal_runtime.manifest import load_manifest  # lazy: pydantic, for the verify command
+
         manifest = load_manifest(pkg / MANIFEST_DIR / MANIFEST_NAME)
     problems: list[Problem] = check_manifest(manifest)
     if sources:

@@ -15,9 +15,12 @@ Five crates are compiled at wheel-build time and embedded here:
   ``slang_kinetic_energy`` — built for CUDA and as WGSL / SPIR-V for WebGPU
   (``slang_reference`` holds their NumPy references).
 
-* ``tutorials`` (Triton, ``kernels/triton/*.py``, Triton's tutorials 01-03): ``add_fp32``,
-  ``add_fp16``, ``softmax_1024``, ``matmul_fp16`` — compiled by Triton at build time, launched
-  without Triton (``example_shader_pkg.tutorials`` wraps them as torch functions).
+* ``tutorials`` (Triton, ``triton_kernels/tutorials.py``, Triton's tutorials 01-03): ``add_kernel``,
+  ``softmax_kernel``, ``matmul_kernel``, in the variants of ``khal-triton.lock`` (recorded from
+  ``record_warmup.py``) — compiled by Triton at build time, launched without Triton.
+  ``example_shader_pkg.tutorials`` (torch functions) calls them as Triton code does,
+  ``add_kernel[grid](x, y, out, n, BLOCK_SIZE=1024)``: importing this package makes the kernels of
+  ``triton_kernels.tutorials`` the wheel's; ``kernels.add_kernel`` is the same call.
 
 ``kernels`` holds every entry point, e.g.
 ``kernels.saxpy(elementwise_threads(n), x, y, SaxpyParams(a=2.0))``; the

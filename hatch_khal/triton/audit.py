@@ -59,6 +59,12 @@ def _under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+#: the kernel's pseudo-filesystems: what a read there returns describes the running machine and
+#: process (torch reads ``/proc/self/maps`` at import), not a source a kernel is built from; such reads
+#: are neither hashed nor refused
+PSEUDO = ("/proc", "/sys", "/dev")
+
+
 @dataclass
 class Audit:
     """The audit hook's record. :meth:`install` once per process, then :meth:`arm` / :meth:`disarm`
@@ -98,7 +104,7 @@ class Audit:
         if isinstance(path, int) or path is None or _writes_only(mode, flags):
             return
         name = _source_of(os.path.abspath(os.fsdecode(path)))
-        if name in self.seen or any(_under(name, d) for d in self.ignored):
+        if name in self.seen or any(_under(name, d) for d in self.ignored) or any(_under(name, d) for d in PSEUDO):
             return
         try:
             st = os.stat(name)

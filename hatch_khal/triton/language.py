@@ -336,17 +336,18 @@ def _params(inst: TritonInstance) -> tuple[Param, ...]:
 
 
 def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, Any]:
-    """Every instance for every target, by Triton in worker processes: the targets split among
-    up to ``KHAL_JOBS`` (default: the CPUs) workers, each compiling every instance for its share.
-    The first failure kills the other workers."""
+    """Every instance for every target, by Triton in worker processes: up to ``KHAL_JOBS`` (default:
+    the CPUs) workers, the targets split among them, and with more workers than targets each
+    target's instances split too (:func:`_shares`: a companion of hundreds of recorded variants for
+    one arch compiles on every core). The first failure kills the other workers."""
     plan = planned.plan
     crate = planned.cfg.name
     files = [str(f.path) for f in plan.sources.sources]
     targets = [[t, cap, ptx] for t, (cap, ptx) in plan.targets.items()]
-    workers = max(1, min(jobs or jobs_from_env() or os.cpu_count() or 1, len(targets)))
     instances = [i.to_json() for i in plan.instances]
+    shares = _shares(targets, instances, jobs or jobs_from_env() or os.cpu_count() or 1)
     served = plan.served
-    common: dict[str, Any] = {"files": files, "instances": instances,
+    common: dict[str, Any] = {"files": files,
                                "modules": list(served.modules) if served else [],
                                "allowed": list(served.packages) if served else [],
                                "served_root": str(served.root) if served else None,
@@ -359,14 +360,14 @@ def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, An
     scratch = tempfile.TemporaryDirectory(prefix="khal-triton-")
     procs = []
     try:
-        for n in range(workers):
+        for n, (share_targets, share_instances) in enumerate(shares):
             own = os.path.join(scratch.name, f"worker-{n}")
             os.makedirs(os.path.join(own, "tmp"))
             env = _worker.environment()
             env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the author's sources
             env.update(TRITON_CACHE_DIR=os.path.join(own, "cache"), TRITON_ALWAYS_COMPILE="1",
                        TMPDIR=os.path.join(own, "tmp"))
-            share = {**common, "targets": targets[n::workers], "scratch": own}
+            share = {**common, "targets": share_targets, "instances": share_instances, "scratch": own}
             with tempfile.TemporaryFile() as request:  # each worker reads its share at once
                 request.write(json.dumps(share).encode())
                 request.seek(0)
@@ -393,17 +394,34 @@ def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, An
         scratch.cleanup()
     reads = TritonReads.merge(crate, answers)
     _check_unchanged(planned, reads)
-    merged = answers[0]
-    merged["reads"] = reads.as_json()
     for other in answers[1:]:
-        _check_same_kernels(crate, merged, other)
-        for mine, theirs in zip(merged["instances"], other["instances"]):
+        _check_same_kernels(crate, answers[0], other)
+    by_name: dict[str, Any] = {}
+    for answer in answers:
+        for theirs in answer["instances"]:
+            mine = by_name.setdefault(theirs["name"], theirs)
+            if mine is theirs:
+                continue
             if "configs" in mine:
                 for c, d in zip(mine["configs"], theirs["configs"]):
                     c["targets"].update(d["targets"])
             else:
                 mine["targets"].update(theirs["targets"])
+    merged = answers[0]
+    merged["reads"] = reads.as_json()
+    merged["instances"] = [by_name[i["name"]] for i in instances]  # the crate's order, whoever compiled them
     return merged
+
+
+def _shares(targets: list[Any], instances: list[Any], jobs: int) -> list[tuple[list[Any], list[Any]]]:
+    """The workers' shares (targets, instances): the targets dealt among up to ``jobs`` workers,
+    each compiling every instance; or, with more jobs than targets, each target's instances dealt
+    among ``jobs // targets`` workers (at most one per instance)."""
+    if jobs <= len(targets) or len(instances) <= 1:
+        n = max(1, min(jobs, len(targets)))
+        return [(targets[i::n], instances) for i in range(n)]
+    per = min(len(instances), jobs // len(targets))
+    return [([t], instances[i::per]) for t in targets for i in range(per)]
 
 
 def _check_unchanged(planned: TritonPlanned, reads: TritonReads) -> None:
@@ -418,14 +436,16 @@ def _check_unchanged(planned: TritonPlanned, reads: TritonReads) -> None:
 
 
 def _check_same_kernels(crate: str, one: dict[str, Any], other: dict[str, Any]) -> None:
-    """Two workers' answers describe the same kernels (each imported the crate itself): else a
-    source changed between their imports, which :func:`_check_unchanged` names when it can."""
-    mine = [(i["name"], i["cache_key"]) for i in one["instances"]]
-    theirs = [(i["name"], i["cache_key"]) for i in other["instances"]]
-    if mine != theirs:
-        names = sorted({a[0] for a, b in zip(mine, theirs) if a != b} | {n for n, _ in mine[len(theirs):]})
+    """Two workers' answers describe the same kernels where they compiled the same instances (each
+    imported the crate itself): else a source changed between their imports, which
+    :func:`_check_unchanged` names when it can (workers given other instances are compared there,
+    by what each read)."""
+    mine = {i["name"]: i["cache_key"] for i in one["instances"]}
+    theirs = {i["name"]: i["cache_key"] for i in other["instances"]}
+    names = sorted(n for n in mine.keys() & theirs.keys() if mine[n] != theirs[n])
+    if names:
         raise SourceChangedError(f"crate {crate!r}: the Triton workers compiled different sources of "
-                                 f"{', '.join(names) or 'its kernels'} (a source changed between their imports); "
+                                 f"{', '.join(names)} (a source changed between their imports); "
                                  "nothing was cached: build again")
 
 

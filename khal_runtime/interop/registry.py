@@ -48,6 +48,7 @@ __all__ = [
     "register_array_type",
     "stream_handle",
     "tensor_memo",
+    "UNVERSIONED",
 ]
 
 #: obj -> (device pointer, element count, dtype key); raises :class:`BadArgument`
@@ -85,8 +86,9 @@ class ArrayType:
     #: repeated launch may reuse what it read; "versioned": they may change, but a cheap check
     #: (``version``) notices; None: read on every launch
     memo: Literal["stable", "versioned"] | None = None
-    #: versioned: ``(version, memory to hold)`` of an object, None when it cannot be remembered
-    version: Callable[[Any], "tuple[int, Any] | None"] | None = None
+    #: versioned: ``(version, memory to hold)`` of an object (the version :data:`UNVERSIONED` for one
+    #: without a version counter), None when it cannot be remembered
+    version: Callable[[Any], "tuple[Any, Any] | None"] | None = None
     #: the memory object a launch holds so that the pointer it packed stays valid
     storage: Callable[[Any], Any] | None = None
     #: internal: lines of the CUDA launch path's inlined read (``{a}`` the argument, ``{i}``
@@ -250,9 +252,23 @@ def stream_handle(obj: Any) -> tuple[int, int | None] | None:
     return None
 
 
-def tensor_memo(t: Any) -> tuple[int, Any] | None:
-    """What a memo keeps of an array of a versioned type: ``(version, memory)``; None when it
-    cannot be remembered (e.g. a torch inference tensor)."""
+class _Unversioned:
+    """The version of an array of a versioned type that has no version counter (a torch inference
+    tensor): a memo remembering it compares its pointer, count, dtype and contiguity instead."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNVERSIONED"
+
+
+UNVERSIONED: Any = _Unversioned()
+
+
+def tensor_memo(t: Any) -> tuple[Any, Any] | None:
+    """What a memo keeps of an array of a versioned type: ``(version, memory)``, the version
+    :data:`UNVERSIONED` for one without a version counter (a torch inference tensor); None when it
+    cannot be remembered."""
     f = _VERSION.get(type(t))
     return None if f is None else f(t)
 

@@ -3,9 +3,10 @@
 ``data_ptr()``, many times cheaper than ``__cuda_array_interface__`` (benchmarks/RESULTS.md). A tensor can change
 in place (``resize_``, ``set_``, ``t_``, ``.data =``) but not without a sign: every in-place op
 bumps its ``_version`` (under ``no_grad`` and ``inference_mode`` too) and ``.data =`` moves its
-``data_ptr()``, so its memo policy is "versioned": a repeated launch checks both. A launch holds
-the tensor's storage so that its address cannot be handed to other data while remembered.
-Inference tensors have no version counter and are read on every launch. ``torch.cuda.Stream``
+``data_ptr()`` or changes its dtype, so its memo policy is "versioned": a repeated launch checks
+the three. A launch holds the tensor's storage so that its address cannot be handed to other data
+while remembered. Inference tensors have no version counter (``UNVERSIONED``): a repeated launch
+compares their pointer, dtype, count and contiguity. ``torch.cuda.Stream``
 objects are ``stream=`` arguments, and torch dtypes name ABI element types, through this
 module's hooks. It registers itself when :mod:`khal_runtime.interop` imports it.
 """
@@ -17,7 +18,7 @@ from typing import Any, Hashable
 
 from khal_runtime import abi, capture_state
 from khal_runtime.errors import ArgumentError, ArgumentValueError
-from khal_runtime.interop.registry import ArrayType, BadArgument, add_probe
+from khal_runtime.interop.registry import UNVERSIONED, ArrayType, BadArgument, add_probe
 
 __all__ = ["dtype_name", "probe", "stream_handle"]
 
@@ -50,12 +51,13 @@ def storage(t: Any) -> Any:
     return t.untyped_storage()
 
 
-def version(t: Any) -> tuple[int, Any] | None:
+def version(t: Any) -> tuple[Any, Any] | None:
     try:
         # asked first: an inference tensor's _version raises a C++ error, whose backtrace
-        # costs tens of microseconds
+        # costs tens of microseconds; it has no version counter: its memo compares what an
+        # in-place op can change under the same identity (pointer, count, dtype, contiguity)
         if t.is_inference():
-            return None
+            return UNVERSIONED, t.untyped_storage()
         return t._version, t.untyped_storage()
     except Exception:  # noqa: BLE001
         return None
@@ -83,7 +85,7 @@ def dtype_name(key: Any) -> tuple[str, int] | None:
     """(element type name, itemsize) of a ``torch.dtype``, else None."""
     if not (type(key).__module__ or "").startswith("torch"):
         return None
-    name = _NAMES.get(str(key), str(key))
+    name = _NAMES.get(str(key), str(key).removeprefix("torch."))  # (torch.float8_e4m3fn: float8_e4m3fn)
     return name, int(getattr(key, "itemsize", abi.SCALARS[name].size if name in abi.SCALARS else 0))
 
 

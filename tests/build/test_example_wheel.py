@@ -19,6 +19,8 @@ from khal_runtime.manifest import SCHEMA_VERSION, parse_manifest
 from tests.conftest import run
 from tests.helpers.paths import PACKAGES, ROOT
 
+EXAMPLE = ROOT / "example_shader_pkg"
+
 
 @pytest.fixture(scope="module")
 def wheel_files(example_wheel: Path) -> dict[str, bytes]:
@@ -85,19 +87,33 @@ def test_ptx_entries_carry_hashes_and_libdevice_is_resolved(manifest, wheel_file
         assert f".version {ptx.ptx_isa}" in text
 
 
-def test_the_triton_crate_ships_every_instance_and_its_conservative_twin(manifest, wheel_files) -> None:  # type: ignore[no-untyped-def]
-    """README command 1 builds Triton's tutorial kernels (no GPU): each ``:16`` instance with its
-    ``__base`` twin, hashed like any entry, cubins for the default archs (sm_90 as sm_90a) and
-    PTX 8.0 for older drivers to JIT."""
+def test_the_triton_crate_ships_every_variant_of_its_lock_file(manifest, wheel_files) -> None:  # type: ignore[no-untyped-def]
+    """README command 1 builds Triton's tutorial kernels (no GPU) from the example's lock file
+    (example_shader_pkg/khal-triton.lock, recorded from record_warmup.py): one entry per variant,
+    ``<kernel>__v<digest>``, compiled with exactly the lock's specialisation, constexprs and options,
+    hashed like any entry, importable where the package's host code finds them; cubins for the
+    default archs (sm_90 as sm_90a) and PTX 8.0 for older drivers to JIT. No instance tables."""
+    from hatch_khal.triton import lock
+
     c = manifest.crate("tutorials")
     assert c.language == "triton"
-    assert {e.name for e in c.entries} == {"add_fp32", "add_fp32__base", "add_fp16", "add_fp16__base",
-                                            "softmax_1024", "softmax_1024__base", "matmul_fp16",
-                                            "matmul_fp16__base"}
-    add, base = c.entry("add_fp32"), c.entry("add_fp32__base")
-    assert set(add.triton.divisible) == {"x_ptr", "y_ptr", "output_ptr", "n_elements"} and not base.triton.divisible
-    assert add.hash != base.hash and add.symbol.endswith(add.hash)
-    assert add.block_size == (128, 1, 1) and c.entry("softmax_1024").block_size == (256, 1, 1)
+    variants = lock.read(EXAMPLE / "khal-triton.lock")
+    assert len(variants) == 8 and {v.crate for v in variants} == {"tutorials"}
+    assert sorted(e.name for e in c.entries) == sorted(lock.entry_name(v) for v in variants)
+    for v in variants:
+        t = c.entry(lock.entry_name(v)).triton
+        assert t.recorded and t.kernel == t.qualname == v.kernel and not t.base
+        assert t.module == "example_shader_pkg.triton_kernels.tutorials"
+        spelt = {}
+        for name, ty in zip(t.names, t.types):
+            spelt[name] = ty + (":16" if name in t.divisible else "")
+        spelt.update({name: "i32:1" for name in t.ones})
+        assert spelt == v.args, v.kernel
+        assert t.constexprs == v.constexprs and (t.num_warps, t.num_stages) == (v.num_warps, v.num_stages)
+    add = next(e for e in c.entries if e.triton.kernel == "add_kernel" and e.triton.types[0] == "*fp32"
+               and "x_ptr" in e.triton.divisible)
+    assert add.symbol.endswith(add.hash) and add.block_size == (128, 1, 1)
+    assert {e.block_size for e in c.entries if e.triton.kernel == "softmax_kernel"} == {(256, 1, 1)}
     from hatch_khal.triton import TRITON_VERSION
 
     assert manifest.toolchain.triton_version == TRITON_VERSION == add.triton.triton_version
@@ -119,15 +135,27 @@ def test_the_triton_entries_record_the_pointers_their_kernels_may_write(manifest
 
 
 def test_the_test_packages_triton_tutorials_are_the_examples() -> None:
-    """The Triton tutorial kernels exist twice (a crate's sources lie inside its project):
-    tests/packages/triton_kernels_pkg tests the same source the example wheel ships, so a change to one
-    that is not made to the other fails here, not on the GPU."""
-    ours = ROOT / "example_shader_pkg" / "kernels" / "triton"
-    theirs = PACKAGES / "triton_kernels_pkg" / "kernels" / "triton"
-    names = sorted(p.name for p in ours.glob("*.py"))
-    assert names == sorted(p.name for p in theirs.glob("*.py")) and names
-    for name in names:
-        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), f"{name} differs: change both copies"
+    """The Triton tutorial kernels exist twice (a crate's sources lie inside its project): the
+    example's, in its package (example_shader_pkg/triton_kernels/tutorials.py, served to its host
+    code), and tests/packages/triton_kernels_pkg's (its hand-written instance tables, the softmax's
+    helper in a module of its own). Every @triton.jit function must be the same code, so that a change
+    to one that is not made to the other fails here, not on the GPU."""
+    import ast
+
+    def jitted(*paths: Path) -> dict[str, str]:
+        out = {}
+        for p in paths:
+            for node in ast.parse(p.read_text()).body:
+                if isinstance(node, ast.FunctionDef):
+                    out[node.name] = ast.dump(node)
+        return out
+
+    ours = jitted(EXAMPLE / "example_shader_pkg" / "triton_kernels" / "tutorials.py")
+    theirs_dir = PACKAGES / "triton_kernels_pkg" / "kernels" / "triton"
+    theirs = jitted(theirs_dir / "tutorials.py", theirs_dir / "helpers.py")
+    assert set(ours) == {"add_kernel", "softmax_kernel", "matmul_kernel", "masked_sum"}
+    for name, code in ours.items():
+        assert theirs.get(name) == code, f"{name} differs: change both copies"
 
 
 def test_abi_of_saxpy(manifest) -> None:  # type: ignore[no-untyped-def]

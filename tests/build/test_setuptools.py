@@ -100,9 +100,9 @@ def test_twin_wheel_equals_the_hatch_wheel(twin_wheel: Path, example_wheel: Path
     ours, theirs = khal_files(twin_wheel), khal_files(example_wheel)
     assert sorted(ours) == sorted(theirs)
     manifest = parse_manifest(theirs[f"{PKG}/_khal/manifest.json"])
-    # the manifest, every artifact, and the typed kernels module (_khal/__init__.py and .pyi)
-    assert len(theirs) == 3 + sum(len(c.artifacts) for c in manifest.crates)
-    assert {f"{PKG}/_khal/__init__.py", f"{PKG}/_khal/__init__.pyi"} <= set(theirs)
+    # the manifest and its digest, every artifact, and the typed kernels module (_khal/__init__.py and .pyi)
+    assert len(theirs) == 4 + sum(len(c.artifacts) for c in manifest.crates)
+    assert {f"{PKG}/_khal/__init__.py", f"{PKG}/_khal/__init__.pyi", f"{PKG}/_khal/manifest.digest"} <= set(theirs)
     for name in sorted(theirs):
         assert ours[name] == theirs[name], name
 
@@ -148,6 +148,7 @@ def mini_project(proj: Path, requires: str = '"setuptools>=70", "hatch-khal", "n
 
 MINI_KHAL = {
     "mini_pkg/_khal/manifest.json",
+    "mini_pkg/_khal/manifest.digest",
     "mini_pkg/_khal/__init__.py",
     "mini_pkg/_khal/__init__.pyi",
     "mini_pkg/_khal/alpha/alpha.sm_90.cubin",

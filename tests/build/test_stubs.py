@@ -406,6 +406,12 @@ def example_with_stub(example_wheel: Path, tmp_path_factory: pytest.TempPathFact
             kernels.integrate(n, particles, SimParams(dt=1e-3, gravity=-9.8, restitution=0.5, n=n))
             kernels.crates["core"].reduce_sum(n, x, y)
             kernels.histogram_digits(n, x, y, 8)
+
+
+        def triton_calls(x: DeviceBuffer, y: DeviceBuffer, out: DeviceBuffer, n: int) -> None:
+            # a Triton kernel's own call (TritonFunction), beside the lock variants' families
+            kernels.add_kernel[(n // 1024,)](x, y, out, n, BLOCK_SIZE=1024)
+            kernels.crates["tutorials"].softmax_kernel[(1,)](out, x, 1, 1, 1, 1, BLOCK_SIZE=1024, num_warps=8)
     '''))
     (site / "client_bad.py").write_text(textwrap.dedent('''\
         from __future__ import annotations

@@ -374,10 +374,11 @@ def test_a_repeated_call_takes_the_generated_fast_call_and_keeps_every_check(
     root, _ = built
     ks = _load(root, fake)
     add = ks.add_fp32
-    assert "def launch(grid, a0=MISSING, a1=MISSING, a2=MISSING, a3=MISSING, *more, stream=None):" in add.source
+    assert add.source == ""  # made at the first call, not when the package loads (#38 item 18)
     slow = _count_slow_launches(monkeypatch)
     x, y, out = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
     add[(4,)](x, y, out, 4096)
+    assert "def launch(grid, a0=MISSING, a1=MISSING, a2=MISSING, a3=MISSING, *more, stream=None):" in add.source
     add[(4,)](x, y, out, 4096)
     add.launch(4, x, y, out, 4096)
     add[lambda meta: (4096 // meta["BLOCK_SIZE"],)](x, y, out, 4096)
@@ -396,7 +397,8 @@ def test_a_repeated_call_takes_the_generated_fast_call_and_keeps_every_check(
     with pytest.raises(ValueError, match="points at .*not a multiple of 4"):
         add[(4,)](x, y, out.ptr + 2, 4096)
     with pytest.raises(ValueError, match="grid"):
-        add[(0,)](x, y, out, 4096)
+        add[(-1,)](x, y, out, 4096)
+    add[(0,)](x, y, out, 4096)  # an empty grid: nothing launched (#38 item 5)
     with pytest.raises(TypeError, match="takes 4 argument"):
         add[(4,)](x, y, out)
     gone = DeviceBuffer.zeros(4096, np.float32)
@@ -844,8 +846,9 @@ def test_a_bound_launch_takes_each_grid_as_given_and_refuses_a_buffer_freed_sinc
     count = len(fake.launches)
     with pytest.raises(ArgumentValueError, match=r"add_fp32\[grid\]: grid: \(1, 70000, 1\) programs, more than"):
         b((1, 70000))
-    with pytest.raises(ArgumentValueError, match=r"add_fp32\[grid\]: grid: every dimension must be >= 1"):
-        b(0)
+    b(0)  # an empty grid: nothing launched (#38)
+    with pytest.raises(ArgumentValueError, match=r"add_fp32\[grid\]: grid: every dimension must be >= 0"):
+        b(-1)
     y.free()
     with pytest.raises(ValueError, match="freed"):
         b(g4)
@@ -859,7 +862,8 @@ def test_a_launch_repeated_past_promotion_is_shared_with_other_threads_and_keeps
         built: tuple[Path, Any], fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """A remembered launch hit ``PROMOTE_AFTER`` times becomes a shared snapshot (its block copied,
     the launch call prebuilt): another thread calling with the same objects, grid and stream launches
-    it with nothing read again (its own memo slots are empty), and it still keeps the memo's checks:
+    it with nothing read again but each tensor's address and dtype (its own memo slots are empty), and it
+    still keeps the memo's checks:
     a moved tensor is read again, a freed buffer is refused."""
     import threading
 
@@ -893,16 +897,16 @@ def test_a_launch_repeated_past_promotion_is_shared_with_other_threads_and_keeps
     t.start()
     t.join()
     assert not errors, errors
-    assert x.dtype_reads == reads  # the other thread read nothing: the shared snapshot
+    assert x.dtype_reads == reads + 3  # the other thread read the dtype alone: the shared snapshot
     assert slow == ["add_fp32"]
     assert all(_pointers(la) == [0x10000, 0x20000, 0x30000, 4096, 0, 0] and la["stream"] == shared.native
                for la in fake.launches[-3:])
     x.add_()  # written in place: the snapshot still holds
     go(x, y, out, 4096, stream=shared)
-    assert x.dtype_reads == reads
+    assert x.dtype_reads == reads + 4
     x.set_(0x40000)  # moved: read again
     go(x, y, out, 4096, stream=shared)
-    assert _pointers(fake.launches[-1])[:3] == [0x40000, 0x20000, 0x30000] and x.dtype_reads > reads
+    assert _pointers(fake.launches[-1])[:3] == [0x40000, 0x20000, 0x30000] and x.dtype_reads > reads + 4
     a, b, c = (DeviceBuffer.zeros(4096, np.float32) for _ in range(3))
     for _ in range(khal_triton.PROMOTE_AFTER + 3):
         go(a, b, c, 4096, stream=shared)
@@ -942,6 +946,9 @@ class _Tensor:
     def data_ptr(self) -> int:
         return self.ptr
 
+    def get_device(self) -> int:
+        return 0
+
     def add_(self) -> None:  # an in-place write: the memory changes, the tensor does not move
         self._version += 1
 
@@ -961,7 +968,7 @@ def _pointers(launch: dict[str, Any]) -> list[int]:
 def test_a_repeated_call_launches_its_remembered_block_without_reading_the_arguments_again(
         built: tuple[Path, Any], fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """The family's memo: the same tensors, grid and stream again launch the block packed the first
-    time the direct path saw them (no dtype read, no pack); an in-place write keeps it (the
+    time the direct path saw them (its address and dtype compared, no pack); an in-place write keeps it (the
     address is what was packed), a moved tensor, another grid, stream or scalar do not."""
     from tests.helpers.fakecuda import stream
 
@@ -977,11 +984,11 @@ def test_a_repeated_call_launches_its_remembered_block_without_reading_the_argum
     ex = fake.ex_calls
     for _ in range(3):
         go(x, y, out, 4096)
-    assert x.dtype_reads == reads  # remembered: not read again
+    assert x.dtype_reads == reads + 3  # remembered: its address and dtype compared, nothing else read
     assert fake.ex_calls == ex + 3
     for _ in range(3):  # a size computed each call (``x.numel()``): an equal int, another object
         go(x, y, out, int("4096"))
-    assert x.dtype_reads == reads and fake.ex_calls == ex + 6
+    assert x.dtype_reads == reads + 6 and fake.ex_calls == ex + 6
     ex = fake.ex_calls  # the prebuilt launch call (cuLaunchKernelEx, its configuration made once)
     assert all(_pointers(la) == [0x10000, 0x20000, 0x30000, 4096, 0, 0] and la["grid"] == (4, 1, 1)
                for la in fake.launches[-10:])

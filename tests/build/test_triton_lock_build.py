@@ -251,3 +251,34 @@ def test_a_default_the_manifest_cannot_record_is_refused_by_name(tmp_path: Path)
     with pytest.raises(ConfigError, match=r"kernel 'fill_kernel': the default of parameter 'SHAPE' is \(1, 2\) "
                                           r"\(tuple\), which a precompiled variant cannot record"):
         _build(root, tmp_path / "c", fill)
+
+
+def test_shares_split_a_targets_instances_when_there_are_more_workers_than_targets() -> None:
+    from hatch_khal.triton.language import _shares
+
+    ts, inst = [["sm_80"], ["sm_90"]], [{"name": n} for n in "abcde"]
+    assert _shares(ts, inst, 1) == [(ts, inst)]
+    assert _shares(ts, inst, 2) == [([ts[0]], inst), ([ts[1]], inst)]
+    split = _shares(ts, inst, 6)  # three workers per target, each instance once per target
+    assert len(split) == 6 and all(len(t) == 1 for t, _ in split)
+    for t in ts:
+        got = sorted(i["name"] for tt, ii in split if tt == [t] for i in ii)
+        assert got == list("abcde")
+    assert len(_shares(ts, inst[:1], 8)) == 2  # one instance: a worker per target
+    assert len(_shares([ts[0]], inst, 64)) == 5  # at most one worker per instance
+
+
+def test_instances_split_among_workers_build_what_one_worker_builds(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """One arch, several instances and variants, four workers: the same entries, hashes and PTX as one."""
+    out = {}
+    for jobs in ("1", "4"):
+        monkeypatch.setenv("KHAL_JOBS", jobs)
+        root = _project(tmp_path / f"j{jobs}")
+        result = _build(root, tmp_path / f"cache{jobs}")
+        crate = next(c for p in result.packages for c in p.manifest.crates if c.name == "t")
+        ptx = (root / "pkg" / next(a.path for a in crate.artifacts if a.kind == "ptx")).read_bytes() \
+            if any(a.kind == "ptx" for a in crate.artifacts) else b""
+        cubin = (root / "pkg" / next(a.path for a in crate.artifacts if a.kind == "cubin")).read_bytes()
+        out[jobs] = ([(e.name, e.hash) for e in crate.entries], ptx, cubin)
+    assert len(out["1"][0]) >= 4 and out["1"] == out["4"]

@@ -249,6 +249,14 @@ def test_a_file_read_from_outside_the_project_is_refused_by_name(tmp_path: Path)
         _build(root, tmp_path / "cache")
 
 
+def test_reads_of_the_machines_pseudo_files_at_import_are_neither_hashed_nor_refused(tmp_path: Path) -> None:
+    """torch reads /proc/self/maps when it is imported (Liger-Kernel's modules import it): /proc, /sys
+    and /dev describe the running machine, not a source; a build of such a crate is not refused."""
+    root = _write(tmp_path / "p", {"k/k.py": HEAD + "with open('/proc/self/maps') as f:\n    f.read()\n"
+                                   "os.listdir('/sys')\n" + KERNEL.replace("VALUE", "7770071")})
+    assert _stores(_build(root, tmp_path / "cache"), 7770071)
+
+
 def test_a_module_imported_from_outside_the_project_is_refused_by_name(tmp_path: Path) -> None:
     lib = tmp_path / "elsewhere"
     lib.mkdir()

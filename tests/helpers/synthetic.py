@@ -16,6 +16,7 @@ from typing import Sequence
 
 from khal_runtime import abi
 from khal_runtime.binaries import scan_ptx
+from khal_runtime.manifest_load import DIGEST_NAME, build_digest
 from khal_runtime.manifest import (
     SCHEMA_VERSION,
     Artifact,
@@ -171,8 +172,14 @@ class SyntheticPackage:
         return self.package_dir / a.path
 
     def write_manifest(self, manifest: Manifest) -> None:
+        """Write ``manifest`` as the build does: its JSON, and the digest that lets the runtime read
+        it without validating it again (:mod:`khal_runtime.manifest_load`)."""
         self.manifest = manifest
-        self.manifest_path.write_text(manifest.to_json())
+        data = manifest.to_json().encode()
+        self.manifest_path.write_bytes(data)
+        digest = build_digest(data)
+        if digest is not None:
+            (self.manifest_path.parent / DIGEST_NAME).write_text(digest + "\n")
 
 
 def build_package(root: Path, name: str = "synth_khal_pkg", *, build_id: str = "v1",

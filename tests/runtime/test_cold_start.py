@@ -30,8 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 THREAD = "khal-cuda-init"
 
 #: what loading a package must not import (array libraries are probed, never imported; tracing's
-#: NVTX, the WebGPU backend, the build side and NVRTC come only when asked for)
-HEAVY = ("torch", "cupy", "nvtx", "wgpu", "hatch_khal", "numpy")
+#: NVTX, the WebGPU backend, the build side and NVRTC come only when asked for; pydantic validates a
+#: manifest the build did not vouch for only: #38 item 18)
+HEAVY = ("torch", "cupy", "nvtx", "wgpu", "hatch_khal", "numpy", "pydantic", "pydantic_core")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,9 +25,13 @@ class InferenceTensor(Tensor):
     torch that costs tens of microseconds (a C++ error with its backtrace): never read it."""
 
     version_reads = 0
+    contiguous = True
 
     def is_inference(self) -> bool:
         return True
+
+    def is_contiguous(self) -> bool:
+        return self.contiguous
 
     @property  # type: ignore[override]
     def _version(self) -> int:
@@ -107,7 +111,8 @@ def test_torch_type_is_versioned_and_memoable() -> None:
     assert interop.tensor_memo(t) == (0, t.storage)
     assert interop.tensor_memo(DeviceBuffer(0x1000, 1, "float32", 0)) is None
     interop.extractor_for(InferenceTensor(0x1000, 10))
-    assert interop.tensor_memo(InferenceTensor(0x1000, 10)) is None
+    inf = InferenceTensor(0x1000, 10)
+    assert interop.tensor_memo(inf) == (interop.UNVERSIONED, inf.storage)  # no version: compared by its facts
 
 
 @pytest.mark.parametrize("repeats", [2, PROMOTE_AFTER + 3], ids=["memo slot", "shared snapshot"])
@@ -205,15 +210,29 @@ def test_the_memo_keeps_the_storage_a_tensor_had(call: Any) -> None:
     assert call(x, y, z)[0] == (0x5000, 300)
 
 
-def test_inference_tensors_are_read_every_launch(call: Any) -> None:
+@pytest.mark.parametrize("repeats", [3, PROMOTE_AFTER + 3], ids=["memo slot", "shared snapshot"])
+def test_inference_tensors_are_remembered_by_pointer_count_dtype_and_contiguity(call: Any, repeats: int) -> None:
+    """#38 item 19: an inference tensor has no version counter; what an in-place op can change
+    under the same identity (``resize_``, ``t_``, ``.data =``) is compared instead, and a repeat
+    reads nothing else (it was read in full on every launch)."""
     x, y, z = InferenceTensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
-    for _ in range(3):
+    for _ in range(repeats):
         call(x, y, z)
     before = Tensor.reads
-    call(x, y, z)
-    assert Tensor.reads == before + 3  # x, y and z: the whole set is read again
-    x.n = 100
+    assert call(x, y, z)[0] == (0x1000, 300)
+    assert Tensor.reads == before + 1  # x's count compared, no full read of the set (y, z by version)
+    x.n = 100  # resize_ in inference mode: no version to bump
     assert call(x, y, z)[0] == (0x1000, 100)
+    x.contiguous = False  # t_() in inference mode: the same pointer and count
+    with pytest.raises(ArgumentValueError, match=r"argument 'x'.*non-contiguous"):
+        call(x, y, z)
+    x.contiguous = True
+    assert call(x, y, z)[0] == (0x1000, 100)
+    x.dtype = "int32"  # .data = a view of another dtype at the same address
+    with pytest.raises(TypeError, match=r"argument 'x'.*expected element type float32.*int32"):
+        call(x, y, z)
+    x.dtype, x.ptr = "float32", 0x9000
+    assert call(x, y, z)[0] == (0x9000, 100)
     assert InferenceTensor.version_reads == 0
 
 
@@ -230,6 +249,41 @@ def test_a_remembered_tensor_swapped_with_an_inference_tensor(call: Any, repeats
     for _ in range(3):
         assert call(x, y, z)[0] == (0x8000, 100)
     assert SwappableTensor.version_reads == reads
+
+
+def test_an_inference_tensor_after_versioned_ones_is_learnt_then_remembered(call: Any) -> None:
+    """The call's code was made for versioned tensors (no branch for a tensor without a version):
+    the first inference tensor it would store is learnt instead, the kernel takes the call made for
+    it, and its repeats are remembered, never reading its ``_version``."""
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for _ in range(3):
+        call(x, y, z)
+    plan = call.kernel.plan(0)
+    assert not plan._unversioned and "UNVERSIONED else" not in plan.call_source
+    w = InferenceTensor(0x4000, 300)
+    for _ in range(3):
+        assert call(w, y, z)[0] == (0x4000, 300)
+    assert plan._unversioned == {0} and "a0._version == ver if ver is not UNVERSIONED else" in plan.call_source
+    before = Tensor.reads
+    assert call(w, y, z)[0] == (0x4000, 300)
+    assert Tensor.reads == before + 1  # a hit: w's count compared, no full read
+    w.n = 50
+    assert call(w, y, z)[0] == (0x4000, 50)
+    assert call(x, y, z)[0] == (0x1000, 300) and InferenceTensor.version_reads == 0
+
+
+@pytest.mark.parametrize("repeats", [2, PROMOTE_AFTER + 3], ids=["memo slot", "shared snapshot"])
+def test_a_dtype_changed_at_the_same_address_is_read_again(call: Any, repeats: int) -> None:
+    """#38 item 4: ``t.data = t.data.view(torch.int32)`` keeps the version and the address; a
+    remembered float32 launch is not repeated on int32 data."""
+    x, y, z = Tensor(0x1000, 300), Tensor(0x2000, 300), Tensor(0x3000, 300)
+    for _ in range(repeats):
+        call(x, y, z)
+    x.dtype = "int32"  # what .data = x.data.view(torch.int32) does (the version is kept)
+    with pytest.raises(TypeError, match=r"argument 'x'.*expected element type float32.*got int32"):
+        call(x, y, z)
+    x.dtype = "float32"
+    assert call(x, y, z)[0] == (0x1000, 300)
 
 
 def test_a_tensor_without_memory_is_refused(call: Any) -> None:
@@ -306,6 +360,34 @@ def test_real_torch_in_place_changes_and_data_assignment(call: Any) -> None:
     x.resize_(15, 20).t_()  # transposed in place: no longer contiguous
     with pytest.raises(ArgumentValueError, match=r"argument 'x'.*non-contiguous tensor"):
         call(x, y, z)
+
+
+def test_real_torch_a_dtype_view_assigned_to_data_is_read_again(call: Any) -> None:
+    torch, cuda = _torch_on_cpu()
+    x, y, z = (cuda(torch.zeros(300)) for _ in range(3))
+    for _ in range(PROMOTE_AFTER + 2):
+        call(x, y, z)
+    v, ptr = x._version, x.data_ptr()
+    x.data = x.data.view(torch.int32)
+    assert (x._version, x.data_ptr()) == (v, ptr)  # nothing else tells it
+    with pytest.raises(TypeError, match=r"argument 'x'.*expected element type float32.*got int32"):
+        call(x, y, z)
+    with torch.inference_mode():
+        w = cuda(torch.zeros(300))
+    for _ in range(PROMOTE_AFTER + 2):  # an inference tensor is remembered by its facts (#38 item 19)
+        assert call(w, y, z)[0] == (w.data_ptr(), 300)
+    w.data = w.data.view(torch.int32)
+    with pytest.raises(TypeError, match=r"argument 'x'.*got int32"):
+        call(w, y, z)
+    with torch.inference_mode():
+        u = cuda(torch.zeros(300))
+        for _ in range(3):
+            call(u, y, z)
+        u.resize_(100)  # in place, no version: the count is compared
+        assert call(u, y, z)[0] == (u.data_ptr(), 100)
+        u.resize_(10, 10).t_()  # transposed in place: the same pointer and count
+        with pytest.raises(ArgumentValueError, match=r"argument 'x'.*non-contiguous"):
+            call(u, y, z)
 
 
 def test_real_torch_a_new_tensor_each_call_is_never_stored(call: Any) -> None:

@@ -203,6 +203,26 @@ def test_a_namespace_holds_one_package() -> None:
     assert khal_torch.register(ks) is ops
 
 
+def test_another_copy_of_a_package_is_refused_by_name_and_registers_under_its_own_namespace(
+        tmp_path: Path) -> None:
+    """#38 item 3: the same name, entries and schemas loaded from two directories are two copies
+    (two wheels in two paths, a vendored copy), not a reload: the second does not take the first's
+    operators."""
+    name = f"khal_copy{next(_names)}_{os.getpid()}"
+    (tmp_path / "a" / name).mkdir(parents=True)
+    (tmp_path / "b" / name).mkdir(parents=True)
+    first = models_kernels(name, directory=tmp_path / "a" / name)
+    ops = khal_torch.register(first)
+    second = models_kernels(name, directory=tmp_path / "b" / name)
+    with pytest.raises(KhalError, match=rf"holds the operators of package '{name}' loaded from .*/a/{name}; this is "
+                                        rf"another copy of it, loaded from .*/b/{name}"):
+        khal_torch.register(second)
+    assert ops.kernels is first and ops._specs["saxpy"].kernel is first.saxpy
+    reload = models_kernels(name, directory=tmp_path / "a" / ".." / "a" / name)  # the same place, spelt otherwise
+    assert khal_torch.register(reload) is ops and ops.kernels is reload
+    assert khal_torch.register(second, namespace=f"{name}_b").kernels is second
+
+
 def test_a_namespace_with_foreign_ops_is_refused() -> None:
     ns = f"khal_foreign{os.getpid()}"
     torch.library.custom_op(f"{ns}::saxpy", lambda x: x.clone(), mutates_args=(), schema="(Tensor x) -> Tensor")
@@ -676,6 +696,23 @@ def test_scalars_match_by_value_but_not_a_signed_zero(fast_op: Any) -> None:
     got = [(kind, args[1]) for kind, _, args, _ in rec.calls]
     assert [k for k, _ in got] == ["typed", "bound", "typed"] and rec.binds == 2  # 0.0 is another set
     assert [repr(v) for _, v in got] == ["-0.0", "-0.0", "0.0"]  # each launch packs its own zero
+
+
+def test_a_dtype_changed_at_the_same_address_is_not_the_bound_set(fast_op: Any) -> None:
+    """#38 item 4: ``t.data = t.data.view(torch.int32)`` keeps the version and the address: the
+    bound launch packed for float32 is not repeated on int32 data (also when the version moved by
+    the op's own bump, which the bound set accepts without reading the facts)."""
+    call, rec, _, _ = fast_op
+    x, y, p = _CudaTensor(0x1000), _CudaTensor(0x2000), _CudaTensor(0x3000, n=4)
+    for _ in range(3):
+        call("saxpy", 8, x, y, p)
+    assert rec.binds == 1
+    x.dtype = torch.int32  # x.data = x.data.view(torch.int32): no version bump, the same pointer
+    call("saxpy", 8, x, y, p)
+    assert rec.binds == 2 and rec.calls[-1][0] == "bound"  # bound again on the new facts (the kernel's checks)
+    y.dtype = torch.int32  # y's version moved by the op's own bump since the bind (the accepted case)
+    call("saxpy", 8, x, y, p)
+    assert rec.binds == 3
 
 
 def test_inference_tensors_are_never_bound(fast_op: Any) -> None:

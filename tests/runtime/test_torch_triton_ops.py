@@ -27,7 +27,8 @@ torch = pytest.importorskip(
 
 import khal_runtime.torch as khal_torch  # noqa: E402
 from khal_runtime import abi  # noqa: E402
-from khal_runtime.errors import ArgumentError, ArgumentValueError, CaptureError, TritonAssumptionError  # noqa: E402
+from khal_runtime.errors import (ArgumentError, ArgumentValueError, CaptureError, KhalError,  # noqa: E402
+                                 TritonAssumptionError)
 from khal_runtime.manifest import Entry, Param, TritonFacts  # noqa: E402
 from khal_runtime.torch_triton import TritonOpSpec  # noqa: E402
 from khal_runtime.triton import TritonKernel  # noqa: E402
@@ -108,9 +109,26 @@ def test_registering_again_rebinds_the_family(fake: FakeDriver, tmp_path: Path) 
     spec = ops._specs["add"]
     spec.grids[(1,)] = (1,)
     entries = [_entry("add", "add", ("x", "out", "n")), _entry("add__base", "add", ())]
-    again = fake_kernels(fake, tmp_path / "again", entries, package=ks.package, language="triton")
+    again = fake_kernels(fake, tmp_path, entries, package=ks.package, language="triton")  # a reload
     assert khal_torch.register(again) is ops
     assert spec.kernel is again.add and spec.crate_kernels is again.crates["c"] and spec.grids == {}
+
+
+def test_a_second_copy_of_the_package_does_not_take_over_its_operators(fake: FakeDriver, tmp_path: Path) -> None:
+    """#38 item 3: the same package (name, entries, schemas) loaded from another directory (two
+    wheels in two paths, a vendored copy) is refused by name; it took the first copy's operators."""
+    ks, ops = _package(fake, tmp_path / "a")
+    entries = [_entry("add", "add", ("x", "out", "n")), _entry("add__base", "add", ())]
+    copy = fake_kernels(fake, tmp_path / "b", entries, package=ks.package, language="triton")
+    with pytest.raises(KhalError, match=rf"torch.ops.{ks.package} holds the operators of package '{ks.package}' "
+                                        rf"loaded from .*/a/{ks.package}; this is another copy of it, loaded from "
+                                        rf".*/b/{ks.package} \(two installs side by side, a vendored copy\).*"
+                                        r"register\(kernels, namespace='...'\)"):
+        khal_torch.register(copy)
+    assert ops._specs["add"].kernel is ks.add and ops.kernels is ks  # the first copy keeps its operators
+    theirs = khal_torch.register(copy, namespace=f"{ks.package}_b")
+    assert theirs is not ops and theirs._specs["add"].kernel is copy.add
+    assert khal_torch.register(ks) is ops
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,8 +146,9 @@ def test_the_fake_impl_checks_grid_device_and_dtype_with_the_familys_errors(fake
             ops.add([], x, out, 1000, 2.0)
         with pytest.raises(ArgumentValueError, match="expected 1 to 3 dimensions"):
             ops.add([1, 1, 1, 1], x, out, 1000, 2.0)
-        with pytest.raises(ArgumentValueError, match=r"add\[grid\]: grid: every dimension must be >= 1"):
-            ops.add([0], x, out, 1000, 2.0)
+        assert ops.add([0], x, out, 0, 2.0) is None and ops.add([4, 0], x, out, 0, 2.0) is None  # empty: traced
+        with pytest.raises(ArgumentValueError, match=r"add\[grid\]: grid: every dimension must be >= 0"):
+            ops.add([-1], x, out, 1000, 2.0)
         with pytest.raises(ArgumentError, match=r"add\(\): argument 'out' is an array of float16, the kernel was "
                                                 r"built for \*fp32 \(float32\)"):
             ops.add([4], x, torch.empty(1000, dtype=torch.float16, device="cuda"), 1000, 2.0)
@@ -164,6 +183,27 @@ def test_compile_fullgraph_traces_the_op_and_the_real_impl_refuses_host_tensors(
     assert len(graphs) == 1
     targets = {str(n.target).removesuffix(".default") for n in graphs[0].graph.nodes if n.op == "call_function"}
     assert f"{ks.package}.add" in targets
+
+
+def test_an_empty_grid_traces_under_compile_and_launches_nothing(fake: FakeDriver, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """#38 item 5: an empty batch (``cdiv(0, BLOCK)`` programs) is traced by the fake impl and
+    reaches the kernel, which launches nothing; it was refused in the trace before."""
+    ks, _ = _package(fake, tmp_path)
+    ns = getattr(torch.ops, ks.package)
+    calls: list[list[int]] = []
+    monkeypatch.setattr(khal_torch, "_triton_elsewhere", lambda spec, grid, args: calls.append(list(grid)))
+
+    def step(x: Any, out: Any) -> Any:
+        n = x.numel()
+        ns.add([(n + 255) // 256], x, out, n, 2.0)
+        return out.sum()
+
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        got = torch.compile(step, fullgraph=True, backend="aot_eager", dynamic=dynamic)(torch.ones(0), torch.zeros(0))
+        assert float(got) == 0.0
+    assert calls and all(g == [0] for g in calls)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -289,10 +329,10 @@ def test_the_cuda_kernel_launches_the_family_on_torchs_stream_and_bumps_every_po
     reads = x.dtype_reads
     for s in ("2.0", "2.0", "2.0"):  # the dispatcher hands over a new float each call: an equal one hits
         impl([4], x, out, 1024, float(s))
-    assert x.dtype_reads == reads and len(drv.launches) == n + 6
+    assert x.dtype_reads == reads + 3 and len(drv.launches) == n + 6  # a hit reads data_ptr() and dtype only
     impl([4], x, out, 1024, float("-0.0"))  # 0.0 == -0.0, but not the same bits: read and packed again
     impl([4], x, out, 1024, float("0.0"))
-    assert x.dtype_reads == reads + 2
+    assert x.dtype_reads == reads + 3 + 2  # (each read in full: the memo fails at the float first)
     assert _slots(drv.launches[-2])[3] == 0x80000000 and _slots(drv.launches[-1])[3] == 0
 
 
@@ -309,12 +349,15 @@ def test_the_cuda_kernel_gets_the_familys_named_errors_and_bumps_nothing_then(cu
         impl([4], _CudaTensor(0x10002), out, 1024, 2.0)
     with pytest.raises(ArgumentValueError, match="grid: expected 1 to 3 dimensions"):
         impl([], x, out, 1024, 2.0)
-    with pytest.raises(ArgumentValueError, match=r"every dimension must be >= 1"):
-        impl([0], x, out, 1024, 2.0)
+    with pytest.raises(ArgumentValueError, match=r"every dimension must be >= 0 \(0: launch nothing\), got \(-1, 1, 1\)"):
+        impl([-1], x, out, 1024, 2.0)
     with pytest.raises(ArgumentValueError, match=r"argument 'out' \(\*fp32\) is on cuda:1, an earlier tensor "
                                                  r"argument on cuda:0"):
         impl([4], x, _CudaTensor(0x20000, device=1), 1024, 2.0)
     assert len(drv.launches) == n and (x.v, out.v) == (0, 0)
+    impl([0], x, out, 0, 2.0)  # an empty grid (an empty batch): nothing launched, and no error
+    impl([4, 0], x, out, 0, 2.0)
+    assert len(drv.launches) == n
 
 
 def test_a_family_without_its_twin_refuses_a_broken_assumption_by_name(fake: FakeDriver, tmp_path: Path,

@@ -25,7 +25,7 @@ import pytest
 
 import khal_runtime
 from khal_runtime import triton_serve, triton_standin
-from khal_runtime.errors import TritonServeError, TritonStandInError
+from khal_runtime.errors import ManifestError, TritonServeError, TritonStandInError
 from tests.helpers.fakecuda import FakeDriver, fake, ptx_param_layouts  # noqa: F401
 from tests.helpers.runtime import Tensor
 from tests.helpers.triton_serving import (
@@ -435,3 +435,25 @@ print(type(r._rms_norm_forward_kernel).__name__ != "JITFunction", type(r._rms_no
       importlib.util.find_spec("triton"), has_triton_package())
 ''', hide_triton=True)
     assert out.stdout.split()[-4:] == ["True", "khal_runtime.triton_standin.runtime", "None", "False"]
+
+
+def test_a_recorded_process_runs_tritons_jit_not_the_packages_kernels(serving: Path, fake: FakeDriver,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """While ``python -m hatch_khal triton record`` runs (``KHAL_TRITON_RECORDING``), a built package's
+    host module keeps Triton's own kernels (the recording needs the JIT's launches), and a package not
+    built yet loads as unbuilt instead of failing at its import."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    monkeypatch.setenv("KHAL_TRITON_RECORDING", str(serving / "recording.json"))
+    pkg = _name("serve_recorded")
+    write_served_package(serving, pkg)
+    _layouts(fake, serving / pkg)
+    importlib.import_module(pkg)
+    ops = importlib.import_module(f"{pkg}.ops")
+    assert type(ops.add_kernel).__name__ == "JITFunction"
+    assert triton_serve.served_modules().get(f"{pkg}.ops") is None
+    unbuilt = _name("serve_unbuilt")
+    (serving / unbuilt).mkdir()
+    (serving / unbuilt / "__init__.py").write_text("import khal_runtime\nkernels = khal_runtime.load(__name__)\n")
+    mod = importlib.import_module(unbuilt)
+    with pytest.raises(ManifestError, match="is not built yet .* run under Triton's JIT"):
+        mod.kernels.add_kernel  # type: ignore[attr-defined]  # noqa: B018

@@ -27,13 +27,15 @@ the cluster a launch attribute); the grid must be a multiple of the cluster dims
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.errors import LaunchAttributeError
 from khal_runtime.launch_attributes import (CLUSTER_DIMS, DEFAULT_DYNAMIC_SHARED, MAX_PORTABLE_CLUSTER,
                                             AttributeTable, values)
-from khal_runtime.manifest import Entry
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry
 
 __all__ = ["CUDA_ATTRIBUTES", "CudaAttribute", "FunctionAttributes", "make_launch_ex", "prepare_function"]
 

@@ -12,6 +12,7 @@ in the package's ``__init__``, so that importing the package (for :func:`driver.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from khal_runtime.backends import BackendStatus, KernelHandle
@@ -23,15 +24,19 @@ from khal_runtime.backends.cuda.timer import EventTimer
 from khal_runtime.backends.cuda.uniform_cache import cache_for
 from khal_runtime.device import Device, Stream, ensure_current
 from khal_runtime.errors import CudaError, NoCompatibleBinaryError, PtxTooNewError
-from khal_runtime.manifest import Crate
 
 if TYPE_CHECKING:
     from khal_runtime.backends import Backend
     from khal_runtime.backends import LaunchPlan as ContractPlan
+    from khal_runtime.manifest import Crate
 
 __all__ = ["BACKEND", "CudaBackend", "CudaDevice"]
 
 _LEGACY_HANDLES = (0, 1, 2)  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+_PER_THREAD = 2
+#: cuda-bindings' switch to the per-thread default stream (its ``_ptsz`` entry points): then the
+#: NULL handle is each thread's own stream
+_PTDS_VAR = "CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM"
 
 
 def _compute_capability(handle: Any) -> tuple[int, int]:
@@ -118,6 +123,14 @@ class CudaBackend:
 
     def is_legacy_stream(self, handle: int) -> bool:
         return handle in _LEGACY_HANDLES
+
+    def is_per_thread_stream(self, handle: int) -> bool:
+        """``CU_STREAM_PER_THREAD`` (2), and the NULL stream (0) when cuda-bindings launches on the
+        per-thread default stream (``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1``): one stream per
+        thread under one handle."""
+        if handle == _PER_THREAD:
+            return True
+        return handle == 0 and os.environ.get(_PTDS_VAR, "0").strip() not in ("", "0")
 
     def stream_device(self, handle: int) -> int:
         drv = _drv.driver()

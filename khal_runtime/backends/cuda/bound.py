@@ -164,6 +164,8 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
         key = n
         if grid_of is not None:
             g, keep = grid_of(n)
+            if not (g[0] and g[1] and g[2]):  # an empty grid: nothing launched
+                return None
             if not keep:
                 key = NOMEMO  # (no call's argument is it)
         elif dims == 1 and not isinstance(n, (tuple, list)):

@@ -72,10 +72,10 @@ class Capture:
         #: names of the kernels launched into this capture (filled while tracing/profiling)
         self.kernels: list[str] = []
         self._keep = keep
-        #: (device, stream handle) -> the Triton scratch buffers this capture's launches use on that
-        #: stream (:mod:`khal_runtime.scratch`), kept by its graph; ``scratch_reuse``: buffers it may
-        #: take first (those of the graph it updates)
-        self.scratch: dict[tuple[int, int], list[Any]] = {}
+        #: (device, stream handle, thread token or 0: ``scratch.stream_key``) -> the Triton scratch
+        #: buffers this capture's launches use on that stream (:mod:`khal_runtime.scratch`), kept by its
+        #: graph; ``scratch_reuse``: buffers it may take first (those of the graph it updates)
+        self.scratch: dict[tuple[int, int, int], list[Any]] = {}
         self.scratch_reuse: list[Any] = []
         self._open = False
 

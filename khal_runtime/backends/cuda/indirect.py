@@ -49,7 +49,8 @@ from khal_runtime.device import Device, Stream, as_stream, ensure_current
 from khal_runtime.dtypes import ReadOnly, dtype_info
 from khal_runtime.errors import ArgumentError, ArgumentValueError, EnvVarError, KhalError
 from khal_runtime.launch_hooks import write_line
-from khal_runtime.manifest import Entry, Param
+from khal_runtime.manifest_records import Entry, Param
+from khal_runtime.scratch import stream_key
 
 __all__ = ["HELPER_PTX", "dispatch_indirect", "persistent_grid", "threads_to_groups", "prepare"]
 
@@ -92,7 +93,8 @@ _lock = threading.Lock()
 _helpers: dict[int, Any] = {}           # device -> CUfunction
 _iplans: dict[Any, Any] = {}            # direct LaunchPlan -> LaunchPlan of the indirect variant
 _grids: dict[Any, int] = {}             # direct LaunchPlan -> persistent grid size
-_scratch: dict[tuple[int, int], Any] = {}  # (device, stream handle) -> DeviceBuffer (1 x uint32)
+#: (device, stream handle, thread token or 0: ``scratch.stream_key``) -> DeviceBuffer (1 x uint32)
+_scratch: dict[tuple[int, ...], Any] = {}
 _helper_args: dict[tuple[int, int, int], tuple[Any, Any, int]] = {}
 _tls = threading.local()
 
@@ -133,12 +135,12 @@ def _indirect_plan(kernel: KernelHandle, plan: LaunchPlan) -> LaunchPlan:
             raise KhalError(
                 f"entry {kernel.crate}.{e.name} has no indirect (persistent-grid) variant: {why}. Pass "
                 "host_read=True to read the count on the host and launch that many groups directly")
-        entry = Entry.model_construct(
+        entry = Entry.construct(  # (a manifest record, as the loaded package's: khal_runtime.manifest_load)
             name=f"{e.name}_indirect", symbol=e.indirect_symbol, hash=e.hash,
             block_size=e.block_size, indirect_symbol=None, grid_dims=1, webgpu=None, attributes=e.attributes,
-            params=tuple(e.params) + (Param(name="khal_group_count", kind="uniform",
-                                            element_type="uint32", element_size=4,
-                                            element_align=4),),
+            params=tuple(e.params) + (Param.construct(name="khal_group_count", kind="uniform",
+                                                      element_type="uint32", element_size=4,
+                                                      element_align=4),),
         )
         ip = LaunchPlan(entry, plan.crate, plan.device_id, plan.indirect_function, plan.uniforms,
                         attributes=plan.indirect_attributes)
@@ -181,7 +183,8 @@ def persistent_grid(kernel: KernelHandle, plan: LaunchPlan) -> int:
 
 
 def _scratch_for(device_id: int, stream: Any) -> Any:
-    key = (device_id, stream.handle)
+    # (a per-thread stream is another stream in each thread, whose helpers run concurrently: a word each)
+    key = (device_id, *stream_key(stream)[1:])
     buf = _scratch.get(key)
     if buf is None:
         ensure_current(device_id)

@@ -14,7 +14,7 @@ memo and the shared snapshots, and :mod:`khal_runtime.memo` for what clears them
 
 The generated code is made from :meth:`LaunchPlan.spec` (a frozen :class:`.launchgen.CodeSpec`)
 at most once per plan state: ``run`` when first used after a change, the kernel's ``call`` when
-the kernel reads it (:func:`khal_runtime.calls.adopt`). A first launch lets the plan learn its
+the kernel reads it (``KernelHandle.adopt``). A first launch lets the plan learn its
 arguments' types first (:meth:`LaunchPlan.learn`), so it makes each at most once. Launch hooks
 (tracing, profiling) are compiled into the generated code only while installed
 (:mod:`khal_runtime.launch_hooks`).
@@ -26,7 +26,7 @@ import ctypes
 import struct
 import sys
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from khal_runtime import abi, interop
 from khal_runtime.backends import DirectLaunch, KernelHandle
@@ -44,9 +44,11 @@ from khal_runtime.dtypes import dtype_info
 from khal_runtime.errors import CudaError
 from khal_runtime.generated import define
 from khal_runtime.launch_hooks import hooks
-from khal_runtime.manifest import Entry
 from khal_runtime.memo import EPOCH, register_memo
 from khal_runtime.uniforms import cached_converter, is_converter, uniform_converter
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry
 
 __all__ = ["MISSING", "NOMEMO", "DirectLaunch", "LaunchPlan", "launch_call"]
 
@@ -158,6 +160,8 @@ class LaunchPlan:
         self._inline: list[dict[type, interop.ArrayType]] = [{} for _ in entry.params]
         #: storage parameters that have seen a versioned array (torch): their memos check it
         self._versioned: set[int] = set()
+        #: those that have seen one without a version counter (a torch inference tensor)
+        self._unversioned: set[int] = set()
         #: per uniform parameter: host struct types converted inline (type -> "ctypes"/"bytes")
         #: per uniform parameter, the types converted inline: "ctypes", "bytes", or a device
         #: array's record (its inline read: a torch tensor holding the struct, khal_runtime.torch)
@@ -245,6 +249,19 @@ class LaunchPlan:
             self._versioned.add(i)
         return inline or versioned
 
+    def _unversioned_seen(self, i: int) -> bool:
+        """The kernel's call met, at parameter ``i``, a tensor without a version counter (an inference
+        tensor) its memo code cannot check: learn it, and have the kernel take the call made for it
+        (its memos then compare such a tensor's pointer, dtype, count and contiguity). False: this
+        launch (already made) is not remembered."""
+        with self._keep_lock:
+            if i not in self._unversioned:
+                self._unversioned.add(i)
+                self._changed()
+        if self.kernel is not None:  # only the kernel's call (made for a kernel) sends this
+            self.kernel.adopt(self, ())
+        return False
+
     def _uniform_kind(self, obj: Any) -> tuple[Callable[[Any], Any], Any]:
         """(converter, how the code converts it inline: "ctypes" / "bytes" / the record of a device
         array type with an inline read / None) of a uniform argument."""
@@ -276,10 +293,14 @@ class LaunchPlan:
                 reader, tp = self.readers[i], type(obj)
                 try:
                     if reader.array:
-                        if tp is DeviceBuffer or (tp in self._inline[i] and (
-                                i in self._versioned or tp not in versioned_types)):
+                        if tp is DeviceBuffer:
                             continue
-                        changed = self._take_storage(i, tp, interop.array_type(obj)) or changed
+                        if not (tp in self._inline[i] and (i in self._versioned or tp not in versioned_types)):
+                            changed = self._take_storage(i, tp, interop.array_type(obj)) or changed
+                        if tp in versioned_types and i not in self._unversioned and \
+                                (interop.tensor_memo(obj) or (None,))[0] is interop.UNVERSIONED:
+                            self._unversioned.add(i)  # an inference tensor: its memo code compares its facts
+                            changed = True
                     elif reader.uniform:
                         seen = self._uinline[i]
                         if tp is dict or tp in seen or len(seen) >= MAX_INLINE:
@@ -374,7 +395,8 @@ class LaunchPlan:
         bx, by, bz = self.block
         return CodeSpec(entry=self.entry, device_id=self.device_id, block=(bx, by, bz), shared=self.shared,
                         readers=tuple(self.readers), offsets=tuple(self._offsets), inline=tuple(inline),
-                        uinline=tuple(uinline), versioned=frozenset(self._versioned), memo=self.memo,
+                        uinline=tuple(uinline), versioned=frozenset(self._versioned),
+                        unversioned=frozenset(self._unversioned), memo=self.memo,
                         hooked=hooked, needs_ex=self.fattrs.needs_ex, attrs_check=self.check_attrs is not None,
                         gen=self._gen, clustered=clustered)
 
@@ -394,7 +416,7 @@ class LaunchPlan:
             "as_stream": as_stream, "NOMEMO": NOMEMO,
             "EPOCH": EPOCH, "STABLE_TYPES": interop.STABLE_ARRAY_TYPES,
             "MEMO_TYPES": interop.MEMO_ARRAY_TYPES, "STABLE_MEMO": (None, None),
-            "tensor_memo": interop.tensor_memo, "FREED": FREED,
+            "tensor_memo": interop.tensor_memo, "UNVERSIONED": interop.UNVERSIONED, "FREED": FREED,
             "IMMUTABLE_SCALAR": IMMUTABLE_SCALAR, "uniform_reader": uniform_reader,
             "ready_stream": ready_stream, "pack_u64": _PACK_U64,
             "storage_seen": self._storage_seen, "uniform_seen": self._uniform_seen,
@@ -403,6 +425,7 @@ class LaunchPlan:
             # the kernel's call only
             "kernel": self.kernel, "slow_call": slow_call, "Restate": Restate, "MISSING": MISSING,
             "snapshots": self._shared, "promote": self._promote, "unshare": self._unshare,
+            "unversioned_seen": self._unversioned_seen,
         }
         if spec.needs_ex:  # attributes on every launch: cuLaunchKernelEx, its list prebuilt
             ns["launch_ex"] = make_launch_ex(drv, self.fattrs)

@@ -35,11 +35,13 @@ there too, which makes the plan's call again) or to ``diagnose``, which names th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from khal_runtime import abi
 from khal_runtime.arguments import blocks_source
-from khal_runtime.manifest import Entry
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry
 
 #: memo slots per thread and shared snapshots per plan (distinct argument sets remembered)
 SLOTS = 4
@@ -55,13 +57,16 @@ class MemoLayout:
 
     A memo slot (this thread's, rewritten on every full read): ``a0 .. a{P-1}`` (the argument
     objects), ``stream`` (also its valid flag), ``n``, ``gx``, per uniform ``reader{i}`` and
-    ``bytes{i}``, per storage ``version{i}``, ``pointer{i}`` and ``storage{i}``, then ``buf`` (the
-    argument block), ``addr`` (the ``void*[]`` address), ``hits`` and ``ptrs``.
+    ``bytes{i}``, per storage ``version{i}``, ``pointer{i}``, ``storage{i}``, ``dtype{i}`` and
+    ``count{i}``, then ``buf`` (the argument block), ``addr`` (the ``void*[]`` address), ``hits`` and
+    ``ptrs``.
     A shared snapshot (never written after it is made): ``a0 .. a{P-1}``, ``stream``, ``n``,
     ``call`` (the launch call's whole argument tuple), ``gx``, ``addr``, the same per-uniform and
     per-storage fields, and ``keep`` (what must outlive it).
     The version is None for an array type that cannot change (``interop.STABLE_ARRAY_TYPES``),
-    else the tensor's ``_version`` when it was packed (``interop.VERSIONED_ARRAY_TYPES``).
+    else the tensor's ``_version`` when it was packed (``interop.VERSIONED_ARRAY_TYPES``), or
+    ``interop.UNVERSIONED`` for a tensor without a version counter (an inference tensor: its count
+    and contiguity are compared instead).
     A thread's slots live in ``plan_tls.s``, a :class:`ThreadSlots`.
     """
 
@@ -72,7 +77,8 @@ class MemoLayout:
         self.uniform = [i for i, reader in enumerate(readers) if reader.uniform]
         self.tensor = [i for i, reader in enumerate(readers) if reader.array]
         per_param = [n for i in self.uniform for n in (f"reader{i}", f"bytes{i}")]
-        per_param += [n for i in self.tensor for n in (f"version{i}", f"pointer{i}", f"storage{i}")]
+        per_param += [n for i in self.tensor for n in (f"version{i}", f"pointer{i}", f"storage{i}", f"dtype{i}",
+                                                        f"count{i}")]
         self.slot_fields = (*self.args, "stream", "n", "gx", *per_param, "buf", "addr", "hits", "ptrs")
         self.snapshot_fields = (*self.args, "stream", "n", "call", "gx", "addr", *per_param, "keep")
         self.Slot = type("MemoSlot", (), {"__slots__": self.slot_fields})
@@ -128,6 +134,9 @@ class CodeSpec:
     uinline: tuple[tuple[tuple[type, Any], ...], ...]
     #: storage parameters that have seen a versioned array (torch): their memos check it
     versioned: frozenset[int]
+    #: those of them that have seen one without a version counter (a torch inference tensor): their
+    #: memos compare its pointer, dtype, count and contiguity instead (the others pay no branch)
+    unversioned: frozenset[int]
     #: the fields of memo slots and snapshots
     memo: MemoLayout
     #: launch hooks installed: every launch goes through ``hooks.dispatch``
@@ -362,6 +371,10 @@ def memo_store_lines(spec: CodeSpec, I: str) -> list[str]:  # noqa: E741, N803
     for i, reader in enumerate(spec.readers):
         if reader.uniform:
             continue
+        if i in versioned and i not in spec.unversioned:  # an inference tensor here: learnt, not stored
+            conds.append(f"(q{i} := STABLE_MEMO if t{i} in STABLE_TYPES else tensor_memo(a{i})) is not None "
+                         f"and (q{i}[0] is not UNVERSIONED or unversioned_seen({i}))")
+            continue
         conds.append(f"(q{i} := STABLE_MEMO if t{i} in STABLE_TYPES else tensor_memo(a{i})) is not None"
                      if i in versioned else f"t{i} in STABLE_TYPES" if reader.array
                      else f"IMMUTABLE_SCALAR[type(a{i})]")
@@ -373,8 +386,8 @@ def memo_store_lines(spec: CodeSpec, I: str) -> list[str]:  # noqa: E741, N803
         ucond.append(f"r{i} is not NOMEMO")
         inner.append(f"m.reader{i} = r{i}; m.bytes{i} = h{i}")
     for i in lo.tensor:
-        inner.append(f"m.version{i} = q{i}[0]; m.pointer{i} = p{i}; m.storage{i} = q{i}[1]" if i in versioned
-                     else f"m.version{i} = None")
+        inner.append(f"m.version{i} = q{i}[0]; m.pointer{i} = p{i}; m.storage{i} = q{i}[1]; m.dtype{i} = k{i}; "
+                     f"m.count{i} = c{i}" if i in versioned else f"m.version{i} = None")
     stores: list[str] = []
     for a in lo.args:
         stores.append(f"m.{a} = {a}")
@@ -410,12 +423,19 @@ def memo_store_lines(spec: CodeSpec, I: str) -> list[str]:  # noqa: E741, N803
 # a first call makes them, and each comprehension is a frame of its budget, test_generated_code.)
 def tensor_unchanged(spec: CodeSpec, m: str) -> list[str]:
     """Each tensor the memo ``m`` holds (for the parameters that have seen one) has the
-    version and pointer it had when packed (an array of a stable type has version None)."""
+    version, pointer and dtype it had when packed (``.data =`` a view of another dtype at the same
+    address keeps the other two); one without a version counter (an inference tensor,
+    ``UNVERSIONED``) the pointer, dtype, count and contiguity (what an in-place op can change under
+    the same identity: ``resize_``, ``t_``, ``.data =``). An array of a stable type has version None."""
     out: list[str] = []
     for i in spec.memo.tensor:
-        if i in spec.versioned:
-            out.append(f"({m}.version{i} is None or (a{i}._version == {m}.version{i} "
-                       f"and a{i}.data_ptr() == {m}.pointer{i}))")
+        if i in spec.unversioned:
+            out.append(f"((ver := {m}.version{i}) is None or (a{i}._version == ver if ver is not UNVERSIONED else "
+                       f"a{i}.numel() == {m}.count{i} and a{i}.is_contiguous()) and a{i}.data_ptr() == {m}.pointer{i} "
+                       f"and a{i}.dtype is {m}.dtype{i})")
+        elif i in spec.versioned:  # (never an UNVERSIONED one: memo_store_lines; the version read once)
+            out.append(f"((ver := {m}.version{i}) is None or (a{i}._version == ver and a{i}.data_ptr() == "
+                       f"{m}.pointer{i} and a{i}.dtype is {m}.dtype{i}))")
     return out
 
 
@@ -441,8 +461,8 @@ def snapshot_hits(spec: CodeSpec) -> list[str]:
         conds.append(f"{a} is k.{a}")
     conds += ["st is k.stream", "n is k.n", "not _more"]
     conds += tensor_unchanged(spec, "k")
-    for i in lo.uniform:
-        conds.append(f"(k.reader{i} is None or k.reader{i}(a{i}) == k.bytes{i})")
+    for i in lo.uniform:  # (the reader read once)
+        conds.append(f"((rdr := k.reader{i}) is None or rdr(a{i}) == k.bytes{i})")
     hit = " and ".join(conds)
     out: list[str] = []
     for j in range(SLOTS):

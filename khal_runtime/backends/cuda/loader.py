@@ -11,13 +11,12 @@ check each kernel's parameter layout (``cuFuncGetParamInfo``) against the manife
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from khal_runtime import abi
 from khal_runtime.backends.cuda.attributes import FunctionAttributes, prepare_function
 from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.errors import ArtifactError, CudaError, NoCompatibleBinaryError, ParamLayoutError, PtxTooNewError
-from khal_runtime.manifest import Artifact, Crate, Entry
 from khal_runtime.binaries import (  # noqa: F401 - re-exported: selection's names
     DRIVER_BRANCH,
     PTX_ISA_BY_DRIVER,
@@ -27,6 +26,9 @@ from khal_runtime.binaries import (  # noqa: F401 - re-exported: selection's nam
     ptx_isa_supported,
 )
 from khal_runtime.verify import check_launch_facts, check_symbols
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Artifact, Crate, Entry
 
 __all__ = [
     "DRIVER_BRANCH",

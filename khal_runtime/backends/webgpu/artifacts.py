@@ -13,13 +13,15 @@ else is an ArtifactError or HashMismatchError saying to rebuild.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from khal_runtime.abi import split_symbol
 from khal_runtime.binaries import BinaryFormatError, webgpu_entry_points
 from khal_runtime.errors import ArtifactError, HashMismatchError
-from khal_runtime.manifest import Crate, Entry, WebGpuTarget
 from khal_runtime.verify import read_artifact, webgpu_layout_problems
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Crate, Entry, WebGpuTarget
 
 __all__ = ["code_loader", "entry_code"]
 

@@ -33,12 +33,12 @@ from khal_runtime.device import Device, Stream, as_stream
 from khal_runtime.errors import ArgumentError, BackendUnavailableError, CaptureError, KhalError, LaunchAttributeError
 from khal_runtime.graphs import Graph
 from khal_runtime.launch_hooks import hooks
-from khal_runtime.manifest import Crate
 from khal_runtime.verify import check_launch_facts, read_artifact
 
 if TYPE_CHECKING:
     from khal_runtime.backends import Backend
     from khal_runtime.backends import LaunchPlan as ContractPlan
+    from khal_runtime.manifest import Crate
 
 __all__ = ["BACKEND", "WebGpuBackend", "WebGpuPlan"]
 
@@ -306,6 +306,9 @@ class WebGpuBackend:
         return self.native_stream(handle)  # type: ignore[no-any-return]
 
     def is_legacy_stream(self, handle: int) -> bool:
+        return False
+
+    def is_per_thread_stream(self, handle: int) -> bool:
         return False
 
     def synchronize(self, stream: Stream) -> None:

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from khal_runtime.backends.webgpu.bindings import Bound, Immediates
 from khal_runtime.backends.webgpu.device import WebGpuDevice
 from khal_runtime.backends.webgpu.launch import Launcher
 from khal_runtime.backends.webgpu.memory import Allocation, View, alloc
 from khal_runtime.backends.webgpu.pipeline import get_pipeline
-from khal_runtime.manifest import Binding, Entry, Param, WebGpuTarget
+from khal_runtime.manifest_records import Binding, Entry, Param, WebGpuTarget
+
+if TYPE_CHECKING:
+    from khal_runtime import manifest
 
 __all__ = ["CONVERT_WGSL", "IndirectHelper", "dispatch_indirect", "indirect_helper"]
 
@@ -59,20 +62,23 @@ _SYMBOL = f"{_NAME}_khal_{_HASH}"
 CONVERT_WGSL = CONVERT_WGSL_TEMPLATE.replace("SYMBOL", _SYMBOL)
 
 
-def _entry() -> Entry:
-    return Entry(
+def _entry() -> manifest.Entry:
+    # (manifest records, as a loaded package's entries are: khal_runtime.manifest_load)
+    return cast("manifest.Entry", Entry.construct(
         name=_NAME, symbol=_SYMBOL, hash=_HASH, block_size=(1, 1, 1),
-        params=(Param(name="khal_count", kind="storage", element_type="uint32", element_size=4,
-                      element_align=4, shape="slice"),
-                Param(name="khal_args", kind="storage", element_type="uint32", element_size=4,
-                      element_align=4, shape="slice", writable=True),
-                Param(name="khal_p", kind="uniform", element_type="KhalIndirectParams", element_size=16,
-                      element_align=4)),
-        webgpu=(WebGpuTarget(target="wgsl", path="khal_runtime/indirect.wgsl", entry_point=_SYMBOL,
-                             bindings=(Binding(param="khal_count", group=0, binding=0, access="read"),
-                                       Binding(param="khal_args", group=0, binding=1, access="read_write"),
-                                       Binding(param="khal_p", group=0, binding=2, access="uniform"))),),
-    )
+        params=(Param.construct(name="khal_count", kind="storage", element_type="uint32", element_size=4,
+                                element_align=4, shape="slice"),
+                Param.construct(name="khal_args", kind="storage", element_type="uint32", element_size=4,
+                                element_align=4, shape="slice", writable=True),
+                Param.construct(name="khal_p", kind="uniform", element_type="KhalIndirectParams", element_size=16,
+                                element_align=4)),
+        webgpu=(WebGpuTarget.construct(target="wgsl", path="khal_runtime/indirect.wgsl", entry_point=_SYMBOL,
+                                       bindings=(Binding.construct(param="khal_count", group=0, binding=0, access="read"),
+                                                 Binding.construct(param="khal_args", group=0, binding=1,
+                                                                   access="read_write"),
+                                                 Binding.construct(param="khal_p", group=0, binding=2,
+                                                                   access="uniform"))),),
+    ))
 
 
 class IndirectHelper:

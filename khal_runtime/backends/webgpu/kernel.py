@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from khal_runtime import abi
 from khal_runtime.abi import SCALARS
-from khal_runtime.arguments import blocks, blocks_source, dim3
+from khal_runtime.arguments import blocks, blocks_source, dim3, grid3, is_empty
 from khal_runtime.backends.webgpu import memory
 from khal_runtime.backends.webgpu.indirect import dispatch_indirect
 from khal_runtime.backends.webgpu.arrays import WgpuArray
@@ -44,7 +44,9 @@ from khal_runtime.backends.webgpu.pipeline import get_pipeline, select_target
 from khal_runtime.buffers import DeviceBuffer
 from khal_runtime.errors import ArgumentError, ArgumentValueError, KhalError
 from khal_runtime.generated import define
-from khal_runtime.manifest import Entry, Param, WebGpuTarget
+
+if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry, Param, WebGpuTarget
 
 __all__ = ["BoundDispatch", "KernelPlan", "StorageInfo", "register_storage_type"]
 
@@ -413,7 +415,7 @@ class KernelPlan:
     def launch(self, grid: Any, block: Any, args: Sequence[Any], shared_mem: int = 0) -> None:
         """``k.launch(grid, block, *args)``: explicit workgroup counts. The workgroup size is
         compiled into the shader: ``block`` must be None or the entry's block size."""
-        g = (grid, 1, 1) if type(grid) is int and grid > 0 else dim3(grid, "grid")
+        g = (grid, 1, 1) if type(grid) is int and grid > 0 else grid3(grid, "grid")
         if block is not None:
             b = (block, 1, 1) if type(block) is int else dim3(block, "block")
             if tuple(b) != self.block:
@@ -423,6 +425,9 @@ class KernelPlan:
         if shared_mem:
             raise ArgumentValueError(f"{self.name}.launch(): shared_mem={shared_mem}: WebGPU workgroup "
                                      "memory is declared in the shader; pass 0")
+        if is_empty(g):  # no workgroups: the arguments checked, nothing recorded
+            self.resolve(args)
+            return
         self.launcher.check_groups(*g)
         bgs, imm = self.resolve(args)
         self.stream.record(self.pipeline, bgs, g[0], g[1], g[2], imm)
@@ -511,6 +516,8 @@ class BoundDispatch:
         st = self._state
         if st[0] != self._pool.generation or st[1] != memory.FREES[0]:
             st = self._bind()
-        g = dim3(grid, "grid")
+        g = grid3(grid, "grid")
+        if is_empty(g):
+            return
         self.plan.launcher.check_groups(*g)
         self._rec(self._pl, st[2], g[0], g[1], g[2], st[3])

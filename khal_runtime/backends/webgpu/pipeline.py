@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from khal_runtime.backends.webgpu._wgpu import native, wgpu_module
 from khal_runtime.errors import EnvVarError, KhalError, PipelineCreationError
-from khal_runtime.manifest import Entry, WebGpuTarget
 
 if TYPE_CHECKING:
+    from khal_runtime.manifest import Entry, WebGpuTarget
     from khal_runtime.backends.webgpu.device import WebGpuDevice
 
 __all__ = ["SHADER_ENV", "GroupPlan", "Pipeline", "get_pipeline", "select_target"]

@@ -391,6 +391,50 @@ def test_a_tensor_descriptor_kernel_gets_its_scratch_memory_and_matches_torch(tr
     assert torch.equal(out, x + y), f"{kind} graph replay"
 
 
+def test_per_thread_streams_get_their_own_scratch_and_match_torch(tri: Any) -> None:
+    """#38 item 2: two threads launching the tensor-descriptor kernel on ``CU_STREAM_PER_THREAD``
+    (handle 2: a stream of each thread's own, running concurrently) each get their own scratch
+    buffer (they shared one), and each thread's results are right."""
+    import threading
+
+    import torch
+
+    from khal_runtime import scratch
+    from khal_runtime.device import as_stream
+
+    kind, ks = tri
+    desc = ks.desc_add_fp32
+    m, n = 1000, 1008
+    grid = ((m + 31) // 32, (n + 31) // 32)
+    errors: list[str] = []
+    keys: list[Any] = []
+
+    def work(seed: int) -> None:
+        try:
+            torch.cuda.set_device(0)
+            st = as_stream(2)
+            keys.append(scratch.stream_key(st))
+            g = torch.Generator(device="cuda").manual_seed(seed)
+            for _ in range(20):
+                x = torch.rand(m, n, device="cuda", generator=g)
+                y = torch.rand(m, n, device="cuda", generator=g)
+                out = torch.full((m, n), float("nan"), device="cuda")
+                desc[grid](x, y, out, m, n, stream=st)
+                st.synchronize()
+                if not torch.equal(out, x + y):
+                    errors.append(f"{kind} thread {seed}: wrong result")
+        except Exception as exc:  # noqa: BLE001  (reported below, with the thread)
+            errors.append(f"{kind} thread {seed}: {exc!r}")
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(set(keys)) == 2  # one scratch buffer per thread
+
+
 def test_a_num_ctas_2_kernel_launches_two_ctas_per_program_and_matches_torch(tri: Any) -> None:
     """Triton's vector add built with num_ctas = 2: each program a cluster of two CTAs (compiled
     in); launching one CTA per program would leave half of each block unwritten."""

@@ -89,6 +89,31 @@ def test_explicit_launch_bind_slices_and_atomics(ks: Any) -> None:
     assert int(tot.to_numpy()[0]) == 2 * R.sum_u32(vals[1024:2048])
 
 
+def test_an_empty_grid_launches_nothing_on_every_path(ks: Any) -> None:
+    """#38 item 5: a grid with a 0 in it (an empty batch) records nothing, on every path; the
+    arguments are checked all the same, and a negative grid stays an error."""
+    dv, tot = DeviceBuffer.from_numpy(np.arange(256, dtype=np.uint32) + 1), DeviceBuffer.zeros(1, np.uint32)
+    plan = ks.sum_u32.ready_plan(0).kp
+    for grid in (0, (0,), (0, 1, 1), np.int64(0)):
+        ks.sum_u32.launch(grid, None, dv, tot)
+        khal_runtime.launch(None, khal_runtime.LaunchConfig(grid), ks.sum_u32, dv, tot)
+        plan.launch(grid, None, (dv, tot))
+        ks.sum_u32.bind(dv, tot).launch(grid)
+    ks.sum_u32(0, dv, tot)
+    ks.sum_u32.bind(dv, tot)(0)
+    with khal_runtime.default_stream().capture() as cap:
+        ks.sum_u32.launch(0, None, dv, tot)
+    cap.graph.launch()
+    assert int(tot.to_numpy()[0]) == 0  # nothing ran
+    with pytest.raises(ArgumentError, match=r"sum_u32\(\): argument 'values' \(storage uint32\): expected element "
+                                            r"type uint32 \(4 bytes\), got float32"):
+        ks.sum_u32.launch(0, None, DeviceBuffer.zeros(4, np.float32), tot)
+    with pytest.raises(ArgumentValueError, match=r"grid: every dimension must be >= 0"):
+        ks.sum_u32.launch(-1, None, dv, tot)
+    with pytest.raises(ArgumentValueError, match=r"grid: every dimension must be >= 0"):
+        plan.launch((2, -1), None, (dv, tot))
+
+
 def test_a_cluster_at_launch_is_refused_by_name_on_webgpu(ks: Any) -> None:
     from khal_runtime.errors import LaunchAttributeError
 

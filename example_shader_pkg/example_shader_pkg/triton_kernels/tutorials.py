@@ -1,11 +1,23 @@
 # Kernels from Triton's tutorials (01-vector-add.py, 02-fused-softmax.py, 03-matrix-multiplication.py), MIT licence:
 # Copyright 2018-2020 Philippe Tillet, Copyright 2020-2022 OpenAI. See
 # https://github.com/triton-lang/triton/blob/main/LICENSE. Softmax reads its loop's bounds from
-# program ids (the tutorial's persistent form), with num_stages left to the instance.
+# program ids (the tutorial's persistent form), with num_stages left to the call.
+#
+# The example's Triton crate `tutorials` (example_shader_pkg/pyproject.toml): this module, inside the
+# package, is the crate's source. The build compiles the variants of khal-triton.lock (recorded from
+# record_warmup.py) and records where each kernel is importable (`triton.module`
+# example_shader_pkg.triton_kernels.tutorials, `triton.qualname` add_kernel, ...): once the package
+# is imported, this module's kernels are the wheel's (example_shader_pkg.tutorials calls them).
 import triton
 import triton.language as tl
 
-from helpers import masked_sum
+
+@triton.jit
+def masked_sum(x):
+    # a @triton.jit helper the softmax calls: the entry hash covers it (Triton's cache_key). It lives
+    # here, not in a module of its own: the build loads a crate's sources by path, so a relative
+    # import (`from .helpers import masked_sum`) is not resolved there
+    return tl.sum(x, axis=0)
 
 
 @triton.jit
