@@ -57,6 +57,14 @@ class Record:
             object.__setattr__(obj, name, value)
         return obj
 
+    def model_copy(self, update: dict[str, Any] | None = None) -> Any:
+        """A copy with the fields in ``update`` replaced (values as the class holds them: records,
+        tuples), as pydantic's ``model_copy``."""
+        obj = type(self).__new__(type(self))
+        for name in self._FIELDS:
+            object.__setattr__(obj, name, update[name] if update is not None and name in update else getattr(self, name))
+        return obj
+
     def model_dump(self, mode: str = "python", exclude_none: bool = False) -> dict[str, Any]:
         """The fields as pydantic's ``model_dump`` gives them (records as dicts; ``mode="json"``:
         tuples as lists)."""

@@ -112,6 +112,10 @@ def test_a_record_dumps_and_hashes_as_its_model(tmp_path: Path) -> None:
                     assert type(er.triton.constexprs["D"]) is records.TritonDtype
                 for pm, pr in zip(em.params, er.params):
                     assert (pr.describe(True), pr.slots) == (pm.describe(True), pm.slots)
+        # (khal_runtime.companions drops the artifacts of a companion not installed)
+        cm, cr = m.crates[0].model_copy(update={"artifacts": ()}), r.crates[0].model_copy(update={"artifacts": ()})
+        assert type(cr) is records.Crate and cr.model_dump() == cm.model_dump() and cr.artifacts == ()
+        assert r.crates[0].artifacts == m.crates[0].artifacts != ()
     with pytest.raises(TypeError, match="frozen"):
         r.package = "other"  # type: ignore[misc]
 
