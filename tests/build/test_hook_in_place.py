@@ -46,7 +46,7 @@ def test_in_place_kernels_are_replaced_by_forced_files_not_by_changing_the_confi
     assert builder.config.exclude_spec is exclude  # the hook changed none of hatchling's settings
     assert _khal_files(whl) == ["mini_pkg/_khal/__init__.py", "mini_pkg/_khal/__init__.pyi",
                                 "mini_pkg/_khal/alpha/alpha.sm_90.cubin", "mini_pkg/_khal/beta/beta.sm_90.cubin",
-                                "mini_pkg/_khal/manifest.json"]
+                                "mini_pkg/_khal/manifest.digest", "mini_pkg/_khal/manifest.json"]
     with zipfile.ZipFile(whl) as zf:
         assert "editable" not in json.loads(zf.read("mini_pkg/_khal/manifest.json"))  # this build's, not the tree's
     assert (edited / "mini_pkg" / "_khal" / "manifest.json").is_file()  # the editable install keeps its kernels
