@@ -152,7 +152,7 @@ def run(args: Any) -> list[Row]:
         cfg = drv.CUlaunchConfig()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = 1, 1, 1
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = 256, 1, 1
-        cfg.sharedMemBytes, cfg.hStream = 0, st._cu
+        cfg.sharedMemBytes, cfg.hStream = 0, st.native
         cfg.attrs, cfg.numAttrs = [at], 1
         ex, f, addr = drv.cuLaunchKernelEx, plan.function, ctypes.addressof(arr)
         b = k.bind(y, z, n, stream=st)

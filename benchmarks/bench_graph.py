@@ -64,15 +64,15 @@ def run(args: Any) -> list[Row]:
                 ctypes.c_uint64(z.ptr), ctypes.c_uint64(n), ctypes.c_uint64(upt), ctypes.c_float(0.5)]
         arr = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-        check(drv.cuStreamBeginCapture(st._cu, mode), "cuStreamBeginCapture")
+        check(drv.cuStreamBeginCapture(st.native, mode), "cuStreamBeginCapture")
         for _ in range(STEP):
-            check(drv.cuLaunchKernel(plan.function, 1, 1, 1, 256, 1, 1, 0, st._cu, ctypes.addressof(arr), 0),
+            check(drv.cuLaunchKernel(plan.function, 1, 1, 1, 256, 1, 1, 0, st.native, ctypes.addressof(arr), 0),
                   "cuLaunchKernel")
-        g = check(drv.cuStreamEndCapture(st._cu), "cuStreamEndCapture")
+        g = check(drv.cuStreamEndCapture(st.native), "cuStreamEndCapture")
         ex = check(drv.cuGraphInstantiate(g, 0), "cuGraphInstantiate")
-        check(drv.cuGraphUpload(ex, st._cu), "cuGraphUpload")
+        check(drv.cuGraphUpload(ex, st.native), "cuGraphUpload")
         try:
-            return _time_step(lambda: drv.cuGraphLaunch(ex, st._cu), st.synchronize, reps)
+            return _time_step(lambda: drv.cuGraphLaunch(ex, st.native), st.synchronize, reps)
         finally:
             drv.cuGraphExecDestroy(ex)
             drv.cuGraphDestroy(g)

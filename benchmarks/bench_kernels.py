@@ -36,9 +36,9 @@ def run(args: Any) -> list[Row]:
         st.synchronize()
         ts = []
         for _ in range(reps):
-            check(drv.cuEventRecord(e0, st._cu), "cuEventRecord")
+            check(drv.cuEventRecord(e0, st.native), "cuEventRecord")
             fn()
-            check(drv.cuEventRecord(e1, st._cu), "cuEventRecord")
+            check(drv.cuEventRecord(e1, st.native), "cuEventRecord")
             check(drv.cuEventSynchronize(e1), "cuEventSynchronize")
             ts.append(check(drv.cuEventElapsedTime(e0, e1), "cuEventElapsedTime"))
         return statistics.median(ts)
@@ -52,7 +52,7 @@ def run(args: Any) -> list[Row]:
     gbs: dict[str, float] = {}
 
     def copy() -> None:
-        ms = timed_ms(lambda: check(drv.cuMemcpyDtoDAsync(y.ptr, x.ptr, nbytes, st._cu), "cuMemcpyDtoDAsync"))
+        ms = timed_ms(lambda: check(drv.cuMemcpyDtoDAsync(y.ptr, x.ptr, nbytes, st.native), "cuMemcpyDtoDAsync"))
         gbs["copy"] = 2 * nbytes / ms / 1e6
         rows.append(Row(SECTION, "device-to-device copy", gbs["copy"], "GB/s", 1.0, "copy",
                         note=f"{2 * nbytes / 2**30:.1f} GiB moved, {ms:.3f} ms"))

@@ -92,7 +92,7 @@ def run(args: Any) -> list[Row]:
     for kname, (kargs, raw_vals) in kern_args.items():
         k = getattr(ks, kname)
         plan = k.plan(0)
-        f, cu, L = plan.function, st._cu, drv.cuLaunchKernel
+        f, cu, L = plan.function, st.native, drv.cuLaunchKernel
         arr = (ctypes.c_void_p * len(raw_vals))(*[ctypes.addressof(v) for v in raw_vals])
         keep += [arr, raw_vals]
         addr = ctypes.addressof(arr)

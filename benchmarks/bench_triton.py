@@ -229,7 +229,7 @@ def run(args: Any) -> list[Row]:
         vals = [ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(y.data_ptr()), ctypes.c_uint64(o.data_ptr()),
                 ctypes.c_int32(n), ctypes.c_uint64(0), ctypes.c_uint64(0)]  # + the two scratch pointers
         arr = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-        f, cu, L, addr = plan.function, st._cu, drv.cuLaunchKernel, ctypes.addressof(arr)
+        f, cu, L, addr = plan.function, st.native, drv.cuLaunchKernel, ctypes.addressof(arr)
         bx, shmem = variant.entry.block_size[0], variant.entry.triton.shared
         jit = T.add_kernel[(n // 1024,)]
         jit(x, y, o, n, BLOCK_SIZE=1024)

@@ -177,9 +177,7 @@ def make_kernels() -> tuple[Any, ...]:
         plan = LaunchPlan(e, "bench", 0, object(), _Uniforms(), kernel=k)  # type: ignore[arg-type]
         k._plans[0] = plan
         if dims == 1:  # as Kernel.plan(): 2-D / 3-D entries keep the generic call
-            from khal_runtime.calls import adopt
-
-            adopt(k, plan, ())
+            k.adopt(plan, ())
         out.append(k)
     return out[0], out[1], st, out[2]
 
@@ -288,7 +286,7 @@ def measure() -> dict[str, float]:
     p = BenchParams(2.0, 1.0)
     rows: dict[str, float] = {}
     rows["python no-op call"] = per_call_us(lambda: None)
-    L, f, cu = _cuda_launch(), object(), st._cu
+    L, f, cu = _cuda_launch(), object(), st.native
     rows["no-op driver call (raw equivalent)"] = per_call_us(lambda: L(f, 4096, 1, 1, 256, 1, 1, 0, cu, 0, 0))
     rows["empty1 typed call (DeviceBuffer)"] = per_call_us(lambda: empty1(n, bufs[0]))
     rows["five typed call (DeviceBuffer)"] = per_call_us(lambda: five(n, bufs[0], bufs[1], bufs[2], p, 0.5))
@@ -370,7 +368,7 @@ def measure_triton(rounds: int = 20, number: int = 2000) -> dict[str, float]:
     own(x, y, o, n, stream=st)
     cbound = five.bind(bufs[0], bufs[1], bufs[2], pdev, 0.5, stream=st)
     g4 = (n // 1024,)
-    L, f, cu = _cuda_launch(), object(), st._cu  # noqa: N806
+    L, f, cu = _cuda_launch(), object(), st.native  # noqa: N806
     fns: dict[str, Callable[[], Any]] = {
         "raw launch call (no-op driver)": lambda: L(f, 4, 1, 1, bx, 1, 1, shmem, cu, 0, 0),
         "triton k[grid](tensors, stream=st), same again": lambda: go(x, y, o, n, stream=st),

@@ -32,7 +32,7 @@ def main() -> None:
     vals = [ctypes.c_uint64(x.ptr), ctypes.c_uint64(256)]
     arr = (ctypes.c_void_p * 2)(*[ctypes.addressof(v) for v in vals])
     addr = ctypes.addressof(arr)
-    cu = st._cu
+    cu = st.native
     L, LEx, G = drv.cuLaunchKernel, drv.cuLaunchKernelEx, drv.cuCtxGetCurrent
     cfg = drv.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = 1, 1, 1

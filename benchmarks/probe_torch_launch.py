@@ -44,7 +44,7 @@ def main() -> None:
             ctypes.c_uint64(z.ptr), ctypes.c_uint64(n), ctypes.c_uint64(pdev.ptr), ctypes.c_float(0.5)]
     arr = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
     lx, args = launch_call(drv)
-    call = args(plan.function, (1, 1, 1), (256, 1, 1), 0, st._cu, ctypes.addressof(arr))
+    call = args(plan.function, (1, 1, 1), (256, 1, 1), 0, st.native, ctypes.addressof(arr))
     k = next(s for s in plan._shared if s[0] is tx)  # the torch snapshot
     v0, p0 = plan.memo.s_tensor[0][:2]
     v1, p1 = plan.memo.s_tensor[1][:2]

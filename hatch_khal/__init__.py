@@ -4,7 +4,7 @@ at wheel-build time.
 Front-ends: the hatchling hook (:mod:`hatch_khal.plugin`, registered by :mod:`hatch_khal.hooks`)
 and the setuptools command (:mod:`hatch_khal.setuptools_ext`), sharing :mod:`hatch_khal.frontend`.
 The build (:func:`hatch_khal.builder.build_packages`) runs the stages :mod:`~hatch_khal.plan`,
-:mod:`~hatch_khal.compiling`, :mod:`~hatch_khal.assemble` and :mod:`~hatch_khal.output`, handing
+:mod:`~hatch_khal.compile_stage`, :mod:`~hatch_khal.assemble` and :mod:`~hatch_khal.output`, handing
 each other frozen records per crate (``Planned`` -> ``Prepared`` -> ``Compiled``), with a language
 seam (:mod:`hatch_khal.languages`; CUDA C++ in :mod:`hatch_khal.cuda`, Slang in
 :mod:`hatch_khal.slang.language` over the Slang stage :mod:`hatch_khal.slang`, Triton in

@@ -2,7 +2,7 @@
 
 ``build_packages`` runs the stages in order, each handing the next a new frozen record per crate
 (:mod:`hatch_khal.languages`): plan (:mod:`hatch_khal.plan`: ``Planned``), compile
-(:mod:`hatch_khal.compiling`: each language's front stage, such as Slang, gives ``Prepared``; then
+(:mod:`hatch_khal.compile_stage`: each language's front stage, such as Slang, gives ``Prepared``; then
 the compile jobs, ``Compiled``), assemble (:mod:`hatch_khal.assemble`); it returns, per target
 package, a manifest and the artifact bytes. Writing them (:mod:`hatch_khal.output`)
 is the front-end's call: the hatch plugin stages them for the wheel, editable builds write
@@ -22,7 +22,7 @@ from hatch_khal.__about__ import __version__
 from hatch_khal.assemble import assemble_packages
 from hatch_khal.cache import Cache, default_cache_dir
 from hatch_khal.compilers import get_compiler
-from hatch_khal.compiling import compile_jobs, prepare_crates
+from hatch_khal.compile_stage import compile_jobs, prepare_crates
 from hatch_khal.config import ResolvedCrate
 from hatch_khal.cuda import khal_include_dir
 from hatch_khal.errors import KhalBuildError

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from khal_runtime import abi
+from khal_runtime import abi, launch_attributes
 from khal_runtime.abi import indirect_symbol_for, symbol_for
 from khal_runtime.binaries import FOLD_TAGGED_GLOBAL
 
@@ -104,8 +104,8 @@ def _callee(entry: EntryDecl) -> str:
 def _launch_bounds(entry: EntryDecl) -> str:
     """``__launch_bounds__`` of the generated kernels, and ``__cluster_dims__`` of a clustered entry
     (``KHAL_CLUSTER``: compiled in, so the driver launches it in clusters with no attribute)."""
-    cluster = entry.attributes.get("cluster_dims")
-    cd = " __cluster_dims__({}, {}, {})".format(*cluster) if isinstance(cluster, tuple) else ""
+    cluster = launch_attributes.CLUSTER_DIMS.of(entry.attributes)
+    cd = " __cluster_dims__({}, {}, {})".format(*cluster) if cluster else ""
     if entry.fixed_block:
         return f" __launch_bounds__({entry.threads}){cd}"
     return (f" __launch_bounds__({entry.launch_bounds})" if entry.launch_bounds else "") + cd
@@ -200,10 +200,10 @@ def _entry_code(entry: EntryDecl, entry_hash: str, indirect: bool = True) -> str
 
 def has_indirect(entry: EntryDecl) -> bool:
     """Whether the entry gets a persistent-grid variant: 1-D entries (the device-side count
-    is one number of groups along x), neither cooperative nor clustered (a grid or cluster sync in
-    a loop whose trip count differs between blocks would deadlock)."""
-    a = entry.attributes
-    return entry.grid_dims == 1 and not a.get("cooperative") and not a.get("cluster_dims")
+    is one number of groups along x), without a launch attribute that rules it out (cooperative,
+    clustered: a grid or cluster sync in a loop whose trip count differs between blocks would
+    deadlock; ``LaunchAttribute.no_indirect``)."""
+    return entry.grid_dims == 1 and launch_attributes.indirect_blocker(entry.attributes) is None
 
 
 #: what ``khal::type_id`` says of the CUDA half types, when the sources included them

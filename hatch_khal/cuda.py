@@ -23,7 +23,7 @@ from khal_runtime.manifest import GlobalVar, SpirvStatus
 
 from hatch_khal.__about__ import __version__
 from hatch_khal.codegen import explain_entry_error, generate_unit, has_indirect
-from hatch_khal.compiling import compile_jobs
+from hatch_khal.compile_stage import compile_jobs
 from hatch_khal.compilers import get_compiler
 from hatch_khal.config import ResolvedCrate
 from hatch_khal.entries import EntryDecl, scan_crate

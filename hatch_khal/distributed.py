@@ -94,7 +94,7 @@ def build_shard(root: Path, spec: ShardSpec, out: Path, reporter: Reporter, *, c
     """Compile shard ``spec`` of the project at ``root`` into the folder ``out``; its record."""
     # lazy: the build core (pydantic, NVRTC) only for the shard command
     from hatch_khal.builder import plan_jobs
-    from hatch_khal.compiling import compile_jobs
+    from hatch_khal.compile_stage import compile_jobs
     from hatch_khal.nvrtc import requirement
 
     root = root.resolve()

@@ -5,11 +5,11 @@ The grammar is deliberately small so it can be read without a C++ parser::
     entry    := [ template < tparams > ] KHAL_ENTRY ( IDENT , block , ( param { , param } ) { , option } )
     block    := INT | ( INT , INT [ , INT ] )
     option   := KHAL_LAUNCH_BOUNDS ( INT | none )      any block within the bounds
-              | KHAL_SHARED_MEM ( INT )                dynamic shared memory, bytes (above 48 KB too)
-              | KHAL_COOPERATIVE                       a cooperative grid (grid.sync())
-              | KHAL_CLUSTER ( INT [ , INT [ , INT ] ] )  thread-block cluster dims (sm_90+)
-              | KHAL_PDL                               programmatic dependent launch
-    (each option at most once, in any order; the launch attributes: khal_runtime.abi.LAUNCH_ATTRIBUTES)
+              | attribute                              a launch attribute
+    attribute:= the marker of a row of khal_runtime.launch_attributes.ATTRIBUTES, with the arguments
+                 its row parses (KHAL_SHARED_MEM ( INT ), KHAL_COOPERATIVE, KHAL_CLUSTER ( INT [ , INT
+                 [ , INT ] ] ), KHAL_PDL, ...: docs/guide/writing-kernels.md has the table)
+    (each option at most once, in any order)
     instance := KHAL_INSTANTIATE ( IDENT , IDENT { , targ } )
     param    := KHAL_STORAGE ( type , IDENT )
               | KHAL_STORAGE_ARRAY ( type , INT , IDENT )
@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
-from khal_runtime import abi
+from khal_runtime import abi, launch_attributes
 
 from hatch_khal.errors import EntryParseError, SourceError
 from hatch_khal.preprocessor import DEFINE_NAME, Cond, MacroEnv, blank_preprocessor, line_states, strip_comments
@@ -132,8 +132,8 @@ class EntryDecl:
     #: headers known to: ``<cooperative_groups.h>``): the text check of the indirect variant,
     #: used when the build has no PTX to check
     grid_reads_elsewhere: tuple[str, ...] = ()
-    #: launch attributes (``KHAL_SHARED_MEM`` / ``KHAL_COOPERATIVE`` / ``KHAL_CLUSTER`` / ``KHAL_PDL``):
-    #: (manifest field, value) pairs of those given, in LAUNCH_ATTRIBUTES order
+    #: launch attributes (``KHAL_SHARED_MEM`` / ``KHAL_COOPERATIVE`` / ``KHAL_CLUSTER`` / ...: the
+    #: markers of launch_attributes.ATTRIBUTES): (manifest field, value) pairs of those given, in row order
     launch_attributes: tuple[tuple[str, object], ...] = ()
 
     @property
@@ -413,14 +413,10 @@ def _parse_bounds(raw: str, where: str, name: str, threads: int) -> int | None:
     return n
 
 
-#: the largest dynamic shared memory a marker may ask for (the device's opt-in maximum is checked
-#: at load: 227 KB on sm_90)
-_MAX_SHARED = 1 << 20
-
-
 def _parse_options(raw: list[str], where: str, name: str, threads: int
                    ) -> tuple[bool, int | None, tuple[tuple[str, object], ...]]:
-    """(fixed block, launch bounds, launch attributes) from the markers after the parameters."""
+    """(fixed block, launch bounds, launch attributes) from the markers after the parameters; the
+    launch attributes' markers are their rows' (:mod:`khal_runtime.launch_attributes`)."""
     fixed, bounds = True, None
     attrs: dict[str, object] = {}
     seen: set[str] = set()
@@ -433,38 +429,19 @@ def _parse_options(raw: list[str], where: str, name: str, threads: int
         if word == "KHAL_LAUNCH_BOUNDS":
             fixed, bounds = False, _parse_bounds(opt, where, name, threads)
             continue
-        if word in ("KHAL_COOPERATIVE", "KHAL_PDL"):
-            if opt.strip() != word:
-                raise EntryParseError(f"{where}: entry {name!r}: {word} takes no arguments, got {opt!r}")
-            attrs["cooperative" if word == "KHAL_COOPERATIVE" else "pdl"] = True
-            continue
-        m = re.fullmatch(r"\s*(KHAL_SHARED_MEM|KHAL_CLUSTER)\s*\(([^()]*)\)\s*", opt)
-        nums = [x.strip() for x in m.group(2).split(",")] if m else []
-        if m and m.group(1) == "KHAL_SHARED_MEM":
-            if len(nums) != 1 or not _INT_RE.fullmatch(nums[0]) or not 1 <= int(nums[0]) <= _MAX_SHARED:
-                raise EntryParseError(f"{where}: entry {name!r}: {opt.strip()!r} must be KHAL_SHARED_MEM(bytes) "
-                                      f"with 1 <= bytes <= {_MAX_SHARED}")
-            attrs["max_dynamic_shared"] = int(nums[0])
-            continue
-        if m and m.group(1) == "KHAL_CLUSTER":
-            if not 1 <= len(nums) <= 3 or not all(_INT_RE.fullmatch(x) for x in nums):
-                raise EntryParseError(f"{where}: entry {name!r}: {opt.strip()!r} must be KHAL_CLUSTER(x[, y[, z]])")
-            dims = tuple(int(x) for x in nums) + (1,) * (3 - len(nums))
-            if any(d < 1 for d in dims) or dims[0] * dims[1] * dims[2] > 32:
-                raise EntryParseError(f"{where}: entry {name!r}: cluster {dims} must be positive with at most "
-                                      "32 blocks (8 portable)")
-            attrs["cluster_dims"] = dims
-            continue
-        raise EntryParseError(
-            f"{where}: entry {name!r}: KHAL_ENTRY takes 3 arguments (name, block_size, (params...)), then "
-            f"options, and {opt.strip()!r} is none of KHAL_LAUNCH_BOUNDS(n | none), KHAL_SHARED_MEM(bytes), "
-            "KHAL_COOPERATIVE, KHAL_CLUSTER(x, y, z), KHAL_PDL"
-        )
-    if attrs.get("cooperative") and attrs.get("cluster_dims"):
-        raise EntryParseError(f"{where}: entry {name!r}: KHAL_COOPERATIVE and KHAL_CLUSTER cannot be combined "
-                              "(the driver launches a cooperative grid without clusters)")
-    order = list(abi.LAUNCH_ATTRIBUTES)
-    return fixed, bounds, tuple(sorted(attrs.items(), key=lambda kv: order.index(kv[0])))
+        try:
+            found = launch_attributes.parse_marker(opt)
+        except ValueError as exc:
+            raise EntryParseError(f"{where}: entry {name!r}: {exc}") from None
+        if found is None:
+            raise EntryParseError(
+                f"{where}: entry {name!r}: KHAL_ENTRY takes 3 arguments (name, block_size, (params...)), then "
+                f"options, and {opt.strip()!r} is none of KHAL_LAUNCH_BOUNDS(n | none), {launch_attributes.markers()}")
+        attrs[found[0].name] = found[1]
+    problems = launch_attributes.problems(attrs, marker=True)
+    if problems:
+        raise EntryParseError(f"{where}: entry {name!r}: {problems[0]}")
+    return fixed, bounds, tuple((r.name, v) for r, v in launch_attributes.values(attrs))
 
 
 _AXIS_RE = re.compile(r"\bKHAL_(?:GLOBAL_ID|LOCAL_ID|GROUP_ID|NUM_GROUPS)_([XYZ])\b|\b(?:blockIdx|gridDim)\s*\.\s*([xyz])\b")

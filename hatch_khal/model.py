@@ -1,7 +1,7 @@
 """The plain data of the build: reporters, compile jobs and outputs, what a language finishes.
 
 Stages (one module each, in this order): :mod:`hatch_khal.plan` (sources, entries,
-hashes), :mod:`hatch_khal.compiling` (jobs, cache, workers), :mod:`hatch_khal.assemble`
+hashes), :mod:`hatch_khal.compile_stage` (jobs, cache, workers), :mod:`hatch_khal.assemble`
 (the manifest), :mod:`hatch_khal.output` (files on disk); :mod:`hatch_khal.builder`
 runs them. The per-crate records they hand each other (``Planned``, ``Prepared``,
 ``Compiled``) are in :mod:`hatch_khal.languages`, beside the ``Language`` they carry.

@@ -235,39 +235,53 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         self._in_place = []
 
     def _stage(self, result: BuildResult, build_data: dict[str, Any]) -> None:
+        """Write each package's kernels to a staging directory and hand every file to hatchling
+        through ``build_data["force_include"]``, file by file: a forced file takes precedence over
+        a project file at its path (hatchling's documented rule for conflicts), so kernels an
+        editable build left in the source tree under the same names never reach the wheel."""
         self._staging = Path(tempfile.mkdtemp(prefix="hatch-khal-"))
         try:
             for out in result.packages:
                 write_package_output(out, self._staging / out.package)
                 dist_dir = self.build_config.get_distribution_path(out.package)
-                build_data["force_include"][str(self._staging / out.package / MANIFEST_DIR)] = (
-                    f"{dist_dir}/{MANIFEST_DIR}"
-                )
+                staged = self._staging / out.package / MANIFEST_DIR
+                files = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
+                self._check_in_place_output(out.package, set(files))
+                for rel in files:
+                    build_data["force_include"][str(staged / rel)] = f"{dist_dir}/{MANIFEST_DIR}/{rel}"
                 if not (Path(self.root) / out.package / "py.typed").exists():
                     # PEP 561: type checkers read the generated _khal/__init__.pyi of an installed
                     # package only with a py.typed marker (pyright reads it regardless)
                     marker = self._staging / f"{out.package.replace('/', '_')}.py.typed"
                     marker.write_bytes(b"")
                     build_data["force_include"][str(marker)] = f"{dist_dir}/py.typed"
-                self._exclude_in_place_output(out.package)
         except BaseException:
             self._cleanup()
             raise
 
-    def _exclude_in_place_output(self, package: str) -> None:
-        """A previous editable build left kernels in the source tree: keep them out of this wheel."""
+    def _check_in_place_output(self, package: str, staged: set[str]) -> None:
+        """A previous editable build left kernels in the source tree (``<package>/_khal/``): those
+        this build writes too are replaced in the wheel (:meth:`_stage`); any other would be
+        shipped beside them (a hook cannot leave a project file out of a wheel through hatchling's
+        public API), so such a build is refused, naming the files and what to do. Nothing to do
+        when the project's own configuration excludes the folder."""
         in_place = Path(self.root) / package / MANIFEST_DIR
-        if not in_place.exists():
+        if not in_place.is_dir():
             return
         rel = f"{package}/{MANIFEST_DIR}/"
         if self.build_config.path_is_excluded(rel):
             return
-        import pathspec  # lazy: only after an editable build left kernels in place
-
-        extra = pathspec.GitIgnoreSpec.from_lines([f"/{rel}"])
-        current = self.build_config.exclude_spec
-        self.build_config.__dict__["exclude_spec"] = extra if current is None else current + extra
-        self.reporter.debug(f"khal: leaving the in-place {rel} of an editable build out of the wheel")
+        left = sorted(p.relative_to(in_place).as_posix() for p in in_place.rglob("*")
+                      if p.is_file() and p.relative_to(in_place).as_posix() not in staged)
+        if left:
+            shown = ", ".join(f"{rel}{f}" for f in left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+            raise ConfigError(
+                f"{rel} holds kernels an editable install wrote in place that this wheel's build does not "
+                f"write ({shown}), and they would be shipped in the wheel: rebuild the editable install "
+                f"(pip install -e .), or remove {rel} (the editable install then needs that rebuild), or "
+                f'leave the folder out of wheels: exclude = ["/{rel}"] under '
+                "[tool.hatch.build.targets.wheel] (the hook adds its own kernels regardless)")
+        self.reporter.debug(f"khal: the in-place {rel} of an editable build is replaced in the wheel by this build's")
 
     def _cleanup(self) -> None:
         if self._staging is not None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from khal_runtime import abi
+from khal_runtime import abi, launch_attributes
 from khal_runtime.abi import indirect_symbol_for, symbol_for
 from khal_runtime.binaries import FOLD_TAGGED_GLOBAL, BinaryInfo, KernelReads, ptx_grid_reads, ptx_kernel_reads
 from khal_runtime.manifest import Entry, LaunchAttributes, LaunchFacts, Param
@@ -116,8 +116,8 @@ def indirect_verdict(crate: str, decl: EntryDecl, h: str, reads: dict[str, tuple
     """(indirect symbol, None) or (None, why the entry has no indirect variant), from the grid
     reads of a PTX of the crate compiled with the variant (None: no PTX, the sources' text)."""
     if not has_indirect(decl):
-        if decl.attributes.get("cooperative") or decl.attributes.get("cluster_dims"):
-            what = "cooperative (KHAL_COOPERATIVE)" if decl.attributes.get("cooperative") else "clustered (KHAL_CLUSTER)"
+        what = launch_attributes.indirect_blocker(decl.attributes)
+        if what is not None:
             return None, (f"it is {what}: a persistent grid's loop would run a different number of groups per "
                           "block, and a grid / cluster sync inside it would deadlock")
         return None, f"it is a {decl.grid_dims}-D entry, and indirect dispatch counts groups along x only"
@@ -201,6 +201,6 @@ def manifest_entries(crate: str, decls: Sequence[tuple[EntryDecl, str]], binary:
             template=decl.template,
             template_args=decl.template_args if decl.template is not None else None,
             launch=launch_facts(decl, symbol_for(decl.name, h), kernels, tagged),
-            attributes=LaunchAttributes(**decl.attributes) if decl.attributes else None,  # type: ignore[arg-type]
+            attributes=LaunchAttributes(**decl.attributes) if decl.attributes else None,
         ))
     return tuple(entries), warnings

@@ -31,7 +31,11 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, Literal, Mapping, NamedTuple, TypeVar
 
+from khal_runtime import launch_attributes
 from khal_runtime.errors import EnvVarError
+# (the launch attributes' constants, read here by older callers)
+from khal_runtime.launch_attributes import DEFAULT_DYNAMIC_SHARED as DEFAULT_DYNAMIC_SHARED
+from khal_runtime.launch_attributes import MAX_PORTABLE_CLUSTER as MAX_PORTABLE_CLUSTER
 
 __all__ = [
     "ABI_VERSION",
@@ -667,44 +671,11 @@ def prebuilt_env_var(crate: str) -> str:
     return PREBUILT_ENV_PREFIX + crate.upper().replace("-", "_")
 
 
-#: Launch attributes an entry may need (DESIGN.md, Kernel ABI): the manifest field of each, its
-#: marker in CUDA C++ sources (a 4th / later ``KHAL_ENTRY`` argument) and its default. An entry
-#: whose attributes are all defaults hashes as one built before attributes existed.
-#:
-#: - ``max_dynamic_shared``: bytes of dynamic shared memory the entry needs at most
-#:   (``KHAL_SHARED_MEM(n)``); above 48 KB the runtime opts the function in once at load
-#:   (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``), checked against the device's opt-in
-#:   maximum; the typed call launches with this many bytes
-#: - ``cooperative``: launched as a cooperative grid (``KHAL_COOPERATIVE``; ``grid.sync()``); a
-#:   grid larger than the co-resident maximum is refused
-#: - ``cluster_dims``: thread-block cluster dims (``KHAL_CLUSTER(x, y, z)``, compiled in as
-#:   ``__cluster_dims__``; sm_90+)
-#: - ``pdl``: programmatic dependent launch (``KHAL_PDL``): the launch may start before the
-#:   previous kernel on the stream ends (it waits in ``cudaGridDependencySynchronize``)
-LAUNCH_ATTRIBUTES: dict[str, tuple[str, Any]] = {
-    "max_dynamic_shared": ("KHAL_SHARED_MEM", None),
-    "cooperative": ("KHAL_COOPERATIVE", False),
-    "cluster_dims": ("KHAL_CLUSTER", None),
-    "pdl": ("KHAL_PDL", False),
-}
-#: dynamic shared memory a function may use without opting in
-DEFAULT_DYNAMIC_SHARED = 48 * 1024
-#: blocks in a cluster every sm_90 device supports (more needs a non-portable opt-in)
-MAX_PORTABLE_CLUSTER = 8
-
-
 def attributes_signature(attributes: Any) -> dict[str, Any]:
-    """The attributes (a manifest ``LaunchAttributes``, a mapping or None) that differ from their
-    defaults, as the entry hash sees them (empty: hashed as no attributes at all)."""
-    out: dict[str, Any] = {}
-    if attributes is None:
-        return out
-    for name, (_, default) in LAUNCH_ATTRIBUTES.items():
-        v = _field(attributes, name)
-        if v is None or v == default:
-            continue
-        out[name] = [int(x) for x in v] if name == "cluster_dims" else (v if isinstance(v, bool) else int(v))
-    return out
+    """The launch attributes (a manifest ``LaunchAttributes``, a mapping or None) that differ from
+    their defaults, as the entry hash sees them (empty: hashed as no attributes at all): one row
+    each, :data:`khal_runtime.launch_attributes.ATTRIBUTES`."""
+    return launch_attributes.signature(attributes)
 
 
 def _getter(p: Any) -> Callable[[str], Any]:
@@ -754,7 +725,7 @@ def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mappi
     and the loader check it against the binary's own type probes instead. The launch shape
     (``grid_dims``, a block that is not fixed, its launch bounds) and a template instantiation
     are hashed when they differ from the defaults, so entries without them hash as before; so are
-    the launch attributes (:data:`LAUNCH_ATTRIBUTES`).
+    the launch attributes (:mod:`khal_runtime.launch_attributes`).
 
     A uniform's CUDA struct layout (``layouts["cuda"]``, Slang crates: how the host packs a dict or
     reads a C struct's bytes on every backend) is hashed too (Slang reflects it before the entry
@@ -785,7 +756,7 @@ def entry_signature(name: str, block_size: Iterable[int], params: Iterable[Mappi
     if template is not None:
         sig["template"] = [template, list(template_args)]
     attrs = attributes_signature(attributes)
-    if attrs:  # launch attributes (LAUNCH_ATTRIBUTES): only those that are not defaults
+    if attrs:  # launch attributes (launch_attributes.ATTRIBUTES): only those that are not defaults
         sig["attributes"] = attrs
     if triton is not None:  # a Triton instance: its kernel, specialisations and compile facts
         sig["triton"] = dict(triton)

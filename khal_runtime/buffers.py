@@ -64,7 +64,7 @@ class DeviceBuffer:
     alive. Pass it as a storage argument; on CUDA, also to anything that reads
     ``__cuda_array_interface__``."""
 
-    __slots__ = ("ptr", "size", "dtype", "_et", "device_id", "_base", "_alloc", "_bk", "_native", "__weakref__")
+    __slots__ = ("ptr", "size", "dtype", "_et", "device_id", "_base", "_alloc", "backend_impl", "_native", "__weakref__")
 
     ptr: int
     size: int
@@ -73,7 +73,8 @@ class DeviceBuffer:
     device_id: int
     _base: DeviceBuffer | None
     _alloc: Any
-    _bk: Any
+    #: the backend the memory belongs to (None: an external CUDA pointer wrapped without one)
+    backend_impl: backends.Backend | None
     #: the backend's own view of these bytes, where its launch path binds one (WebGPU), else None
     _native: Any
 
@@ -87,9 +88,8 @@ class DeviceBuffer:
         self.device_id = int(device_id)
         self._base = base
         self._alloc = alloc
-        self._bk = backend if backend is not None else (base._bk if base is not None else None)
-        view = getattr(self._bk, "native_view", None)
-        self._native = view(self) if view is not None else None
+        self.backend_impl = backend if backend is not None else (base.backend_impl if base is not None else None)
+        self._native = self.backend_impl.native_view(self) if self.backend_impl is not None else None
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -106,8 +106,8 @@ class DeviceBuffer:
             "DeviceBuffer allocation", "allocate every buffer before begin_capture() and reuse "
             "it in the captured work (KHAL_CUDA_ALLOC_TRACE=1 shows where)")
         capture_state.flush_deferred()
-        ptr, handle = dev._bk.alloc(dev, nbytes, f"{n} x {dt}")
-        return cls(ptr, n, dt, dev.device_id, alloc=handle, backend=dev._bk)
+        ptr, handle = dev.backend_impl.alloc(dev, nbytes, f"{n} x {dt}")
+        return cls(ptr, n, dt, dev.device_id, alloc=handle, backend=dev.backend_impl)
 
     @classmethod
     def from_numpy(cls, array: Any, stream: Any = None, *, device: Any = None) -> DeviceBuffer:
@@ -131,7 +131,7 @@ class DeviceBuffer:
     def _copy_in(self, a: Any, st: Stream) -> None:
         if a.nbytes:
             ensure_current(self.device_id)
-            self._bk.copy_from_host(self, a, st)
+            self._backend().copy_from_host(self, a, st)
 
     def copy_from_numpy(self, array: Any, stream: Any = None) -> DeviceBuffer:
         """Overwrite this buffer with a host array of the same dtype and element count."""
@@ -158,7 +158,7 @@ class DeviceBuffer:
             "launched; read results after graph.launch() and a synchronize", st)
         if out.nbytes:
             ensure_current(self.device_id)
-            self._bk.copy_to_host(out, self, st)
+            self._backend().copy_to_host(out, self, st)
         st.synchronize()
         return out
 
@@ -167,11 +167,15 @@ class DeviceBuffer:
         st = as_stream(stream) if stream is not None else self._stream()
         if self.nbytes:
             ensure_current(self.device_id)
-            self._bk.fill_zero(self, st)
+            self._backend().fill_zero(self, st)
         return self
 
     def _stream(self) -> Stream:
         return Device(self.device_id).default_stream
+
+    def _backend(self) -> backends.Backend:
+        """The backend of the memory (a pointer wrapped without one: the process's, CUDA's)."""
+        return self.backend_impl if self.backend_impl is not None else backends.current()
 
     def _check_live(self, what: str) -> None:
         if self._et == FREED or (self._base is not None and self._base._et == FREED):
@@ -208,7 +212,7 @@ class DeviceBuffer:
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         self._check_live("__cuda_array_interface__")
-        if getattr(self._bk, "name", "cuda") != "cuda":
+        if self.backend_impl is not None and self.backend_impl.name != "cuda":
             raise AttributeError("a WebGPU DeviceBuffer has no __cuda_array_interface__")
         return {
             "version": 3,
@@ -227,7 +231,7 @@ class DeviceBuffer:
         alloc = root._alloc
         root._alloc = None
         if alloc is not None:
-            _release(root._bk, alloc, root.device_id)
+            _release(root.backend_impl, alloc, root.device_id)
         for b in (self, root):
             b._et = FREED
             b.ptr = 0

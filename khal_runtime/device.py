@@ -46,7 +46,7 @@ class Device:
     """A device of the process's backend (``Device(0)``); one shared instance per ordinal."""
 
     _ordinal: int
-    _bk: Any
+    backend_impl: backends.Backend
     _impl: Any
     _stream: Stream | None
 
@@ -65,7 +65,7 @@ class Device:
                     raise ValueError(f"Device({ordinal}): there are {count} {bk.name.upper()} device(s)")
                 dev = super().__new__(cls)
                 dev._ordinal = ordinal
-                dev._bk = bk
+                dev.backend_impl = bk
                 dev._impl = bk.open_device(ordinal)
                 dev._stream = None
                 _devices[key] = dev
@@ -85,7 +85,7 @@ class Device:
     @property
     def backend(self) -> str:
         """``"cuda"`` or ``"webgpu"``."""
-        return str(self._bk.name)
+        return str(self.backend_impl.name)
 
     @property
     def handle(self) -> Any:
@@ -132,7 +132,7 @@ class Device:
         if s is None:
             with _lock:
                 if self._stream is None:
-                    self._stream = self._bk.create_stream(self)
+                    self._stream = self.backend_impl.create_stream(self)
                 s = self._stream
         return s
 
@@ -140,10 +140,10 @@ class Device:
         forbid_in_capture("Device.synchronize()", "a host synchronisation cannot be captured; "
                           "synchronise after end_capture()")
         ensure_current(self._ordinal)
-        self._bk.synchronize_device(self)
+        self.backend_impl.synchronize_device(self)
 
     def __repr__(self) -> str:
-        return f"<Device {self._ordinal} ({self._bk.name})>"
+        return f"<Device {self._ordinal} ({self.backend_impl.name})>"
 
     def __reduce__(self) -> Any:
         return (Device, (self._ordinal,))
@@ -152,22 +152,22 @@ class Device:
 class Stream:
     """A stream of work bound to one device (a CUDA stream; on WebGPU the device's queue)."""
 
-    __slots__ = ("device_id", "handle", "_cu", "_owned", "_keep", "_bk", "__weakref__")
+    __slots__ = ("device_id", "handle", "native", "_owned", "_keep", "backend_impl", "__weakref__")
 
     device_id: int
     handle: int
     #: the backend's own stream object: what a launch passes (a cuda-bindings ``CUstream``)
-    _cu: Any
+    native: Any
     _owned: bool
     _keep: Any
-    _bk: Any
+    backend_impl: backends.Backend
 
     def __init__(self, handle: int, device_id: int, *, keep: Any = None, owned: bool = False,
                  native: Any = None, backend: Any = None) -> None:
-        self._bk = backend if backend is not None else backends.current()
+        self.backend_impl = backend if backend is not None else backends.current()
         self.handle = int(handle)
         self.device_id = int(device_id)
-        self._cu = native if native is not None else self._bk.native_stream(self.handle)
+        self.native = native if native is not None else self.backend_impl.native_stream(self.handle)
         self._owned = owned
         self._keep = keep
 
@@ -177,7 +177,7 @@ class Stream:
         if device is None:
             device = current_device_id()
         dev = device if isinstance(device, Device) else Device(int(device))
-        return dev._bk.create_stream(dev)  # type: ignore[no-any-return]
+        return dev.backend_impl.create_stream(dev)
 
     @property
     def device(self) -> Device:
@@ -185,39 +185,39 @@ class Stream:
 
     @property
     def backend(self) -> str:
-        return str(self._bk.name)
+        return str(self.backend_impl.name)
 
     def synchronize(self) -> None:
         forbid_in_capture("Stream.synchronize()", "a host synchronisation cannot be captured; "
                           "synchronise after end_capture() (or after graph.launch())", self)
         ensure_current(self.device_id)
-        self._bk.synchronize(self)
+        self.backend_impl.synchronize(self)
 
     def is_capturing(self) -> bool:
         """Whether a graph capture is in progress on this stream."""
-        return bool(self._bk.is_capturing(self))
+        return bool(self.backend_impl.is_capturing(self))
 
     # -- graph capture (khal_runtime.graphs) ------------------------------------------------------
     def begin_capture(self, mode: str = "thread_local", label: str | None = None) -> Any:
         """Start capturing this stream's launches into a graph."""
-        return self._bk.capture(self, mode=mode, label=label, keep=None).begin()
+        return self.backend_impl.capture(self, mode=mode, label=label, keep=None).begin()
 
     def end_capture(self) -> Any:
         """End the capture: the instantiated :class:`khal_runtime.graphs.Graph`."""
-        return self._bk.end_capture(self)
+        return self.backend_impl.end_capture(self)
 
     def capture(self, mode: str = "thread_local", label: str | None = None) -> Any:
         """``with stream.capture() as cap: ...`` then ``cap.graph``."""
-        return self._bk.capture(self, mode=mode, label=label, keep=None)
+        return self.backend_impl.capture(self, mode=mode, label=label, keep=None)
 
     def wait_event(self, event: Any) -> None:
-        self._bk.wait_event(self, event)
+        self.backend_impl.wait_event(self, event)
 
     def close(self) -> None:
         """Destroy a stream made by :meth:`create` (no-op for borrowed ones)."""
         if self._owned and self.handle:
             ensure_current(self.device_id)
-            self._bk.destroy_stream(self)
+            self.backend_impl.destroy_stream(self)
             self.handle = 0
 
     def __cuda_stream__(self) -> tuple[int, int]:
@@ -227,7 +227,7 @@ class Stream:
         return self.handle
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream) and other.handle == self.handle and other._bk is self._bk
+        return isinstance(other, Stream) and other.handle == self.handle and other.backend_impl is self.backend_impl
 
     def __hash__(self) -> int:
         return hash(self.handle)
@@ -251,7 +251,7 @@ def ensure_current(ordinal: int) -> None:
         dev = Device(ordinal)
         d = _tls.__dict__
         d.pop("ready", None)
-        dev._bk.make_current(dev)
+        dev.backend_impl.make_current(dev)
         _tls.dev = ordinal
         s = d.get("stream")
         if s is not None and s.device_id == ordinal:

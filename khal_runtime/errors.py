@@ -30,6 +30,11 @@ __all__ = [
     "StaleBuildError",
     "TritonServeError",
     "TritonStandInError",
+    # the WebGPU backend's (in 0.2.0 khal_runtime.backends.webgpu.errors, which still names them)
+    "GroupLimitError",
+    "PipelineCreationError",
+    "UnalignedViewError",
+    "WebGpuError",
 ]
 
 
@@ -169,3 +174,22 @@ class TritonStandInError(KhalError, RuntimeError):
     not have: a Triton API beyond ``jit`` / ``autotune`` / ``heuristics`` / ``Config`` / ``cdiv`` /
     ``next_power_of_2`` / ``language`` dtypes and ``constexpr`` (named in the message), or a launch
     of a kernel no loaded package serves."""
+
+
+# -- the WebGPU backend's ----------------------------------------------------------------------------
+class WebGpuError(KhalError, RuntimeError):
+    """A WebGPU call failed (validation, out of memory, a lost device); the message names the
+    entries or the operation involved."""
+
+
+class PipelineCreationError(WebGpuError):
+    """The shader module or compute pipeline of an entry could not be created."""
+
+
+class GroupLimitError(ArgumentValueError):
+    """A launch asks for more workgroups in one dimension than the device allows."""
+
+
+class UnalignedViewError(ArgumentValueError):
+    """A buffer slice cannot be bound: its offset is not a multiple of the device's
+    ``min_storage_buffer_offset_alignment`` (or its size is not a multiple of 4 bytes)."""

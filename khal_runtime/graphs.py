@@ -99,7 +99,7 @@ class Graph:
 def capture(stream: Any = None, *, mode: str = "thread_local", label: str | None = None) -> Any:
     """``with capture() as cap: ...`` then ``cap.graph`` (default: this thread's stream)."""
     st = as_stream(stream)
-    return st._bk.capture(st, mode=mode, label=label, keep=None)
+    return st.backend_impl.capture(st, mode=mode, label=label, keep=None)
 
 
 def begin_capture(stream: Any = None, *, mode: str = "thread_local", label: str | None = None) -> Any:
@@ -110,7 +110,7 @@ def begin_capture(stream: Any = None, *, mode: str = "thread_local", label: str 
 def end_capture(stream: Any = None) -> Graph:
     """End the capture open on ``stream``: the instantiated :class:`Graph`."""
     st = as_stream(stream)
-    return st._bk.end_capture(st)  # type: ignore[no-any-return]
+    return st.backend_impl.end_capture(st)  # type: ignore[no-any-return]
 
 
 def capture_graph(fn: Callable[..., Any], *args: Any, stream: Any = None, label: str | None = None,
@@ -120,7 +120,7 @@ def capture_graph(fn: Callable[..., Any], *args: Any, stream: Any = None, label:
     ``fn`` must launch on ``stream`` (pass it through, or use the default stream). The graph
     keeps ``args`` / ``kwargs`` alive: the memory the captured launches use then outlives it."""
     st = as_stream(stream)
-    cap = st._bk.capture(st, mode="thread_local", label=label or getattr(fn, "__name__", None),
+    cap = st.backend_impl.capture(st, mode="thread_local", label=label or getattr(fn, "__name__", None),
                          keep=(args, kwargs))
     with cap:
         fn(*args, **kwargs)

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from khal_runtime import backends, launch_hooks
+from khal_runtime.backends import LaunchPlan
 from khal_runtime.arguments import check_block, check_block_within, check_grid, diagnose_args, dim3, grid3
 from khal_runtime.arguments import shared_mem as check_shared_mem
 from khal_runtime.device import Stream, _tls, as_stream, current_device_id, default_stream, ensure_current
-from khal_runtime.abi import DEFAULT_DYNAMIC_SHARED
-from khal_runtime.calls import adopt, generic_call
+from khal_runtime.launch_attributes import CLUSTER_DIMS, COOPERATIVE, DEFAULT_DYNAMIC_SHARED
+from khal_runtime.calls import generic_call
 from khal_runtime.companions import Resolved, missing_hint
 from khal_runtime.companions import resolve as resolve_companions
 from khal_runtime.errors import (BackendUnavailableError, KhalError, LaunchAttributeError, ManifestError,
@@ -33,7 +34,7 @@ from khal_runtime.triton import TritonKernel
 from khal_runtime.verify import check_crate_hashes, check_manifest, check_sources, read_artifact
 
 if TYPE_CHECKING:
-    from khal_runtime.manifest import Crate, Entry, Manifest
+    from khal_runtime.manifest import Crate, Entry, Manifest, Param
 
 __all__ = ["CrateKernels", "Kernel", "KernelSet", "LaunchConfig", "ModuleGlobal", "ModuleGlobals", "find_package_dir",
            "launch", "load"]
@@ -80,32 +81,37 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
     Python ``__call__`` goes through a slot lookup and a bound-method call. ``func`` starts as
     the generic path (:func:`khal_runtime.calls.generic_call`, ``func(self, n, ...)``); the first
     launch makes the plan and the kernel takes up the call the backend generated for the entry on
-    that device (``LaunchPlan.call``, read by :func:`khal_runtime.calls.adopt`: nothing is handed
-    down to the plan), which holds the kernel itself, so the partial has no arguments to prepend
-    and forwards the call as it is; what that call does not handle it sends to
-    :func:`khal_runtime.calls.slow_call`. The partial's own attributes (``func``, ``args``) are
-    that machinery, not part of the API."""
+    that device (``LaunchPlan.call``, read by :meth:`adopt`: nothing is handed down to the plan),
+    which holds the kernel itself, so the partial has no arguments to prepend and forwards the
+    call as it is; what that call does not handle it sends to :func:`khal_runtime.calls.slow_call`.
+    The partial's own attributes (``func``, ``args``) are that machinery, not part of the API.
 
-    __slots__ = ("entry", "name", "crate", "_crate", "_plans", "_bx", "_by", "_bz", "_flat", "_dims", "_ldims",
-                 "_lfixed", "_lock", "_shared", "_shmax", "_fast")
+    What the backends and the generic call path read of a kernel is
+    :class:`khal_runtime.backends.KernelHandle` (its public members below), never its private ones."""
+
+    __slots__ = ("entry", "name", "crate", "block_size", "grid_dims", "dynamic_shared", "_crate", "_plans",
+                 "_int_block_is_compiled", "_launch_dims", "_launch_block_fixed", "_shared_limit", "_lock", "_fast")
 
     entry: Entry
     name: str
     crate: str
+    #: the compiled block (threads per block along x, y, z)
+    block_size: tuple[int, int, int]
+    #: the grid dimensions of the typed call's count: 1 (``k(n)``), 2 or 3 (``k((nx, ny))``)
+    grid_dims: int
+    #: the dynamic shared memory the typed call launches with (``KHAL_SHARED_MEM``, or what a
+    #: Triton compile needs; else 0)
+    dynamic_shared: int
     _crate: CrateKernels
-    _plans: dict[int, Any]
-    _bx: int
-    _by: int
-    _bz: int
-    _flat: bool
-    _dims: int
-    _ldims: int
-    _lfixed: bool
+    _plans: dict[int, LaunchPlan]
+    #: ``block=<int>`` names the compiled block (it is ``(bx, 1, 1)`` and the ids fold it in)
+    _int_block_is_compiled: bool
+    _launch_dims: int
+    _launch_block_fixed: bool
+    _shared_limit: int
     _lock: threading.Lock
-    _shared: int
-    _shmax: int
     #: the plan whose call is this kernel's (its first device's), None before the first launch
-    _fast: Any
+    _fast: LaunchPlan | None
 
     def __new__(cls, crate: CrateKernels, entry: Entry) -> Kernel:
         self = super().__new__(cls, generic_call)
@@ -116,16 +122,17 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         self.crate = crate.name
         self._crate = crate
         self._plans = {}
-        self._bx, self._by, self._bz = (int(x) for x in entry.block_size)
-        self._flat = self._by == self._bz == 1 and entry.launch_block_fixed  # ``block=bx`` names the compiled block
-        self._dims = entry.grid_dims
+        bx, by, bz = (int(x) for x in entry.block_size)
+        self.block_size = (bx, by, bz)
+        self._int_block_is_compiled = by == bz == 1 and entry.launch_block_fixed
+        self.grid_dims = entry.grid_dims
         # the compiled kernel's launch facts (re-derived from the shipped PTX when the crate loads,
         # before any launch): grid axes an explicit launch may use, whether it must use the block
-        self._ldims, self._lfixed = entry.launch_dims, entry.launch_block_fixed
+        self._launch_dims, self._launch_block_fixed = entry.launch_dims, entry.launch_block_fixed
         # launch attributes (KHAL_SHARED_MEM): the typed call's dynamic shared memory, and the most
         # an explicit launch may ask for (beyond 48 KB only what the entry declared)
-        self._shared = entry.dynamic_shared
-        self._shmax = max(self._shared, DEFAULT_DYNAMIC_SHARED)
+        self.dynamic_shared = entry.dynamic_shared
+        self._shared_limit = max(self.dynamic_shared, DEFAULT_DYNAMIC_SHARED)
         self._lock = threading.Lock()
         return self
 
@@ -141,23 +148,19 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
                         f"pickle the package name and call khal_runtime.load() on the other side")
 
     @property
-    def block_size(self) -> tuple[int, int, int]:
-        return (self._bx, self._by, self._bz)
-
-    @property
-    def params(self) -> tuple[Any, ...]:
+    def params(self) -> tuple[Param, ...]:
         return self.entry.params
 
-    def plan(self, device_id: int) -> Any:
+    def plan(self, device_id: int) -> LaunchPlan:
         """The backend's launch plan on a device (loads the crate there on first use); the
         kernel's call becomes the plan's, when it is the kernel's first device (a warm-up: the
         call is generated now, and again when a launch brings argument types it has not seen)."""
         p = self._plan(device_id)
-        if self._dims == 1:  # 2-D / 3-D entries keep the generic path: a plan's call is for 1-D counts
-            adopt(self, p, ())
+        if self.grid_dims == 1:  # 2-D / 3-D entries keep the generic path: a plan's call is for 1-D counts
+            self.adopt(p, ())
         return p
 
-    def _plan(self, device_id: int) -> Any:
+    def _plan(self, device_id: int) -> LaunchPlan:
         """The plan on a device, made on first use."""
         p = self._plans.get(device_id)
         if p is None:
@@ -170,7 +173,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
                     self._plans[device_id] = p
         return p
 
-    def _ready(self, device_id: int) -> Any:
+    def ready_plan(self, device_id: int) -> LaunchPlan:
         """The plan on ``device_id``, with that device's context current in this thread."""
         plan = self._plans.get(device_id)
         if plan is None:  # made outside any except block: its errors come unchained
@@ -179,6 +182,30 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
             ensure_current(device_id)
         return plan
 
+    def adopt(self, plan: LaunchPlan, args: tuple[Any, ...]) -> Callable[..., None] | None:
+        """Make this kernel's call the one ``plan`` offers now, after the plan learnt the types of
+        ``args`` (so it is generated once for them): only for the plan of the first device the
+        kernel ran on (other devices take :func:`khal_runtime.calls.slow_call`); the kernel is then
+        watched by the launch hooks, which make it read its plan's call again when they come or go
+        (:meth:`regenerate_code`). Returns the call when it is new, None when there is none or the
+        kernel has it already (a call that sent its launch here is never given it back)."""
+        fast = self._fast
+        if fast is None:
+            with self._lock:
+                if self._fast is None:
+                    self._fast = plan
+                    launch_hooks.hooks.watch(self)
+                fast = self._fast
+        if fast is not plan:
+            return None
+        if args:
+            plan.learn(args)
+        fn: Callable[..., None] = plan.call
+        if fn is self.func:
+            return None
+        self._set_call(fn)
+        return fn
+
     def regenerate_code(self) -> None:
         """Launch hooks came or went (the kernel is watched once it has a plan's call): read the
         plan's call again, which is made for the hooks now installed."""
@@ -186,7 +213,7 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         if p is not None:
             self._set_call(p.call)
 
-    def _stream(self, stream: Any) -> Stream:
+    def resolve_stream(self, stream: Any) -> Stream:
         """``stream=`` resolved, after this crate's backend is chosen (``auto`` must not fall back
         to WebGPU for a crate without a WebGPU build because a stream was made first)."""
         if self._crate._backend is None:
@@ -202,29 +229,29 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         multiple of it. A grid with a 0 in it (``cdiv(0, BLOCK)``) launches nothing: the arguments
         are checked as for a launch, and the call returns (a negative grid is an error)."""
         if shared_mem is None:
-            shared_mem = self._shared
-        st = self._stream(stream)
-        plan = self._ready(st.device_id)
+            shared_mem = self.dynamic_shared
+        st = self.resolve_stream(stream)
+        plan = self.ready_plan(st.device_id)
         if type(grid) is int and 0 < grid <= 2**31 - 1:
             gx, gy, gz = grid, 1, 1
         else:
             gx, gy, gz = grid3(grid, f"{self.name}.launch(): grid")
-            check_grid(self.name, (gx, gy, gz), self._ldims)
-        bx, by, bz = self._bx, self._by, self._bz
-        if block is not None and not (type(block) is int and block == bx and self._flat):
+            check_grid(self.name, (gx, gy, gz), self._launch_dims)
+        bx, by, bz = self.block_size
+        if block is not None and not (type(block) is int and block == bx and self._int_block_is_compiled):
             b = dim3(block, f"{self.name}.launch(): block")
-            if self._lfixed:
+            if self._launch_block_fixed:
                 check_block(self.name, b, (bx, by, bz))
             else:
                 check_block_within(self.name, b, self.entry.max_block_threads)
                 bx, by, bz = b
         shmem = shared_mem if type(shared_mem) is int and 0 <= shared_mem < 2**32 else \
             check_shared_mem(self.name, shared_mem)
-        if shmem > self._shmax:
+        if shmem > self._shared_limit:
             raise LaunchAttributeError(
-                f"{self.name}.launch(): shared_mem={shmem} bytes is more than the entry declares ({self._shmax} bytes"
-                f"{'' if self._shared else ': the limit without a declaration'}); declare KHAL_SHARED_MEM({shmem}) in its "
-                "KHAL_ENTRY marker (above 48 KB the function is opted in once, at load)")
+                f"{self.name}.launch(): shared_mem={shmem} bytes is more than the entry declares ({self._shared_limit} "
+                f"bytes{'' if self.dynamic_shared else ': the limit without a declaration'}); declare "
+                f"KHAL_SHARED_MEM({shmem}) in its KHAL_ENTRY marker (above 48 KB the function is opted in once, at load)")
         if cluster is not None:
             run = self._clustered(plan, cluster)
         else:
@@ -234,44 +261,39 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
             return
         run(gx, gy, gz, bx, by, bz, shmem, st, args)
 
-    def _clustered(self, plan: Any, cluster: Any) -> Callable[..., None]:
+    def _clustered(self, plan: LaunchPlan, cluster: Any) -> Callable[..., None]:
         """The explicit launch of ``plan`` with clusters of ``cluster`` blocks, or the named error."""
         dims = dim3(cluster, f"{self.name}.launch(): cluster")
         a = self.entry.attributes
-        compiled = tuple(a.cluster_dims) if a is not None and a.cluster_dims else None
+        compiled = CLUSTER_DIMS.of(a)
         if compiled is not None and dims != compiled:
             raise LaunchAttributeError(
                 f"{self.name}.launch(): cluster={dims}, but the kernel was compiled with clusters of {compiled} "
                 "(KHAL_CLUSTER, __cluster_dims__), which a launch cannot change; leave cluster= out")
         if compiled is not None:
-            return plan.run  # type: ignore[no-any-return]
-        if not hasattr(plan, "clustered_run"):
-            raise LaunchAttributeError(f"{self.name}.launch(): cluster={dims} is for CUDA on sm_90+; the "
-                                       f"{self._crate.backend.name} backend has no thread-block clusters")
-        return plan.clustered_run(dims)  # type: ignore[no-any-return]
+            return plan.run
+        return plan.clustered_run(dims)
 
     def max_cooperative_grid(self, block: Any = None, shared_mem: int | None = None, *, device: int | None = None) -> int:
         """The most blocks of ``block`` threads (None: the compiled block) and ``shared_mem`` bytes
         (None: the declared) that can be co-resident on the device: the largest grid a cooperative
         entry (``KHAL_COOPERATIVE``) may be launched with (occupancy per SM x SMs, computed once)."""
+        a = self.entry.attributes
+        if not COOPERATIVE.of(a):
+            raise LaunchAttributeError(f"{self.name}: not a cooperative entry (KHAL_COOPERATIVE)")
         dev = current_device_id() if device is None else int(device)
-        plan = self._ready(dev)
-        fa = getattr(plan, "fattrs", None)
-        if fa is None or not getattr(fa, "cooperative", False):
-            raise LaunchAttributeError(f"{self.name}: not a cooperative entry (KHAL_COOPERATIVE)"
-                                       + ("" if fa is not None else f" on the {self._crate.backend.name} backend"))
+        plan = self.ready_plan(dev)
         if block is None:
-            threads = self._bx * self._by * self._bz
+            bx, by, bz = self.block_size
         else:
             bx, by, bz = dim3(block, f"{self.name}.max_cooperative_grid(): block")
-            threads = bx * by * bz
-        return int(fa.coresident(threads, self._shared if shared_mem is None else int(shared_mem)))
+        return plan.cooperative_limit(bx * by * bz, self.dynamic_shared if shared_mem is None else int(shared_mem))
 
     def bind(self, *args: Any, stream: Any = None) -> Any:
         """A bound launch: ``args`` checked and packed once, then ``b(n)`` launches ``n``
         threads at about the cost of a raw launch (see :mod:`khal_runtime.backends.cuda.bound`)."""
-        st = self._stream(stream)
-        plan = self._ready(st.device_id)
+        st = self.resolve_stream(stream)
+        plan = self.ready_plan(st.device_id)
         return self._crate.backend.bind(self, plan, args, st)
 
     def dispatch_indirect(self, count: Any, *args: Any, stream: Any = None, grid: Any = None,
@@ -279,8 +301,8 @@ class Kernel(functools.partial):  # type: ignore[type-arg]
         """Launch with the workgroup count (``threads=True``: thread count) read from ``count``,
         a device uint32 buffer written by earlier work (docs/guide/graphs-and-indirect.md,
         "Indirect dispatch")."""
-        st = self._stream(stream)
-        plan = self._ready(st.device_id)
+        st = self.resolve_stream(stream)
+        plan = self.ready_plan(st.device_id)
         self._crate.backend.dispatch_indirect(self, plan, count, args, st, grid, threads, host_read)
 
     def check_args(self, *args: Any) -> None:

@@ -26,16 +26,18 @@ without them reads (and hashes) as before, and an older runtime refuses one with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from khal_runtime import abi
+from khal_runtime import launch_attributes as attrs
 from khal_runtime.abi import ABI_VERSION, HASH_LEN, prebuilt_env_var, split_symbol, symbol_for
 from khal_runtime.errors import ManifestError
 
@@ -103,6 +105,8 @@ ADDED_IN: dict[str, str] = {
     "TritonFacts.recorded": "0.2.0",
     # 0.2.0: cubins split into companion distributions (#39)
     "Artifact.distribution": "0.2.0",
+    # launch attributes added since 0.1.0, by the release in their rows
+    **{f"LaunchAttributes.{r.name}": r.since for r in attrs.ATTRIBUTES if r.since is not None},
 }
 #: Directory inside the package that holds the manifest and the artifacts.
 MANIFEST_DIR = "_khal"
@@ -111,6 +115,18 @@ MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 32 << 20
 #: JSON nesting deeper than this is refused (the schema nests 8 deep).
 _MAX_DEPTH = 64
+
+
+
+def source_digest() -> str:
+    """The sha256 naming the source these models are made from (``manifest_records.SOURCE_DIGEST``,
+    which the digest the build writes beside a manifest names): this module and
+    ``launch_attributes.py``, whose rows are :data:`LaunchAttributes`' fields."""
+    h = hashlib.sha256()
+    for source in (__file__, attrs.__file__):
+        h.update(Path(source).read_bytes() + b"\0")
+    return h.hexdigest()
+
 
 _HEX = "0123456789abcdef"
 _MAX_ELEMENT = 1 << 20  # bytes of one element / uniform struct
@@ -425,45 +441,38 @@ class LaunchFacts(_Model):
         return v
 
 
-class LaunchAttributes(_Model):
-    """Launch attributes an entry needs (:data:`khal_runtime.abi.LAUNCH_ATTRIBUTES`; hashed), set
-    once per function at load and prebuilt into its launch configuration."""
+class _LaunchAttributes(_Model):
+    """Launch attributes an entry needs, set once per function at load and prebuilt into its launch
+    configuration: one field per row of :data:`khal_runtime.launch_attributes.ATTRIBUTES` (its type,
+    default and description), hashed when not the default. :data:`LaunchAttributes` is this class
+    with those fields; read a value through its row (``CLUSTER_DIMS.of(attributes)``)."""
 
-    #: bytes of dynamic shared memory the entry needs at most (above 48 KB: opted in at load,
-    #: checked against the device's CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN); the
-    #: typed call's dynamic shared memory
-    max_dynamic_shared: Optional[int] = Field(default=None, ge=0, le=1 << 24)
-    #: a cooperative launch (grid-wide sync): the grid must be co-resident
-    cooperative: bool = False
-    #: thread-block cluster dims, compiled in (``__cluster_dims__``)
-    cluster_dims: Optional[tuple[int, int, int]] = None
-    #: programmatic dependent launch (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-    pdl: bool = False
+    if TYPE_CHECKING:  # the fields are the rows', made at run time
+        def __init__(self, **fields: Any) -> None: ...
 
-    @field_validator("cluster_dims")
-    @classmethod
-    def _cluster(cls, v: Optional[tuple[int, int, int]]) -> Optional[tuple[int, int, int]]:
-        if v is not None and (any(d < 1 for d in v) or v[0] * v[1] * v[2] > 32):
-            raise ValueError(f"cluster dims {v} must be positive with at most 32 blocks in all")
-        return v
+    @model_validator(mode="after")
+    def _rows(self) -> _LaunchAttributes:
+        found = attrs.problems(self)
+        if found:
+            raise ValueError("; ".join(found))
+        return self
 
     @property
     def cluster_size(self) -> int:
-        c = self.cluster_dims or (1, 1, 1)
+        c = attrs.CLUSTER_DIMS.of(self) or (1, 1, 1)
         return c[0] * c[1] * c[2]
 
     def describe(self) -> str:
-        """``shared 65536 B, cooperative, cluster 2x1x1, PDL`` (empty: none)."""
-        parts = []
-        if self.max_dynamic_shared:
-            parts.append(f"dynamic shared {self.max_dynamic_shared} B")
-        if self.cooperative:
-            parts.append("cooperative")
-        if self.cluster_dims:
-            parts.append("cluster " + "x".join(str(d) for d in self.cluster_dims))
-        if self.pdl:
-            parts.append("PDL")
-        return ", ".join(parts)
+        """``dynamic shared 65536 B, cooperative, cluster 2x1x1, PDL`` (empty: none)."""
+        return attrs.describe(self)
+
+
+if TYPE_CHECKING:
+    LaunchAttributes = _LaunchAttributes
+else:
+    LaunchAttributes = create_model(
+        "LaunchAttributes", __base__=_LaunchAttributes, __module__=__name__, __doc__=_LaunchAttributes.__doc__,
+        **{r.name: (r.annotation, Field(default=r.default, description=r.doc)) for r in attrs.ATTRIBUTES})
 
 
 #: TritonFacts' optional fields (autotuned entries; clusters and scratch memory), hashed only when set
@@ -646,7 +655,8 @@ class Entry(_Model):
     #: what the compiled kernel does with the launch geometry (None: a manifest older than
     #: schema 4, whose launches follow ``grid_dims`` / ``fixed_block``)
     launch: Optional[LaunchFacts] = None
-    #: launch attributes the entry needs (None: none; hashed, :func:`abi.entry_signature`)
+    #: launch attributes the entry needs (None: none; hashed, :func:`abi.entry_signature`; the fields
+    #: are the rows of :mod:`khal_runtime.launch_attributes`)
     attributes: Optional[LaunchAttributes] = None
     #: Triton entries: the instance (None for CUDA C++ and Slang)
     triton: Optional[TritonFacts] = None
@@ -696,16 +706,16 @@ class Entry(_Model):
             raise ValueError(f"entry {self.name!r}: a WebGPU target is listed twice")
         a = self.attributes
         tf = self.triton
-        if tf is not None and tf.shared > abi.DEFAULT_DYNAMIC_SHARED and (a is None or a.max_dynamic_shared != tf.shared):
+        if tf is not None and tf.shared > abi.DEFAULT_DYNAMIC_SHARED and attrs.MAX_DYNAMIC_SHARED.of(a) != tf.shared:
             raise ValueError(f"entry {self.name!r}: a Triton instance with {tf.shared} bytes of dynamic shared memory "
                              "records them as its attributes' max_dynamic_shared (opted in at load)")
-        if tf is not None and (a.cluster_dims if a is not None else None) != \
-                ((tf.num_ctas, 1, 1) if tf.num_ctas else None):
+        if tf is not None and attrs.CLUSTER_DIMS.of(a) != ((tf.num_ctas, 1, 1) if tf.num_ctas else None):
             raise ValueError(f"entry {self.name!r}: a Triton instance of {tf.ctas} CTA(s) per program records "
                              f"{'cluster dims (' + str(tf.num_ctas) + ', 1, 1)' if tf.num_ctas else 'no cluster dims'} "
                              "as its attributes' cluster_dims")
-        if a is not None and (a.cooperative or a.cluster_dims) and self.indirect_symbol is not None:
-            raise ValueError(f"entry {self.name!r}: a cooperative or clustered entry has no indirect variant")
+        blocker = attrs.indirect_blocker(a)
+        if blocker is not None and self.indirect_symbol is not None:
+            raise ValueError(f"entry {self.name!r}: it is {blocker}, and such an entry has no indirect variant")
         if self.fixed_block and self.launch_bounds is not None:
             raise ValueError(f"entry {self.name!r}: launch bounds are for blocks that are not fixed")
         threads = self.block_size[0] * self.block_size[1] * self.block_size[2]
@@ -745,8 +755,7 @@ class Entry(_Model):
         """The dynamic shared memory every launch of the entry passes unless told otherwise: what
         ``KHAL_SHARED_MEM`` declares, or what Triton's compile needed (below 48 KB no attribute
         records it), else 0."""
-        a = self.attributes
-        declared = int(a.max_dynamic_shared or 0) if a is not None else 0
+        declared = int(attrs.MAX_DYNAMIC_SHARED.of(self.attributes) or 0)
         return max(declared, int(self.triton.shared)) if self.triton is not None else declared
 
     def signature(self, layouts: bool = True) -> dict[str, Any]:

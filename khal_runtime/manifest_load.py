@@ -54,12 +54,12 @@ def manifest_digest(data: bytes) -> str:
 def build_digest(data: bytes) -> str | None:
     """What the build writes to ``_khal/manifest.digest`` for manifest bytes ``data`` it made
     through the models, or None when this runtime's plain classes were not made from the models'
-    source as it is now (a development tree whose manifest.py changed since
+    source as it is now (a development tree whose manifest.py or launch attribute rows changed since
     ``scripts/gen_manifest_records.py`` ran): then no digest is written and the runtime validates
     the manifest in full."""
     from khal_runtime import manifest as models  # lazy: the build has pydantic
 
-    if hashlib.sha256(Path(models.__file__).read_bytes()).hexdigest() != SOURCE_DIGEST:
+    if models.source_digest() != SOURCE_DIGEST:
         return None
     return manifest_digest(data)
 

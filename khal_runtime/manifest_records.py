@@ -4,25 +4,28 @@ The manifest's models as plain classes (the same names, fields, defaults, proper
 methods, no validation, no pydantic): what ``khal_runtime.manifest_load`` reads a manifest into
 when its digest says the build wrote it through the models and nothing changed it since. Each
 class is made from the manifest's JSON by ``Class(data)``, or field by field with
-``Class.construct(**fields)``. ``SOURCE_DIGEST``: the sha256 of the manifest.py these were made
-from (a manifest's digest names it: one built through other models is validated in full).
+``Class.construct(**fields)``. ``SOURCE_DIGEST``: the sha256 of the manifest.py and
+launch_attributes.py these were made from (``khal_runtime.manifest.source_digest``; a manifest's
+digest names it: one built through other models is validated in full).
 """
 
 # ruff: noqa
 # mypy: disable-error-code="no-any-return"
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 from khal_runtime import abi
+from khal_runtime import launch_attributes as attrs
 from khal_runtime.abi import ABI_VERSION, HASH_LEN, prebuilt_env_var, split_symbol, symbol_for
 from khal_runtime.errors import ManifestError
 
-SOURCE_DIGEST = '1c8ae110602504c818ec73018bbbb22b81af1b40f2e97e60ec5667c699b51f6c'
+SOURCE_DIGEST = '31958e1f77dc027f54e32341558b78d4f0931ab59b14225c555d9f1b99fe593e'
 
 _MISSING: Any = object()
 
@@ -52,6 +55,14 @@ class Record:
                 if callable(value) and not isinstance(value, Record):
                     value = value()
             object.__setattr__(obj, name, value)
+        return obj
+
+    def model_copy(self, update: dict[str, Any] | None = None) -> Any:
+        """A copy with the fields in ``update`` replaced (values as the class holds them: records,
+        tuples), as pydantic's ``model_copy``."""
+        obj = type(self).__new__(type(self))
+        for name in self._FIELDS:
+            object.__setattr__(obj, name, update[name] if update is not None and name in update else getattr(self, name))
         return obj
 
     def model_dump(self, mode: str = "python", exclude_none: bool = False) -> dict[str, Any]:
@@ -253,7 +264,7 @@ class StructField(Record):
     """One field of a struct in one target's layout."""
 
     __slots__ = ('name', 'type', 'offset', 'size', 'shape', 'strides', 'fields')
-    _FIELDS = ('name', 'type', 'offset', 'size', 'shape', 'strides', 'fields')
+    _FIELDS: tuple[str, ...] = ('name', 'type', 'offset', 'size', 'shape', 'strides', 'fields')
     name: str
     type: str
     offset: int
@@ -279,7 +290,7 @@ class StructLayout(Record):
     """A struct as one target lays it out (``size`` includes its tail padding)."""
 
     __slots__ = ('size', 'fields')
-    _FIELDS = ('size', 'fields')
+    _FIELDS: tuple[str, ...] = ('size', 'fields')
     size: int
     fields: tuple[StructField, ...]
 
@@ -293,7 +304,7 @@ class Param(Record):
     """One entry parameter, in declaration order."""
 
     __slots__ = ('name', 'kind', 'element_type', 'element_size', 'element_align', 'shape', 'length', 'writable', 'layouts', 'ctype')
-    _FIELDS = ('name', 'kind', 'element_type', 'element_size', 'element_align', 'shape', 'length', 'writable', 'layouts', 'ctype')
+    _FIELDS: tuple[str, ...] = ('name', 'kind', 'element_type', 'element_size', 'element_align', 'shape', 'length', 'writable', 'layouts', 'ctype')
     name: str
     kind: str
     element_type: str
@@ -348,7 +359,7 @@ class Binding(Record):
 WebGPU target."""
 
     __slots__ = ('param', 'group', 'binding', 'access')
-    _FIELDS = ('param', 'group', 'binding', 'access')
+    _FIELDS: tuple[str, ...] = ('param', 'group', 'binding', 'access')
     param: Optional[str]
     group: int
     binding: int
@@ -366,7 +377,7 @@ class ScalarSlot(Record):
     """A loose scalar parameter's place in the scalar block of a WebGPU target."""
 
     __slots__ = ('param', 'offset', 'size')
-    _FIELDS = ('param', 'offset', 'size')
+    _FIELDS: tuple[str, ...] = ('param', 'offset', 'size')
     param: str
     offset: int
     size: int
@@ -381,7 +392,7 @@ class WebGpuTarget(Record):
     """One entry compiled for WebGPU in one shading language (its artifact: ``path``)."""
 
     __slots__ = ('target', 'path', 'entry_point', 'bindings', 'scalars', 'scalar_block_size', 'scalar_slots')
-    _FIELDS = ('target', 'path', 'entry_point', 'bindings', 'scalars', 'scalar_block_size', 'scalar_slots')
+    _FIELDS: tuple[str, ...] = ('target', 'path', 'entry_point', 'bindings', 'scalars', 'scalar_block_size', 'scalar_slots')
     target: Literal["wgsl", "spirv"]
     path: str
     entry_point: str
@@ -412,7 +423,7 @@ shipped PTX at load and at verify (:func:`khal_runtime.verify.check_launch_facts
 they are the hashed facts of the marker (``scan``) or of Slang's ``numthreads`` (``reflection``)."""
 
     __slots__ = ('source', 'grid_axes', 'block_fixed', 'reads')
-    _FIELDS = ('source', 'grid_axes', 'block_fixed', 'reads')
+    _FIELDS: tuple[str, ...] = ('source', 'grid_axes', 'block_fixed', 'reads')
     source: Literal["ptx", "scan", "reflection"]
     grid_axes: int
     block_fixed: bool
@@ -426,16 +437,36 @@ they are the hashed facts of the marker (``scan``) or of Slang's ``numthreads`` 
         _set(self, 'reads', LaunchFacts._DEFAULTS['reads'] if v is _MISSING else tuple(v))
 
 
-class LaunchAttributes(Record):
-    """Launch attributes an entry needs (:data:`khal_runtime.abi.LAUNCH_ATTRIBUTES`; hashed), set
-once per function at load and prebuilt into its launch configuration."""
+class _LaunchAttributes(Record):
+    """Launch attributes an entry needs, set once per function at load and prebuilt into its launch
+configuration: one field per row of :data:`khal_runtime.launch_attributes.ATTRIBUTES` (its type,
+default and description), hashed when not the default. :data:`LaunchAttributes` is this class
+with those fields; read a value through its row (``CLUSTER_DIMS.of(attributes)``)."""
 
-    __slots__ = ('max_dynamic_shared', 'cooperative', 'cluster_dims', 'pdl')
-    _FIELDS = ('max_dynamic_shared', 'cooperative', 'cluster_dims', 'pdl')
-    max_dynamic_shared: Optional[int]
-    cooperative: bool
-    cluster_dims: Optional[tuple[int, int, int]]
-    pdl: bool
+    __slots__ = ()
+    _FIELDS: tuple[str, ...] = ()
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        pass
+
+    @property
+    def cluster_size(self) -> int:
+        c = attrs.CLUSTER_DIMS.of(self) or (1, 1, 1)
+        return c[0] * c[1] * c[2]
+
+    def describe(self) -> str:
+        """``dynamic shared 65536 B, cooperative, cluster 2x1x1, PDL`` (empty: none)."""
+        return attrs.describe(self)
+
+
+class LaunchAttributes(_LaunchAttributes):
+    """Launch attributes an entry needs, set once per function at load and prebuilt into its launch
+configuration: one field per row of :data:`khal_runtime.launch_attributes.ATTRIBUTES` (its type,
+default and description), hashed when not the default. :data:`LaunchAttributes` is this class
+with those fields; read a value through its row (``CLUSTER_DIMS.of(attributes)``)."""
+
+    __slots__ = ('max_dynamic_shared', 'cooperative', 'cluster_dims', 'pdl', 'cluster_scheduling')
+    _FIELDS: tuple[str, ...] = ('max_dynamic_shared', 'cooperative', 'cluster_dims', 'pdl', 'cluster_scheduling')
 
     def __init__(self, data: dict[str, Any]) -> None:
         v = data.get('max_dynamic_shared', _MISSING)
@@ -446,24 +477,8 @@ once per function at load and prebuilt into its launch configuration."""
         _set(self, 'cluster_dims', LaunchAttributes._DEFAULTS['cluster_dims'] if v is _MISSING else (None if v is None else tuple(v)))
         v = data.get('pdl', _MISSING)
         _set(self, 'pdl', LaunchAttributes._DEFAULTS['pdl'] if v is _MISSING else v)
-
-    @property
-    def cluster_size(self) -> int:
-        c = self.cluster_dims or (1, 1, 1)
-        return c[0] * c[1] * c[2]
-
-    def describe(self) -> str:
-        """``shared 65536 B, cooperative, cluster 2x1x1, PDL`` (empty: none)."""
-        parts = []
-        if self.max_dynamic_shared:
-            parts.append(f"dynamic shared {self.max_dynamic_shared} B")
-        if self.cooperative:
-            parts.append("cooperative")
-        if self.cluster_dims:
-            parts.append("cluster " + "x".join(str(d) for d in self.cluster_dims))
-        if self.pdl:
-            parts.append("PDL")
-        return ", ".join(parts)
+        v = data.get('cluster_scheduling', _MISSING)
+        _set(self, 'cluster_scheduling', LaunchAttributes._DEFAULTS['cluster_scheduling'] if v is _MISSING else v)
 
 
 class TritonDtype(Record):
@@ -471,7 +486,7 @@ class TritonDtype(Record):
 ``"fp32"``; ``"bf16"``, ``"fp8e4nv"``, ``"int8"``, ...)."""
 
     __slots__ = ('dtype',)
-    _FIELDS = ('dtype',)
+    _FIELDS: tuple[str, ...] = ('dtype',)
     dtype: str
 
     def __init__(self, data: dict[str, Any]) -> None:
@@ -482,7 +497,7 @@ class TritonParam(Record):
     """One parameter of a ``@triton.jit`` kernel as Triton's JIT sees it (``JITFunction.params``)."""
 
     __slots__ = ('name', 'constexpr', 'default', 'has_default', 'do_not_specialize', 'do_not_specialize_on_alignment', 'annotation')
-    _FIELDS = ('name', 'constexpr', 'default', 'has_default', 'do_not_specialize', 'do_not_specialize_on_alignment', 'annotation')
+    _FIELDS: tuple[str, ...] = ('name', 'constexpr', 'default', 'has_default', 'do_not_specialize', 'do_not_specialize_on_alignment', 'annotation')
     name: str
     constexpr: bool
     default: ConstValue
@@ -513,7 +528,7 @@ class TritonScratch(Record):
 pointer to ``programs x num_ctas x size`` bytes aligned to ``align``."""
 
     __slots__ = ('size', 'align')
-    _FIELDS = ('size', 'align')
+    _FIELDS: tuple[str, ...] = ('size', 'align')
     size: int
     align: int
 
@@ -530,7 +545,7 @@ Every field is inside the entry hash (:func:`abi.entry_signature`), ``shared`` i
 build names the kernel after its compiles, so the hash covers what they found."""
 
     __slots__ = ('kernel', 'family', 'base', 'num_warps', 'num_stages', 'shared', 'names', 'types', 'divisible', 'ones', 'constexprs', 'cache_key', 'triton_version', 'config', 'autotune_key', 'choose', 'num_ctas', 'global_scratch', 'profile_scratch', 'written', 'params', 'nones', 'maxnreg', 'heuristics', 'module', 'qualname', 'recorded')
-    _FIELDS = ('kernel', 'family', 'base', 'num_warps', 'num_stages', 'shared', 'names', 'types', 'divisible', 'ones', 'constexprs', 'cache_key', 'triton_version', 'config', 'autotune_key', 'choose', 'num_ctas', 'global_scratch', 'profile_scratch', 'written', 'params', 'nones', 'maxnreg', 'heuristics', 'module', 'qualname', 'recorded')
+    _FIELDS: tuple[str, ...] = ('kernel', 'family', 'base', 'num_warps', 'num_stages', 'shared', 'names', 'types', 'divisible', 'ones', 'constexprs', 'cache_key', 'triton_version', 'config', 'autotune_key', 'choose', 'num_ctas', 'global_scratch', 'profile_scratch', 'written', 'params', 'nones', 'maxnreg', 'heuristics', 'module', 'qualname', 'recorded')
     kernel: str
     family: str
     base: bool
@@ -633,7 +648,7 @@ build names the kernel after its compiles, so the hash covers what they found.""
 
 class Entry(Record):
     __slots__ = ('name', 'symbol', 'hash', 'block_size', 'params', 'indirect_symbol', 'grid_dims', 'fixed_block', 'launch_bounds', 'indirect_reason', 'template', 'template_args', 'webgpu', 'launch', 'attributes', 'triton')
-    _FIELDS = ('name', 'symbol', 'hash', 'block_size', 'params', 'indirect_symbol', 'grid_dims', 'fixed_block', 'launch_bounds', 'indirect_reason', 'template', 'template_args', 'webgpu', 'launch', 'attributes', 'triton')
+    _FIELDS: tuple[str, ...] = ('name', 'symbol', 'hash', 'block_size', 'params', 'indirect_symbol', 'grid_dims', 'fixed_block', 'launch_bounds', 'indirect_reason', 'template', 'template_args', 'webgpu', 'launch', 'attributes', 'triton')
     name: str
     symbol: str
     hash: str
@@ -700,8 +715,7 @@ class Entry(Record):
         """The dynamic shared memory every launch of the entry passes unless told otherwise: what
         ``KHAL_SHARED_MEM`` declares, or what Triton's compile needed (below 48 KB no attribute
         records it), else 0."""
-        a = self.attributes
-        declared = int(a.max_dynamic_shared or 0) if a is not None else 0
+        declared = int(attrs.MAX_DYNAMIC_SHARED.of(self.attributes) or 0)
         return max(declared, int(self.triton.shared)) if self.triton is not None else declared
 
     def signature(self, layouts: bool = True) -> dict[str, Any]:
@@ -729,7 +743,7 @@ class Entry(Record):
 
 class Artifact(Record):
     __slots__ = ('kind', 'arch', 'entry', 'path', 'sha256', 'size', 'ptx_isa', 'distribution')
-    _FIELDS = ('kind', 'arch', 'entry', 'path', 'sha256', 'size', 'ptx_isa', 'distribution')
+    _FIELDS: tuple[str, ...] = ('kind', 'arch', 'entry', 'path', 'sha256', 'size', 'ptx_isa', 'distribution')
     kind: Literal["ptx", "cubin", "wgsl", "spirv"]
     arch: Optional[str]
     entry: Optional[str]
@@ -761,7 +775,7 @@ class Artifact(Record):
 
 class SourceFile(Record):
     __slots__ = ('path', 'sha256')
-    _FIELDS = ('path', 'sha256')
+    _FIELDS: tuple[str, ...] = ('path', 'sha256')
     path: str
     sha256: str
 
@@ -774,7 +788,7 @@ class Prebuilt(Record):
     """The crate's binary came from ``CUDA_OXIDE_SHADERS_PTX_<CRATE>``, not from NVRTC."""
 
     __slots__ = ('variable', 'kind', 'file_name')
-    _FIELDS = ('variable', 'kind', 'file_name')
+    _FIELDS: tuple[str, ...] = ('variable', 'kind', 'file_name')
     variable: str
     kind: Literal["ptx", "cubin"]
     file_name: str
@@ -789,7 +803,7 @@ class SpirvStatus(Record):
     """The WebGPU (WGSL / SPIR-V) stage of a crate."""
 
     __slots__ = ('status', 'reason')
-    _FIELDS = ('status', 'reason')
+    _FIELDS: tuple[str, ...] = ('status', 'reason')
     status: Literal["skipped", "not_configured", "built", "not_applicable"]
     reason: str
 
@@ -805,7 +819,7 @@ take as a parameter), found in the crate's PTX; its address and size come from t
 load (``cuLibraryGetGlobal``), which must agree with ``size``."""
 
     __slots__ = ('name', 'space', 'type', 'element_size', 'size')
-    _FIELDS = ('name', 'space', 'type', 'element_size', 'size')
+    _FIELDS: tuple[str, ...] = ('name', 'space', 'type', 'element_size', 'size')
     name: str
     space: Literal["constant", "device"]
     type: str
@@ -825,7 +839,7 @@ class ServedLibrary(Record):
 modules): the distribution, its version, and the digest of each module file the build read."""
 
     __slots__ = ('distribution', 'version', 'files')
-    _FIELDS = ('distribution', 'version', 'files')
+    _FIELDS: tuple[str, ...] = ('distribution', 'version', 'files')
     distribution: str
     version: str
     files: dict[str, str]
@@ -841,7 +855,7 @@ class TritonCrate(Record):
     """What a Triton crate says beyond its entries."""
 
     __slots__ = ('jit_fallback', 'serves')
-    _FIELDS = ('jit_fallback', 'serves')
+    _FIELDS: tuple[str, ...] = ('jit_fallback', 'serves')
     jit_fallback: bool
     serves: Optional[ServedLibrary]
 
@@ -854,7 +868,7 @@ class TritonCrate(Record):
 
 class Crate(Record):
     __slots__ = ('name', 'language', 'package_dir', 'sources', 'content_hash', 'artifacts', 'entries', 'prebuilt', 'spirv', 'globals', 'triton')
-    _FIELDS = ('name', 'language', 'package_dir', 'sources', 'content_hash', 'artifacts', 'entries', 'prebuilt', 'spirv', 'globals', 'triton')
+    _FIELDS: tuple[str, ...] = ('name', 'language', 'package_dir', 'sources', 'content_hash', 'artifacts', 'entries', 'prebuilt', 'spirv', 'globals', 'triton')
     name: str
     language: Literal["cuda", "slang", "triton"]
     package_dir: str
@@ -907,7 +921,7 @@ class Crate(Record):
 
 class Toolchain(Record):
     __slots__ = ('nvrtc_version', 'slang_version', 'triton_version', 'hatch_khal_version', 'abi_version')
-    _FIELDS = ('nvrtc_version', 'slang_version', 'triton_version', 'hatch_khal_version', 'abi_version')
+    _FIELDS: tuple[str, ...] = ('nvrtc_version', 'slang_version', 'triton_version', 'hatch_khal_version', 'abi_version')
     nvrtc_version: Optional[str]
     slang_version: Optional[str]
     triton_version: Optional[str]
@@ -930,7 +944,7 @@ class Editable(Record):
     """Present only in editable installs: where to look for stale sources."""
 
     __slots__ = ('project_root',)
-    _FIELDS = ('project_root',)
+    _FIELDS: tuple[str, ...] = ('project_root',)
     project_root: str
 
     def __init__(self, data: dict[str, Any]) -> None:
@@ -939,7 +953,7 @@ class Editable(Record):
 
 class Manifest(Record):
     __slots__ = ('schema_version', 'package', 'toolchain', 'crates', 'editable')
-    _FIELDS = ('schema_version', 'package', 'toolchain', 'crates', 'editable')
+    _FIELDS: tuple[str, ...] = ('schema_version', 'package', 'toolchain', 'crates', 'editable')
     schema_version: int
     package: str
     toolchain: Toolchain
@@ -980,7 +994,8 @@ Binding._DEFAULTS = {'param': None}
 ScalarSlot._DEFAULTS = {}
 WebGpuTarget._DEFAULTS = {'scalars': None, 'scalar_block_size': 0, 'scalar_slots': ()}
 LaunchFacts._DEFAULTS = {'reads': ()}
-LaunchAttributes._DEFAULTS = {'max_dynamic_shared': None, 'cooperative': False, 'cluster_dims': None, 'pdl': False}
+_LaunchAttributes._DEFAULTS = {}
+LaunchAttributes._DEFAULTS = {'max_dynamic_shared': None, 'cooperative': False, 'cluster_dims': None, 'pdl': False, 'cluster_scheduling': None}
 TritonDtype._DEFAULTS = {}
 TritonParam._DEFAULTS = {'constexpr': False, 'default': None, 'has_default': False, 'do_not_specialize': False, 'do_not_specialize_on_alignment': False, 'annotation': ''}
 TritonScratch._DEFAULTS = {'align': 1}

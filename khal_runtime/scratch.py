@@ -118,7 +118,7 @@ def stream_key(st: Any) -> tuple[int, int, int]:
     stream in each thread (``CU_STREAM_PER_THREAD``), the calling thread's :func:`thread_token`
     in place of the 0."""
     h = st.handle
-    if h > 2 or not st._bk.is_per_thread_stream(h):  # (the per-thread handles are 0 and 2)
+    if h > 2 or not st.backend_impl.is_per_thread_stream(h):  # (the per-thread handles are 0 and 2)
         return (st.device_id, h, 0)
     return (st.device_id, h, thread_token())
 

@@ -57,6 +57,7 @@ from khal_runtime import abi, interop
 from khal_runtime.arguments import struct_bytes as _struct_bytes
 from khal_runtime.device import Stream
 from khal_runtime.errors import ArgumentError, ArgumentValueError, BackendUnavailableError, CaptureError, KhalError
+from khal_runtime.generated import define
 from khal_runtime.kernels import Kernel, KernelSet
 from khal_runtime.manifest_records import Entry as _EntryRecord
 from khal_runtime.torch_triton import TritonOpSpec, check_fake, not_cuda, other_device, triton_spec
@@ -604,11 +605,9 @@ def _make_cuda_impl(spec: _OpSpec) -> Callable[..., None]:
             f"    _launch(spec, threads, {args}, {written}, False)",
         ]
     src = ["def make(spec):", *("    " + ln for ln in src), "    return cuda_impl"]
-    code = compile("\n".join(src) + "\n", f"<khal torch op {spec.qualname}>", "exec")
-    scope: dict[str, Any] = {}
-    # the module's globals: _raw_stream, _bump, _launch are read at call time
-    exec(code, globals(), scope)  # noqa: S102 - made from the entry's parameter count and indices only
-    fn: Callable[..., None] = scope["make"](spec)
+    # the module's globals: _raw_stream, _bump, _launch are read at call time (set by _torch())
+    make = define("\n".join(src) + "\n", f"torch op {spec.qualname}", {}, "make", module=globals())
+    fn: Callable[..., None] = make(spec)
     fn.__name__ = spec.op_name
     fn.__qualname__ = f"khal_op_cuda[{spec.qualname}]"
     return fn

@@ -185,7 +185,7 @@ def trace_line(seq: int, plan: Any, grid: tuple[int, ...], block: tuple[int, ...
     """The ``KHAL_TRACE`` line of one launch."""
     handle = getattr(stream, "handle", stream)
     h = f"0x{handle:x}" if isinstance(handle, int) else str(handle)
-    bk = getattr(getattr(stream, "_bk", None), "name", "cuda")
+    bk = getattr(getattr(stream, "backend_impl", None), "name", "cuda")
     where = "" if bk == "cuda" else f" ({bk})"
     return (f"khal: launch #{seq} {kernel_name(plan)} grid={_dims(grid)} block={_dims(block)} "
             f"shmem={int(shmem)} stream={h}{where}{note} args: {describe_args(plan.entry, args)}")
@@ -236,7 +236,7 @@ class Profiler:
         self.sources: set[str] = set()
 
     def record(self, key: str, stream: Any, do: Callable[[], Any], kernels: tuple[str, ...] = ()) -> Any:
-        timer = stream._bk.timer()
+        timer = stream.backend_impl.timer()
         if timer is None:  # the backend times its launches itself (WebGPU: timestamp queries)
             return do()
         with self.lock:
@@ -326,17 +326,14 @@ def profile_stats() -> dict[str, dict[str, float]]:
                    "min_us": 1000 * s.lo, "max_us": 1000 * s.hi}
                for k, s in _profiler.stats.items()}
     for bk in backends.loaded():  # backends that time launches themselves (WebGPU)
-        stats = getattr(bk, "profile_stats", None)
-        if stats is not None:
-            out.update(stats())
+        out.update(bk.profile_stats())
     return out
 
 
 def _backend_tables() -> list[str]:
     tables = []
     for bk in backends.loaded():
-        table = getattr(bk, "profile_table", None)
-        text = table() if table is not None else None
+        text = bk.profile_table()
         if text:
             tables.append(text)
     return tables
@@ -359,9 +356,7 @@ def profile(file: Any = None, *, reset: bool = False, print_table: bool = True) 
 def reset_profile() -> None:
     _profiler.reset()
     for bk in backends.loaded():
-        reset = getattr(bk, "reset_profile", None)
-        if reset is not None:
-            reset()
+        bk.reset_profile()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,7 +449,7 @@ class Dispatcher:
 
     def _sync(self, seq: int, name: str, grid: Any, block: Any, stream: Any) -> None:
         try:
-            stream._bk.synchronize(stream)
+            stream.backend_impl.synchronize(stream)
         except KhalError as exc:
             code = getattr(exc, "code", "") or str(exc)
             msg = (f"KHAL_TRACE=sync: kernel {name} (launch #{seq}, grid={_dims(grid)} "

@@ -232,7 +232,7 @@ def _data_ptr_reader(a: Any, dev: int) -> tuple[int, Any]:
 
 def _buffer_reader(a: Any, dev: int) -> tuple[int, Any]:
     base = a._base
-    live = a._et != FREED and (base is None or base._et != FREED) and getattr(a._bk, "name", "cuda") == "cuda"
+    live = a._et != FREED and (base is None or base._et != FREED) and getattr(a.backend_impl, "name", "cuda") == "cuda"
     return a.ptr, (a.dtype if live and a.device_id == dev else _BAD)
 
 
@@ -437,7 +437,7 @@ class TritonKernel:
             self._rule = facts.choose
             self._pin = _env_pin(crate, name, tuple(self.configs))
         # over khal Kernels (what the generated call reads of them: their plans by device, block, crate)
-        self._can_fast = all(hasattr(k, "_plans") and hasattr(k, "_bx") and hasattr(k, "_crate") for k in self.variants)
+        self._can_fast = all(hasattr(k, "_plans") and hasattr(k, "block_size") and hasattr(k, "_crate") for k in self.variants)
         if self._can_fast:
             self.launch = self._first_launch
 
@@ -581,7 +581,7 @@ class TritonKernel:
         backend's timer (CUDA events: what the profiler uses), on the call's own arguments. A config
         whose warm-up launch is refused (a named khal error: more resources than the device has) is
         left out, as Triton's autotuner leaves out one that runs out of resources."""
-        timer = st._bk.timer()
+        timer = st.backend_impl.timer()
         runs = []
         for c, k in cands.items():
             launch, shmem, _, keep = self._variant_choice(k)
@@ -829,7 +829,7 @@ class TritonKernel:
             self._readers[i][type(a)] = reader
             self._dtypes[i].add(getattr(a, "dtype", None))
             if type(a) is DeviceBuffer:
-                self._backends.add(a._bk)  # a CUDA one: the slow path read its __cuda_array_interface__
+                self._backends.add(a.backend_impl)  # a CUDA one: the slow path read its __cuda_array_interface__
             if type(a) is DeviceBuffer or (reader is _cupy_reader and type(a).__module__.startswith("cupy")):
                 self._fixed.add(type(a))
         k = chosen[2]
@@ -843,9 +843,9 @@ class TritonKernel:
                 directs[dev] = (parts.function, parts.pack, parts.new_block, parts.launch, parts.failed, parts) \
                     if parts is not None else False
         if self.tuned:
-            self._fast_chosen[bits] = (k._plans, chosen[1], k._bx, which, directs, k.entry.triton.constexprs)
+            self._fast_chosen[bits] = (k._plans, chosen[1], k.block_size[0], which, directs, k.entry.triton.constexprs)
         else:
-            self._fast_chosen[bits] = (k._plans, chosen[1], k._bx, which, directs)
+            self._fast_chosen[bits] = (k._plans, chosen[1], k.block_size[0], which, directs)
 
     def _new_slots(self) -> _ThreadSlots:
         """This thread's memo slots of the family (:meth:`_generate`): ``SLOTS`` of them, each
@@ -985,7 +985,7 @@ class TritonKernel:
             if self._pointer[i]:
                 L += [f"    t = type(a{i})", "    if t is int:", f"        v{i} = a{i}", f"        q{i} = None",
                       # a DeviceBuffer of a CUDA backend seen accepted, live, not a view: read inline
-                      f"    elif t is DeviceBuffer and a{i}._base is None and a{i}._et != FREED and a{i}._bk in BK "
+                      f"    elif t is DeviceBuffer and a{i}._base is None and a{i}._et != FREED and a{i}.backend_impl in BK "
                       f"and a{i}.dtype in D{i} and a{i}.device_id == dev:", f"        v{i} = a{i}.ptr",
                       f"        q{i} = None", "    else:",
                       f"        rd = R{i}.get(t)", "        if rd is TORCH:",  # _torch_reader's reads, inline
@@ -1070,7 +1070,7 @@ class TritonKernel:
               "    m.key = EMPTY", "    blk = m.blocks[which]", "    if blk is None:",
               "        blk = m.blocks[which] = new_block()", "    try:", "        pack(blk[0], 0, *vals)",
               "    except Exception:",  # out of range: the slow path names the argument
-              f"        {slow}", "    cu = st._cu", "    addr = blk[2]",
+              f"        {slow}", "    cu = st.native", "    addr = blk[2]",
               "    r = launch(function, gx, gy, gz, bx, 1, 1, shmem, cu, addr, 0)", "    if r[0]:",
               "        fail(r[0], gx, gy, gz, bx, 1, 1)"]
         memo = ["grid_memo is not NOMEMO"] + [f"q{i} is not NOMEMO" for i in self._pointers]

@@ -33,6 +33,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from khal_runtime import abi
 from khal_runtime.errors import ArtifactError, HashMismatchError, KhalError, ManifestError, StaleBuildError
+from khal_runtime.launch_attributes import CLUSTER_DIMS
 from khal_runtime.manifest_records import MANIFEST_DIR, MANIFEST_NAME, package_path, read_regular_file
 
 if TYPE_CHECKING:
@@ -317,7 +318,7 @@ def check_launch_facts(crate: Crate, blobs: Mapping[str, bytes]) -> list[Problem
             for e in crate.entries:  # the cluster dims the kernel was compiled with (__cluster_dims__)
                 if e.symbol not in kernels:
                     continue  # check_symbols names the missing kernel
-                said = e.attributes.cluster_dims if e.attributes is not None else None
+                said = CLUSTER_DIMS.of(e.attributes)
                 if clusters.get(e.symbol) != (tuple(said) if said else None):
                     problems.append(Problem(
                         "manifest", crate.name, f"entry {e.name!r} (crate {crate.name!r}): the manifest's cluster dims "

@@ -10,8 +10,12 @@ with no validation (what validation would check, the build's did) and no pydanti
 copied methods ask of pydantic (``model_dump``) the records' base class gives; a module-level
 name a copied method reads (a constant, a helper) is copied with it.
 
-Run after any change to ``khal_runtime/manifest.py`` (``tests/runtime/test_manifest_records.py``
-fails until the file is what this writes)::
+A model made at import (``LaunchAttributes``: ``create_model`` over ``_LaunchAttributes``, one field
+per row of ``khal_runtime/launch_attributes.py``) is a record class subclassing its base's, with its
+fields.
+
+Run after any change to ``khal_runtime/manifest.py`` or to the launch attribute rows
+(``tests/runtime/test_manifest_records.py`` fails until the file is what this writes)::
 
     python scripts/gen_manifest_records.py          # write it
     python scripts/gen_manifest_records.py --check  # exit 1 if it is stale
@@ -20,7 +24,7 @@ fails until the file is what this writes)::
 from __future__ import annotations
 
 import ast
-import hashlib
+import inspect
 import sys
 import types
 import typing
@@ -44,8 +48,9 @@ The manifest's models as plain classes (the same names, fields, defaults, proper
 methods, no validation, no pydantic): what ``khal_runtime.manifest_load`` reads a manifest into
 when its digest says the build wrote it through the models and nothing changed it since. Each
 class is made from the manifest's JSON by ``Class(data)``, or field by field with
-``Class.construct(**fields)``. ``SOURCE_DIGEST``: the sha256 of the manifest.py these were made
-from (a manifest's digest names it: one built through other models is validated in full).
+``Class.construct(**fields)``. ``SOURCE_DIGEST``: the sha256 of the manifest.py and
+launch_attributes.py these were made from (``khal_runtime.manifest.source_digest``; a manifest's
+digest names it: one built through other models is validated in full).
 """
 
 # ruff: noqa
@@ -84,6 +89,14 @@ class Record:
                 if callable(value) and not isinstance(value, Record):
                     value = value()
             object.__setattr__(obj, name, value)
+        return obj
+
+    def model_copy(self, update: dict[str, Any] | None = None) -> Any:
+        """A copy with the fields in ``update`` replaced (values as the class holds them: records,
+        tuples), as pydantic's ``model_copy``."""
+        obj = type(self).__new__(type(self))
+        for name in self._FIELDS:
+            object.__setattr__(obj, name, update[name] if update is not None and name in update else getattr(self, name))
         return obj
 
     def model_dump(self, mode: str = "python", exclude_none: bool = False) -> dict[str, Any]:
@@ -191,20 +204,24 @@ def _default_source(field: Any, models: dict[str, type]) -> str:
     raise SystemExit(f"gen_manifest_records: cannot write the default {v!r}")
 
 
-def _class_source(cls: type, node: ast.ClassDef, text: str, models: dict[str, type]) -> tuple[str, str, set[str]]:
-    """(the record class, the line setting its defaults, the module-level names its methods read)."""
+def _class_source(cls: type, node: ast.ClassDef | None, text: str, models: dict[str, type],
+                  base: type | None = None) -> tuple[str, str, set[str]]:
+    """(the record class, the line setting its defaults, the module-level names its methods read).
+    ``node`` is None for a model made by ``create_model`` from ``base`` (a class of the source):
+    its record subclasses the base's record, adding the fields (no methods of its own)."""
     fields = cls.model_fields  # type: ignore[attr-defined]
     hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]), include_extras=False)
-    doc = ast.get_docstring(node)
-    lines = [f"class {cls.__name__}(Record):"]
+    inherited = base.model_fields if base is not None else {}  # type: ignore[attr-defined]
+    doc = ast.get_docstring(node) if node is not None else inspect.getdoc(cls)
+    lines = [f"class {cls.__name__}({base.__name__ if base is not None else 'Record'}):"]
     if doc:
         lines.append('    """' + doc.replace("\\", "\\\\").replace('"""', '\\"\\"\\"') + '"""')
         lines.append("")
-    lines.append(f"    __slots__ = {tuple(fields)!r}")
-    lines.append(f"    _FIELDS = {tuple(fields)!r}")
+    lines.append(f"    __slots__ = {tuple(f for f in fields if f not in inherited)!r}")
+    lines.append(f"    _FIELDS: tuple[str, ...] = {tuple(fields)!r}")
     used: set[str] = set()
     # the fields' annotations as the models spell them (what a type checker reads of the records)
-    for item in node.body:
+    for item in node.body if node is not None else ():
         if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.target.id in fields:
             ann = ast.get_source_segment(text, item.annotation)
             lines.append(f"    {item.target.id}: {ann}")
@@ -226,7 +243,7 @@ def _class_source(cls: type, node: ast.ClassDef, text: str, models: dict[str, ty
             if f.default_factory is not None:
                 default += "()"
             lines.append(f"        _set(self, {name!r}, {default} if v is _MISSING else {conv or 'v'})")
-    for item in node.body:
+    for item in node.body if node is not None else ():
         if not isinstance(item, ast.FunctionDef):
             continue
         decorators = {d.func.id if isinstance(d, ast.Call) and isinstance(d.func, ast.Name) else
@@ -262,6 +279,10 @@ def generate() -> str:
             for t in targets:
                 if isinstance(t, ast.Name):
                     defs[t.id] = node
+    # models made at import by create_model(__base__=<a class of the source>) (LaunchAttributes, from
+    # the launch attribute rows): each one's record subclasses its base's, right after it
+    written = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    made = {name: cls for name, cls in models.items() if name not in written}
     classes, default_lines, wanted = [], [], set(EXPORTS)
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name in models:
@@ -269,6 +290,14 @@ def generate() -> str:
             classes.append(src)
             default_lines.append(dline)
             wanted |= used
+            for name, cls in list(made.items()):
+                if cls.__bases__ == (models[node.name],):
+                    src, dline, _ = _class_source(cls, None, text, models, base=models[node.name])
+                    classes.append(src)
+                    default_lines.append(dline)
+                    del made[name]
+    if made:
+        raise SystemExit(f"gen_manifest_records: models with no class of their own nor of their base: {sorted(made)}")
     # the module-level names wanted, and those they read, transitively (not the classes)
     todo, keep = list(wanted), set()
     while todo:
@@ -297,13 +326,14 @@ def generate() -> str:
             if isinstance(node, ast.ImportFrom) and node.module == "__future__":
                 continue
             imports.append(ast.get_source_segment(text, node))
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+    digest = m.source_digest()
     body = [HEADER.format(imports="\n".join(i for i in imports if i), digest=digest)]
     body += helpers
     body += classes
     body += after
     body.append("\n".join(default_lines))
-    body.append(f"__all__ = {sorted(['Record', 'SOURCE_DIGEST', *models, *(n for n in EXPORTS if not n.startswith('_'))])!r}")
+    public = [*models, *EXPORTS]
+    body.append(f"__all__ = {sorted(['Record', 'SOURCE_DIGEST', *(n for n in public if not n.startswith('_'))])!r}")
     return "\n\n\n".join(b.rstrip() for b in body) + "\n"
 
 

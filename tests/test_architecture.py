@@ -207,8 +207,8 @@ def test_the_layer_check_catches_an_upward_import() -> None:
 
 
 #: what the build side may import of the runtime: the shared contract, nothing that runs kernels
-SHARED = {"khal_runtime", "khal_runtime.abi", "khal_runtime.manifest", "khal_runtime.manifest_load",
-          "khal_runtime.binaries", "khal_runtime.verify", "khal_runtime.errors"}
+SHARED = {"khal_runtime", "khal_runtime.abi", "khal_runtime.launch_attributes", "khal_runtime.manifest",
+          "khal_runtime.manifest_load", "khal_runtime.binaries", "khal_runtime.verify", "khal_runtime.errors"}
 
 
 def test_the_build_side_imports_only_the_shared_runtime_modules() -> None:
@@ -273,3 +273,152 @@ def test_the_3_10_check_catches_later_syntax() -> None:
 
     with pytest.raises(SyntaxError):
         ast.parse("try:\n    pass\nexcept* ValueError:\n    pass\n", feature_version=(3, 10))
+
+
+# -- what crosses a layer at run time --------------------------------------------------------------
+def _members_defined(tree: ast.AST) -> set[str]:
+    """The names a module defines or assigns: functions, classes, attributes it stores (``x._a =``),
+    names it binds, and string constants that name a member (``__slots__``, ``setattr``)."""
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+            out.add(n.attr)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            out.add(n.id)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"_[A-Za-z]\w*", n.value):
+            out.add(n.value)
+    return out
+
+
+def _layer_of(module: str, layers: dict[str, int]) -> object:
+    """A runtime module's layer; the build side is one layer of its own."""
+    return layers.get(module) if module.startswith("khal_runtime") else "hatch_khal"
+
+
+def private_reads(layers: dict[str, int], modules: dict[str, Path] | None = None) -> list[tuple[str, int, str, str]]:
+    """(module, line, the expression, the member) of every ``obj._member`` read where ``obj`` is not
+    ``self`` / ``cls`` and no module of the reader's layer defines ``_member`` (the reader's own
+    module included): a private member of another layer's object. Members only a library
+    defines (``torch._C``) are none of ours and are not listed."""
+    modules = MODULES if modules is None else modules
+    trees = {m: ast.parse(p.read_text("utf-8")) for m, p in modules.items()}
+    defined = {m: _members_defined(t) for m, t in trees.items()}
+    out = []
+    for m, tree in sorted(trees.items()):
+        mine = _layer_of(m, layers)
+        for n in ast.walk(tree):
+            if not (isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")):
+                continue
+            if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                continue
+            definers = {d for d, names in defined.items() if n.attr in names}
+            if definers and not any(_layer_of(d, layers) == mine for d in definers):
+                out.append((m, n.lineno, ast.unparse(n), n.attr))
+    return out
+
+
+#: (reader, member) -> why it is read there: each a library's own member that one of ours shares a
+#: name with, or a place left for the modules whose owners change them now
+PRIVATE_READS_ALLOWED = {
+    ("khal_runtime.torch", "_version"): "torch.Tensor._version, PyTorch's version counter: PyTorch's API "
+                                        "for in-place writes, not a member of ours",
+    ("khal_runtime.triton", "_base"): "the Triton pointer reader checks a DeviceBuffer (and its base) is not "
+                                      "freed; DeviceBuffer is to say so publicly (Triton's modules are other "
+                                      "helpers' now)",
+    ("khal_runtime.triton", "_et"): "as _base",
+}
+
+
+def test_no_layer_reads_another_layers_private_members() -> None:
+    """ARCHITECTURE.md: calls go down only, at run time too. A layer reads another layer's objects
+    through their public members and Protocols (``backends.KernelHandle``, ``LaunchPlan``,
+    ``Backend``), never through private ones: a private member is free to change with its module."""
+    bad = [f"{_where(m, line)}: {expr} (a private member of another layer)" for m, line, expr, member
+           in private_reads(runtime_layers()) if (m, member) not in PRIVATE_READS_ALLOWED]
+    assert bad == []
+
+
+def test_the_private_read_check_catches_one(tmp_path: Path) -> None:
+    """``calls.py`` (layer 7) reading ``kernel._bx`` of ``kernels.Kernel`` (layer 9), as it did."""
+    (tmp_path / "calls.py").write_text("def slow(kernel):\n    return kernel._bx + kernel.block_size[0]\n")
+    (tmp_path / "kernels.py").write_text("class Kernel:\n    __slots__ = ('_bx',)\n")
+    (tmp_path / "calls2.py").write_text("class C:\n    def __init__(self):\n        self._bx = 1\n\n"
+                                        "    def f(self, other):\n        return self._bx, other._bx\n")  # its own
+    layers = {"khal_runtime.calls": 7, "khal_runtime.kernels": 9, "khal_runtime.calls2": 8}
+    found = private_reads(layers, {"khal_runtime.calls": tmp_path / "calls.py",
+                                   "khal_runtime.kernels": tmp_path / "kernels.py",
+                                   "khal_runtime.calls2": tmp_path / "calls2.py"})
+    assert [(m, line, expr) for m, line, expr, _ in found] == [("khal_runtime.calls", 2, "kernel._bx")]
+
+
+#: a kernel language's own modules: the only ones that may compare a language's name
+LANGUAGE_MODULES = ("hatch_khal.cuda", "hatch_khal.slang", "hatch_khal.triton", "khal_runtime.triton",
+                    "khal_runtime.torch_triton")
+LANGUAGE_NAMES = {"cuda", "slang", "triton"}
+
+#: module -> (comparisons of a language name, why they are there): the generic modules that still
+#: ask a crate which language it is, each to go when languages are plugins (#40 item 1: a language
+#: then owns its config keys, requirements, stubs, run-time crate and WebGPU stage). A new one fails.
+LANGUAGE_TESTS_ALLOWED = {
+    "hatch_khal.config": (8, "the options each language takes and their defaults (item 1: a language's "
+                             "config keys and validation)"),
+    "hatch_khal.plugin": (3, "the build requirements of each language (NVRTC, slangpy, triton): item 1"),
+    "hatch_khal.setuptools_ext": (3, "the same requirements for setuptools builds: item 1"),
+    "hatch_khal.stubs": (3, "the stub lines of Slang uniforms and Triton families: item 1"),
+    "hatch_khal.__main__": (1, "the inspect lines of a Triton crate: item 1"),
+    "khal_runtime.kernels": (5, "a Triton crate's families and own calls, a Slang crate's WebGPU fallback: "
+                                "item 1's runtime counterpart of a language"),
+    "khal_runtime.backends.webgpu.backend": (3, "only Slang crates have a WebGPU build: item 1 (the "
+                                                "language's WebGPU stage)"),
+}
+
+
+def language_tests(modules: dict[str, Path] | None = None) -> dict[str, list[int]]:
+    """module -> lines where a ``language`` (an attribute, or a variable ``language`` / ``lang``) is
+    compared with a language's name (``==``, ``!=``, ``in (...)``), outside the languages' own modules."""
+    modules = MODULES if modules is None else modules
+
+    def names(n: ast.expr) -> set[object]:
+        try:
+            v = ast.literal_eval(n)
+            return set(v) if isinstance(v, (tuple, list, set, frozenset)) else {v}
+        except (ValueError, TypeError):  # not a literal, or one of unhashable items
+            return set()
+
+    def is_language(n: ast.expr) -> bool:
+        return (isinstance(n, ast.Attribute) and n.attr == "language") or \
+            (isinstance(n, ast.Name) and n.id in ("language", "lang"))
+
+    out: dict[str, list[int]] = {}
+    for m, path in sorted(modules.items()):
+        if any(m == own or m.startswith(own + ".") or m.startswith(own + "_") for own in LANGUAGE_MODULES):
+            continue
+        for n in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(n, ast.Compare):
+                parts = [n.left, *n.comparators]
+                if any(is_language(x) for x in parts) and any(names(x) & LANGUAGE_NAMES for x in parts):
+                    out.setdefault(m, []).append(n.lineno)
+    return out
+
+
+def test_no_language_name_is_compared_outside_its_language() -> None:
+    """``if crate.language == "triton":`` outside a language's own modules is a place a new language
+    would have to edit: the ones left are listed above with the item that removes them, and none may
+    be added (a language's behaviour goes into its Language / runtime modules instead)."""
+    found = language_tests()
+    bad = [f"{MODULES[m].relative_to(ROOT)}: {len(lines)} comparison(s) of a language name (lines "
+           f"{', '.join(map(str, sorted(lines)))}), {LANGUAGE_TESTS_ALLOWED[m][0] if m in LANGUAGE_TESTS_ALLOWED else 0} "
+           "allowed" for m, lines in found.items() if len(lines) > LANGUAGE_TESTS_ALLOWED.get(m, (0, ""))[0]]
+    assert bad == []
+    stale = [m for m, (n, _) in LANGUAGE_TESTS_ALLOWED.items() if len(found.get(m, ())) < n]
+    assert stale == [], f"fewer comparisons than allowed (lower the allowance): {stale}"
+
+
+def test_the_language_check_catches_one(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("def f(c, language):\n    if c.language == 'slang' or language in ('triton', 'x'):\n"
+                                   "        return c.backend == 'cuda'\n")
+    (tmp_path / "b.py").write_text("def g(c):\n    return c.language == 'triton'\n")
+    assert language_tests({"hatch_khal.plan": tmp_path / "a.py", "hatch_khal.triton.x": tmp_path / "b.py"}) == \
+        {"hatch_khal.plan": [2, 2]}

@@ -5,7 +5,7 @@
   (:class:`SlangCratePlan`);
 * :meth:`SlangLanguage.prepare`: the Slang stage's output (the khal-ABI CUDA unit, the manifest
   entries, the WGSL / SPIR-V files), from the content-addressed cache under
-  :meth:`~hatch_khal.slang.output.SlangPlan.cache_key` or compiled once (a worker process);
+  :meth:`~hatch_khal.slang.records.SlangPlan.cache_key` or compiled once (a worker process);
   also for a prebuilt crate (``CUDA_OXIDE_SHADERS_PTX_<CRATE>`` replaces only the CUDA binaries)
   (:class:`SlangFront`);
 * :meth:`SlangLanguage.jobs`: the unit compiled by NVRTC per target, as CUDA C++ crates are (with
@@ -37,7 +37,7 @@ from hatch_khal.model import CompileJob, CrateParts, PlannedEntry, Reporter
 from hatch_khal.nvrtc import OUTPUT_FORMAT as NVRTC_OUTPUT
 from hatch_khal.reads import changed, cover, real_dirs
 from hatch_khal.reads import locations as path_forms
-from hatch_khal.slang.output import ALL_TARGETS, SlangOutput, SlangPlan, normalize_targets
+from hatch_khal.slang.records import ALL_TARGETS, SlangOutput, SlangPlan, normalize_targets
 from hatch_khal.slang.stage import compile_slang_crate, plan_slang_crate
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from hatch_khal.slang.entries import (WEBGPU_WORKGROUP_LIMIT, SlangEntry, entrie
                                       non_compute_error, refuse_cuda_only_types, webgpu_target)
 from hatch_khal.slang.library import SlangNotFound, find_slang
 from hatch_khal.slang.locate import Locator
-from hatch_khal.slang.output import ALL_TARGETS, SlangOutput, SlangPlan, normalize_targets, webgpu_path
+from hatch_khal.slang.records import ALL_TARGETS, SlangOutput, SlangPlan, normalize_targets, webgpu_path
 from hatch_khal.slang.sources import collect_slang_sources
 
 __all__ = ["ALL_TARGETS", "SlangOutput", "SlangPlan", "compile_slang_crate", "plan_slang_crate"]

@@ -283,7 +283,8 @@ def launch_attributes(mds: list[dict[str, Any]]) -> LaunchAttributes | None:
     dynamic shared memory (the largest) as ``max_dynamic_shared`` when above 48 KB (below, every
     launch passes it with no attribute: entries hash as before), PDL and a cooperative grid when
     any target's compile asked for them, and a cluster of ``num_ctas`` CTAs along x (compiled in by
-    Triton: ``.reqnctapercluster``) when above 1. None when it needs none."""
+    Triton: ``.reqnctapercluster``) when above 1, its clusters spread over the GPU as Triton's own
+    launcher asks (``CU_CLUSTER_SCHEDULING_POLICY_SPREAD``). None when it needs none."""
     shared = max(int(md["shared"]) for md in mds)
     pdl = any(bool(md["launch_pdl"]) for md in mds)
     cooperative = any(bool(md["launch_cooperative_grid"]) for md in mds)
@@ -291,7 +292,8 @@ def launch_attributes(mds: list[dict[str, Any]]) -> LaunchAttributes | None:
     if shared <= abi.DEFAULT_DYNAMIC_SHARED and not pdl and not cooperative and ctas == 1:
         return None
     return LaunchAttributes(max_dynamic_shared=shared if shared > abi.DEFAULT_DYNAMIC_SHARED else None,
-                            pdl=pdl, cooperative=cooperative, cluster_dims=(ctas, 1, 1) if ctas > 1 else None)
+                            pdl=pdl, cooperative=cooperative, cluster_dims=(ctas, 1, 1) if ctas > 1 else None,
+                            cluster_scheduling="spread" if ctas > 1 else None)  # as Triton's launcher asks
 
 
 def written_union(args: tuple[TritonArg, ...] | list[TritonArg], mds: list[dict[str, Any]]) -> tuple[str, ...] | None:

@@ -29,19 +29,21 @@ import os
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 from khal_runtime.errors import BackendFallbackWarning, BackendUnavailableError, BackendVarError, EnvVarError
 
 if TYPE_CHECKING:
     from khal_runtime.device import Device, Stream
-    from khal_runtime.manifest import Crate, Entry
+    from khal_runtime.manifest import Crate, Entry, Param
 
 __all__ = [
     "BACKEND_ENV",
     "MODES",
     "Backend",
     "BackendStatus",
+    "DirectLaunch",
+    "KernelHandle",
     "LaunchPlan",
     "check_plan",
     "backend_mode",
@@ -79,11 +81,67 @@ class BackendStatus:
     why: str = ""
 
 
+class KernelHandle(Protocol):
+    """What a backend, its plans' code and the generic call path (:mod:`khal_runtime.calls`) ask of
+    a kernel: :class:`khal_runtime.kernels.Kernel` implements it. Read through this contract, never
+    through the kernel's private members (``tests/test_architecture.py`` checks)."""
+
+    entry: Entry
+    #: the entry's name, and its crate's
+    name: str
+    crate: str
+    #: the compiled block, the grid dimensions its count has (1: ``k(n)``; 2 / 3: ``k((nx, ny))``)
+    #: and the dynamic shared memory its typed call launches with
+    block_size: tuple[int, int, int]
+    grid_dims: int
+    dynamic_shared: int
+
+    @property
+    def params(self) -> tuple[Param, ...]: ...
+
+    def ready_plan(self, device_id: int) -> LaunchPlan:
+        """The plan on ``device_id`` (made on first use), with that device's context current here."""
+
+    def resolve_stream(self, stream: Any) -> Stream:
+        """``stream=`` of a call resolved (None: this thread's stream) after the crate's backend is chosen."""
+
+    def adopt(self, plan: LaunchPlan, args: tuple[Any, ...]) -> Callable[..., None] | None:
+        """Take up ``plan``'s call after the plan learnt the types of ``args``; the call when it is new."""
+
+    def check_args(self, *args: Any) -> None:
+        """Validate arguments without launching (named errors)."""
+
+    def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, shared_mem: int | None = None,
+               cluster: Any = None) -> None:
+        """The explicit launch (every argument checked)."""
+
+
+class DirectLaunch(NamedTuple):
+    """What a front that reads, checks and packs its own values launches an entry with
+    (:meth:`LaunchPlan.direct`; the Triton call, :mod:`khal_runtime.triton`): ``pack(block, 0,
+    *values)`` (the plan's ``struct.Struct.pack_into``: plain ints and floats, ``struct.error``
+    out of range), ``new_block()`` (an argument block, its ``void*[]`` and that array's address),
+    ``launch(function, gx, gy, gz, bx, by, bz, shmem, cu_stream, addr, 0)`` (``cuLaunchKernel``),
+    ``failed(result, gx, gy, gz, bx, by, bz)`` (the named error of a failed launch), and for a
+    launch repeated with the same block, grid and stream: ``prepared(*prepare(function, grid,
+    block, shmem, cu_stream, addr))`` (CUDA's ``launch_call``)."""
+
+    function: Any
+    pack: Callable[..., None]
+    new_block: Callable[[], tuple[Any, Any, int]]
+    launch: Callable[..., Any]
+    failed: Callable[..., None]
+    prepared: Callable[..., Any]
+    prepare: Callable[..., tuple[Any, ...]]
+
+
 class LaunchPlan(Protocol):
     """What a backend's plan for one entry on one device offers the generic layer (``Kernel``,
-    Triton families, tracing, launch hooks): the contract both backends implement (CUDA's
+    Triton families, tracing, launch hooks): the whole contract both backends implement (CUDA's
     :class:`khal_runtime.backends.cuda.launch.LaunchPlan`, WebGPU's ``WebGpuPlan``), checked
     when a backend's first plan is made (:func:`check_plan`), not at the first use of a member.
+    The generic layer asks a plan nothing else: no member is probed (``hasattr``) or read past
+    this contract.
 
     Calls go one way, down: the kernel reads ``call`` and installs it; the plan's code sends
     what it does not handle to :func:`khal_runtime.calls.slow_call`, which it imports (a layer
@@ -95,9 +153,10 @@ class LaunchPlan(Protocol):
     #: the crate's name
     crate: str
     device_id: int
-    #: the explicit launch, ``run(gx, gy, gz, bx, by, bz, shmem, stream, args)``: every argument
-    #: read and checked (a generated function on CUDA)
-    run: Callable[..., None]
+    @property
+    def run(self) -> Callable[..., None]:
+        """The explicit launch, ``run(gx, gy, gz, bx, by, bz, shmem, stream, args)``: every argument
+        read and checked (a generated function on CUDA, an attribute replaced when the state changes)."""
 
     @property
     def call(self) -> Callable[..., None]:
@@ -116,11 +175,26 @@ class LaunchPlan(Protocol):
     def regenerate_code(self) -> None:
         """Launch hooks were installed or removed: ``run`` is made again when next used."""
 
+    def clustered_run(self, cluster: tuple[int, int, int]) -> Callable[..., None]:
+        """``run`` launching thread-block clusters of ``cluster`` blocks (``launch(...,
+        cluster=...)``, for a kernel compiled without cluster dims), checked against the device;
+        a backend without clusters raises :class:`~khal_runtime.errors.LaunchAttributeError`."""
+
+    def cooperative_limit(self, threads: int, shared: int) -> int:
+        """The most blocks of ``threads`` threads and ``shared`` bytes of dynamic shared memory
+        that can be co-resident (the largest cooperative grid); a backend without cooperative
+        launches raises :class:`~khal_runtime.errors.LaunchAttributeError`."""
+
+    def direct(self) -> DirectLaunch | None:
+        """The parts of a launch for a front that packs its own values, or None when this plan's
+        launches need more than a pack and a launch call (then the front calls ``run``)."""
+
 
 #: the members of :class:`LaunchPlan`, checked on each backend's first plan
-_PLAN_MEMBERS = ("entry", "crate", "device_id", "run", "call", "learn", "regenerate_code")
+_PLAN_MEMBERS = ("entry", "crate", "device_id", "run", "call", "learn", "regenerate_code", "clustered_run",
+                 "cooperative_limit", "direct")
 #: those that must be callable (``call`` is not read to check it: reading it makes it)
-_PLAN_CALLABLE = ("run", "learn", "regenerate_code")
+_PLAN_CALLABLE = ("run", "learn", "regenerate_code", "clustered_run", "cooperative_limit", "direct")
 _checked_plans: set[type] = set()
 
 
@@ -176,6 +250,9 @@ class Backend(Protocol):
     def copy_from_host(self, buf: Any, host: Any, stream: Stream) -> None: ...
     def copy_to_host(self, host: Any, buf: Any, stream: Stream) -> None: ...
     def fill_zero(self, buf: Any, stream: Stream) -> None: ...
+    def native_view(self, buf: Any) -> Any:
+        """The backend's own object over ``buf``'s bytes, what its launch path binds (WebGPU's
+        ``WgpuArray``), or None where a launch passes the pointer (CUDA)."""
 
     # -- kernels (``crate``: a :class:`khal_runtime.kernels.CrateKernels`) ----------------------
     def missing_binary(self, crate: Crate, package: str) -> str | None:
@@ -183,10 +260,10 @@ class Backend(Protocol):
         for the first device's arch and no PTX its driver can JIT; WebGPU: no WGSL / SPIR-V),
         or None when it has; loads nothing. Asked only of a usable backend."""
     def load_crate(self, crate: Any, device_id: int) -> Any: ...
-    def plan(self, kernel: Any, module: Any, device_id: int) -> LaunchPlan: ...
+    def plan(self, kernel: KernelHandle, module: Any, device_id: int) -> LaunchPlan: ...
     def unload(self, module: Any) -> None: ...
-    def bind(self, kernel: Any, plan: Any, args: tuple[Any, ...], stream: Stream) -> Any: ...
-    def dispatch_indirect(self, kernel: Any, plan: Any, count: Any, args: tuple[Any, ...],
+    def bind(self, kernel: KernelHandle, plan: Any, args: tuple[Any, ...], stream: Stream) -> Any: ...
+    def dispatch_indirect(self, kernel: KernelHandle, plan: Any, count: Any, args: tuple[Any, ...],
                           stream: Stream, grid: Any, threads: bool, host_read: bool | None) -> None: ...
 
     # -- graphs and profiling ------------------------------------------------------------------
@@ -194,8 +271,14 @@ class Backend(Protocol):
     def end_capture(self, stream: Stream) -> Any: ...
     def timer(self) -> Any:
         """A per-launch timer for the profiler (``start``/``stop``/``elapsed_ms``, ``what``), or
-        None where the backend times its launches itself and reports them through optional
-        ``profile_table()`` / ``profile_stats()`` / ``reset_profile()`` (WebGPU)."""
+        None where the backend times its launches itself and reports them through
+        :meth:`profile_stats` / :meth:`profile_table` (WebGPU)."""
+    def profile_stats(self) -> dict[str, dict[str, float]]:
+        """The launches this backend timed itself, per kernel (empty where the profiler's timer did)."""
+    def profile_table(self) -> str | None:
+        """This backend's part of ``khal_runtime.profile()`` (None: nothing of its own)."""
+    def reset_profile(self) -> None:
+        """Forget what :meth:`profile_stats` reports."""
 
 
 _lock = threading.Lock()

@@ -20,7 +20,7 @@ import pytest
 from hatch_khal import compilers
 from hatch_khal.builder import build_packages
 from hatch_khal.cache import Cache
-from hatch_khal.compiling import compile_jobs, plan_line
+from hatch_khal.compile_stage import compile_jobs, plan_line
 from hatch_khal.errors import CompileError
 from hatch_khal.model import CompileJob, CompileOutput
 

@@ -56,6 +56,7 @@ def make_twin(dest: Path) -> Path:
     (dest / "pyproject.toml").write_text(twin + "\n" + khal_table_from_example())
     shutil.copytree(EXAMPLE / "kernels", dest / "kernels")
     shutil.copytree(EXAMPLE / PKG, dest / PKG, ignore=shutil.ignore_patterns("_khal", "__pycache__"))
+    shutil.copy2(EXAMPLE / "khal-triton.lock", dest / "khal-triton.lock")  # the Triton crate's variants
     return dest
 
 
@@ -203,10 +204,12 @@ def test_editable_install_builds_in_place_and_reports_stale(tmp_path: Path, sess
     # (the Triton crate's sm_90 cubin is arch-specific: sm_90a)
     assert {a["arch"].removesuffix("a") for a in cuda} == {"sm_90", "compute_75"}
     assert {a["kind"] for c in manifest["crates"] for a in c["artifacts"]} == {"ptx", "cubin", "wgsl", "spirv"}
-    # This checkout may be on sys.path (hatch-khal installed editable); its example_shader_pkg/
-    # project directory would then pass for a namespace package and shadow setuptools'
-    # editable finder, which sits after the path finder. Drop it once khal_runtime is imported.
-    unshadow = f"import sys, khal_runtime.verify; sys.path[:] = [p for p in sys.path if p != {str(ROOT)!r}];"
+    # This checkout may be on sys.path (hatch-khal installed editable), or another checkout (a git
+    # worktree's tests over the editable install of the main one); its example_shader_pkg/ project
+    # directory would then pass for a namespace package and shadow setuptools' editable finder,
+    # which sits after the path finder. Drop every such checkout once khal_runtime is imported.
+    unshadow = ("import os, sys, khal_runtime.verify; sys.path[:] = [p for p in sys.path if not "
+                f"os.path.isfile(os.path.join(p or '.', {PKG!r}, 'pyproject.toml'))];")
     check = unshadow + (
         "import importlib.util, pathlib, khal_runtime.verify as v;"
         f"d = pathlib.Path(importlib.util.find_spec({PKG!r}).submodule_search_locations[0]);"

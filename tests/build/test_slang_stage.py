@@ -12,7 +12,7 @@ from khal_runtime.binaries import read_binary
 from khal_runtime.manifest import Artifact, Crate, SpirvStatus
 
 from hatch_khal.errors import ConfigError, KhalBuildError, SourceError
-from hatch_khal.slang.output import SlangOutput
+from hatch_khal.slang.records import SlangOutput
 from tests.helpers.slang import MAIN_SLANG, UTIL_SLANG, compile_files, main_crate, needs_slang, one_entry, plan
 
 pytestmark = needs_slang

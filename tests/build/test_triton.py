@@ -733,7 +733,7 @@ def test_the_fast_call_on_a_borrowed_stream_in_a_fresh_thread(
     t.join()
     assert not errors, errors
     assert slow == ["add_fp32"]
-    assert [la["stream"] for la in fake.launches[-3:]] == [borrowed._cu] * 3
+    assert [la["stream"] for la in fake.launches[-3:]] == [borrowed.native] * 3
 
 
 @pytest.mark.needs_triton
@@ -899,7 +899,7 @@ def test_a_launch_repeated_past_promotion_is_shared_with_other_threads_and_keeps
     assert not errors, errors
     assert x.dtype_reads == reads + 3  # the other thread read the dtype alone: the shared snapshot
     assert slow == ["add_fp32"]
-    assert all(_pointers(la) == [0x10000, 0x20000, 0x30000, 4096, 0, 0] and la["stream"] == shared._cu
+    assert all(_pointers(la) == [0x10000, 0x20000, 0x30000, 4096, 0, 0] and la["stream"] == shared.native
                for la in fake.launches[-3:])
     x.add_()  # written in place: the snapshot still holds
     go(x, y, out, 4096, stream=shared)
@@ -1006,9 +1006,9 @@ def test_a_repeated_call_launches_its_remembered_block_without_reading_the_argum
     other = stream(0x99, native="OTHER")
     go(x, y, out, 4096, stream=other)  # another stream
     go(x, y, out, 4096, stream=other)
-    assert [la["stream"] for la in fake.launches[-2:]] == [other._cu] * 2
+    assert [la["stream"] for la in fake.launches[-2:]] == [other.native] * 2
     go(x, y, out, 4096)
-    assert fake.launches[-1]["stream"] != other._cu
+    assert fake.launches[-1]["stream"] != other.native
     go(x, y, out, 2048)  # a changed scalar
     assert _pointers(fake.launches[-1])[3] == 2048
     go(x, y, out, 4096)
@@ -1134,7 +1134,7 @@ def test_threads_remember_their_own_launches(built: tuple[Path, Any], fake: Fake
     streams = [stream(0x50 + t, native=f"S{t}") for t in range(2)]
     sets = [[(_Tensor(0x100000 * (t + 1) + 0x1000 * j), _Tensor(0x200000 + 0x1000 * j), _Tensor(0x300000), 64 * j)
              for j in range(1, 7)] for t in range(2)]
-    want = {streams[t]._cu: {(a.ptr, b.ptr, c.ptr, n) for a, b, c, n in sets[t]} for t in range(2)}
+    want = {streams[t].native: {(a.ptr, b.ptr, c.ptr, n) for a, b, c, n in sets[t]} for t in range(2)}
 
     def user(t: int) -> None:
         try:
@@ -1252,7 +1252,7 @@ def test_a_scratch_kernel_gets_the_streams_buffer_grown_when_a_grid_needs_more_a
     other = stream(0x99, native="OTHER")
     desc[(2, 2)](x, y, out, 64, 64, stream=other)  # another stream: a buffer of its own
     mine = _pointers(fake.launches[-1])[5]
-    assert fake.launches[-1]["stream"] == other._cu and mine not in (first, grown) and len(_allocs(fake)) == 3
+    assert fake.launches[-1]["stream"] == other.native and mine not in (first, grown) and len(_allocs(fake)) == 3
     b = desc.bind(x, y, out, 64, 64)  # bind(): the pointer for each grid
     b((2, 2))
     assert fake.launches[-1]["grid"] == (2, 2, 1) and _pointers(fake.launches[-1])[5] == grown
@@ -1374,7 +1374,7 @@ def test_tritons_pdl_and_cooperative_metadata_reach_every_launch_of_the_family(
         for _ in range(3):
             k[(4,)](0x1000, 64)
         k.bind(0x1000, 64)(2)
-        st = k.variants[0]._stream(None)
+        st = k.variants[0].resolve_stream(None)
         with st.capture():
             k[(4,)](0x1000, 64)
         got = fake.launches[n:]
@@ -1400,14 +1400,14 @@ def test_a_scratch_launch_in_another_librarys_capture_takes_the_streams_buffer_f
     theirs = stream(0x77, native="TORCH")
     desc[(2, 2)](x, y, out, 64, 64, stream=theirs)  # the warm-up
     warm = _pointers(fake.launches[-1])[5]
-    fake.capturing[theirs._cu] = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL  # their capture begins
-    fake.captured[theirs._cu] = []
+    fake.capturing[theirs.native] = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL  # their capture begins
+    fake.captured[theirs.native] = []
     desc[(2, 2)](x, y, out, 64, 64, stream=theirs)
     desc[(2, 1)](x, y, out, 64, 64, stream=theirs)
-    assert [_pointers(la)[5] for la in fake.captured[theirs._cu]] == [warm, warm]
+    assert [_pointers(la)[5] for la in fake.captured[theirs.native]] == [warm, warm]
     with pytest.raises(CaptureError, match="needs 24576 bytes of scratch memory"):
         desc[(8, 8)](x, y, out, 64, 64, stream=theirs)
-    del fake.capturing[theirs._cu]  # it ends
+    del fake.capturing[theirs.native]  # it ends
     assert scratch.held()["foreign"] == 4 * 384 and scratch.held()["pools"] == 0
     desc[(2, 2)](x, y, out, 64, 64, stream=theirs)
     assert _pointers(fake.launches[-1])[5] != warm and scratch.held()["pools"] == 4 * 384

@@ -170,13 +170,18 @@ def test_editable_install_builds_in_place_and_reports_stale(tmp_path: Path, sess
     run([str(py), "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-q", "-e", str(proj)], env=env)
     out = run([str(py), "-c", check], cwd=tmp_path, env=env).stdout.split("\n")
     assert out[1] == "[]"
-    # a standard wheel built afterwards carries fresh, non-editable kernels only
+    # a standard wheel built afterwards carries fresh, non-editable kernels only; a file in place
+    # that this build does not write would be shipped beside them: refused, naming it
     (proj / "mini_pkg" / "_khal" / "alpha" / "leftover.cubin").write_bytes(b"stale")
-    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w",
-         str(tmp_path / "dist"), str(proj)], env=env)
+    wheel = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w",
+             str(tmp_path / "dist"), str(proj)]
+    refused = run(wheel, env=env, check=False)
+    assert refused.returncode != 0 and "mini_pkg/_khal/alpha/leftover.cubin" in refused.stderr + refused.stdout
+    (proj / "mini_pkg" / "_khal" / "alpha" / "leftover.cubin").unlink()
+    run(wheel, env=env)
     (whl,) = (tmp_path / "dist").glob("*.whl")
     with zipfile.ZipFile(whl) as zf:
         names = zf.namelist()
-    assert not any("leftover" in n for n in names)
+    assert len(names) == len(set(names))  # each kernel once: the in-place copies left out
     assert "editable" not in wheel_manifest(whl)
     check_wheel(whl)

@@ -99,19 +99,55 @@ class CUfunction_attribute(enum.IntEnum):  # noqa: N801
     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
-class CUlaunchAttributeID(enum.IntEnum):  # noqa: N801
+class CUlaunchAttributeID(enum.IntEnum):  # noqa: N801 - cuda.h's CUlaunchAttributeID, every id
+    CU_LAUNCH_ATTRIBUTE_IGNORE = 0
+    CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW = 1
     CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
+    CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY = 3
     CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+    CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5
     CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT = 7
+    CU_LAUNCH_ATTRIBUTE_PRIORITY = 8
+    CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP = 9
+    CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN = 10
+    CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION = 11
+    CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT = 12
+    CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE = 13
+    CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 14
+
+
+class CUclusterSchedulingPolicy(enum.IntEnum):  # noqa: N801
+    CU_CLUSTER_SCHEDULING_POLICY_DEFAULT = 0
+    CU_CLUSTER_SCHEDULING_POLICY_SPREAD = 1
+    CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING = 2
+
+
+class _LaunchAttributeValue:
+    """cuda.bindings' CUlaunchAttributeValue union: any member may be set; the fake remembers which
+    (what a launch's record shows for the attribute), ``clusterDim`` being set through its x, y, z."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "clusterDim", SimpleNamespace(x=0, y=0, z=0))
+        object.__setattr__(self, "member", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "member", name)
+
+    def recorded(self) -> Any:
+        if self.member is None:  # (a cluster: its dims were set)
+            c = self.clusterDim
+            return (c.x, c.y, c.z)
+        return int(getattr(self, self.member))
 
 
 class CUlaunchAttribute:  # noqa: N801 - the bindings' name
-    """What cuda.bindings' CUlaunchAttribute holds: an id and a value union (the fields used)."""
+    """What cuda.bindings' CUlaunchAttribute holds: an id and a value union."""
 
     def __init__(self) -> None:
         self.id: Any = 0
-        self.value = SimpleNamespace(cooperative=0, programmaticStreamSerializationAllowed=0,
-                                     clusterDim=SimpleNamespace(x=0, y=0, z=0))
+        self.value = _LaunchAttributeValue()
 
 
 #: (parameter name, offset, size) of each kernel parameter, in order
@@ -301,6 +337,7 @@ class FakeDriver:
     CUfunction_attribute = CUfunction_attribute
     CUlaunchAttributeID = CUlaunchAttributeID
     CUlaunchAttribute = CUlaunchAttribute
+    CUclusterSchedulingPolicy = CUclusterSchedulingPolicy
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
@@ -505,10 +542,7 @@ class FakeDriver:
                                 params, extra)
         attrs = []
         for a in list(getattr(cfg, "attrs", []) or [])[: cfg.numAttrs]:
-            v = a.value
-            val: Any = {2: v.cooperative, 6: v.programmaticStreamSerializationAllowed,
-                        4: (v.clusterDim.x, v.clusterDim.y, v.clusterDim.z)}.get(int(a.id))
-            attrs.append((CUlaunchAttributeID(int(a.id)).name, val))
+            attrs.append((CUlaunchAttributeID(int(a.id)).name, a.value.recorded()))
         assert len(attrs) == cfg.numAttrs, "numAttrs counts more attributes than the configuration holds"
         self.launches[-1]["attrs"] = attrs
         return r

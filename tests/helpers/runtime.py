@@ -4,6 +4,8 @@ five-parameter entry ``five`` and its struct, torch-like tensors, a launch slot 
 from __future__ import annotations
 
 import ctypes
+import os
+import re
 import struct
 import tempfile
 from pathlib import Path
@@ -14,6 +16,14 @@ from khal_runtime.device import Stream
 from khal_runtime.kernels import Kernel
 from khal_runtime.manifest import Param
 from tests.helpers.fakecuda import FakeDriver, fake_kernels, make_entry, stream
+
+
+def generated_name(what: str) -> str:
+    """A regular expression for the name code generated as ``what`` is compiled under: its file
+    (khal_runtime.generated.source_dir), or ``<khal what-N>`` where no file can be written."""
+    slug = re.escape(re.sub(r"[^A-Za-z0-9_.]+", "-", what).strip("-."))
+    sep = re.escape(os.sep)
+    return rf'(?:[^"]*{sep}khal-generated-[^"{sep}]+{sep}{slug}-[0-9a-f]{{16}}\.py|<khal {re.escape(what)}-\d+>)'
 
 
 class P(ctypes.Structure):

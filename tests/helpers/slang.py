@@ -142,7 +142,7 @@ def cached_example_crate(cache_dir: Path):  # type: ignore[no-untyped-def]
     """The example's Slang output as a build stored it in ``cache_dir`` (the session's example wheel
     build), else compiled here."""
     from hatch_khal.cache import Cache
-    from hatch_khal.slang.output import SlangOutput
+    from hatch_khal.slang.records import SlangOutput
 
     plan = example_slang_plan().plan
     hit = Cache(cache_dir).lookup(plan.slang.cache_key(plan.targets))

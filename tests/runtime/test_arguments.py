@@ -71,7 +71,7 @@ def pkg(tmp_path_factory: pytest.TempPathFactory):
     return build_package(tmp_path_factory.mktemp("args"), "synth_args_pkg")
 
 
-STREAM = SimpleNamespace(_cu="STREAM", handle=7, device_id=0)
+STREAM = SimpleNamespace(native="STREAM", handle=7, device_id=0)
 
 
 def _plan(pkg, fake: FakeDriver, name: str) -> tuple[LaunchPlan, FakeUniforms]:

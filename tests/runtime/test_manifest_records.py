@@ -38,7 +38,11 @@ def test_the_records_module_is_what_the_generator_writes_from_the_models() -> No
     assert r.returncode == 0, r.stderr + r.stdout
     import hashlib
 
-    assert records.SOURCE_DIGEST == hashlib.sha256(Path(models.__file__).read_bytes()).hexdigest()
+    from khal_runtime import launch_attributes
+
+    # the models' source: manifest.py and the launch attribute rows LaunchAttributes is made from
+    schema = Path(models.__file__).read_bytes() + b"\0" + Path(launch_attributes.__file__).read_bytes() + b"\0"
+    assert records.SOURCE_DIGEST == hashlib.sha256(schema).hexdigest()
 
 
 def test_every_model_has_its_record_with_the_same_fields_and_methods() -> None:
@@ -108,6 +112,10 @@ def test_a_record_dumps_and_hashes_as_its_model(tmp_path: Path) -> None:
                     assert type(er.triton.constexprs["D"]) is records.TritonDtype
                 for pm, pr in zip(em.params, er.params):
                     assert (pr.describe(True), pr.slots) == (pm.describe(True), pm.slots)
+        # (khal_runtime.companions drops the artifacts of a companion not installed)
+        cm, cr = m.crates[0].model_copy(update={"artifacts": ()}), r.crates[0].model_copy(update={"artifacts": ()})
+        assert type(cr) is records.Crate and cr.model_dump() == cm.model_dump() and cr.artifacts == ()
+        assert r.crates[0].artifacts == m.crates[0].artifacts != ()
     with pytest.raises(TypeError, match="frozen"):
         r.package = "other"  # type: ignore[misc]
 
@@ -221,6 +229,32 @@ def test_the_build_writes_no_digest_for_models_the_records_were_not_made_from(mo
 
     monkeypatch.setattr(ml, "SOURCE_DIGEST", "0" * 64)
     assert build_digest(b"{}") is None  # (a tree whose manifest.py changed since the generator ran)
+
+
+def test_the_digest_names_the_launch_attribute_rows_too(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """LaunchAttributes' fields are the rows of launch_attributes.py: rows changed since the records were
+    generated (an attribute added) are other models, whose manifests the records would read without it."""
+    from khal_runtime import launch_attributes
+
+    assert build_digest(b"{}") == manifest_digest(b"{}")
+    changed = tmp_path / "launch_attributes.py"
+    changed.write_bytes(Path(launch_attributes.__file__).read_bytes() + b"\n# another row\n")
+    monkeypatch.setattr(launch_attributes, "__file__", str(changed))
+    assert build_digest(b"{}") is None
+
+
+def test_launch_attributes_record_as_their_model() -> None:
+    """LaunchAttributes is made from the rows at import (create_model); its record subclasses the base's
+    record with the rows' fields, and reads, dumps, compares and describes as the model."""
+    from khal_runtime.launch_attributes import ATTRIBUTES
+
+    data = {"max_dynamic_shared": 65536, "cluster_dims": [2, 1, 1], "pdl": True, "cluster_scheduling": "spread"}
+    m, r = models.LaunchAttributes.model_validate(data), records.LaunchAttributes(data)
+    assert records.LaunchAttributes._FIELDS == tuple(row.name for row in ATTRIBUTES)
+    assert isinstance(r, records._LaunchAttributes)
+    assert r.model_dump(mode="json") == m.model_dump(mode="json") and r == m
+    assert (r.describe(), r.cluster_size) == (m.describe(), m.cluster_size) and r.cluster_size == 2
+    assert records.LaunchAttributes({}).model_dump() == models.LaunchAttributes().model_dump()
 
 
 def test_the_runtime_objects_are_records_whatever_the_path(fake: FakeDriver, tmp_path: Path) -> None:

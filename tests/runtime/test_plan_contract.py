@@ -39,6 +39,15 @@ class _Incomplete:
     def regenerate_code(self) -> None:
         pass
 
+    def clustered_run(self, cluster: Any) -> Any:
+        pass
+
+    def cooperative_limit(self, threads: int, shared: int) -> int:
+        return 0
+
+    def direct(self) -> None:
+        pass
+
     @property
     def call(self) -> Any:
         raise AssertionError("check_plan must not read call: reading it makes the code")
@@ -67,3 +76,34 @@ def test_the_kernel_reads_its_plans_call_and_hands_the_plan_nothing(fake: FakeDr
     callbacks = [v for v in held if isinstance(v, (types.FunctionType, types.MethodType))
                  and getattr(v, "__module__", None) == "khal_runtime.kernels"]
     assert callbacks == []
+
+
+def test_a_plan_is_asked_nothing_past_the_contract() -> None:
+    """#40 item 3: the generic layers probe no plan member (``hasattr(plan, "clustered_run")``,
+    ``getattr(plan, "fattrs")`` were): what they ask is in the Protocol, which both backends'
+    plans implement (mypy holds them to it, ``khal_runtime/backends/*/backend.py``)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    probes = []
+    for name in ("kernels.py", "calls.py", "tracing.py", "graphs.py"):
+        for n in ast.walk(ast.parse((root / "khal_runtime" / name).read_text("utf-8"))):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("hasattr", "getattr") \
+                    and n.args and isinstance(n.args[0], ast.Name) and n.args[0].id in ("plan", "bk", "backend"):
+                probes.append(f"{name}:{n.lineno}: {ast.unparse(n)}")
+    assert probes == []
+
+
+def test_the_kernel_is_what_the_backends_and_the_call_path_ask_of_it(fake: FakeDriver,  # noqa: F811
+                                                                    tmp_path: Path) -> None:
+    """``backends.KernelHandle``: the kernel's public members the backends and ``calls`` read."""
+    from khal_runtime.backends import KernelHandle
+
+    e = make_entry("k", (storage("x", writable=True), scalar("n", "uint32", 4)), 128)
+    k = fake_kernels(fake, tmp_path, [e]).k
+    members = {n for n in vars(KernelHandle) if not n.startswith("_")} | set(KernelHandle.__annotations__)
+    assert members >= {"entry", "block_size", "grid_dims", "dynamic_shared", "ready_plan", "resolve_stream", "adopt"}
+    missing = [n for n in sorted(members) if not hasattr(k, n)]
+    assert missing == []
+    assert k.block_size == (128, 1, 1) and k.grid_dims == 1 and k.dynamic_shared == 0
+    assert k.ready_plan(0) is k.plan(0)

@@ -1,13 +1,20 @@
-"""An entry's launch attributes on a CUDA device (``Entry.attributes``, :data:`khal_runtime.abi.LAUNCH_ATTRIBUTES`).
+"""An entry's launch attributes on a CUDA device (``Entry.attributes``, the rows of
+:mod:`khal_runtime.launch_attributes`).
 
-:func:`prepare_function` runs once per function when its crate loads: it checks what the entry
-needs against the device (the opt-in shared-memory maximum, cooperative and cluster launch
-support) and sets what must be set on the function (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``
-above 48 KB). The result, a :class:`FunctionAttributes`, holds the ``CUlaunchAttribute`` list built
-once (cooperative, PDL), which every launch configuration of the function's plans carries: the
-typed call's snapshots and bound launches build their whole ``cuLaunchKernelEx`` argument tuple
-once, the other launches set grid, stream and shared memory on a per-thread configuration that
-already holds the attributes. Nothing is re-derived per launch.
+:data:`CUDA_ATTRIBUTES` maps every row to what it is on CUDA (a :class:`CudaAttribute`): its check
+against the device and what it sets on the function when the crate loads (``load``), the
+``CUlaunchAttribute`` every launch of the function carries (``launch``), and its check of each
+launch's grid (``at_launch``). The table is checked against the rows when this module is imported:
+a row without a CUDA mapping fails there, naming it.
+
+:func:`prepare_function` runs once per function when its crate loads and runs the ``load`` of each
+attribute the entry has (the opt-in shared-memory maximum, cooperative and cluster launch support;
+``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` above 48 KB). The result, a
+:class:`FunctionAttributes`, holds the ``CUlaunchAttribute`` list built once, which every launch
+configuration of the function's plans carries: the typed call's snapshots and bound launches build
+their whole ``cuLaunchKernelEx`` argument tuple once, the other launches set grid, stream and shared
+memory on a per-thread configuration that already holds the attributes. Nothing is re-derived per
+launch.
 
 A cooperative entry's grid must be co-resident: at most ``cuOccupancyMaxActiveBlocksPerMultiprocessor
 x SM count`` blocks, computed once per (threads per block, dynamic shared memory) and checked before
@@ -20,16 +27,17 @@ the cluster a launch attribute); the grid must be a multiple of the cluster dims
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from khal_runtime.abi import DEFAULT_DYNAMIC_SHARED, MAX_PORTABLE_CLUSTER
 from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.errors import LaunchAttributeError
+from khal_runtime.launch_attributes import (CLUSTER_DIMS, DEFAULT_DYNAMIC_SHARED, MAX_PORTABLE_CLUSTER,
+                                            AttributeTable, values)
 
 if TYPE_CHECKING:
     from khal_runtime.manifest import Entry
 
-__all__ = ["FunctionAttributes", "make_launch_ex", "prepare_function"]
+__all__ = ["CUDA_ATTRIBUTES", "CudaAttribute", "FunctionAttributes", "make_launch_ex", "prepare_function"]
 
 
 class FunctionAttributes:
@@ -44,43 +52,35 @@ class FunctionAttributes:
         self.shared = entry.dynamic_shared
         #: the most dynamic shared memory an explicit launch may ask for
         self.shared_limit = max(self.shared, DEFAULT_DYNAMIC_SHARED)
-        self.cooperative = bool(a is not None and a.cooperative)
-        self.pdl = bool(a is not None and a.pdl)
-        self.cluster = tuple(a.cluster_dims) if a is not None and a.cluster_dims else None
+        #: (row, value) of each attribute the entry has
+        self.given = list(values(a))
+        self.cluster: tuple[int, int, int] | None = CLUSTER_DIMS.of(a)
         self.sm_count = sm_count
-        #: the CUlaunchAttribute list of every launch (cooperative, PDL): built once
+        #: the CUlaunchAttribute list of every launch: built once
         self.launch_attrs: list[Any] = []
         #: whether launches must carry launch attributes (cuLaunchKernelEx with the list)
         self.needs_ex = False
+        #: the grid checks of the entry's attributes (``CudaAttribute.at_launch``)
+        self.grid_checks = [c for row, _ in self.given if (c := CUDA_ATTRIBUTES[row.name].at_launch) is not None]
         #: (threads per block, dynamic shared bytes) -> blocks that can be co-resident
         self._coresident: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
 
     @property
     def any(self) -> bool:
-        return bool(self.shared or self.cooperative or self.pdl or self.cluster)
+        return bool(self.shared or self.given)
 
     def build(self, drv: Any) -> None:
-        """The CUlaunchAttribute list (made once, at load)."""
+        """The CUlaunchAttribute list (made once, at load): each attribute's ``launch``."""
         attrs: list[Any] = []
-        if not (self.cooperative or self.pdl):
-            self.launch_attrs, self.needs_ex = attrs, False
-            return
-        if getattr(drv, "CUlaunchAttribute", None) is None:
-            raise LaunchAttributeError(f"entry {self.name!r}: its launch attributes need cuLaunchKernelEx "
-                                       "launch attributes, which these cuda-bindings lack; upgrade cuda-bindings")
-        make: Any = drv.CUlaunchAttribute
-        ids: Any = drv.CUlaunchAttributeID
-        if self.cooperative:
-            at = make()
-            at.id = ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-            at.value.cooperative = 1
-            attrs.append(at)
-        if self.pdl:
-            at = make()
-            at.id = ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            at.value.programmaticStreamSerializationAllowed = 1
-            attrs.append(at)
+        for row, v in self.given:
+            make = CUDA_ATTRIBUTES[row.name].launch
+            if make is None:
+                continue
+            if getattr(drv, "CUlaunchAttribute", None) is None:
+                raise LaunchAttributeError(f"entry {self.name!r}: its launch attributes need cuLaunchKernelEx "
+                                           "launch attributes, which these cuda-bindings lack; upgrade cuda-bindings")
+            attrs += make(drv, v)
         self.launch_attrs = attrs
         self.needs_ex = bool(attrs)
 
@@ -101,13 +101,11 @@ class FunctionAttributes:
             raise LaunchAttributeError(f"{where}: a cluster given at launch needs cuLaunchKernelEx launch "
                                        "attributes, which these cuda-bindings lack; upgrade cuda-bindings")
         out = FunctionAttributes(self.entry, self.function, device, self.sm_count)
-        out.shared, out.shared_limit, out.cooperative, out.pdl = self.shared, self.shared_limit, self.cooperative, self.pdl
+        out.shared, out.shared_limit = self.shared, self.shared_limit
         out.cluster = cluster
+        out.grid_checks = [*self.grid_checks, *([_check_cluster_grid] if not self.cluster else [])]
         out._coresident = self._coresident
-        at = drv.CUlaunchAttribute()
-        at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = cluster
-        out.launch_attrs = [*self.launch_attrs, at]
+        out.launch_attrs = [*self.launch_attrs, *_launch_cluster(drv, cluster)]
         out.needs_ex = True
         return out
 
@@ -139,28 +137,13 @@ class FunctionAttributes:
                 f"{self.name}.launch(): shared_mem={shared} bytes is more than the entry declares "
                 f"({self.shared_limit} bytes{'' if self.shared else ', the default limit'}); declare "
                 f"KHAL_SHARED_MEM({shared}) in its KHAL_ENTRY marker (above 48 KB the function is opted in at load)")
-        if self.cooperative:
-            limit = self.coresident(threads, shared)
-            blocks = gx * gy * gz
-            if blocks > limit:
-                per_sm = limit // self.sm_count if self.sm_count else 0
-                raise LaunchAttributeError(
-                    f"{self.name}: a cooperative grid of {blocks} blocks cannot be co-resident on device: at most "
-                    f"{limit} ({per_sm} per SM by cuOccupancyMaxActiveBlocksPerMultiprocessor for {threads} threads "
-                    f"and {shared} bytes of dynamic shared memory, x {self.sm_count} SMs); launch fewer blocks "
-                    "(a grid-stride loop) or fewer threads")
-        if self.cluster:
-            cx, cy, cz = self.cluster
-            if gx % cx or gy % cy or gz % cz:
-                raise LaunchAttributeError(
-                    f"{self.name}: grid {(gx, gy, gz)} is not a whole number of its clusters "
-                    f"{self.cluster} (KHAL_CLUSTER); round the grid up to a multiple of the cluster dims")
+        for grid_check in self.grid_checks:
+            grid_check(self, gx, gy, gz, threads, shared)
 
     def checker(self) -> Callable[[int, int, int, int, int], None] | None:
         """``check(gx, gy, gz, threads, shared)`` for the launch paths, or None when nothing can fail
         beyond the shared-memory limit the generic path checks."""
-        return self.check_launch if (self.cooperative or self.cluster) else None
-
+        return self.check_launch if self.grid_checks else None
 
 
 def _attribute(device: Any, name: str) -> int:
@@ -170,36 +153,114 @@ def _attribute(device: Any, name: str) -> int:
 
 
 def prepare_function(entry: Entry, function: Any, device: Any, where: str) -> FunctionAttributes:
-    """Check ``entry``'s attributes against ``device`` and set them on ``function`` (once, at load)."""
+    """Check ``entry``'s attributes against ``device`` and set them on ``function`` (once, at load):
+    each attribute's ``load``, then the launch attribute list."""
     drv = driver()
     fa = FunctionAttributes(entry, function, device, 0)
     if not fa.any:
         return fa
     fa.sm_count = int(device.sm_count)
-    if fa.shared > DEFAULT_DYNAMIC_SHARED:
-        optin = _attribute(device, "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
-        if fa.shared > optin:
-            raise LaunchAttributeError(
-                f"{where}: entry {entry.name!r} declares KHAL_SHARED_MEM({fa.shared}), more dynamic shared memory "
-                f"than the device ({device.name}, {device.arch}) allows a block ({optin} bytes, "
-                "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)")
-        check(drv.cuFuncSetAttribute(function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                     fa.shared),
-              f"cuFuncSetAttribute({entry.symbol}, MAX_DYNAMIC_SHARED_SIZE_BYTES={fa.shared})")
-    if fa.cooperative and not _attribute(device, "CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH"):
-        raise LaunchAttributeError(f"{where}: entry {entry.name!r} is cooperative (KHAL_COOPERATIVE) and the device "
-                                   f"({device.name}) cannot launch cooperative grids")
-    if fa.cluster:
-        cc = device.compute_capability()
-        size = fa.cluster[0] * fa.cluster[1] * fa.cluster[2]
-        if cc < (9, 0) or not _attribute(device, "CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH"):
-            raise LaunchAttributeError(f"{where}: entry {entry.name!r} is clustered (KHAL_CLUSTER{fa.cluster}) and the "
-                                       f"device ({device.name}, sm_{cc[0]}{cc[1]}) has no thread-block clusters (sm_90+)")
-        if size > MAX_PORTABLE_CLUSTER:
-            raise LaunchAttributeError(f"{where}: entry {entry.name!r}: a cluster of {size} blocks is more than the "
-                                       f"portable {MAX_PORTABLE_CLUSTER}")
+    for row, v in fa.given:
+        load = CUDA_ATTRIBUTES[row.name].load
+        if load is not None:
+            load(drv, v, entry, function, device, where)
     fa.build(drv)
     return fa
+
+
+# -- what each launch attribute is on CUDA -----------------------------------------------------------
+class CudaAttribute(NamedTuple):
+    """One launch attribute on CUDA (a row of :mod:`khal_runtime.launch_attributes`, mapped)."""
+
+    #: ``load(drv, value, entry, function, device, where)``, once per function when its crate loads:
+    #: refuse a device that cannot honour it (:class:`LaunchAttributeError`), set what the function needs
+    load: Callable[[Any, Any, Entry, Any, Any, str], None] | None = None
+    #: ``launch(drv, value)``: the ``CUlaunchAttribute`` list every launch of the function carries
+    launch: Callable[[Any, Any], list[Any]] | None = None
+    #: ``at_launch(fa, gx, gy, gz, threads, shared)``: refuse a grid it cannot launch (named, with figures)
+    at_launch: Callable[[FunctionAttributes, int, int, int, int, int], None] | None = None
+
+
+def _launch_attribute(drv: Any, name: str, **value: Any) -> list[Any]:
+    """One ``CUlaunchAttribute`` of id ``CU_LAUNCH_ATTRIBUTE_<name>`` with ``value``'s fields set."""
+    at = drv.CUlaunchAttribute()
+    at.id = getattr(drv.CUlaunchAttributeID, f"CU_LAUNCH_ATTRIBUTE_{name}")
+    for k, v in value.items():
+        setattr(at.value, k, v)
+    return [at]
+
+
+def _load_shared(drv: Any, shared: int, entry: Entry, function: Any, device: Any, where: str) -> None:
+    if shared <= DEFAULT_DYNAMIC_SHARED:
+        return
+    optin = _attribute(device, "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+    if shared > optin:
+        raise LaunchAttributeError(
+            f"{where}: entry {entry.name!r} declares KHAL_SHARED_MEM({shared}), more dynamic shared memory "
+            f"than the device ({device.name}, {device.arch}) allows a block ({optin} bytes, "
+            "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)")
+    check(drv.cuFuncSetAttribute(function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                 shared),
+          f"cuFuncSetAttribute({entry.symbol}, MAX_DYNAMIC_SHARED_SIZE_BYTES={shared})")
+
+
+def _load_cooperative(drv: Any, value: bool, entry: Entry, function: Any, device: Any, where: str) -> None:
+    if not _attribute(device, "CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH"):
+        raise LaunchAttributeError(f"{where}: entry {entry.name!r} is cooperative (KHAL_COOPERATIVE) and the device "
+                                   f"({device.name}) cannot launch cooperative grids")
+
+
+def _check_coresident(fa: FunctionAttributes, gx: int, gy: int, gz: int, threads: int, shared: int) -> None:
+    limit = fa.coresident(threads, shared)
+    blocks = gx * gy * gz
+    if blocks > limit:
+        per_sm = limit // fa.sm_count if fa.sm_count else 0
+        raise LaunchAttributeError(
+            f"{fa.name}: a cooperative grid of {blocks} blocks cannot be co-resident on device: at most "
+            f"{limit} ({per_sm} per SM by cuOccupancyMaxActiveBlocksPerMultiprocessor for {threads} threads "
+            f"and {shared} bytes of dynamic shared memory, x {fa.sm_count} SMs); launch fewer blocks "
+            "(a grid-stride loop) or fewer threads")
+
+
+def _load_cluster(drv: Any, cluster: tuple[int, int, int], entry: Entry, function: Any, device: Any,
+                  where: str) -> None:
+    cc = device.compute_capability()
+    size = cluster[0] * cluster[1] * cluster[2]
+    if cc < (9, 0) or not _attribute(device, "CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH"):
+        raise LaunchAttributeError(f"{where}: entry {entry.name!r} is clustered (KHAL_CLUSTER{cluster}) and the "
+                                   f"device ({device.name}, sm_{cc[0]}{cc[1]}) has no thread-block clusters (sm_90+)")
+    if size > MAX_PORTABLE_CLUSTER:
+        raise LaunchAttributeError(f"{where}: entry {entry.name!r}: a cluster of {size} blocks is more than the "
+                                   f"portable {MAX_PORTABLE_CLUSTER}")
+
+
+def _check_cluster_grid(fa: FunctionAttributes, gx: int, gy: int, gz: int, threads: int, shared: int) -> None:
+    cx, cy, cz = fa.cluster or (1, 1, 1)
+    if gx % cx or gy % cy or gz % cz:
+        raise LaunchAttributeError(
+            f"{fa.name}: grid {(gx, gy, gz)} is not a whole number of its clusters "
+            f"{fa.cluster} (KHAL_CLUSTER); round the grid up to a multiple of the cluster dims")
+
+
+def _launch_cluster(drv: Any, cluster: tuple[int, int, int]) -> list[Any]:
+    """A cluster given at launch (an entry compiled with one needs no attribute: ``__cluster_dims__``)."""
+    at = _launch_attribute(drv, "CLUSTER_DIMENSION")
+    at[0].value.clusterDim.x, at[0].value.clusterDim.y, at[0].value.clusterDim.z = cluster
+    return at
+
+
+#: every launch attribute on CUDA, checked against launch_attributes.ATTRIBUTES on import
+CUDA_ATTRIBUTES: AttributeTable[CudaAttribute] = AttributeTable("the CUDA backend (backends/cuda/attributes.py)", {
+    "max_dynamic_shared": CudaAttribute(load=_load_shared),
+    "cooperative": CudaAttribute(load=_load_cooperative, at_launch=_check_coresident,
+                                 launch=lambda drv, v: _launch_attribute(drv, "COOPERATIVE", cooperative=1)),
+    "cluster_dims": CudaAttribute(load=_load_cluster, at_launch=_check_cluster_grid),
+    "pdl": CudaAttribute(launch=lambda drv, v: _launch_attribute(
+        drv, "PROGRAMMATIC_STREAM_SERIALIZATION", programmaticStreamSerializationAllowed=1)),
+    "cluster_scheduling": CudaAttribute(launch=lambda drv, policy: _launch_attribute(
+        drv, "CLUSTER_SCHEDULING_POLICY_PREFERENCE", clusterSchedulingPolicyPreference=getattr(
+            drv.CUclusterSchedulingPolicy, f"CU_CLUSTER_SCHEDULING_POLICY_{policy.upper()}"))),
+})
 
 
 def make_launch_ex(drv: Any, fa: FunctionAttributes) -> Callable[..., Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from khal_runtime.backends import BackendStatus
+from khal_runtime.backends import BackendStatus, KernelHandle
 from khal_runtime.backends.cuda import driver as _drv
 from khal_runtime.backends.cuda import graphs, indirect, loader
 from khal_runtime.backends.cuda.bound import BoundLaunch
@@ -26,6 +26,8 @@ from khal_runtime.device import Device, Stream, ensure_current
 from khal_runtime.errors import CudaError, NoCompatibleBinaryError, PtxTooNewError
 
 if TYPE_CHECKING:
+    from khal_runtime.backends import Backend
+    from khal_runtime.backends import LaunchPlan as ContractPlan
     from khal_runtime.manifest import Crate
 
 __all__ = ["BACKEND", "CudaBackend", "CudaDevice"]
@@ -114,7 +116,7 @@ class CudaBackend:
         return Stream(int(cu), device.device_id, owned=True, native=cu, backend=self)
 
     def destroy_stream(self, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuStreamDestroy(stream._cu), "cuStreamDestroy")
+        _drv.check(_drv.driver().cuStreamDestroy(stream.native), "cuStreamDestroy")
 
     def native_stream(self, handle: int) -> Any:
         return _drv.driver().CUstream(handle)
@@ -145,18 +147,18 @@ class CudaBackend:
             _drv.check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
     def synchronize(self, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuStreamSynchronize(stream._cu), "cuStreamSynchronize")
+        _drv.check(_drv.driver().cuStreamSynchronize(stream.native), "cuStreamSynchronize")
 
     def synchronize_device(self, device: Device) -> None:
         _drv.check(_drv.driver().cuCtxSynchronize(), "cuCtxSynchronize")
 
     def is_capturing(self, stream: Stream) -> bool:
         drv = _drv.driver()
-        status = _drv.check(drv.cuStreamIsCapturing(stream._cu), "cuStreamIsCapturing")
+        status = _drv.check(drv.cuStreamIsCapturing(stream.native), "cuStreamIsCapturing")
         return bool(status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
 
     def wait_event(self, stream: Stream, event: Any) -> None:
-        _drv.check(_drv.driver().cuStreamWaitEvent(stream._cu, event, 0), "cuStreamWaitEvent")
+        _drv.check(_drv.driver().cuStreamWaitEvent(stream.native, event, 0), "cuStreamWaitEvent")
 
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, device: Device, nbytes: int, what: str = "") -> tuple[int, Any]:
@@ -175,19 +177,19 @@ class CudaBackend:
         _drv.check(_drv.driver().cuMemFree(allocation), "cuMemFree")
 
     def copy_from_host(self, buf: Any, host: Any, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuMemcpyHtoDAsync(buf.ptr, host.ctypes.data, host.nbytes, stream._cu),
+        _drv.check(_drv.driver().cuMemcpyHtoDAsync(buf.ptr, host.ctypes.data, host.nbytes, stream.native),
               "cuMemcpyHtoDAsync")
 
     def copy_to_host(self, host: Any, buf: Any, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuMemcpyDtoHAsync(host.ctypes.data, buf.ptr, host.nbytes, stream._cu),
+        _drv.check(_drv.driver().cuMemcpyDtoHAsync(host.ctypes.data, buf.ptr, host.nbytes, stream.native),
               "cuMemcpyDtoHAsync")
 
     def copy_device(self, dst: int, src: int, nbytes: int, stream: Stream) -> None:
         """Device-to-device copy on ``stream`` (capturable: a module global refilled in a graph)."""
-        _drv.check(_drv.driver().cuMemcpyDtoDAsync(dst, src, nbytes, stream._cu), "cuMemcpyDtoDAsync")
+        _drv.check(_drv.driver().cuMemcpyDtoDAsync(dst, src, nbytes, stream.native), "cuMemcpyDtoDAsync")
 
     def fill_zero(self, buf: Any, stream: Stream) -> None:
-        _drv.check(_drv.driver().cuMemsetD8Async(buf.ptr, 0, buf.nbytes, stream._cu), "cuMemsetD8Async")
+        _drv.check(_drv.driver().cuMemsetD8Async(buf.ptr, 0, buf.nbytes, stream.native), "cuMemsetD8Async")
 
     # -- kernels -------------------------------------------------------------------------------
     def missing_binary(self, crate: Crate, package: str) -> str | None:
@@ -218,7 +220,7 @@ class CudaBackend:
         with graphs.relaxed_capture_mode():
             return loader.load_module(crate.crate, crate.package, blobs, dev, st.driver_version or (0, 0))
 
-    def plan(self, kernel: Any, module: loader.LoadedModule, device_id: int) -> LaunchPlan:
+    def plan(self, kernel: KernelHandle, module: loader.LoadedModule, device_id: int) -> LaunchPlan:
         return LaunchPlan(kernel.entry, kernel.crate, device_id, module.functions[kernel.name],
                           cache_for(device_id), module.indirect.get(kernel.name),
                           module.attributes.get(kernel.name), module.indirect_attributes.get(kernel.name),
@@ -227,14 +229,14 @@ class CudaBackend:
     def unload(self, module: loader.LoadedModule) -> None:
         loader.unload(module)
 
-    def bind(self, kernel: Any, plan: LaunchPlan, args: tuple[Any, ...], stream: Stream) -> BoundLaunch:
+    def bind(self, kernel: KernelHandle, plan: LaunchPlan, args: tuple[Any, ...], stream: Stream) -> BoundLaunch:
         return BoundLaunch(kernel, plan, args, stream)
 
-    def dispatch_indirect(self, kernel: Any, plan: LaunchPlan, count: Any, args: tuple[Any, ...],
+    def dispatch_indirect(self, kernel: KernelHandle, plan: LaunchPlan, count: Any, args: tuple[Any, ...],
                           stream: Stream, grid: Any, threads: bool, host_read: bool | None) -> None:
         indirect.dispatch_indirect(kernel, plan, count, args, stream, grid, threads, host_read)
 
-    def persistent_grid(self, kernel: Any, plan: LaunchPlan) -> int:
+    def persistent_grid(self, kernel: KernelHandle, plan: LaunchPlan) -> int:
         return indirect.persistent_grid(kernel, plan)
 
     # -- graphs and profiling ------------------------------------------------------------------
@@ -249,5 +251,25 @@ class CudaBackend:
             self._timer = EventTimer()
         return self._timer
 
+    def native_view(self, buf: Any) -> None:
+        """None: a launch passes the buffer's pointer."""
+        return None
+
+    def profile_stats(self) -> dict[str, dict[str, float]]:
+        """Nothing of its own: the profiler times CUDA launches with :meth:`timer`'s events."""
+        return {}
+
+    def profile_table(self) -> str | None:
+        return None
+
+    def reset_profile(self) -> None:
+        pass
+
 
 BACKEND = CudaBackend()
+
+if TYPE_CHECKING:  # mypy holds the backend and its plans to the contract (khal_runtime.backends)
+    _backend_contract: Backend = BACKEND
+
+    def _plan_contract(plan: LaunchPlan) -> ContractPlan:
+        return plan

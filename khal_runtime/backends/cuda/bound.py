@@ -25,11 +25,12 @@ from typing import Any, Callable
 
 from khal_runtime import abi, interop
 from khal_runtime.arguments import diagnose_args, grid_for, grid_for_threads, struct_bytes, thread_count
+from khal_runtime.backends import KernelHandle
 from khal_runtime.backends.cuda.attributes import make_launch_ex
 from khal_runtime.backends.cuda.driver import driver
 from khal_runtime.backends.cuda.launch import LaunchPlan, launch_call
 from khal_runtime.buffers import DeviceBuffer
-from khal_runtime.device import _tls, ensure_current
+from khal_runtime.device import Stream, _tls, ensure_current
 from khal_runtime.launch_hooks import hooks
 from khal_runtime.memo import EPOCH
 
@@ -77,15 +78,15 @@ class BoundLaunch(functools.partial):  # type: ignore[type-arg]
 
     __slots__ = ("kernel", "stream", "arguments", "_plan", "_keep", "_owned")
 
-    kernel: Any
-    stream: Any
+    kernel: KernelHandle
+    stream: Stream
     #: what was bound (``partial.args`` is the partial's own machinery)
     arguments: tuple[Any, ...]
     _plan: LaunchPlan
     _keep: Any
     _owned: list[Any]
 
-    def __new__(cls, kernel: Any, plan: LaunchPlan, args: tuple[Any, ...], stream: Any) -> BoundLaunch:
+    def __new__(cls, kernel: KernelHandle, plan: LaunchPlan, args: tuple[Any, ...], stream: Stream) -> BoundLaunch:
         dev = stream.device_id
         diagnose_args(kernel.entry, args, device=dev)  # every argument checked, named errors
         ensure_current(dev)
@@ -141,7 +142,7 @@ def _make_call(kernel: Any, plan: Any, stream: Any, args: tuple[Any, ...], addr:
     2-D / 3-D entry takes ``(nx, ny[, nz])``. With ``grid_of`` (:meth:`BoundLaunch.over_grid`)
     ``n`` is what it turns into blocks."""
     drv = driver()
-    launch, f, cu, dev = drv.cuLaunchKernel, plan.function, stream._cu, stream.device_id
+    launch, f, cu, dev = drv.cuLaunchKernel, plan.function, stream.native, stream.device_id
     fast, call_args = launch_call(drv, plan.fattrs)  # the entry's launch attributes, prebuilt
     shared, check_attrs = plan.shared, plan.check_attrs
     slow_launch = make_launch_ex(drv, plan.fattrs) if plan.fattrs.needs_ex else None  # (traced launches)

@@ -97,7 +97,7 @@ class Capture:
         try:
             # uploads still in flight would be waited on with events inside the capture: settle them
             cache_for(st.device_id).settle()
-            check(driver().cuStreamBeginCapture(st._cu, mode), "cuStreamBeginCapture")
+            check(driver().cuStreamBeginCapture(st.native, mode), "cuStreamBeginCapture")
         except BaseException:
             with _lock:
                 _open.pop(st.handle, None)
@@ -114,7 +114,7 @@ class Capture:
         with _lock:
             _open.pop(st.handle, None)
         drv = driver()
-        res = drv.cuStreamEndCapture(st._cu)
+        res = drv.cuStreamEndCapture(st.native)
         capture_state.flush_deferred()  # buffers released while capturing
         if res[0]:
             name = getattr(res[0], "name", str(res[0]))
@@ -237,7 +237,7 @@ class Graph(GraphAPI):
     def upload(self, stream: Any = None) -> "Graph":
         """Upload the graph's work to the device ahead of the first launch (``cuGraphUpload``)."""
         st = self._stream(stream)
-        check(driver().cuGraphUpload(self._live(), st._cu), "cuGraphUpload")
+        check(driver().cuGraphUpload(self._live(), st.native), "cuGraphUpload")
         return self
 
     def launch(self, stream: Any = None) -> None:
@@ -252,7 +252,7 @@ class Graph(GraphAPI):
         self._launch_now(ex, st)
 
     def _launch_now(self, ex: Any, st: Any) -> None:
-        err = driver().cuGraphLaunch(ex, st._cu)[0]
+        err = driver().cuGraphLaunch(ex, st.native)[0]
         if err:
             check((err,), f"cuGraphLaunch({self.label})")
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from khal_runtime.abi import env_flag
 from khal_runtime.arguments import blocks, dim3, misaligned, read_array
+from khal_runtime.backends import KernelHandle
 from khal_runtime.backends.cuda.driver import check, driver
 from khal_runtime.backends.cuda.graphs import relaxed_capture_mode
 from khal_runtime.backends.cuda.launch import LaunchPlan
@@ -125,7 +126,7 @@ def prepare(device: int = 0) -> None:
     _helper(int(device))
 
 
-def _indirect_plan(kernel: Any, plan: LaunchPlan) -> LaunchPlan:
+def _indirect_plan(kernel: KernelHandle, plan: LaunchPlan) -> LaunchPlan:
     ip = _iplans.get(plan)
     if ip is None:
         e = plan.entry
@@ -148,7 +149,7 @@ def _indirect_plan(kernel: Any, plan: LaunchPlan) -> LaunchPlan:
     return ip  # type: ignore[no-any-return]
 
 
-def persistent_grid(kernel: Any, plan: LaunchPlan) -> int:
+def persistent_grid(kernel: KernelHandle, plan: LaunchPlan) -> int:
     """Blocks of the persistent grid for ``kernel``'s indirect variant on ``plan``'s device: SM
     count x blocks per SM (``KHAL_CUDA_INDIRECT_BLOCKS_PER_SM``, else the kernel's occupancy
     limit, else 4)."""
@@ -189,7 +190,7 @@ def _scratch_for(device_id: int, stream: Any) -> Any:
         ensure_current(device_id)
         with relaxed_capture_mode():  # an internal word, allocated once per stream
             dptr = check(driver().cuMemAlloc(4), "cuMemAlloc")
-        buf = DeviceBuffer(int(dptr), 1, "uint32", device_id, alloc=dptr, backend=stream._bk)
+        buf = DeviceBuffer(int(dptr), 1, "uint32", device_id, alloc=dptr, backend=stream.backend_impl)
         with _lock:
             buf = _scratch.setdefault(key, buf)
     return buf
@@ -223,7 +224,7 @@ def threads_to_groups(threads: Any, block: int, out: Any = None, stream: Any = N
         raise ArgumentValueError(f"threads_to_groups: block must be 1..1024, got {block}")
     f = _helper(st.device_id)
     addr = _helper_block(src, dst, int(block))
-    err = driver().cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, st._cu, addr, 0)[0]
+    err = driver().cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, st.native, addr, 0)[0]
     if err:
         check((err,), "cuLaunchKernel(khal_threads_to_groups)")
     return out
@@ -261,7 +262,7 @@ def _pinned_word() -> int:
 # ---------------------------------------------------------------------------------------------
 # dispatch
 # ---------------------------------------------------------------------------------------------
-def dispatch_indirect(kernel: Any, plan: LaunchPlan, count: Any, args: tuple[Any, ...], st: Stream,
+def dispatch_indirect(kernel: KernelHandle, plan: LaunchPlan, count: Any, args: tuple[Any, ...], st: Stream,
                       grid: Any = None, threads: bool = False, host_read: bool | None = None) -> None:
     """``kernel`` over the workgroup (``threads=True``: thread) count in device buffer ``count``
     on ``plan``'s device (its context current).
@@ -282,7 +283,7 @@ def dispatch_indirect(kernel: Any, plan: LaunchPlan, count: Any, args: tuple[Any
     ip.run(gx, 1, 1, bx, by, bz, plan.shared, st, args + (groups,))
 
 
-def _dispatch_host_read(kernel: Any, count: Any, args: tuple[Any, ...], st: Stream, threads: bool) -> None:
+def _dispatch_host_read(kernel: KernelHandle, count: Any, args: tuple[Any, ...], st: Stream, threads: bool) -> None:
     name = f"{kernel.crate}.{kernel.name}"
     forbid_in_capture(
         f"indirect dispatch of {name} with a host read of its count "
@@ -294,8 +295,8 @@ def _dispatch_host_read(kernel: Any, count: Any, args: tuple[Any, ...], st: Stre
     drv = driver()
     host = _pinned_word()
     t0 = time.perf_counter()
-    check(drv.cuMemcpyDtoHAsync(host, src, 4, st._cu), "cuMemcpyDtoHAsync")
-    check(drv.cuStreamSynchronize(st._cu), "cuStreamSynchronize")
+    check(drv.cuMemcpyDtoHAsync(host, src, 4, st.native), "cuMemcpyDtoHAsync")
+    check(drv.cuStreamSynchronize(st.native), "cuStreamSynchronize")
     waited = time.perf_counter() - t0
     value = ctypes.c_uint32.from_address(host).value
     bx = kernel.block_size[0]

@@ -14,7 +14,7 @@ memo and the shared snapshots, and :mod:`khal_runtime.memo` for what clears them
 
 The generated code is made from :meth:`LaunchPlan.spec` (a frozen :class:`.launchgen.CodeSpec`)
 at most once per plan state: ``run`` when first used after a change, the kernel's ``call`` when
-the kernel reads it (:func:`khal_runtime.calls.adopt`). A first launch lets the plan learn its
+the kernel reads it (``KernelHandle.adopt``). A first launch lets the plan learn its
 arguments' types first (:meth:`LaunchPlan.learn`), so it makes each at most once. Launch hooks
 (tracing, profiling) are compiled into the generated code only while installed
 (:mod:`khal_runtime.launch_hooks`).
@@ -26,9 +26,10 @@ import ctypes
 import struct
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable
 
 from khal_runtime import abi, interop
+from khal_runtime.backends import DirectLaunch, KernelHandle
 from khal_runtime.arguments import Short, diagnose_args, dtype_ok, struct_bytes
 from khal_runtime.backends.cuda.attributes import FunctionAttributes, make_launch_ex
 from khal_runtime.backends.cuda.driver import driver
@@ -37,7 +38,7 @@ from khal_runtime.backends.cuda.launchgen import (READERS, SLOTS, CodeSpec, Cuda
 from khal_runtime.backends.cuda.loader import expected_param_layout
 from khal_runtime.backends.cuda.uniform_cache import UniformCache
 from khal_runtime.buffers import FREED, DeviceBuffer
-from khal_runtime.calls import Restate, adopt, slow_call
+from khal_runtime.calls import Restate, slow_call
 from khal_runtime.device import Device, Stream, _tls, as_stream, ensure_current, ready_stream
 from khal_runtime.dtypes import dtype_info
 from khal_runtime.errors import CudaError
@@ -86,25 +87,6 @@ def uniform_reader(obj: Any, converted: Any) -> Any:
     return conv
 
 
-class DirectLaunch(NamedTuple):
-    """What a front that reads, checks and packs its own values launches an entry with
-    (:meth:`LaunchPlan.direct`; the Triton call, :mod:`khal_runtime.triton`): ``pack(block, 0,
-    *values)`` (the plan's ``struct.Struct.pack_into``: plain ints and floats, ``struct.error``
-    out of range), ``new_block()`` (an argument block, its ``void*[]`` and that array's address),
-    ``launch(function, gx, gy, gz, bx, by, bz, shmem, cu_stream, addr, 0)`` (``cuLaunchKernel``),
-    ``failed(result, gx, gy, gz, bx, by, bz)`` (the named error of a failed launch), and for a
-    launch repeated with the same block, grid and stream: ``prepared(*prepare(function, grid,
-    block, shmem, cu_stream, addr))`` (:func:`launch_call`)."""
-
-    function: Any
-    pack: Callable[..., None]
-    new_block: Callable[[], tuple[Any, Any, int]]
-    launch: Callable[..., Any]
-    failed: Callable[..., None]
-    prepared: Callable[..., Any]
-    prepare: Callable[..., tuple[Any, ...]]
-
-
 class _ImmutableScalars(dict):  # type: ignore[type-arg]
     """type -> whether a scalar argument of that type can never change in place (so the
     prepacked path may reuse what it packed from the same object): Python and NumPy scalars
@@ -132,7 +114,7 @@ class LaunchPlan:
     def __init__(self, entry: Entry, crate: str, device_id: int, function: Any,
                  uniforms: UniformCache, indirect_function: Any = None,
                  attributes: FunctionAttributes | None = None,
-                 indirect_attributes: FunctionAttributes | None = None, kernel: Any = None) -> None:
+                 indirect_attributes: FunctionAttributes | None = None, kernel: KernelHandle | None = None) -> None:
         self.entry = entry
         #: the generic ``Kernel`` whose call this plan makes (its code sends the slow path this)
         self.kernel = kernel
@@ -276,7 +258,8 @@ class LaunchPlan:
             if i not in self._unversioned:
                 self._unversioned.add(i)
                 self._changed()
-        adopt(self.kernel, self, ())
+        if self.kernel is not None:  # only the kernel's call (made for a kernel) sends this
+            self.kernel.adopt(self, ())
         return False
 
     def _uniform_kind(self, obj: Any) -> tuple[Callable[[Any], Any], Any]:
@@ -504,6 +487,11 @@ class LaunchPlan:
                 self._clustered[key] = fn
         return fn
 
+    def cooperative_limit(self, threads: int, shared: int) -> int:
+        """The most blocks of ``threads`` threads and ``shared`` bytes that can be co-resident on
+        the device (occupancy per SM x SMs, computed once per combination)."""
+        return self.fattrs.coresident(threads, shared)
+
     def direct(self) -> DirectLaunch | None:
         """The parts of a launch for a front that packs its own values (:class:`DirectLaunch`),
         or None when this entry's launches need more than a pack and ``cuLaunchKernel`` (launch
@@ -556,7 +544,7 @@ class LaunchPlan:
         addr = ctypes.addressof(ptrs)
         fields = {name: getattr(m, name) for name in lo.snapshot_fields if name in lo.slot_fields}
         fields.update(stream=st, call=launch_call(driver(), self.fattrs)[1](self.function, (m.gx, 1, 1), self.block,
-                                                                               self.shared, st._cu, addr),
+                                                                               self.shared, st.native, addr),
                       addr=addr, keep=(blk, ptrs))
         snap = lo.snapshot(**fields)
         if m.stream is st and EPOCH[0] == ep:  # nothing freed or flushed meanwhile

@@ -503,8 +503,8 @@ def guarded_chain(spec: CodeSpec, I: str, chain: list[str], on_error: list[str])
 def launch_lines(g: str, b: str, shmem: str, args: str, hooked: bool, ex: bool = False) -> list[str]:
     """The driver call; ``ex``: the entry has launch attributes (``launch_ex``: cuLaunchKernelEx with
     a per-thread configuration already holding their list, :func:`.attributes.make_launch_ex`)."""
-    call = (f"launch_ex(function, {g}, {b}, {shmem}, st._cu, addr)" if ex
-            else f"cuLaunchKernel(function, {g}, {b}, {shmem}, st._cu, addr, 0)")
+    call = (f"launch_ex(function, {g}, {b}, {shmem}, st.native, addr)" if ex
+            else f"cuLaunchKernel(function, {g}, {b}, {shmem}, st.native, addr, 0)")
     if hooked:  # regenerated when hooks are installed or removed
         return [
             f"    return hooks.dispatch(plan, ({g}), ({b}), {shmem}, st, {args},",

@@ -34,12 +34,12 @@ class EventTimer:
 
     def start(self, stream: Any) -> Any:
         e0 = self._event()
-        driver().cuEventRecord(e0, stream._cu)
+        driver().cuEventRecord(e0, stream.native)
         return e0
 
     def stop(self, start: Any, stream: Any) -> tuple[Any, Any]:
         e1 = self._event()
-        driver().cuEventRecord(e1, stream._cu)
+        driver().cuEventRecord(e1, stream.native)
         return (start, e1)
 
     def elapsed_ms(self, token: tuple[Any, Any], wait: bool) -> float | None:

@@ -119,10 +119,10 @@ class UniformCache:
                     self._flush()
                 ptr = self._alloc(len(data))
                 buf = ctypes.create_string_buffer(data, len(data))
-                check(drv.cuMemcpyHtoDAsync(ptr, ctypes.addressof(buf), len(data), stream._cu),
+                check(drv.cuMemcpyHtoDAsync(ptr, ctypes.addressof(buf), len(data), stream.native),
                       "cuMemcpyHtoDAsync")
                 ev = check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
-                check(drv.cuEventRecord(ev, stream._cu), "cuEventRecord")
+                check(drv.cuEventRecord(ev, stream.native), "cuEventRecord")
                 self.entries[bytes(data)] = Upload(ptr, ev, stream.handle, buf)
                 self.uploads += 1
                 return ptr
@@ -132,7 +132,7 @@ class UniformCache:
                     drv.cuEventDestroy(ev)
                     e.settled()
                 elif e.stream != stream.handle:
-                    check(drv.cuStreamWaitEvent(stream._cu, ev, 0), "cuStreamWaitEvent")
+                    check(drv.cuStreamWaitEvent(stream.native, ev, 0), "cuStreamWaitEvent")
             return int(e.ptr)
 
     def close(self) -> None:

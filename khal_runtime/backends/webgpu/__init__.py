@@ -7,12 +7,13 @@ and users see the same Device / Stream / DeviceBuffer / kernel API as on CUDA.
 
 Modules, one concern each (lower ones never import higher ones):
 
-* :mod:`.errors` -- the backend's error classes; :mod:`._wgpu` -- wgpu-py, imported lazily;
+* :mod:`._wgpu` -- wgpu-py, imported lazily (the backend's error classes are
+  :mod:`khal_runtime.errors`', with every other: ``WebGpuError``, ``PipelineCreationError``, ...);
 * :mod:`.packing` -- uniform structs per target layout, loose scalars (pure Python);
 * :mod:`.stream` -- the device's ordered command stream (open encoder / pass, batching);
 * :mod:`.device` -- adapter choice, status, one device per ordinal;
 * :mod:`.memory` -- storage buffers, views, ordered uploads / downloads / clears / copies;
-* :mod:`.uniforms` -- content-addressed uniform regions; :mod:`.bindings` -- bind groups;
+* :mod:`.uniform_pool` -- content-addressed uniform regions; :mod:`.bindings` -- bind groups;
 * :mod:`.artifacts` -- an entry's WGSL / SPIR-V from its package, checked (sha256, entry hash);
 * :mod:`.pipeline` -- shader modules, explicit layouts, compute pipelines (cached);
 * :mod:`.launch` -- :class:`Launcher`: dispatch a pipeline with views and packed bytes;
@@ -25,7 +26,14 @@ Modules, one concern each (lower ones never import higher ones):
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
+
+from khal_runtime import errors
+
+# ``khal_runtime.backends.webgpu.errors``, this backend's error classes' module in 0.2.0, is
+# khal_runtime.errors, where every error class is: imports written against it keep working
+sys.modules[f"{__name__}.errors"] = errors
 
 __all__ = [
     "BACKEND",

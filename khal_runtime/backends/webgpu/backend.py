@@ -20,7 +20,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 from khal_runtime import capture_state
-from khal_runtime.backends import BackendStatus
+from khal_runtime.backends import BackendStatus, KernelHandle
 from khal_runtime.backends.webgpu import device as _dev
 from khal_runtime.backends.webgpu import kernel as _kernel
 from khal_runtime.backends.webgpu import memory, profiling, recording
@@ -36,6 +36,8 @@ from khal_runtime.launch_hooks import hooks
 from khal_runtime.verify import check_launch_facts, read_artifact
 
 if TYPE_CHECKING:
+    from khal_runtime.backends import Backend
+    from khal_runtime.backends import LaunchPlan as ContractPlan
     from khal_runtime.manifest import Crate
 
 __all__ = ["BACKEND", "WebGpuBackend", "WebGpuPlan"]
@@ -76,7 +78,7 @@ class WebGpuPlan:
     goes through ``hooks.dispatch`` as on CUDA, so the trace line, ``sync`` mode and NVTX ranges
     are the generic ones; without hooks the call is the kernel plan's specialised one."""
 
-    def __init__(self, kernel: Any, kp: _kernel.KernelPlan, device_id: int, crate: str) -> None:
+    def __init__(self, kernel: KernelHandle, kp: _kernel.KernelPlan, device_id: int, crate: str) -> None:
         self.entry = kp.entry
         self.crate = crate
         self.kp = kp
@@ -92,6 +94,19 @@ class WebGpuPlan:
     def learn(self, args: tuple[Any, ...]) -> bool:
         """Nothing: the kernel plan's call reads every argument type alike."""
         return False
+
+    def clustered_run(self, cluster: tuple[int, int, int]) -> Callable[..., None]:
+        """Refused: WebGPU has no thread-block clusters."""
+        raise LaunchAttributeError(f"{self.entry.name}.launch(): cluster={cluster} is for CUDA on sm_90+; the "
+                                   "webgpu backend has no thread-block clusters")
+
+    def cooperative_limit(self, threads: int, shared: int) -> int:
+        """Refused: WebGPU has no cooperative launches (a cooperative entry is refused at its plan)."""
+        raise LaunchAttributeError(f"{self.entry.name}: not a cooperative entry on the webgpu backend")
+
+    def direct(self) -> None:
+        """None: a front launches through :meth:`run`."""
+        return None
 
     def run(self, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int, st: Stream,
             args: tuple[Any, ...]) -> None:
@@ -135,7 +150,7 @@ class WebGpuPlan:
         kernel = self.kernel
 
         def __call__(n: Any, *args: Any, stream: Any = None) -> None:
-            st = kernel._stream(stream)
+            st = kernel.resolve_stream(stream)
             if st.device_id != plan.device_id:
                 slow_call(kernel, n, args, st)
                 return
@@ -199,7 +214,7 @@ class _Capture:
     def __init__(self, backend: WebGpuBackend, stream: Stream, label: str | None, keep: Any) -> None:
         self._backend = backend
         self.stream = stream
-        self._cap = recording.Capture(stream._cu, label=label, keep=keep)
+        self._cap = recording.Capture(stream.native, label=label, keep=keep)
         self.label = self._cap.label
         self.graph: _Graph | None = None
         self.kernels: list[str] = []
@@ -281,7 +296,7 @@ class WebGpuBackend:
         return Stream(next(self._handles), device.device_id, native=dev.stream, backend=self)
 
     def destroy_stream(self, stream: Stream) -> None:
-        stream._cu.flush()
+        stream.native.flush()
 
     def native_stream(self, handle: int) -> Any:
         raise KhalError(f"stream handle 0x{handle:x}: WebGPU has no foreign streams; pass None "
@@ -297,13 +312,13 @@ class WebGpuBackend:
         return False
 
     def synchronize(self, stream: Stream) -> None:
-        stream._cu.synchronize()
+        stream.native.synchronize()
 
     def synchronize_device(self, device: Device) -> None:
         device._impl.handle.stream.synchronize()
 
     def is_capturing(self, stream: Stream) -> bool:
-        return stream._cu.capturing() is not None
+        return stream.native.capturing() is not None
 
     def wait_event(self, stream: Stream, event: Any) -> None:
         pass  # one queue per device: everything is already in order
@@ -368,7 +383,7 @@ class WebGpuBackend:
                 raise facts[0].exception()
         return _Module(crate, _dev.get_device(device_id))
 
-    def plan(self, kernel: Any, module: _Module, device_id: int) -> WebGpuPlan:
+    def plan(self, kernel: KernelHandle, module: _Module, device_id: int) -> WebGpuPlan:
         crate = module.crate
         entry = kernel.entry
         attrs = entry.attributes.describe() if entry.attributes is not None else ""
@@ -392,10 +407,10 @@ class WebGpuBackend:
     def unload(self, module: Any) -> None:
         pass
 
-    def bind(self, kernel: Any, plan: WebGpuPlan, args: tuple[Any, ...], stream: Stream) -> Any:
+    def bind(self, kernel: KernelHandle, plan: WebGpuPlan, args: tuple[Any, ...], stream: Stream) -> Any:
         return plan.kp.bind(args)
 
-    def dispatch_indirect(self, kernel: Any, plan: WebGpuPlan, count: Any, args: tuple[Any, ...],
+    def dispatch_indirect(self, kernel: KernelHandle, plan: WebGpuPlan, count: Any, args: tuple[Any, ...],
                           stream: Stream, grid: Any, threads: bool, host_read: bool | None) -> None:
         if grid is not None:
             raise KhalError(f"{kernel.name}.dispatch_indirect(): grid= sizes CUDA's persistent grid; "
@@ -486,3 +501,9 @@ def _x_device_buffer(b: DeviceBuffer) -> _kernel.StorageInfo:
 _kernel.register_storage_type(DeviceBuffer, _x_device_buffer)
 
 BACKEND = WebGpuBackend()
+
+if TYPE_CHECKING:  # mypy holds the backend and its plans to the contract (khal_runtime.backends)
+    _backend_contract: Backend = BACKEND
+
+    def _plan_contract(plan: WebGpuPlan) -> ContractPlan:
+        return plan

@@ -19,7 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
 from khal_runtime.backends.webgpu._wgpu import native, wgpu_module
-from khal_runtime.backends.webgpu.errors import WebGpuError
+from khal_runtime.errors import WebGpuError
 
 if TYPE_CHECKING:
     from khal_runtime.backends.webgpu.device import WebGpuDevice

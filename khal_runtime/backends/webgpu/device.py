@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from khal_runtime.backends.webgpu._wgpu import wgpu_module
-from khal_runtime.backends.webgpu.errors import WebGpuError
+from khal_runtime.errors import BackendUnavailableError, WebGpuError
 from khal_runtime.backends.webgpu.stream import CommandStream
-from khal_runtime.errors import BackendUnavailableError
 
 __all__ = [
     "ADAPTER_ENV",

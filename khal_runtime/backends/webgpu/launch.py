@@ -26,11 +26,10 @@ from khal_runtime.backends.webgpu.bindings import (
     bind_group_cache,
     immediates_cache,
 )
-from khal_runtime.backends.webgpu.errors import GroupLimitError
+from khal_runtime.errors import ArgumentError, ArgumentValueError, GroupLimitError
 from khal_runtime.backends.webgpu.memory import Resource, View, check_storage
 from khal_runtime.backends.webgpu.pipeline import Pipeline
-from khal_runtime.backends.webgpu.uniforms import Region, uniform_pool
-from khal_runtime.errors import ArgumentError, ArgumentValueError
+from khal_runtime.backends.webgpu.uniform_pool import Region, uniform_pool
 
 __all__ = ["Launcher", "group_limit_error"]
 
@@ -122,7 +121,7 @@ class Launcher:
 
     def bind_group(self, g: Any, items: Sequence[Any]) -> Bound:
         """The bind group of group plan ``g`` whose bindings take ``items``: a Resource per
-        storage binding, a uniform Region (:meth:`.uniforms.UniformPool.region`) per uniform one."""
+        storage binding, a uniform Region (:meth:`.uniform_pool.UniformPool.region`) per uniform one."""
         res: list[Resource] = []
         dyn: list[int] = []
         for item, access, dy in zip(items, g.access, g.dynamic):

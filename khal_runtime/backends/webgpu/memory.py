@@ -19,8 +19,7 @@ import itertools
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from khal_runtime.backends.webgpu._wgpu import wgpu_module
-from khal_runtime.backends.webgpu.errors import UnalignedViewError, WebGpuError
-from khal_runtime.errors import ArgumentValueError
+from khal_runtime.errors import ArgumentValueError, UnalignedViewError, WebGpuError
 
 if TYPE_CHECKING:
     from khal_runtime.backends.webgpu.device import WebGpuDevice

@@ -15,8 +15,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from khal_runtime.backends.webgpu._wgpu import native, wgpu_module
-from khal_runtime.backends.webgpu.errors import PipelineCreationError
-from khal_runtime.errors import EnvVarError, KhalError
+from khal_runtime.errors import EnvVarError, KhalError, PipelineCreationError
 
 if TYPE_CHECKING:
     from khal_runtime.manifest import Entry, WebGpuTarget

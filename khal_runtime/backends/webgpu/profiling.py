@@ -23,7 +23,7 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from khal_runtime.backends.webgpu._wgpu import native, wgpu_module
-from khal_runtime.backends.webgpu.errors import WebGpuError
+from khal_runtime.errors import WebGpuError
 from khal_runtime.backends.webgpu.recording import encode
 
 if TYPE_CHECKING:

@@ -32,10 +32,9 @@ from khal_runtime.backends.webgpu import memory
 from khal_runtime.backends.webgpu.device import as_device
 from khal_runtime.backends.webgpu._wgpu import wgpu_module
 from khal_runtime.backends.webgpu.device import WebGpuDevice
-from khal_runtime.backends.webgpu.errors import WebGpuError
+from khal_runtime.errors import CaptureError, WebGpuError
 from khal_runtime.backends.webgpu.stream import CommandStream
-from khal_runtime.backends.webgpu.uniforms import uniform_pool
-from khal_runtime.errors import CaptureError
+from khal_runtime.backends.webgpu.uniform_pool import uniform_pool
 
 __all__ = ["Capture", "Recording", "capture", "capture_recording"]
 

@@ -36,8 +36,7 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any, Callable
 
 from khal_runtime.backends.webgpu._wgpu import native, wgpu_module
-from khal_runtime.backends.webgpu.errors import WebGpuError
-from khal_runtime.errors import CaptureError, EnvVarError
+from khal_runtime.errors import CaptureError, EnvVarError, WebGpuError
 
 if TYPE_CHECKING:
     from khal_runtime.backends.webgpu.device import WebGpuDevice

@@ -143,6 +143,23 @@ def test_cluster_kernel_reads_its_partner_blocks_shared_memory(rt: Any, K: Any) 
         K.cluster_pair_sum.launch(3, None, dx, out)
 
 
+def test_spread_clusters_launch_and_give_the_same_sums(rt: Any, K: Any) -> None:
+    """``KHAL_CLUSTER_SCHEDULING(spread)`` (#40 item 2: the policy Triton asks for every num_ctas > 1
+    kernel): the driver takes the attribute on every path and the clusters still pair up."""
+    assert K.cluster_pair_sum_spread.entry.attributes.cluster_scheduling == "spread"
+    pairs = 300
+    x = np.random.default_rng(5).uniform(-1, 1, pairs * 2 * 128).astype(np.float32)
+    dx = _dev(rt, x)
+    blocks = x.reshape(pairs, 2, 128)
+    ref = (blocks + blocks[:, ::-1, :]).reshape(-1)
+    for run in (lambda out: K.cluster_pair_sum_spread.launch(pairs * 2, None, dx, out),
+                lambda out: K.cluster_pair_sum_spread(x.size, dx, out),
+                lambda out: K.cluster_pair_sum_spread.bind(dx, out)(x.size)):
+        out = _poisoned(rt, x.size, np.float32)
+        run(out)
+        np.testing.assert_array_equal(out.to_numpy(), ref)
+
+
 def test_a_cluster_given_at_launch_forms_clusters_of_that_size(rt: Any, K: Any) -> None:
     """A kernel compiled without __cluster_dims__ (no KHAL_CLUSTER), launched with ``cluster=``:
     each block sees its rank and the cluster's size, and the pair sum reads its partner's shared

@@ -55,9 +55,9 @@ def test_capture_begin_end_launch(fake: FakeDriver) -> None:
         assert st.is_capturing()
     g = cap.graph
     assert not graphs.capturing()
-    assert fake.calls[0] == ("cuStreamBeginCapture", st._cu,
+    assert fake.calls[0] == ("cuStreamBeginCapture", st.native,
                              CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-    assert ("cuStreamEndCapture", st._cu) in fake.calls
+    assert ("cuStreamEndCapture", st.native) in fake.calls
     g.upload()
     g.launch()
     g()
@@ -168,7 +168,7 @@ def test_host_reads_and_syncs_in_capture_raise(fake: FakeDriver) -> None:
 def test_foreign_capture_is_seen_through_the_stream(fake: FakeDriver) -> None:
     """A capture begun by someone else (torch.cuda.graph) on the stream still guards to_numpy."""
     st = _stream(fake)
-    fake.capturing[st._cu] = 0
+    fake.capturing[st.native] = 0
     with pytest.raises(CaptureError, match="to_numpy"):
         DeviceBuffer(0x1000, 4, "float32", 0).to_numpy(stream=st)
 

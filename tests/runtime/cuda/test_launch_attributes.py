@@ -170,7 +170,7 @@ def test_pdl_reaches_launches_and_graphs(fake: FakeDriver) -> None:
     for _ in range(12):
         ks.k(4096, x, 7)
     ks.k.launch(2, None, x, 7)
-    st = ks.k._stream(None)
+    st = ks.k.resolve_stream(None)
     st.begin_capture()
     ks.k(4096, x, 7)
     ks.k.bind(x, 7)(128)
@@ -347,11 +347,11 @@ def test_module_globals_are_device_views_copyable_both_ways(fake: FakeDriver) ->
         g["tabel"]
     # a device-to-device refill is captured (a graph refills the table on replay)
     src = DeviceBuffer(0x30000, 256, "float32", 0)
-    st = ks.k._stream(None)
+    st = ks.k.resolve_stream(None)
     st.begin_capture()
     table.copy_from(src)
     st.end_capture()
-    assert ("cuMemcpyDtoDAsync", 0x7700000, 0x30000, 1024, st._cu) in fake.calls
+    assert ("cuMemcpyDtoDAsync", 0x7700000, 0x30000, 1024, st.native) in fake.calls
     assert table.as_buffer("float32").size == 256
 
 
@@ -384,7 +384,7 @@ def test_the_build_records_attributes_and_globals(attrs_build: Any) -> None:
     (crate,) = m.crates
     got = {e.name: e.attributes.describe() if e.attributes else "" for e in crate.entries}
     assert got == {"gemm_tile": "dynamic shared 65536 B", "reduce_coop": "cooperative", "cluster_pair_sum": "cluster 2x1x1",
-                   "pdl_producer": "PDL", "pdl_consumer": "PDL", "plain_producer": "", "plain_consumer": "",
+                   "cluster_pair_sum_spread": "cluster 2x1x1, cluster scheduling spread", "pdl_producer": "PDL", "pdl_consumer": "PDL", "plain_producer": "", "plain_consumer": "",
                    "reduce_pass1": "", "reduce_pass2": "", "table_lookup": "",
                    "cluster_pair_sum_at_launch": "", "cluster_shape": ""}  # their clusters are given at launch
     by = {e.name: e for e in crate.entries}
@@ -394,7 +394,8 @@ def test_the_build_records_attributes_and_globals(attrs_build: Any) -> None:
     from khal_runtime.binaries import ptx_cluster_dims
 
     (ptx,) = [a for a in crate.artifacts if a.kind == "ptx"]
-    assert ptx_cluster_dims((attrs_build[1] / ptx.path).read_bytes()) == {by["cluster_pair_sum"].symbol: (2, 1, 1)}
+    assert ptx_cluster_dims((attrs_build[1] / ptx.path).read_bytes()) == {by["cluster_pair_sum"].symbol: (2, 1, 1),
+                                                                          by["cluster_pair_sum_spread"].symbol: (2, 1, 1)}
 
 
 def test_the_built_package_loads_and_launches_with_its_attributes(attrs_build: Any, fake: FakeDriver) -> None:
@@ -411,6 +412,8 @@ def test_the_built_package_loads_and_launches_with_its_attributes(attrs_build: A
     y = DeviceBuffer(0x20000, 1 << 16, "float32", 0)
     ks.pdl_consumer(1 << 16, y, y, 1 << 16)
     assert fake.launches[-1]["attrs"] == PDL_ATTR
+    ks.cluster_pair_sum_spread.launch(4, None, y, y)  # a row added (#40 item 2): from the marker to the launch
+    assert fake.launches[-1]["attrs"] == [("CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE", 1)]
     ks.crates["whole"].globals["lut"].copy_from_numpy(np.arange(256, dtype=np.float32))
     assert fake.memory[0x7700000] == np.arange(256, dtype=np.float32).tobytes()
 

@@ -50,7 +50,7 @@ def test_device_info() -> None:
     assert s.handle != 0
     from cuda.bindings import driver
 
-    err, flags = driver.cuStreamGetFlags(s._cu)
+    err, flags = driver.cuStreamGetFlags(s.native)
     assert not err and int(flags) & int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
     print(f"\nDEVICE {d.name} cc={d.compute_capability()} sms={d.sm_count} driver={khal_runtime.driver_version()}")
 

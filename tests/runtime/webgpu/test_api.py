@@ -93,7 +93,7 @@ def test_an_empty_grid_launches_nothing_on_every_path(ks: Any) -> None:
     """#38 item 5: a grid with a 0 in it (an empty batch) records nothing, on every path; the
     arguments are checked all the same, and a negative grid stays an error."""
     dv, tot = DeviceBuffer.from_numpy(np.arange(256, dtype=np.uint32) + 1), DeviceBuffer.zeros(1, np.uint32)
-    plan = ks.sum_u32._ready(0).kp
+    plan = ks.sum_u32.ready_plan(0).kp
     for grid in (0, (0,), (0, 1, 1), np.int64(0)):
         ks.sum_u32.launch(grid, None, dv, tot)
         khal_runtime.launch(None, khal_runtime.LaunchConfig(grid), ks.sum_u32, dv, tot)

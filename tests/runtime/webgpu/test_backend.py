@@ -143,7 +143,7 @@ def test_a_uniform_write_that_raises_is_written_at_the_next_submit(wdev: Any, st
     pool's ``write_buffer`` before a submit: the region must still reach the GPU at the next submit
     (the pool dropped the slab from its dirty list before writing it, and every later region of
     that slab read as zeros for the rest of the process)."""
-    from khal_runtime.backends.webgpu.errors import WebGpuError
+    from khal_runtime.errors import WebGpuError
 
     k = plan("params_struct", wdev)
     want = np.array([1.5, -7, 1, 2, 3, 4, 5, 6, 7, 42, 8, 9], np.float32)
@@ -216,7 +216,7 @@ def test_scalars_in_push_constants(wdev: Any, stream: Any) -> None:
 
 
 def test_same_uniform_bytes_reuse_region_and_bind_group(wdev: Any, stream: Any) -> None:
-    from khal_runtime.backends.webgpu.uniforms import uniform_pool
+    from khal_runtime.backends.webgpu.uniform_pool import uniform_pool
 
     k = plan("saxpy", wdev)
     x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
@@ -407,7 +407,7 @@ def test_capture_refuses_host_work(wdev: Any, stream: Any) -> None:
 # errors
 # ---------------------------------------------------------------------------------------------
 def test_unaligned_slice_is_a_named_error(wdev: Any, stream: Any) -> None:
-    from khal_runtime.backends.webgpu.errors import UnalignedViewError
+    from khal_runtime.errors import UnalignedViewError
 
     k = plan("saxpy", wdev)
     x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
@@ -449,7 +449,7 @@ def test_argument_errors(wdev: Any, stream: Any) -> None:
 
 
 def test_group_limit(wdev: Any, stream: Any) -> None:
-    from khal_runtime.backends.webgpu.errors import GroupLimitError
+    from khal_runtime.errors import GroupLimitError
 
     k = plan("saxpy", wdev)
     x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
@@ -463,7 +463,7 @@ def test_group_limit(wdev: Any, stream: Any) -> None:
 
 
 def test_pipeline_error_names_the_entry(wdev: Any) -> None:
-    from khal_runtime.backends.webgpu.errors import PipelineCreationError
+    from khal_runtime.errors import PipelineCreationError
     from khal_runtime.backends.webgpu.kernel import KernelPlan
 
     from khal_runtime.manifest import Binding
@@ -530,11 +530,21 @@ def test_adapter_env_matching_nothing() -> None:
 
 
 def test_errors_are_khal_errors() -> None:
-    from khal_runtime.backends.webgpu import errors
+    from khal_runtime import errors
 
     for cls in (errors.WebGpuError, errors.PipelineCreationError, errors.GroupLimitError,
                 errors.UnalignedViewError):
         assert issubclass(cls, KhalError)
+
+
+def test_the_errors_old_module_still_imports() -> None:
+    """In 0.2.0 the backend's errors had a module of their own; imports of it keep working."""
+    import khal_runtime.backends.webgpu.errors as old
+    from khal_runtime.backends.webgpu.errors import WebGpuError
+
+    import khal_runtime.errors
+
+    assert old is khal_runtime.errors and WebGpuError is khal_runtime.errors.WebGpuError
 
 
 # ---------------------------------------------------------------------------------------------
@@ -566,7 +576,7 @@ struct S {{ a: f32 }}
 
 
 def test_a_rejected_dispatch_is_named_and_the_rest_of_its_batch_runs(wdev: Any, stream: Any) -> None:
-    from khal_runtime.backends.webgpu.errors import WebGpuError
+    from khal_runtime.errors import WebGpuError
     from khal_runtime.backends.webgpu.kernel import KernelPlan
     from khal_runtime.manifest import Binding, StructField, StructLayout
 
@@ -675,7 +685,7 @@ struct Pair {{ a: f32, b: f32 }}
 
 
 def test_memoised_call_sees_frees_and_pool_recycling(wdev: Any, stream: Any) -> None:
-    from khal_runtime.backends.webgpu.uniforms import uniform_pool
+    from khal_runtime.backends.webgpu.uniform_pool import uniform_pool
 
     k = plan("saxpy", wdev)
     x, y = arr(np.ones(64, np.float32), wdev), arr(np.zeros(64, np.float32), wdev)
@@ -691,7 +701,7 @@ def test_memoised_call_sees_frees_and_pool_recycling(wdev: Any, stream: Any) -> 
 
 
 def test_many_distinct_uniform_values_recycle_the_pool(wdev: Any, stream: Any) -> None:
-    from khal_runtime.backends.webgpu.uniforms import uniform_pool
+    from khal_runtime.backends.webgpu.uniform_pool import uniform_pool
 
     k = plan("saxpy", wdev)
     pool = uniform_pool(wdev)

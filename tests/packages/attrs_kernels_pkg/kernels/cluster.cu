@@ -25,6 +25,14 @@ KHAL_ENTRY(cluster_pair_sum, 128, (KHAL_STORAGE(const float, x), KHAL_STORAGE(fl
     pair_sum(x, out);
 }
 
+// The same pair sum, its clusters spread over the GPU's processor clusters (the policy Triton's
+// launcher asks for: CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = SPREAD).
+KHAL_ENTRY(cluster_pair_sum_spread, 128, (KHAL_STORAGE(const float, x), KHAL_STORAGE(float, out)),
+           KHAL_CLUSTER(2, 1, 1), KHAL_CLUSTER_SCHEDULING(spread))
+{
+    pair_sum(x, out);
+}
+
 // The same pair sum, compiled without __cluster_dims__: the cluster is chosen at launch
 // (kernels.cluster_pair_sum_at_launch.launch(grid, None, x, out, cluster=2)).
 KHAL_ENTRY(cluster_pair_sum_at_launch, 128, (KHAL_STORAGE(const float, x), KHAL_STORAGE(float, out)))

@@ -25,9 +25,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from khal_runtime.backends.webgpu._wgpu import wgpu_module
-from khal_runtime.backends.webgpu.errors import WebGpuError
+from khal_runtime.errors import ArgumentValueError, WebGpuError
 from khal_runtime.backends.webgpu.memory import Resource, new_serial
-from khal_runtime.errors import ArgumentValueError
 
 if TYPE_CHECKING:
     from khal_runtime.backends.webgpu.device import WebGpuDevice
