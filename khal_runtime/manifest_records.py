@@ -79,13 +79,6 @@ class Record:
     def __setattr__(self, name: str, value: Any) -> None:
         raise TypeError(f"{type(self).__name__} is frozen (a manifest record)")
 
-    def model_copy(self, *, update: dict[str, Any] | None = None) -> Any:
-        """A copy with ``update``'s fields replaced, as pydantic's ``model_copy`` (no validation)."""
-        obj = type(self).__new__(type(self))
-        for name in self._FIELDS:
-            object.__setattr__(obj, name, update[name] if update and name in update else getattr(self, name))
-        return obj
-
     def __eq__(self, other: object) -> bool:
         """Equal as pydantic models are: the same class (by name: a record equals the model it
         mirrors) and equal fields."""
