@@ -301,25 +301,36 @@ def test_an_editable_install_is_stale_when_a_project_module_its_kernels_import_c
 # -- a crate file saved between the two workers' imports: SourceChangedError, in every Python mode ---
 
 #: the first worker to import the crate rewrites it once its kernel is made (a save in an editor);
-#: the second waits for that save before it makes its own: the two compile different sources. With
-#: ``restore``, the first then saves it back as it was, its stat too, once the second made its kernel
+#: the second waits for that save before it reads the kernel's file (the wait is in ``k/a.py``, a
+#: source the worker imports before ``k/k.py``: a module's own source is read before any of it runs),
+#: so the two compile different sources. With ``restore``, the first then saves it back as it was,
+#: its stat too, once the second made its kernel
+GATE = """import os, time
+HERE = os.path.dirname(__file__)
+FIRST, DONE = (os.path.join(HERE, '..', n) for n in ('first', 'done'))
+try:
+    fd = os.open(FIRST, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+except FileExistsError:
+    for _ in range(1200):
+        if os.path.exists(DONE):
+            break
+        time.sleep(0.05)
+"""
 RACE = HEAD + """import time
 FIRST, DONE, SEEN = (os.path.join(HERE, '..', n) for n in ('first', 'done', 'seen'))
 
 
 def wait(path):
-    for _ in range(600):
+    for _ in range(1200):
         if os.path.exists(path):
             return
-        time.sleep(0.1)
+        time.sleep(0.05)
 
 
-try:
-    os.close(os.open(FIRST, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    first = True
-except FileExistsError:
-    first = False
-    wait(DONE)
+with open(FIRST) as f:
+    first = f.read() == str(os.getpid())
 VALUE = tl.constexpr({v})
 """ + KERNEL + """
 if first:
@@ -344,7 +355,7 @@ else:
 def test_a_crate_file_saved_between_the_workers_imports_is_a_source_changed_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore: bool) -> None:
     monkeypatch.setenv("KHAL_JOBS", "2")  # two targets: two workers
-    root = _write(tmp_path / "p", {"k/k.py": RACE.format(v=7770091, w=7770092, restore=restore)})
+    root = _write(tmp_path / "p", {"k/a.py": GATE, "k/k.py": RACE.format(v=7770091, w=7770092, restore=restore)})
     what = r"the Triton workers compiled different sources of k" if restore else r"k/k\.py changed while Triton"
     with pytest.raises(SourceChangedError, match=what):
         _build(root, tmp_path / "cache")
@@ -353,7 +364,7 @@ def test_a_crate_file_saved_between_the_workers_imports_is_a_source_changed_erro
 def test_under_python_O_a_crate_file_saved_between_the_workers_imports_is_refused_too(tmp_path: Path) -> None:
     import subprocess
 
-    root = _write(tmp_path / "p", {"k/k.py": RACE.format(v=7770093, w=7770094, restore=True)})
+    root = _write(tmp_path / "p", {"k/a.py": GATE, "k/k.py": RACE.format(v=7770093, w=7770094, restore=True)})
     script = textwrap.dedent(f"""
         import sys
         sys.path[:0] = {[str(Path(__file__).resolve().parents[2])]!r}
