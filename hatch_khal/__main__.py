@@ -25,16 +25,19 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from khal_runtime import manifest as _manifest
 from khal_runtime.binaries import ptx_driver_note
 from khal_runtime.errors import ArtifactError, KhalError, ManifestError
-from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, ConstValue, Manifest, TritonDtype, TritonFacts,
+from khal_runtime.manifest import (MANIFEST_DIR, MANIFEST_NAME, Artifact, Manifest,
                                    load_manifest, parse_manifest)
 
 from hatch_khal.__about__ import __version__
 from hatch_khal.errors import KhalBuildError
+
+if TYPE_CHECKING:
+    from hatch_khal.languages import Language
 
 __all__ = ["main"]
 
@@ -189,6 +192,16 @@ def _print(lines: list[str], *, err: bool = False) -> None:
     print("\n".join(printable(line) for line in lines), file=sys.stderr if err else sys.stdout)
 
 
+def _language_of(name: str) -> Language[Any, Any] | None:
+    """The build side of a crate's language, None where it is not installed here (a plugin's)."""
+    from hatch_khal.languages import get_language  # lazy: the language's module only when describing its crate
+
+    try:
+        return get_language(name, "")
+    except KhalBuildError:
+        return None
+
+
 def _describe(manifest: Manifest) -> list[str]:
     tc = manifest.toolchain
     tools = f"NVRTC {tc.nvrtc_version or '-'}" + (f", Slang {tc.slang_version}" if tc.slang_version else "") \
@@ -199,9 +212,10 @@ def _describe(manifest: Manifest) -> list[str]:
     if manifest.editable:
         lines.append(f"  editable install of {manifest.editable.project_root}")
     for crate in manifest.crates:
-        language = {"cuda": "CUDA C++", "slang": "Slang", "triton": "Triton"}.get(crate.language, crate.language)
+        lang = _language_of(crate.language)
+        language = lang.title if lang is not None else crate.language
         origin = (f"prebuilt from {crate.prebuilt.variable} ({crate.prebuilt.file_name})" if crate.prebuilt
-                  else "Triton (its ptxas)" if crate.language == "triton" else "NVRTC")
+                  else lang.compiled_by if lang is not None else f"language {crate.language!r} (not installed here)")
         spirv = crate.spirv.status + (f" ({crate.spirv.reason})" if crate.spirv.reason else "")
         lines.append(f"  crate {crate.name}: {language}, {len(crate.sources)} source file(s), CUDA binaries "
                      f"from {origin}, WGSL/SPIR-V {spirv}")
@@ -219,12 +233,12 @@ def _describe(manifest: Manifest) -> list[str]:
             if e.launch is not None and e.launch_dims > e.grid_dims:
                 shape += f" (launch() up to {e.launch_dims}-D grids)"
             tmpl = f" = {e.template}<{', '.join(e.template_args or ())}>" if e.template else ""
-            tri = e.triton
-            if tri is not None:  # a Triton variant: its kernel; its specialisation and options below
-                tmpl = f" = {tri.kernel}"
+            # what the entry's language says of it (a Triton variant: its kernel, specialisation, options)
+            label, more = lang.inspect_entry(e) if lang is not None else (None, [])
+            if label is not None:
+                tmpl = f" = {label}"
             lines.append(f"    entry {e.name}{tmpl} hash {e.hash} block {block}{shape}  ({params})")
-            if tri is not None:
-                lines += _triton_lines(e.name, tri)
+            lines += more
             if e.attributes is not None and e.attributes.describe():
                 lines.append(f"      launch attributes: {e.attributes.describe()}")
             if e.indirect_reason:
@@ -244,67 +258,6 @@ def _describe(manifest: Manifest) -> list[str]:
             if note:  # a cubin loads on any driver of its CUDA major; PTX only on one that JITs its ISA
                 lines.append(f"      the PTX {note} to JIT (cubins are unaffected)")
     return lines
-
-
-def _const(value: ConstValue) -> str:
-    """A constexpr's value as the lock file spells it (TOML: ``1024``, ``true``, ``"mean"``,
-    ``{ dtype = "fp32" }``, ``{ none = true }``)."""
-    if isinstance(value, TritonDtype):
-        return f"{{ dtype = {json.dumps(value.dtype)} }}"
-    if value is None:
-        return "{ none = true }"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    return repr(value) if isinstance(value, float) else str(value)
-
-
-def _triton_lines(entry: str, tri: TritonFacts) -> list[str]:
-    """A Triton entry's specialisation as a call of its kernel (each argument's type and assumption
-    as the lock file spells it: ``*fp32:16``, ``i32:1``, ``none``; each constexpr's value), and its
-    options."""
-    div, ones, nones = set(tri.divisible), set(tri.ones), set(tri.nones)
-    types = dict(zip(tri.names, tri.types))
-
-    def arg(name: str) -> str:
-        if name in nones:
-            return f"{name}: none"
-        return f"{name}: {types[name]}" + (":16" if name in div else "") + (":1" if name in ones else "")
-
-    shown: list[str] = []
-    done: set[str] = set()
-    for p in tri.params:  # the kernel's whole signature, in order (manifests before it: none)
-        if p.name in tri.constexprs:
-            shown.append(f"{p.name} = {_const(tri.constexprs[p.name])}")
-        elif p.name in types or p.name in nones:
-            shown.append(arg(p.name))
-        else:
-            continue
-        done.add(p.name)
-    shown += [arg(n) for n in tri.names if n not in done]
-    shown += [arg(n) for n in tri.nones if n not in done and n not in types]
-    shown += [f"{k} = {_const(v)}" for k, v in tri.constexprs.items() if k not in done]
-    opts = [f"num_warps = {tri.num_warps}", f"num_stages = {tri.num_stages}"]
-    if tri.ctas != 1:
-        opts.append(f"num_ctas = {tri.ctas}")
-    if tri.maxnreg is not None:
-        opts.append(f"maxnreg = {tri.maxnreg}")
-    notes = [f"{tri.shared} B shared"]
-    if tri.config is not None:  # an autotuned family's variant: its config and how it is chosen
-        notes.append(f"autotune config {tri.config} (key {', '.join(tri.autotune_key)}; "
-                     + ("timed at first use)" if tri.choose is None else f"rule: config {tri.choose})"))
-    if tri.heuristics:
-        notes.append(f"heuristics {', '.join(tri.heuristics)}")
-    if tri.base:
-        notes.append(f"the conservative twin of {tri.family}")
-    elif tri.family != entry:  # an autotuned config's variant (its family launches it)
-        notes.append(f"family {tri.family}")
-    if tri.recorded:
-        notes.append("recorded (lock file)")
-    if tri.module is not None:
-        notes.append(f"importable as {tri.module}:{tri.qualname or tri.kernel}")
-    return [f"      triton {tri.kernel}({', '.join(shown)})", f"      {', '.join(opts)}; {'; '.join(notes)}"]
 
 
 def _inspect(target: str, as_json: bool) -> int:

@@ -35,7 +35,7 @@ from khal_runtime.manifest import (
 
 from hatch_khal.errors import KhalBuildError, PrebuiltError
 from hatch_khal.hashing import sha256_bytes
-from hatch_khal.languages import Compiled
+from hatch_khal.languages import Compiled, Language
 from hatch_khal.model import PackageOutput
 from hatch_khal.stubs import stub_files
 
@@ -189,10 +189,13 @@ def assemble_packages(
     """One :class:`PackageOutput` per target package, sorted by package; and the warnings the
     crates' languages gave, in the crates' order (the builder shows them)."""
     records: dict[str, list[Crate]] = {}
+    #: crate -> its record's language (the stub asks it for the crate's attributes)
+    languages: dict[str, Language[Any, Any]] = {}
     files: dict[str, dict[str, bytes]] = {}
     warnings: list[str] = []
     for crate in crates:
         record, crate_files, crate_warnings = _finish_crate(crate, root)
+        languages[crate.cfg.name] = crate.language
         records.setdefault(crate.cfg.package, []).append(record)
         files.setdefault(crate.cfg.package, {}).update(crate_files)
         warnings.extend(crate_warnings)
@@ -213,6 +216,6 @@ def assemble_packages(
         if digest is not None:
             pkg_files[f"{MANIFEST_DIR}/{DIGEST_NAME}"] = (digest + "\n").encode()
         # the typed kernels module: `from ._khal import kernels` (a pure function of the manifest)
-        pkg_files.update(stub_files(manifest))
+        pkg_files.update(stub_files(manifest, languages=languages))
         out.append(PackageOutput(package, manifest, pkg_files))
     return out, warnings

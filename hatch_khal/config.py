@@ -16,7 +16,7 @@ import difflib
 import os
 import re
 from pathlib import PurePosixPath, PureWindowsPath
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -24,13 +24,16 @@ from khal_runtime.abi import Arch, parse_arch, prebuilt_env_var
 
 from hatch_khal.errors import ConfigError
 
+if TYPE_CHECKING:
+    from hatch_khal.languages import Language
+
 __all__ = [
     "DEFAULT_ARCHS",
     "DEFAULT_PTX_ARCH",
     "HATCH_RESERVED_KEYS",
     "CrateConfig",
     "HookConfig",
-    "LANGUAGE_SUFFIXES",
+    "DEFAULT_LANGUAGE",
     "ResolvedCrate",
     "canonical_package",
     "env_var_for_crate",
@@ -55,8 +58,9 @@ HATCH_RESERVED_KEYS = frozenset(
     {"dependencies", "require-runtime-dependencies", "require-runtime-features", "enable-by-default", "path"}
 )
 
-#: Source suffix -> language; any other suffix (``.cu``, a wildcard) is CUDA C++.
-LANGUAGE_SUFFIXES = {".slang": "slang", ".py": "triton"}
+#: the language of sources whose suffix no language claims (``.cu``, a wildcard): CUDA C++. The
+#: others' suffixes are their ``Language.suffixes`` (:mod:`hatch_khal.languages`).
+DEFAULT_LANGUAGE = "cuda"
 
 #: matched whole (re.fullmatch): a "$" would accept a trailing newline
 _CRATE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
@@ -172,6 +176,9 @@ class _CommonOptions(_Strict):
 
 class CrateConfig(_CommonOptions):
     name: str
+    #: the crate's language by name (a built-in or an installed plugin's); default: from the
+    #: sources' suffixes (:func:`_language`)
+    language: Optional[str] = None
     #: required, unless a Triton crate gives ``modules`` instead (checked by :func:`_language`)
     sources: Optional[list[str]] = Field(default=None, min_length=1)
     #: Triton companion crates: installed modules whose kernels the crate serves (instead of ``sources``)
@@ -266,8 +273,9 @@ class ResolvedCrate(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     name: str
-    #: the source language: "cuda" (CUDA C++) or "slang" (see :data:`LANGUAGE_SUFFIXES`)
-    language: str = "cuda"
+    #: the source language's name: "cuda" (CUDA C++), "slang", "triton" or an installed plugin's
+    #: (:mod:`hatch_khal.languages`)
+    language: str = DEFAULT_LANGUAGE
     sources: list[str]
     include_dirs: list[str]
     package: str
@@ -291,8 +299,10 @@ class ResolvedCrate(BaseModel):
     #: named it (then it must exist; the default may not)
     triton_lock: str = DEFAULT_TRITON_LOCK
     triton_lock_explicit: bool = False
-    #: Triton crates: the names of the build's Triton crates (a lock variant must name one of them)
-    triton_crates: list[str] = []
+    #: the names of the build's crates of this crate's language (a Triton lock variant must name one)
+    language_crates: list[str] = []
+    #: a plugin language's own crate options, as its ``validate_options`` returned them
+    language_options: dict[str, Any] = {}
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -360,56 +370,97 @@ def _env_ptx() -> str | None:
         raise ConfigError(f"KHAL_PTX_ARCH: {exc}") from None
 
 
-def _language(where: str, index: int, crate: CrateConfig) -> str:
-    """The crate's language from its source globs' suffixes; ConfigError for a mix or a misfit option."""
+#: the crate options that belong to a language (its ``crate_options`` says which it takes): when given
+#: (not None; ``spirv`` when true: ``spirv = false`` is every non-Slang crate's state anyway)
+_LANGUAGE_OPTIONS: dict[str, str] = {"spirv": "spirv", "slang-options": "slang_options", "instances": "instances",
+                                     "modules": "modules", "jit-fallback": "jit_fallback"}
+
+
+def _given(crate: CrateConfig, key: str) -> bool:
+    value = getattr(crate, _LANGUAGE_OPTIONS[key])
+    return bool(value) if key in ("spirv", "slang-options") else value is not None
+
+
+def _language(where: str, index: int, crate: CrateConfig, extras: Mapping[str, Any]) -> Language[Any, Any]:
+    """The crate's language: option ``language``, else the one taking ``modules`` when the crate gives
+    them, else its source globs' suffixes (a suffix no language claims is CUDA C++). ConfigError for
+    a mix of languages or another language's option (each language says which options it takes)."""
+    from hatch_khal.languages import all_languages, get_language  # lazy: the registry imports this module
+
     prefix = f"{where}: crates[{index}] {crate.name!r}"
-    if crate.modules is not None:
-        if crate.sources is not None:
-            raise ConfigError(f"{prefix}: options 'sources' and 'modules' are exclusive: 'modules' names an installed "
-                              "library's modules whose Triton kernels the crate serves (a companion crate), 'sources' "
-                              "the project's own files")
-        if crate.spirv or crate.slang_options:
-            raise ConfigError(f"{prefix}: options 'spirv' and 'slang-options' are for Slang crates; 'modules' makes "
-                              "a Triton companion crate")
-        return "triton"
-    if crate.sources is None:
-        raise ConfigError(f"{where}: invalid configuration: option 'crates[{index}].sources' is required (or "
-                          "'modules' for a Triton crate serving an installed library's kernels)")
-    by_language: dict[str, list[str]] = {}
-    for pattern in crate.sources:
-        suffix = "." + pattern.rsplit(".", 1)[1] if "." in pattern.rsplit("/", 1)[-1] else ""
-        by_language.setdefault(LANGUAGE_SUFFIXES.get(suffix, "cuda"), []).append(pattern)
-    names = {"cuda": "CUDA C++", "slang": "Slang", "triton": "Triton (.py)"}
-    if len(by_language) > 1 and set(by_language) != {"cuda", "slang"}:
-        raise ConfigError(
-            f"{prefix}: option 'sources' mixes "
-            + " with ".join(f"{names[k]} sources ({', '.join(v)})" for k, v in sorted(by_language.items()))
-            + "; a crate is compiled as one module of one language: give each language a crate of its own"
-        )
-    if len(by_language) > 1:
-        raise ConfigError(
-            f"{prefix}: option 'sources' mixes Slang sources ({', '.join(by_language['slang'])}) with CUDA C++ "
-            f"sources ({', '.join(by_language['cuda'])}); a crate is compiled as one module of one language: "
-            "put the .slang files and the .cu files in two crates"
-        )
-    language = next(iter(by_language))
-    if language == "cuda" and crate.spirv:
-        raise ConfigError(
-            f"{prefix}: option 'spirv = true' asks for WGSL / SPIR-V, which only Slang crates build "
-            "(CUDA C++ compiles to CUDA only); write the crate in Slang (.slang sources) to build it for "
-            "WebGPU too, or drop the option"
-        )
-    if language == "triton" and (crate.spirv or crate.slang_options):
-        raise ConfigError(f"{prefix}: options 'spirv' and 'slang-options' are for Slang crates; this crate's sources "
-                          "are Triton (.py)")
-    if language != "triton" and crate.jit_fallback is not None:
-        raise ConfigError(f"{prefix}: option 'jit-fallback' is for Triton crates (.py sources or 'modules')")
-    if language != "triton" and crate.instances is not None:
-        raise ConfigError(f"{prefix}: option 'instances' is for Triton crates (.py sources)")
-    if language == "cuda" and crate.slang_options:
-        raise ConfigError(f"{prefix}: option 'slang-options' is for Slang crates (.slang sources); this crate's "
-                          "sources are CUDA C++: use 'options' for NVRTC options")
+    languages = all_languages()
+    taking = {key: [lang for lang in languages.values() if key in lang.crate_options]
+              for key in {*_LANGUAGE_OPTIONS, *extras}}
+    if crate.modules is not None and crate.sources is not None:
+        raise ConfigError(f"{prefix}: options 'sources' and 'modules' are exclusive: 'modules' names an installed "
+                          "library's modules whose kernels the crate serves (a companion crate), 'sources' "
+                          "the project's own files")
+    if crate.language is not None:
+        try:
+            language = get_language(crate.language, crate.name)
+        except ConfigError as exc:
+            raise ConfigError(f"{prefix}: option 'language': {exc}") from None
+    elif crate.modules is not None:
+        language = taking["modules"][0]
+    else:
+        if crate.sources is None:
+            raise ConfigError(f"{where}: invalid configuration: option 'crates[{index}].sources' is required (or "
+                              "'modules' for a Triton crate serving an installed library's kernels)")
+        by_suffix: dict[str, list[Language[Any, Any]]] = {}
+        for lang in languages.values():
+            for suffix in lang.suffixes:
+                by_suffix.setdefault(suffix.lower(), []).append(lang)
+        by_language: dict[str, list[str]] = {}
+        for pattern in crate.sources:
+            suffix = "." + pattern.rsplit(".", 1)[1] if "." in pattern.rsplit("/", 1)[-1] else ""
+            claims = by_suffix.get(suffix.lower(), [languages[DEFAULT_LANGUAGE]])
+            if len(claims) > 1:
+                raise ConfigError(f"{prefix}: {suffix} sources are claimed by the languages "
+                                  f"{', '.join(repr(c.name) for c in claims)}: say which with option 'language'")
+            by_language.setdefault(claims[0].name, []).append(pattern)
+        if len(by_language) > 1:
+            def files(globs: list[str]) -> str:
+                suffixes = sorted({"." + g.rsplit(".", 1)[1] for g in globs if "." in g.rsplit("/", 1)[-1]})
+                return " and ".join(f"the {x} files" for x in suffixes) or "the " + ", ".join(globs)
+            raise ConfigError(
+                f"{prefix}: option 'sources' mixes "
+                + " with ".join(f"{languages[k].title} sources ({', '.join(v)})" for k, v in by_language.items())
+                + "; a crate is compiled as one module of one language: put "
+                + " and ".join(files(v) for v in by_language.values())
+                + f" in {_COUNT_WORDS.get(len(by_language), len(by_language))} crates"
+            )
+        language = languages[next(iter(by_language))]
+    language.check_crate(prefix, crate)
+    for key in [*_LANGUAGE_OPTIONS, *extras]:
+        given = _given(crate, key) if key in _LANGUAGE_OPTIONS else True
+        if given and key not in language.crate_options:
+            owners = " / ".join(lang.title for lang in taking[key]) or "no installed language's"
+            raise ConfigError(f"{prefix}: option {key!r} is for {owners} crates; this crate's sources are "
+                              f"{language.title}")
     return language
+
+
+_COUNT_WORDS = {2: "two", 3: "three"}
+
+
+def _language_extras(data: dict[str, Any]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """Take the plugin languages' own options out of each crate table (crate index -> options), for
+    the crate's language to validate; every other key is pydantic's to accept or refuse."""
+    crates = data.get("crates")
+    known = set(_keys(CrateConfig))
+    if not isinstance(crates, list) or all(not isinstance(c, dict) or set(c) <= known for c in crates):
+        return data, {}
+    from hatch_khal.languages import all_languages  # lazy: plugins are looked for only when needed
+
+    own = {key for lang in all_languages().values() for key in lang.crate_options} - known
+    extras: dict[int, dict[str, Any]] = {}
+    out = []
+    for i, c in enumerate(crates):
+        if isinstance(c, dict) and own & set(c):
+            extras[i] = {k: v for k, v in c.items() if k in own}
+            c = {k: v for k, v in c.items() if k not in own}
+        out.append(c)
+    return {**data, "crates": out}, extras
 
 
 def canonical_package(package: str) -> str:
@@ -424,6 +475,7 @@ def parse_config(
 ) -> tuple[HookConfig, list[ResolvedCrate]]:
     """Validate the raw table and resolve every crate. Raises ConfigError."""
     data = {k: v for k, v in raw.items() if k not in HATCH_RESERVED_KEYS}
+    data, extras = _language_extras(data)
     try:
         cfg = HookConfig.model_validate(data)
     except ValidationError as exc:
@@ -441,8 +493,8 @@ def parse_config(
 
     env_archs = _env_archs()
     env_ptx = _env_ptx()
-    languages = [_language(where, i, c) for i, c in enumerate(cfg.crates)]
-    triton_crates = [c.name for c, lang in zip(cfg.crates, languages) if lang == "triton"]
+    languages = [_language(where, i, c, extras.get(i, {})) for i, c in enumerate(cfg.crates)]
+    names = [lang.name for lang in languages]
     resolved = []
     for i, c in enumerate(cfg.crates):
         package = c.package or cfg.package or default_package
@@ -455,7 +507,9 @@ def parse_config(
         ptx = cfg.ptx_arch if c.ptx_arch == "default" else c.ptx_arch
         if env_ptx is not None:
             ptx = None if env_ptx == "none" else env_ptx
-        language = languages[i]
+        lang = languages[i]
+        language = lang.name
+        own = lang.validate_options(f"{where}: crates[{i}] {c.name!r}", extras[i]) if i in extras else {}
         resolved.append(
             ResolvedCrate(
                 name=c.name,
@@ -470,13 +524,15 @@ def parse_config(
                 defines={**cfg.defines, **c.defines},  # type: ignore[dict-item]  # validated to str
                 cuda_headers=c.cuda_headers or cfg.cuda_headers,
                 spirv=c.spirv,
-                slang_options=list(cfg.slang_options) + list(c.slang_options) if language == "slang" else [],
+                slang_options=(list(cfg.slang_options) + list(c.slang_options)
+                               if "slang-options" in lang.crate_options else []),
                 instances=list(c.instances or []),
                 modules=list(c.modules or []),
                 jit_fallback=bool(c.jit_fallback),
                 triton_lock=cfg.triton_lock or DEFAULT_TRITON_LOCK,
                 triton_lock_explicit=cfg.triton_lock is not None,
-                triton_crates=triton_crates if language == "triton" else [],
+                language_crates=[c2.name for c2, n in zip(cfg.crates, names) if n == language],
+                language_options=own,
             )
         )
     return cfg, resolved

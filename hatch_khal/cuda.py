@@ -12,7 +12,7 @@ CUDA C++ builds CUDA only: its SPIR-V status is ``not_applicable``.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -25,14 +25,15 @@ from hatch_khal.__about__ import __version__
 from hatch_khal.codegen import explain_entry_error, generate_unit, has_indirect
 from hatch_khal.compile_stage import compile_jobs
 from hatch_khal.compilers import get_compiler
-from hatch_khal.config import ResolvedCrate
+from hatch_khal.config import CrateConfig, HookConfig, ResolvedCrate
 from hatch_khal.entries import EntryDecl, scan_crate
 from hatch_khal.errors import ConfigError, KhalBuildError, SourceError
 from hatch_khal.hashing import canonical, crate_content_hash, entry_hash, khal_header_sha256, sha256_bytes
 from hatch_khal.headers import HeaderSet, header_hints, nvrtc_cuda_major, resolve_headers
-from hatch_khal.languages import Compiled, Language, Planned, Prepared
+from hatch_khal.languages import BuildRequirement, Compiled, Language, LanguageBase, Planned, Prepared
 from hatch_khal.model import CompileJob, CrateParts, PlannedEntry, Reporter
 from hatch_khal.nvrtc import OUTPUT_FORMAT as NVRTC_OUTPUT
+from hatch_khal.nvrtc import nvrtc_requirements
 from hatch_khal.probes import indirect_verdict, manifest_entries
 from hatch_khal.reads import cover, real_dirs
 from hatch_khal.reads import locations as path_forms
@@ -87,9 +88,21 @@ def _debug_build(options: tuple[str, ...] | list[str]) -> bool:
     return any(o in _DEBUG_OPTIONS for o in options)
 
 
-class CudaLanguage:
+class CudaLanguage(LanguageBase):
     name = "cuda"
+    title = "CUDA C++"
     compiler = "nvrtc"
+
+    def check_crate(self, prefix: str, crate: CrateConfig) -> None:
+        if crate.spirv:
+            raise ConfigError(
+                f"{prefix}: option 'spirv = true' asks for WGSL / SPIR-V, which only Slang crates build "
+                "(CUDA C++ compiles to CUDA only); write the crate in Slang (.slang sources) to build it for "
+                "WebGPU too, or drop the option"
+            )
+
+    def requirements(self, crates: Sequence[ResolvedCrate], hook: HookConfig) -> list[BuildRequirement]:
+        return nvrtc_requirements(crates, hook)
 
     def plan(self, root: Path, cfg: ResolvedCrate) -> Planned[CudaPlan, CudaFront]:
         sources = collect_sources(root, cfg.name, cfg.sources, cfg.include_dirs)

@@ -16,10 +16,11 @@ from hatch_khal.__about__ import __version__
 from hatch_khal.errors import ConfigError
 
 if TYPE_CHECKING:
-    from hatch_khal.config import ResolvedCrate
+    from hatch_khal.config import HookConfig, ResolvedCrate
+    from hatch_khal.languages import BuildRequirement
     from hatch_khal.model import BuildResult
 
-__all__ = ["CallbackReporter", "all_prebuilt", "check_packages", "default_package", "runtime_bound",
+__all__ = ["CallbackReporter", "all_prebuilt", "build_requirements", "check_packages", "default_package", "runtime_bound",
            "runtime_dependency_problem", "summary"]
 
 class CallbackReporter:
@@ -96,6 +97,21 @@ def all_prebuilt(crates: list[ResolvedCrate]) -> bool:
     from khal_runtime.abi import prebuilt_env_var
 
     return bool(crates) and all(os.environ.get(prebuilt_env_var(c.name), "").strip() for c in crates)
+
+
+def build_requirements(crates: list[ResolvedCrate], hook: HookConfig) -> list[BuildRequirement]:
+    """What building ``crates`` needs in the build environment, as their languages say, once each
+    (in the crates' order: NVRTC before slangpy for a Slang crate)."""
+    from hatch_khal.languages import get_language  # lazy: the languages' modules only when building
+
+    by_language: dict[str, list[ResolvedCrate]] = {}
+    for c in crates:
+        by_language.setdefault(c.language, []).append(c)
+    out: dict[str, BuildRequirement] = {}
+    for name, group in by_language.items():
+        for r in get_language(name, group[0].name).requirements(group, hook):
+            out.setdefault(r.spec, r)
+    return list(out.values())
 
 
 def summary(result: BuildResult) -> str:

@@ -15,20 +15,21 @@ import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Protocol, TypeVar
 
-from hatch_khal.config import ResolvedCrate
 from hatch_khal.errors import ConfigError, KhalBuildError
 from hatch_khal.model import CompileJob, CompileOutput, CrateParts, PlannedEntry, Reporter
 
 if TYPE_CHECKING:
+    from hatch_khal.config import CrateConfig, HookConfig, ResolvedCrate
     from khal_runtime.binaries import BinaryInfo
-    from khal_runtime.manifest import SpirvStatus
+    from khal_runtime.manifest import Crate, Entry, SpirvStatus
 
     from hatch_khal.cache import Cache
     from hatch_khal.sources import SourceFile
 
-__all__ = ["LANGUAGES", "Compiled", "CrateRecord", "Language", "Planned", "Prepared", "get_language"]
+__all__ = ["ENTRY_POINT_GROUP", "LANGUAGES", "BuildRequirement", "Compiled", "CrateRecord", "Language",
+           "LanguageBase", "Planned", "Prepared", "StubMember", "all_languages", "get_language"]
 
 #: what a language's planning found of a crate (its own type: ``CudaPlan``, ``SlangCratePlan``, ...)
 P = TypeVar("P")
@@ -36,10 +37,85 @@ P = TypeVar("P")
 F = TypeVar("F")
 
 
-class Language(Protocol[P, F]):
+@dataclass(frozen=True)
+class BuildRequirement:
+    """A package a language's crates need in the build environment: the hatch hook adds ``spec``
+    to an isolated build; setuptools, which cannot add requirements, runs ``probe`` and says what to
+    list in ``[build-system] requires`` when it fails."""
+
+    #: a PEP 508 requirement ("triton==3.6.0")
+    spec: str
+    #: () -> None when the tool is usable here, else why not (the first line of the error)
+    probe: Callable[[], str | None] | None = None
+    #: the tool's name in "list ... in the project's pyproject.toml" ("the compiler", "Triton")
+    label: str = "it"
+    #: the requirements the error's ``[build-system] requires = [...]`` example lists besides
+    #: setuptools and hatch-khal (default: ``spec`` alone)
+    example: tuple[str, ...] = ()
+    #: said when the installed version does not satisfy ``spec`` (default: the spec)
+    note: str | None = None
+    #: whether setuptools checks it before the build (header wheels are only named after a failure)
+    checked_by_setuptools: bool = True
+
+
+@dataclass(frozen=True)
+class StubMember:
+    """One attribute of a crate's typed ``kernels`` stub that is not one of its entries as a
+    ``Kernel`` (a Triton instance family, a kernel's own call)."""
+
     name: str
+    #: the attribute's type: a name ``Language.stub_imports`` imports
+    type: str
+    doc: tuple[str, ...] = ()
+    #: reachable as ``kernels[name]`` too (``KernelSet.__getitem__``)
+    item: bool = True
+
+
+class Language(Protocol[P, F]):
+    """A kernel language's build side. Found by name (:func:`get_language`) among the built-ins
+    and the entry points of the group ``hatch_khal.languages``; :class:`LanguageBase` gives the
+    defaults of everything but the stages."""
+
+    name: str
+    #: its name in messages ("CUDA C++", "Slang", "Triton")
+    title: str
+    #: the source suffixes that make a crate of this language (".slang"); a crate may also say
+    #: ``language = "<name>"``
+    suffixes: tuple[str, ...]
+    #: the language-specific crate options it takes (``spirv``, ``instances``, ... and its own, which
+    #: :meth:`validate_options` checks); another language's option on its crate is refused
+    crate_options: frozenset[str]
+    #: what makes its CUDA binaries, for ``inspect`` ("NVRTC", "Triton (its ptxas)")
+    compiled_by: str
     #: the compiler (hatch_khal.compilers registry name) whose archs bound this language's targets
     compiler: str
+
+    def check_crate(self, prefix: str, crate: CrateConfig) -> None:
+        """Refuse, with a ConfigError starting with ``prefix``, a crate option this language cannot
+        honour that the generic checks let through (CUDA C++: ``spirv = true``)."""
+        ...
+
+    def validate_options(self, prefix: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The language's own crate options (keys of :attr:`crate_options` that hatch-khal does not
+        know), validated: ``ResolvedCrate.language_options``. ConfigError naming the option."""
+        ...
+
+    def requirements(self, crates: Sequence[ResolvedCrate], hook: HookConfig) -> list[BuildRequirement]:
+        """What building ``crates`` (all of this language) needs in the build environment."""
+        ...
+
+    def stub_members(self, crate: Crate) -> list[StubMember] | None:
+        """The crate's attributes in the typed stub when they are not its entries as ``Kernel`` s
+        (None: one typed ``Kernel`` class per entry)."""
+        ...
+
+    #: (module, name) of each type :meth:`stub_members` names
+    stub_imports: tuple[tuple[str, str], ...]
+
+    def inspect_entry(self, entry: Entry) -> tuple[str | None, list[str]]:
+        """For ``python -m hatch_khal inspect``: what the entry is (shown as ``entry <name> = <it>``;
+        None: the generic line) and lines to print below it."""
+        ...
 
     def plan(self, root: Path, cfg: ResolvedCrate) -> Planned[P, F]:
         """Files, content hash (and entries, if known without compiling) of one crate; SourceError /
@@ -148,23 +224,108 @@ class Compiled(Prepared[P, F]):
         return self.language.finish(self, binary)
 
 
-#: language -> "module:attribute" of its Language, imported on first use only.
+class LanguageBase:
+    """The defaults of a :class:`Language`'s non-stage members: a language that takes no options of
+    its own, needs nothing in the build environment and whose entries are typed ``Kernel`` s."""
+
+    name: str
+    title: str = ""
+    suffixes: tuple[str, ...] = ()
+    crate_options: frozenset[str] = frozenset()
+    compiled_by: str = "NVRTC"
+    stub_imports: tuple[tuple[str, str], ...] = ()
+
+    def check_crate(self, prefix: str, crate: CrateConfig) -> None:
+        return None
+
+    def validate_options(self, prefix: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        if options:
+            raise ConfigError(f"{prefix}: unknown option(s) {', '.join(map(repr, sorted(options)))} for a "
+                              f"{self.title or self.name} crate")
+        return {}
+
+    def requirements(self, crates: Sequence[ResolvedCrate], hook: HookConfig) -> list[BuildRequirement]:
+        return []
+
+    def stub_members(self, crate: Crate) -> list[StubMember] | None:
+        return None
+
+    def inspect_entry(self, entry: Entry) -> tuple[str | None, list[str]]:
+        return None, []
+
+
+#: the entry-point group a third-party language registers in (``name = "module:attribute"`` of
+#: its Language object; hatchling's own plugin model)
+ENTRY_POINT_GROUP = "hatch_khal.languages"
+
+#: the built-in languages: name -> "module:attribute" of its Language, imported on first use only.
+#: Also hatch-khal's own entry points (pyproject.toml); this table serves a source checkout.
 LANGUAGES: dict[str, str] = {
     "cuda": "hatch_khal.cuda:CUDA",
     "slang": "hatch_khal.slang.language:SLANG",
     "triton": "hatch_khal.triton.language:TRITON",
 }
 
+#: the members every Language has (checked when one is loaded, as pluggy checks a plugin when it
+#: is registered, not at its first call)
+_MEMBERS = ("name", "title", "suffixes", "crate_options", "compiled_by", "compiler", "plan", "prepare", "jobs",
+            "explain", "finish", "check_crate", "validate_options", "requirements", "stub_members", "stub_imports",
+            "inspect_entry")
+_loaded: dict[str, Language[Any, Any]] = {}
+
+
+def _entry_points() -> dict[str, Any]:
+    """The installed distributions' languages by name (not the built-ins)."""
+    from importlib.metadata import entry_points  # lazy: only builds ask for languages
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in LANGUAGES}
+
+
+def _load(name: str, target: str, where: str) -> Language[Any, Any]:
+    module, _, attr = target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise ConfigError(f"language {name!r} ({where}: {target}) could not be loaded: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    missing = [m for m in _MEMBERS if not hasattr(obj, m)]
+    if missing:
+        raise ConfigError(f"language {name!r} ({where}: {target}) is not a hatch-khal Language: it has no "
+                          f"{', '.join(missing)} (subclass hatch_khal.languages.LanguageBase for the defaults)")
+    if obj.name != name:
+        raise ConfigError(f"language {name!r} ({where}: {target}) calls itself {obj.name!r}: register it under "
+                          "its own name")
+    return obj  # type: ignore[no-any-return]
+
+
+def all_languages() -> dict[str, Language[Any, Any]]:
+    """Every language this build can use: the built-ins, then the installed plugins by name."""
+    for name in LANGUAGES:
+        get_language(name, "")
+    for name, ep in _entry_points().items():
+        if name not in _loaded:
+            _loaded[name] = _load(name, ep.value, f"entry point of {ep.dist.name if ep.dist else '?'}")
+    return dict(_loaded)
+
 
 def get_language(name: str, crate: str) -> Language[Any, Any]:
     """The ``Language`` a crate's configuration names (the planning stage's one lookup by name)."""
-    try:
-        target = LANGUAGES[name]
-    except KeyError:
-        raise ConfigError(
-            f"crate {crate!r}: language {name!r} is not supported by this version of hatch-khal "
-            f"(it builds: {', '.join(sorted(LANGUAGES))})"
-        ) from None
-    module, _, attr = target.partition(":")
-    language: Language[Any, Any] = getattr(importlib.import_module(module), attr)
+    language = _loaded.get(name)
+    if language is not None:
+        return language
+    target = LANGUAGES.get(name)
+    if target is not None:
+        language = _load(name, target, "built in")
+    else:
+        ep = _entry_points().get(name)
+        if ep is None:
+            raise ConfigError(
+                f"crate {crate!r}: language {name!r} is not supported by this version of hatch-khal "
+                f"(it builds: {', '.join(sorted(set(LANGUAGES) | set(_entry_points())))}; a plugin adds one "
+                f"through the entry-point group {ENTRY_POINT_GROUP!r})"
+            )
+        language = _load(name, ep.value, f"entry point of {ep.dist.name if ep.dist else '?'}")
+    _loaded[name] = language
     return language

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 
 from khal_runtime.abi import env_flag
@@ -41,7 +41,12 @@ from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, from_na
 from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity
 from hatch_khal.nvidia_wheels import FAMILIES, admitted_majors, library_major
 
+if TYPE_CHECKING:
+    from hatch_khal.config import HookConfig, ResolvedCrate
+    from hatch_khal.languages import BuildRequirement
+
 __all__ = ["ANY_MINOR_ENV", "NVRTC", "OUTPUT_FORMAT", "REQUIREMENT_ENV", "CompileResult", "NvrtcCompiler",
+           "nvrtc_requirements",
            "compile_listing_reads", "compile_unit", "nvrtc_release", "nvrtc_version", "ptx_problem", "requirement",
            "supported_archs"]
 
@@ -473,3 +478,29 @@ class NvrtcCompiler:
 
 
 NVRTC = NvrtcCompiler()
+
+
+def nvrtc_requirements(crates: Sequence[ResolvedCrate], hook: HookConfig) -> list[BuildRequirement]:
+    """What compiling ``crates`` with NVRTC needs in the build environment (the languages whose
+    crates NVRTC compiles ask for it): NVRTC, and the CUDA header wheels where a crate takes its
+    headers from them. Nothing when every crate's binary is prebuilt."""
+    # lazy: this module is imported by the compile workers; the requirement model only for builds
+    from hatch_khal.frontend import all_prebuilt
+    from hatch_khal.headers import header_requirements
+    from hatch_khal.languages import BuildRequirement
+
+    if not crates or all_prebuilt(list(crates)):
+        return []
+    spec = hook.nvrtc_requirement
+
+    def probe() -> str | None:
+        try:
+            nvrtc_version()
+        except KhalBuildError as exc:
+            return str(exc)
+        return None
+
+    out = [BuildRequirement(spec, probe, label="the compiler")]
+    if any(c.cuda_headers == "wheels" for c in crates):
+        out += [BuildRequirement(r, checked_by_setuptools=False) for r in header_requirements(spec)]
+    return out

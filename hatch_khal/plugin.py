@@ -29,17 +29,14 @@ from khal_runtime.manifest import MANIFEST_DIR
 from hatch_khal.builder import build_packages
 from hatch_khal.config import HookConfig, ResolvedCrate, parse_config
 from hatch_khal.errors import ConfigError
-from hatch_khal.frontend import (CallbackReporter, all_prebuilt, check_packages, default_package,
+from hatch_khal.frontend import (CallbackReporter, build_requirements, check_packages, default_package,
                                  runtime_bound, runtime_dependency_problem, summary)
-from hatch_khal.headers import header_requirements
 from hatch_khal.model import BuildResult
 from hatch_khal.nvrtc import requirement as nvrtc_requirement
 from hatch_khal.output import remove_output, write_package_output
 from hatch_khal.remote import cache_url
 from hatch_khal.stores import requirements as store_requirements
 from hatch_khal.report import reported
-from hatch_khal.slang.library import SLANGPY_REQUIREMENT
-from hatch_khal.triton import TRITON_REQUIREMENT
 
 __all__ = ["KhalBuildHook"]
 
@@ -101,19 +98,9 @@ class KhalBuildHook(BuildHookInterface):  # type: ignore[type-arg]
 
     def _dependencies(self) -> list[str]:
         crates = self._parsed[1]
-        deps: list[str] = []
-        # NVRTC is needed only to compile: a build whose crates are all prebuilt needs none, and
-        # Triton crates compile with Triton (its own ptxas)
-        nvrtc_crates = [c for c in crates if c.language != "triton"]
-        if nvrtc_crates and not all_prebuilt(nvrtc_crates):
-            deps.append(self.hook_config.nvrtc_requirement)
-            if any(c.cuda_headers == "wheels" for c in nvrtc_crates):
-                deps += header_requirements(self.hook_config.nvrtc_requirement)
-        # Slang runs for a prebuilt Slang crate too (its entries, its WGSL / SPIR-V).
-        if any(c.language == "slang" for c in crates):
-            deps.append(SLANGPY_REQUIREMENT)
-        if any(c.language == "triton" for c in crates):
-            deps.append(TRITON_REQUIREMENT)
+        # each language says what its crates need (NVRTC only to compile: none for prebuilt crates;
+        # Triton compiles with its own ptxas; Slang runs for a prebuilt Slang crate too)
+        deps = [r.spec for r in build_requirements(crates, self.hook_config)]
         # the shared build cache's client (boto3 for s3://), for the URL the build will use
         deps += store_requirements(cache_url(self.hook_config.cache_url)[0])
         return deps

@@ -35,7 +35,7 @@ from khal_runtime.errors import EnvVarError  # dependency-free, cheap
 
 from hatch_khal.errors import ConfigError, KhalBuildError  # dependency-free, cheap
 from hatch_khal.frontend import (  # cheap
-    CallbackReporter, all_prebuilt, check_packages, default_package, runtime_bound, runtime_dependency_problem,
+    CallbackReporter, check_packages, default_package, runtime_bound, runtime_dependency_problem,
     summary,
 )
 
@@ -240,9 +240,7 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
 
         # NVRTC chosen by (and checked against) nvrtc-requirement, also in the compile workers
         with nvrtc_requirement(hook.nvrtc_requirement):
-            self._check_nvrtc(hook, crates)
-            self._check_slang(hook, crates)
-            self._check_triton(crates)
+            self._check_requirements(hook, crates)
             try:
                 result = build_packages(root, crates, reporter, editable=self.editable_mode,
                                         cache_url=hook.cache_url)
@@ -270,56 +268,21 @@ class BuildKhal(Command):  # type: ignore[misc]  # setuptools ships no type info
 
     # -- helpers -------------------------------------------------------------
 
-    def _check_nvrtc(self, hook: HookConfig, crates: list[ResolvedCrate]) -> None:
-        """setuptools has no way to add build requirements: NVRTC must be in build-system.requires."""
-        from hatch_khal.nvrtc import nvrtc_version  # lazy: cuda-bindings, only when compiling
+    def _check_requirements(self, hook: HookConfig, crates: list[ResolvedCrate]) -> None:
+        """setuptools has no way to add build requirements: what the crates' languages need (NVRTC,
+        the Slang compiler, Triton) must be in ``build-system.requires``; each is probed here."""
+        from hatch_khal.frontend import build_requirements  # lazy: the languages, only for [tool.khal] projects
 
-        crates = [c for c in crates if c.language != "triton"]  # Triton crates compile with Triton's ptxas
-        if not crates or all_prebuilt(crates):
-            return  # every crate prebuilt: no compiler needed
-        requirement = hook.nvrtc_requirement
-        try:
-            nvrtc_version()
-        except KhalBuildError as exc:
-            raise ConfigError(
-                f"{exc}\nsetuptools cannot add build requirements: list the compiler in the project's "
-                f'pyproject.toml, e.g. [build-system] requires = ["setuptools>=70", "hatch-khal", "{requirement}"]'
-            ) from exc
-        self._warn_unmet_requirement(requirement)
-
-    def _check_slang(self, hook: HookConfig, crates: list[ResolvedCrate]) -> None:
-        """Slang crates need the slangpy wheel in the build environment, which setuptools cannot add."""
-        if not any(c.language == "slang" for c in crates):
-            return
-        # lazy: the Slang locator only for projects with Slang crates
-        from hatch_khal.slang.library import SLANGPY_REQUIREMENT, SlangNotFound, find_slang
-
-        try:
-            find_slang()
-        except SlangNotFound as exc:
-            requires = ", ".join(f'"{r}"' for r in ("setuptools>=70", "hatch-khal", hook.nvrtc_requirement,
-                                                      SLANGPY_REQUIREMENT))
-            raise ConfigError(
-                f"{exc}\nsetuptools cannot add build requirements: list the Slang compiler in the "
-                f"project's pyproject.toml, e.g. [build-system] requires = [{requires}]"
-            ) from exc
-        self._warn_unmet_requirement(SLANGPY_REQUIREMENT, f"Slang crates are tested with {SLANGPY_REQUIREMENT!r}")
-
-    def _check_triton(self, crates: list[ResolvedCrate]) -> None:
-        """Triton crates need the triton wheel in the build environment, which setuptools cannot add."""
-        if not any(c.language == "triton" for c in crates):
-            return
-        # lazy: only for projects with Triton crates
-        from importlib.util import find_spec
-
-        from hatch_khal.triton import TRITON_REQUIREMENT
-
-        if find_spec("triton") is None:
-            raise ConfigError(
-                f"a Triton crate needs Triton in the build environment\nsetuptools cannot add build "
-                f'requirements: list it in the project\'s pyproject.toml, e.g. [build-system] requires = '
-                f'["setuptools>=70", "hatch-khal", "{TRITON_REQUIREMENT}"]')
-        self._warn_unmet_requirement(TRITON_REQUIREMENT, f"Triton crates are built with {TRITON_REQUIREMENT!r}")
+        for req in build_requirements(crates, hook):
+            if not req.checked_by_setuptools:
+                continue
+            problem = req.probe() if req.probe is not None else None
+            if problem is not None:
+                requires = ", ".join(f'"{r}"' for r in ("setuptools>=70", "hatch-khal", *(req.example or (req.spec,))))
+                raise ConfigError(
+                    f"{problem}\nsetuptools cannot add build requirements: list {req.label} in the project's "
+                    f"pyproject.toml, e.g. [build-system] requires = [{requires}]")
+            self._warn_unmet_requirement(req.spec, req.note)
 
     def _header_note(self, hook: HookConfig, crates: list[ResolvedCrate]) -> str:
         """After a failed build: the CUDA header wheels the hatch hook would have added, if absent."""

@@ -32,9 +32,14 @@ from __future__ import annotations
 
 import keyword
 import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from khal_runtime import abi
 from khal_runtime.manifest import MANIFEST_DIR, Crate, Entry, Manifest, Param
+
+if TYPE_CHECKING:
+    from hatch_khal.languages import Language
 
 __all__ = ["PY_TYPED", "kernels_module", "kernels_stub", "stub_files"]
 
@@ -96,49 +101,6 @@ def _describe(p: Param) -> str:
     return text + reader.stub_note
 
 
-def _triton_doc(c: Crate, family: str) -> list[str]:
-    """The attribute docstring of Triton family ``family`` of crate ``c``: how it is called, and each
-    variant the runtime may choose, with its hash (what a stale binary is checked against)."""
-    variants = [(e, e.triton) for e in c.entries if e.triton is not None and e.triton.family == family]
-    first, t = next((e, t) for e, t in variants if not t.base)
-    args = ", ".join(f"{n}: {ty}" for n, ty in zip(t.names, t.types))
-    out = [f"Triton kernel ``{t.kernel}``: ``{family}`` of crate ``{c.name}`` (hash ``{first.hash}``).", "",
-           f"``k[grid]({args}, stream=None)``; grid in programs."]
-    if t.config is not None:
-        out.append(f"Autotuned: one variant per config of its @triton.autotune, chosen per value of "
-                   f"({', '.join(t.autotune_key)}) " + ("by timing on first use." if t.choose is None else
-                                                         f"by the crate's rule: config {t.choose}."))
-    for e, v in variants:
-        if e is not first:
-            when = "when a call breaks an assumption" if v.base else f"config {v.config}"
-            out.append(f"``{e.name}`` of crate ``{c.name}`` (hash ``{e.hash}``): {when}.")
-    return out
-
-
-def _triton_functions(c: Crate) -> list[str]:
-    """The kernels of Triton crate ``c`` that have their own call (entries recording the kernel's
-    signature, as :func:`khal_runtime.triton_call.group_functions` groups them), in entry order."""
-    out: list[str] = []
-    for e in c.entries:
-        t = e.triton
-        if t is not None and t.params:
-            name = t.qualname or t.kernel
-            if name not in out:
-                out.append(name)
-    return out
-
-
-def _function_doc(c: Crate, name: str) -> list[str]:
-    """The attribute docstring of kernel ``name``'s own call in crate ``c``."""
-    variants = [e for e in c.entries if e.triton is not None and (e.triton.qualname or e.triton.kernel) == name]
-    t = variants[0].triton
-    assert t is not None
-    params = ", ".join(p.name for p in t.params)
-    where = f" (served as ``{t.module}.{name}``)" if t.module else ""
-    return [f"Triton kernel ``{name}`` of crate ``{c.name}``: its own call over {len(variants)} variant(s){where}.",
-            "", f"``k[grid]({params}, num_warps=..., num_stages=..., stream=None)``, as Triton's JIT takes it."]
-
-
 def _doc(lines: list[str], indent: str) -> list[str]:
     if not lines:
         return []
@@ -157,10 +119,9 @@ _COUNT = {1: ("IntScalar", "n", "BoundLaunch"), 2: ("Count2D", "(nx, ny)", "Boun
           3: ("Count3D", "(nx, ny, nz)", "BoundLaunch3D")}
 
 
-def _entry_class(name: str, crate: Crate, entry: Entry) -> list[str]:
+def _entry_class(name: str, crate: Crate, entry: Entry, lang: str) -> list[str]:
     params = list(zip(_arg_names(entry), entry.params))
     sig = "".join(f", {n}: {_arg_type(p)}" for n, p in params)
-    lang = "Slang" if crate.language == "slang" else "CUDA C++"
     dims = entry.grid_dims
     count_type, count, bound = _COUNT[dims]
     block = entry.block_size
@@ -204,10 +165,11 @@ def _entry_class(name: str, crate: Crate, entry: Entry) -> list[str]:
     return out
 
 
-def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
+def kernels_stub(manifest: Manifest, *, module_name: str,
+                 languages: Mapping[str, Language[Any, Any]] | None = None) -> str:
     """The ``.pyi`` text typing ``module_name`` (the module holding ``kernels``, e.g.
     ``"example_shader_pkg._khal"``): see the module docstring. Deterministic: byte-identical
-    for equal manifests."""
+    for equal manifests. ``languages``: crate -> its Language (default: looked up by name)."""
     if not _DOTTED.fullmatch(module_name):
         raise ValueError(f"module_name {module_name!r} is not a dotted module name")
     taken = {"Kernels", "kernels", "_Crates", "Kernel", "KernelSet", "CrateKernels", "Literal", "overload"}
@@ -219,36 +181,34 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
         taken.add(name)
         return name
 
-    taken.update({"TritonKernel", "TritonFunction"})
+    from hatch_khal.languages import get_language  # lazy: a language's module only for its crates
+
+    # the build's records give each crate's language; a manifest alone (a split wheel) names it
+    languages = {c.name: (languages or {}).get(c.name) or get_language(c.language, c.name) for c in manifest.crates}
+    imports: list[tuple[str, str]] = []
+    for lang in languages.values():
+        imports += [i for i in lang.stub_imports if i not in imports]
+    taken.update(name for _, name in imports)
     entry_classes: dict[tuple[str, str], str] = {}
     crate_classes: dict[str, str] = {}
-    #: crate -> the entries as attributes (name, type): a Triton crate's are its instance families,
-    #: each a TritonKernel (its ``__base`` twins are not attributes)
+    #: crate -> its attributes (name, type): each entry's own Kernel class, or what its language
+    #: says (a Triton crate: its instance families and its kernels' own calls)
     visible: dict[str, list[tuple[str, str]]] = {}
+    #: (crate, attribute) -> its docstring; the attributes ``kernels[name]`` does not reach
+    docs: dict[tuple[str, str], list[str]] = {}
+    not_items: set[tuple[str, str]] = set()
     for c in manifest.crates:
         crate_classes[c.name] = fresh(f"Crate_{_ident(c.name)}")
+        members = languages[c.name].stub_members(c)
+        if members is not None:
+            visible[c.name] = [(m.name, m.type) for m in members]
+            docs.update({(c.name, m.name): list(m.doc) for m in members})
+            not_items.update((c.name, m.name) for m in members if not m.item)
+            continue
         visible[c.name] = []
         for e in c.entries:
-            if e.triton is not None:
-                # one attribute per family (an autotuned family has an entry per config)
-                if not e.triton.base and (e.triton.family, "TritonKernel") not in visible[c.name]:
-                    visible[c.name].append((e.triton.family, "TritonKernel"))
-                continue
             entry_classes[(c.name, e.name)] = fresh(f"Kernel_{_ident(c.name)}__{e.name}")
             visible[c.name].append((e.name, entry_classes[(c.name, e.name)]))
-        # each kernel's own call (``kernels.<kernel>``, a TritonFunction) where no family has its name
-        families = {name for name, _ in visible[c.name]}
-        for fn in _triton_functions(c):
-            if fn not in families:
-                visible[c.name].append((fn, "TritonFunction"))
-    #: (crate, family) -> the attribute docstring of a Triton family: its variants and their hashes
-    triton_docs: dict[tuple[str, str], list[str]] = {}
-    for c in manifest.crates:
-        for name, typ in visible[c.name]:
-            if typ == "TritonKernel":
-                triton_docs[(c.name, name)] = _triton_doc(c, name)
-            elif typ == "TritonFunction":
-                triton_docs[(c.name, name)] = _function_doc(c, name)
     counts: dict[str, int] = {}
     for c in manifest.crates:
         for name, _ in visible[c.name]:
@@ -282,21 +242,20 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
         "",
         '__all__ = ["Kernels", "kernels"]',
     ]
-    if any(c.language == "triton" for c in manifest.crates):
-        lines[lines.index("from khal_runtime.kernels import CrateKernels, Kernel, KernelSet") + 1:0] = [
-            "from khal_runtime.triton import TritonKernel", "from khal_runtime.triton_call import TritonFunction"]
+    lines[lines.index("from khal_runtime.kernels import CrateKernels, Kernel, KernelSet") + 1:0] = [
+        f"from {module} import {name}" for module, name in imports]
     for c in manifest.crates:
         for e in c.entries:
             if (c.name, e.name) in entry_classes:
-                lines += ["", ""] + _entry_class(entry_classes[(c.name, e.name)], c, e)
+                lines += ["", ""] + _entry_class(entry_classes[(c.name, e.name)], c, e, languages[c.name].title)
     for c in manifest.crates:
-        lang = {"slang": "Slang", "triton": "Triton"}.get(c.language, "CUDA C++")
+        title = languages[c.name].title
         lines += ["", "", f"class {crate_classes[c.name]}(CrateKernels):"]
-        lines += _doc([f"Crate ``{c.name}`` ({lang}): ``kernels.crates[{c.name!r}].<entry>``."], "    ")
+        lines += _doc([f"Crate ``{c.name}`` ({title}): ``kernels.crates[{c.name!r}].<entry>``."], "    ")
         for name, typ in visible[c.name]:
             if _usable(name) and name not in _CRATE_ATTRS:
                 lines.append(f"    {name}: {typ}")
-                lines += _doc(triton_docs.get((c.name, name), []), "    ")
+                lines += _doc(docs.get((c.name, name), []), "    ")
     lines += ["", "", "class _Crates(dict[str, CrateKernels]):"]
     for c in manifest.crates:
         lines += ["    @overload",
@@ -310,12 +269,15 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
     lines += _doc(doc, "    ")
     # (KernelSet[name] holds entries only: a kernel's own call is an attribute, not an item)
     unique = [(name, typ) for c in manifest.crates for name, typ in visible[c.name]
-              if counts[name] == 1 and typ != "TritonFunction"]
+              if counts[name] == 1 and (c.name, name) not in not_items]
+    #: the types of items that are not Kernels (a Triton family: a TritonKernel)
+    other_items = list(dict.fromkeys(typ for c in manifest.crates for name, typ in visible[c.name]
+                                     if (c.name, name) in docs and (c.name, name) not in not_items))
     for c in manifest.crates:
         for name, typ in visible[c.name]:
             if counts[name] == 1 and _usable(name) and name not in _KERNELSET_ATTRS:
                 lines.append(f"    {name}: {typ}")
-                lines += _doc(triton_docs.get((c.name, name), []), "    ")
+                lines += _doc(docs.get((c.name, name), []), "    ")
     for c in manifest.crates:
         if _usable(c.name) and c.name not in _KERNELSET_ATTRS and c.name not in counts:
             lines.append(f"    {c.name}: {crate_classes[c.name]}")
@@ -324,11 +286,11 @@ def kernels_stub(manifest: Manifest, *, module_name: str) -> str:
     for name, typ in unique:
         lines += ["    @overload",
                   f"    def __getitem__(self, name: Literal[{name!r}]) -> {typ}: ..."]
-    if any(c.language == "triton" for c in manifest.crates):
-        # a Triton family is a TritonKernel, not a Kernel: KernelSet.__getitem__ says Kernel
+    if other_items:
+        # e.g. a Triton family is a TritonKernel, not a Kernel: KernelSet.__getitem__ says Kernel
         first = next(i for i in range(start, len(lines)) if "def __getitem__" in lines[i])
         lines[first - 1] += "  # type: ignore[override, unused-ignore]"  # mypy reports it at @overload
-        lines += ["    @overload", "    def __getitem__(self, name: str) -> Kernel | TritonKernel: ..."]
+        lines += ["    @overload", f"    def __getitem__(self, name: str) -> {' | '.join(['Kernel', *other_items])}: ..."]
     else:
         lines += ["    @overload", "    def __getitem__(self, name: str) -> Kernel: ..."]
     lines += ["", "", "kernels: Kernels", ""]
@@ -340,12 +302,13 @@ def kernels_module() -> str:
     return _RUNTIME_MODULE
 
 
-def stub_files(manifest: Manifest, *, module_name: str | None = None) -> dict[str, bytes]:
+def stub_files(manifest: Manifest, *, module_name: str | None = None,
+               languages: Mapping[str, Language[Any, Any]] | None = None) -> dict[str, bytes]:
     """Package-relative path -> bytes of the typed ``kernels`` module (both under ``_khal/``, as
     the build's output stage requires): add them to ``PackageOutput.files``. ``module_name``
     defaults to ``<manifest.package>._khal``."""
     name = module_name or f"{manifest.package}.{MANIFEST_DIR}"
     return {
         f"{MANIFEST_DIR}/__init__.py": kernels_module().encode(),
-        f"{MANIFEST_DIR}/__init__.pyi": kernels_stub(manifest, module_name=name).encode(),
+        f"{MANIFEST_DIR}/__init__.pyi": kernels_stub(manifest, module_name=name, languages=languages).encode(),
     }

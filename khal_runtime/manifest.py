@@ -912,8 +912,9 @@ class TritonCrate(_Model):
 
 class Crate(_Model):
     name: str
-    #: the source language: CUDA C++ (CUDA only) or Slang (CUDA and WebGPU)
-    language: Literal["cuda", "slang", "triton"] = "cuda"
+    #: the source language's name: "cuda" (CUDA C++, CUDA only), "slang" (CUDA and WebGPU), "triton",
+    #: or a plugin language's (its run-time counterpart: :mod:`khal_runtime.languages`)
+    language: str = Field(default="cuda", pattern=r"^[a-z][a-z0-9_-]{0,63}$")
     #: Package-relative directory holding this crate's artifacts.
     package_dir: str
     sources: tuple[SourceFile, ...]

@@ -25,7 +25,7 @@ from khal_runtime import launch_attributes as attrs
 from khal_runtime.abi import ABI_VERSION, HASH_LEN, prebuilt_env_var, split_symbol, symbol_for
 from khal_runtime.errors import ManifestError
 
-SOURCE_DIGEST = '31958e1f77dc027f54e32341558b78d4f0931ab59b14225c555d9f1b99fe593e'
+SOURCE_DIGEST = 'e41e10809e1daf6470313230be128ac4697a3709e2340a4257c42a49902bf127'
 
 _MISSING: Any = object()
 
@@ -863,7 +863,7 @@ class Crate(Record):
     __slots__ = ('name', 'language', 'package_dir', 'sources', 'content_hash', 'artifacts', 'entries', 'prebuilt', 'spirv', 'globals', 'triton')
     _FIELDS: tuple[str, ...] = ('name', 'language', 'package_dir', 'sources', 'content_hash', 'artifacts', 'entries', 'prebuilt', 'spirv', 'globals', 'triton')
     name: str
-    language: Literal["cuda", "slang", "triton"]
+    language: str
     package_dir: str
     sources: tuple[SourceFile, ...]
     content_hash: str

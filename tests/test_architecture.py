@@ -362,12 +362,6 @@ LANGUAGE_NAMES = {"cuda", "slang", "triton"}
 #: ask a crate which language it is, each to go when languages are plugins (#40 item 1: a language
 #: then owns its config keys, requirements, stubs, run-time crate and WebGPU stage). A new one fails.
 LANGUAGE_TESTS_ALLOWED = {
-    "hatch_khal.config": (8, "the options each language takes and their defaults (item 1: a language's "
-                             "config keys and validation)"),
-    "hatch_khal.plugin": (3, "the build requirements of each language (NVRTC, slangpy, triton): item 1"),
-    "hatch_khal.setuptools_ext": (3, "the same requirements for setuptools builds: item 1"),
-    "hatch_khal.stubs": (3, "the stub lines of Slang uniforms and Triton families: item 1"),
-    "hatch_khal.__main__": (1, "the inspect lines of a Triton crate: item 1"),
     "khal_runtime.kernels": (5, "a Triton crate's families and own calls, a Slang crate's WebGPU fallback: "
                                 "item 1's runtime counterpart of a language"),
     "khal_runtime.backends.webgpu.backend": (3, "only Slang crates have a WebGPU build: item 1 (the "

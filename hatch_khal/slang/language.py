@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,13 +29,14 @@ from khal_runtime.verify import facts_from_reads
 
 from hatch_khal.__about__ import __version__
 from hatch_khal.compilers import get_compiler
-from hatch_khal.config import ResolvedCrate
+from hatch_khal.config import HookConfig, ResolvedCrate
 from hatch_khal.errors import KhalBuildError, SourceChangedError
 from hatch_khal.hashing import canonical, sha256_bytes
 from hatch_khal.headers import HeaderSet, header_hints, nvrtc_cuda_major, resolve_headers
-from hatch_khal.languages import Compiled, Language, Planned, Prepared
+from hatch_khal.languages import BuildRequirement, Compiled, Language, LanguageBase, Planned, Prepared
 from hatch_khal.model import CompileJob, CrateParts, PlannedEntry, Reporter
 from hatch_khal.nvrtc import OUTPUT_FORMAT as NVRTC_OUTPUT
+from hatch_khal.nvrtc import nvrtc_requirements
 from hatch_khal.reads import changed, cover, real_dirs
 from hatch_khal.reads import locations as path_forms
 from hatch_khal.slang.records import ALL_TARGETS, SlangOutput, SlangPlan, normalize_targets
@@ -108,9 +110,28 @@ def _unchanged(planned: SlangPlanned) -> None:
                                      f"({why}); nothing of this compile was cached: build again")
 
 
-class SlangLanguage:
+class SlangLanguage(LanguageBase):
     name = "slang"
+    title = "Slang"
+    suffixes: tuple[str, ...] = (".slang",)
+    crate_options = frozenset({"spirv", "slang-options"})
     compiler = "nvrtc"
+
+    def requirements(self, crates: Sequence[ResolvedCrate], hook: HookConfig) -> list[BuildRequirement]:
+        # Slang runs for a prebuilt Slang crate too (its entries, its WGSL / SPIR-V)
+        from hatch_khal.slang.library import SLANGPY_REQUIREMENT, SlangNotFound, find_slang  # lazy: the locator
+
+        def probe() -> str | None:
+            try:
+                find_slang()
+            except SlangNotFound as exc:
+                return str(exc)
+            return None
+
+        return [*nvrtc_requirements(crates, hook),
+                BuildRequirement(SLANGPY_REQUIREMENT, probe, label="the Slang compiler",
+                                 example=(hook.nvrtc_requirement, SLANGPY_REQUIREMENT),
+                                 note=f"Slang crates are tested with {SLANGPY_REQUIREMENT!r}")]
 
     def plan(self, root: Path, cfg: ResolvedCrate) -> SlangPlanned:
         sp = plan_slang_crate(root, cfg.name, list(cfg.sources), list(cfg.include_dirs), dict(cfg.defines),

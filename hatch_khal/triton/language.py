@@ -35,28 +35,30 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import metadata, util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from khal_runtime import abi
-from khal_runtime.manifest import (Entry, LaunchAttributes, Param, ServedLibrary, SpirvStatus, TritonCrate, TritonFacts,
+from khal_runtime.manifest import (Crate, Entry, LaunchAttributes, Param, ServedLibrary, SpirvStatus, TritonCrate, TritonFacts,
                                    TritonParam, TritonScratch)
 
 from hatch_khal import _worker
 from hatch_khal.compilers import binary_mismatch
 from hatch_khal.__about__ import __version__
-from hatch_khal.config import ResolvedCrate, jobs_from_env
+from hatch_khal.config import HookConfig, ResolvedCrate, jobs_from_env
 from hatch_khal.errors import CompileError, ConfigError, KhalBuildError, SourceChangedError, SourceError, from_name
 from hatch_khal.hashing import canonical, crate_content_hash, sha256_bytes
-from hatch_khal.languages import Compiled, Language, Planned, Prepared
+from hatch_khal.languages import BuildRequirement, Compiled, Language, LanguageBase, Planned, Prepared, StubMember
 from hatch_khal.model import CompileJob, CompileOutput, CompilerIdentity, CrateParts, PlannedEntry, Reporter
 from hatch_khal.reads import changed, cover
 from hatch_khal.sources import CrateSources, collect_sources
 from hatch_khal.triton import TRITON_REQUIREMENT, TRITON_VERSION, companion, lock
 from hatch_khal.triton.companion import Served
+from hatch_khal.triton.inspect import inspect_entry
+from hatch_khal.triton.stubs import STUB_IMPORTS, stub_members
 from hatch_khal.triton.instances import (POINTEE_TYPES, SCALAR_TYPES, TritonArg, TritonInstance, fit, lock_instance,
                                         parse_instances, value_from_json, with_config)
 from hatch_khal.triton.knobs import compile_environment
@@ -494,7 +496,7 @@ def _lock_instances(root: Path, cfg: ResolvedCrate, taken: set[str]) -> tuple[li
                               "or drop the option")
         return [], []
     variants = lock.read(path)
-    crates = cfg.triton_crates or [cfg.name]
+    crates = cfg.language_crates or [cfg.name]
     mine: dict[str, tuple[str, TritonInstance]] = {}
     for i, v in enumerate(variants):
         if v.crate not in crates:
@@ -552,9 +554,29 @@ def _source_modules(root: Path, cfg: ResolvedCrate, sources: CrateSources) -> tu
     return tuple(out)
 
 
-class TritonLanguage:
+class TritonLanguage(LanguageBase):
     name = "triton"
+    title = "Triton"
+    suffixes: tuple[str, ...] = (".py",)
+    #: ``modules``: a companion crate serving an installed library's kernels, without ``sources``
+    crate_options = frozenset({"instances", "modules", "jit-fallback"})
+    compiled_by = "Triton (its ptxas)"
     compiler = "triton-ptxas"
+    stub_imports: tuple[tuple[str, str], ...] = STUB_IMPORTS
+
+    def requirements(self, crates: Sequence[ResolvedCrate], hook: HookConfig) -> list[BuildRequirement]:
+        # Triton compiles with its own ptxas: no NVRTC
+        def probe() -> str | None:
+            return None if util.find_spec("triton") is not None else "a Triton crate needs Triton in the build environment"
+
+        return [BuildRequirement(TRITON_REQUIREMENT, probe, label="it",
+                                 note=f"Triton crates are built with {TRITON_REQUIREMENT!r}")]
+
+    def stub_members(self, crate: Crate) -> list[StubMember] | None:
+        return stub_members(crate)
+
+    def inspect_entry(self, entry: Entry) -> tuple[str | None, list[str]]:
+        return inspect_entry(entry)
 
     def plan(self, root: Path, cfg: ResolvedCrate) -> TritonPlanned:
         instances = parse_instances(cfg.name, cfg.instances or None)

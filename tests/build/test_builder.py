@@ -408,15 +408,14 @@ def test_stages_ask_each_records_language_and_hand_on_frozen_records(tmp_path: P
     plain, _ = build(root, cache)
     seen: list[tuple[str, str, object]] = []
 
-    class Spy:
-        name = "cuda"
-        compiler = "nvrtc"
+    class Spy(type(CUDA)):  # type: ignore[misc]  # its defaults (title, options, requirements)
 
         def plan(self, root: Path, cfg):  # type: ignore[no-untyped-def]
             return dataclasses.replace(CUDA.plan(root, cfg), language=self)
 
         def prepare(self, planned, cache, reporter):  # type: ignore[no-untyped-def]
             languages.LANGUAGES.clear()  # planning is over: a lookup by name now fails
+            languages._loaded.clear()
             seen.append(("prepare", planned.cfg.name, planned))
             return CUDA.prepare(planned, cache, reporter)
 
@@ -437,6 +436,7 @@ def test_stages_ask_each_records_language_and_hand_on_frozen_records(tmp_path: P
     spy_module.SPY = Spy()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, spy_module.__name__, spy_module)
     monkeypatch.setattr(languages, "LANGUAGES", {"cuda": f"{spy_module.__name__}:SPY"})
+    monkeypatch.setattr(languages, "_loaded", {})
     result, _ = build(root, cache)
     # the same jobs under the same cache keys: all from the cache
     assert (plain.compiled, result.compiled, result.cached) == (4, 0, 4)

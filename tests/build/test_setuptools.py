@@ -305,10 +305,10 @@ def test_missing_nvrtc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None
     hook, crates = parse_config({"crates": [{"name": "a", "sources": ["k/*.cu"]}]}, default_package="p")
     cmd = BuildKhal(Distribution())
     with pytest.raises(ConfigError, match=r"build-system\] requires.*nvidia-cuda-nvrtc"):
-        cmd._check_nvrtc(hook, crates)
+        cmd._check_requirements(hook, crates)
     # every crate prebuilt: no compiler needed, no error
     monkeypatch.setenv("CUDA_OXIDE_SHADERS_PTX_A", "a.ptx")
-    cmd._check_nvrtc(hook, crates)
+    cmd._check_requirements(hook, crates)
 
 
 def test_failed_build_names_missing_header_wheels(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -418,13 +418,13 @@ def test_the_setuptools_command_names_the_missing_slangpy(monkeypatch: pytest.Mo
 
     hook, crates = parse_config({"crates": [{"name": "a", "sources": ["k/*.slang"]}]}, default_package="p")
     cmd = BuildKhal(Distribution())
-    cmd._check_slang(hook, crates)  # installed here: fine
+    cmd._check_requirements(hook, crates)  # installed here: fine
     hide_slangpy(monkeypatch)
     with pytest.raises(ConfigError, match=r"setuptools cannot add build requirements: .*\[build-system\] requires = "
                                           r"\[.*\"slangpy==0.43.1\"\]"):
-        cmd._check_slang(hook, crates)
+        cmd._check_requirements(hook, crates)
     _, cuda_only = parse_config({"crates": [{"name": "a", "sources": ["k/*.cu"]}]}, default_package="p")
-    cmd._check_slang(hook, cuda_only)  # no Slang crate: no Slang needed
+    cmd._check_requirements(hook, cuda_only)  # no Slang crate: no Slang needed
 
 
 @pytest.mark.needs_nvrtc

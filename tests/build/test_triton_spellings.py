@@ -221,7 +221,7 @@ def test_companion_and_lock_options() -> None:
     _, (c,) = parse_config({"triton-lock": "locks/x.lock", "crates": [
         {"name": "lib", "modules": ["liger_kernel.ops.rms_norm"], "jit-fallback": True}]}, default_package="p")
     assert c.language == "triton" and c.modules == ["liger_kernel.ops.rms_norm"] and c.sources == []
-    assert c.jit_fallback and c.triton_lock == "locks/x.lock" and c.triton_lock_explicit and c.triton_crates == ["lib"]
+    assert c.jit_fallback and c.triton_lock == "locks/x.lock" and c.triton_lock_explicit and c.language_crates == ["lib"]
     _, (d,) = parse_config({"crates": [{"name": "t", "sources": ["k/*.py"]}]}, default_package="p")
     assert d.triton_lock == "khal-triton.lock" and not d.triton_lock_explicit and not d.jit_fallback
 

@@ -1,0 +1,3 @@
+from ._khal import kernels
+
+__all__ = ["kernels"]
