@@ -165,7 +165,7 @@ def _finish_crate(crate: Compiled[Any, Any], root: Path) -> tuple[Crate, dict[st
     files.update(parts.files)
     record = Crate(
         name=cfg.name,
-        language=crate.language.name,  # type: ignore[arg-type]  # a registered language is a manifest one
+        language=crate.language.name,
         package_dir=f"{MANIFEST_DIR}/{cfg.name}",
         sources=tuple(SourceFile(path=f.rel, sha256=sha256_bytes(f.data)) for f in crate.files),
         content_hash=crate.content_hash,

@@ -22,6 +22,7 @@ from khal_runtime.backends import LaunchPlan
 from khal_runtime.arguments import check_block, check_block_within, check_grid, diagnose_args, dim3, grid3
 from khal_runtime.arguments import shared_mem as check_shared_mem
 from khal_runtime.device import Stream, _tls, as_stream, current_device_id, default_stream, ensure_current
+from khal_runtime.languages import CrateLanguage, language_for
 from khal_runtime.launch_attributes import CLUSTER_DIMS, COOPERATIVE, DEFAULT_DYNAMIC_SHARED
 from khal_runtime.calls import generic_call
 from khal_runtime.companions import Resolved, missing_hint
@@ -30,7 +31,6 @@ from khal_runtime.errors import (BackendUnavailableError, KhalError, LaunchAttri
                                  NoCompatibleBinaryError, StaleBuildError)
 from khal_runtime.manifest_load import read_manifest
 from khal_runtime.manifest_records import MANIFEST_DIR, MANIFEST_NAME
-from khal_runtime.triton import TritonKernel
 from khal_runtime.verify import check_crate_hashes, check_manifest, check_sources, read_artifact
 
 if TYPE_CHECKING:
@@ -435,6 +435,10 @@ class CrateKernels:
     """One crate: its manifest record, its verified binaries, its modules per device, and its
     entries as attributes (``kernels.crates["core"].saxpy``); its module globals in ``globals``."""
 
+    #: the raw entries, where the crate's language launches them through launchers of its own
+    #: (:meth:`replace_kernels`; Triton: its instance families); unset otherwise
+    instances: dict[str, Kernel]
+
     def __init__(self, package: str, package_dir: Path, crate: Crate, *,
                  artifact_dirs: dict[str, Path] | None = None, missing: dict[str, list[str]] | None = None,
                  hashes_checked: bool = True) -> None:
@@ -454,83 +458,48 @@ class CrateKernels:
         self._blobs: dict[str, bytes] | None = None
         self._backend: Any = None
         self._kernels = {e.name: Kernel(self, e) for e in crate.entries}
-        if crate.language == "triton":
-            # each instance family is one launcher, over its variants (the raw entries stay in
-            # ``instances``: launching a specialised one unchecked could give wrong results)
-            self.instances = self._kernels
-            families: dict[str, list[Kernel]] = {}
-            for k in self._kernels.values():
-                families.setdefault(k.entry.triton.family, []).append(k)  # type: ignore[union-attr]
-            self._kernels = {f: TritonKernel(f, crate.name, ks) for f, ks in families.items()}  # type: ignore[misc]
-            if any(k.entry.triton.heuristics for k in self.instances.values()):  # type: ignore[union-attr]
-                self._check_heuristics()
-        #: the kernels' own calls (``kernels.<kernel>``: :class:`~khal_runtime.triton_call.TritonFunction`),
-        #: made when first asked for
-        self._functions: dict[str, Any] | None = None
-        self._function_entries: dict[str, list[Kernel]] | None = None
+        # the crate's language (khal_runtime.languages): what its kernel set needs at load (Triton: its
+        # instance families over the entries, which then are the crate's launchers)
+        language = language_for(crate.language)
+        language.setup(self)
         for n, k in self._kernels.items():
             if not hasattr(type(self), n):
                 self.__dict__[n] = k
+        #: the crate's language at run time: its own calls, its WebGPU build (set after the entries:
+        #: an entry named ``language`` stays reachable as ``crate["language"]``)
+        self.language: CrateLanguage = language
+        #: the kernels' own calls made so far (:meth:`function`; its presence tells ``__getattr__``
+        #: the crate is made)
+        self._functions: dict[str, Any] | None = None
         #: the crate's ``__constant__`` / ``__device__`` variables (:class:`ModuleGlobal`); an entry
         #: named ``globals`` stays reachable as ``crate["globals"]``
         self.globals = ModuleGlobals(self)
 
-    def _check_heuristics(self) -> None:
-        """Instance families of a kernel with ``@triton.heuristics``: each call checks that the
-        heuristics compute the values its variants were compiled with (where the kernel's module
-        can be read at run time)."""
-        from khal_runtime.triton_host import heuristic_check  # lazy: only crates with heuristics need it at load
-
-        fam: Any
-        for fam in self._kernels.values():
-            t = fam.entry.triton
-            if t.heuristics:
-                fam.heuristic_check = heuristic_check(fam, self._host(t.module, t.qualname or t.kernel))
-
-    def _host(self, module: str | None, qualname: str) -> Any:
-        """The kernel's host object record (shared by its TritonFunction and instance families)."""
-        from khal_runtime.triton_host import Host  # lazy: as above
-
-        hosts = self.__dict__.setdefault("_hosts", {})
-        h = hosts.get((module, qualname))
-        if h is None:
-            h = hosts[(module, qualname)] = Host(module, qualname)
-        return h
+    def replace_kernels(self, kernels: dict[str, Any]) -> None:
+        """What a language's :meth:`~khal_runtime.languages.CrateLanguage.setup` calls to launch the
+        crate through launchers of its own (Triton: one per instance family) instead of one
+        :class:`Kernel` per entry: name -> launcher, each then an attribute of the crate (and of
+        the package, where its name is unique); a launcher has a ``name`` and a ``crate`` (the
+        crate's name), as a :class:`Kernel` has."""
+        self._kernels = dict(kernels)
 
     def function(self, name: str) -> Any:
-        """``kernels.<kernel>`` of a Triton crate: the kernel's own call
-        (:class:`~khal_runtime.triton_call.TritonFunction`, made now), None when the crate has no
-        variant of a kernel of that name recording its signature."""
-        if self.crate.language != "triton":
-            return None
+        """``kernels.<kernel>`` when it is no entry: the kernel's own call, made by the crate's
+        language when first asked for (a Triton crate's
+        :class:`~khal_runtime.triton_call.TritonFunction`), None when the crate has none of that name."""
         funcs = self._functions
         if funcs is None:
             funcs = self._functions = {}
         f = funcs.get(name)
         if f is None:
-            if self._function_entries is None:
-                from khal_runtime.triton_call import group_functions  # lazy: no Triton call is made at load
-
-                self._function_entries = group_functions(self.instances.values())
-            entries = self._function_entries.get(name)
-            if entries is None:
-                return None
-            from khal_runtime.triton_call import TritonFunction  # lazy: as above
-
-            f = TritonFunction(self, name, entries)
-            f._host = self._host(f.module, f.qualname or name)
-            funcs[name] = f
+            f = self.language.function(self, name)
+            if f is not None:
+                funcs[name] = f
         return f
 
     def function_names(self) -> list[str]:
         """The kernels with an own call (:meth:`function`)."""
-        if self.crate.language != "triton":
-            return []
-        if self._function_entries is None:
-            from khal_runtime.triton_call import group_functions  # lazy: as above
-
-            self._function_entries = group_functions(self.instances.values())
-        return sorted(self._function_entries)
+        return self.language.function_names(self)
 
     def triton_functions(self) -> dict[tuple[str, str], Any]:
         """The kernels' own calls keyed by (module, qualname), for the kernels importable at run time
@@ -549,7 +518,7 @@ class CrateKernels:
         if b is None:
             c = self.crate
             b = self._backend = backends.for_crate(
-                c.language == "slang" and c.has_webgpu, f"crate {c.name!r} of package {self.package!r}",
+                self.language.webgpu_missing(c) is None, f"crate {c.name!r} of package {self.package!r}",
                 _no_webgpu_reason(c))
         return b
 
@@ -779,7 +748,7 @@ def load(package: str | os.PathLike[str]) -> KernelSet:
     companions = resolve_companions(manifest.package or name, pkg_dir, manifest)
     kernels = KernelSet(manifest.package or name, pkg_dir, manifest, companions, hashes_checked=not vouched)
     # a recorded process runs Triton's JIT, which records the launches: nothing is served then
-    if not recording and any(_serves(c) for c in manifest.crates):
+    if not recording and any(ck.language.serves(ck.crate) for ck in kernels.crates.values()):
         from khal_runtime import triton_serve  # lazy: only for packages whose Triton kernels host code imports
 
         triton_serve.serve(kernels)
@@ -802,13 +771,3 @@ class UnbuiltKernels:
         raise ManifestError(f"package {self.package!r} is not built yet (no khal manifest): while `python -m "
                             f"hatch_khal triton record` runs, its kernels {name!r} included run under Triton's JIT; "
                             "build the package to launch them through khal")
-
-
-def _serves(crate: Crate) -> bool:
-    """Whether a crate serves kernels host code imports (a Triton entry naming its module, or a
-    companion crate): :mod:`khal_runtime.triton_serve` then replaces them in their modules."""
-    if crate.language != "triton":
-        return False
-    if crate.triton is not None and crate.triton.serves is not None:
-        return True
-    return any(e.triton is not None and e.triton.module for e in crate.entries)

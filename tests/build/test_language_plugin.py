@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,9 +51,17 @@ def _use_plugin(monkeypatch: pytest.MonkeyPatch, site: Path) -> None:
 
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setattr(build_languages, "_loaded", {})
-    for name in ("_loaded", "_cache"):
-        if hasattr(runtime_languages, name):
-            monkeypatch.setattr(runtime_languages, name, {})
+    runtime_languages.language_for.cache_clear()
+
+
+
+@pytest.fixture(autouse=True)
+def _clear_runtime_languages() -> Iterator[None]:
+    """The run-time registry's cache holds the plugin's counterpart: cleared after each test."""
+    yield
+    import khal_runtime.languages as runtime_languages
+
+    runtime_languages.language_for.cache_clear()
 
 
 def test_neither_package_names_the_language() -> None:

@@ -32,6 +32,7 @@ from khal_runtime.calls import slow_call
 from khal_runtime.device import Device, Stream, as_stream
 from khal_runtime.errors import ArgumentError, BackendUnavailableError, CaptureError, KhalError, LaunchAttributeError
 from khal_runtime.graphs import Graph
+from khal_runtime.languages import language_for
 from khal_runtime.launch_hooks import hooks
 from khal_runtime.verify import check_launch_facts, read_artifact
 
@@ -356,20 +357,15 @@ class WebGpuBackend:
     # -- kernels -------------------------------------------------------------------------------
     def missing_binary(self, crate: Crate, package: str) -> str | None:
         """Why ``crate`` has no WGSL / SPIR-V to run here, or None when it has."""
-        if crate.language != "slang":
-            return f"package {package!r} crate {crate.name!r} is CUDA C++ (no WebGPU build)"
-        if not crate.has_webgpu:
-            return (f"package {package!r} crate {crate.name!r} was built without its WebGPU stage "
-                    f"({crate.spirv.reason or crate.spirv.status})")
+        why = language_for(crate.language).webgpu_missing(crate)
+        if why is not None:
+            return f"package {package!r} crate {crate.name!r} has no WebGPU build: {why}"
         return None
 
     def load_crate(self, crate: Any, device_id: int) -> _Module:
         c = crate.crate
-        if c.language != "slang" or not c.has_webgpu:
-            why = ("its sources are CUDA C++, which only the CUDA backend runs (write the crate in "
-                   "Slang to run it on WebGPU)" if c.language != "slang" else
-                   f"it was built without its WebGPU stage ({c.spirv.reason or c.spirv.status}): "
-                   "rebuild without KHAL_SKIP_SPIRV")
+        why = language_for(c.language).webgpu_missing(c)
+        if why is not None:
             raise BackendUnavailableError(
                 f"crate {c.name!r} of package {crate.package!r} has no WebGPU (WGSL / SPIR-V) "
                 f"artifacts: {why}. The backend is WebGPU because "

@@ -1,14 +1,8 @@
-"""The run-time side of the "elementwise" language: its entries launch as CUDA kernels (the
-default counterpart); it only names itself in messages."""
+"""The run-time side of the "elementwise" language: its entries launch as CUDA kernels (the plain
+language's behaviour); it names itself in messages (a crate's missing WebGPU build)."""
 
 from __future__ import annotations
 
 from khal_runtime.languages import PlainLanguage
 
-
-class ElementwiseRuntime(PlainLanguage):
-    name = "elementwise"
-    title = "Elementwise"
-
-
-RUNTIME = ElementwiseRuntime()
+RUNTIME = PlainLanguage("elementwise", "Elementwise")
