@@ -90,7 +90,9 @@ class IndirectHelper:
         target = entry.webgpu[0]  # type: ignore[index]
         self.pipeline = get_pipeline(device, entry, target, CONVERT_WGSL, "khal_runtime")
         self.launcher = Launcher(self.pipeline)
-        self.scratch: Allocation = alloc(device, 16, indirect=True, label="khal indirect args")
+        # made on the device's first indirect dispatch, which may be inside a capture (issue: the
+        # first capture of an indirect dispatch was refused for an allocation the user never made)
+        self.scratch: Allocation = alloc(device, 16, indirect=True, label="khal indirect args", device_lifetime=True)
         self.scratch_res = self.scratch.resource(0, 16)
         self.device = device
 

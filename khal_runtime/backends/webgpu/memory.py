@@ -97,14 +97,18 @@ def _forget(a: Allocation) -> None:
         cache.forget(a.serial)
 
 
-def alloc(device: WebGpuDevice, nbytes: int, *, indirect: bool = False, label: str = "khal") -> Allocation:
-    """A new storage buffer of ``nbytes`` usable bytes (uninitialised: WebGPU zeroes it)."""
+def alloc(device: WebGpuDevice, nbytes: int, *, indirect: bool = False, label: str = "khal",
+          device_lifetime: bool = False) -> Allocation:
+    """A new storage buffer of ``nbytes`` usable bytes (uninitialised: WebGPU zeroes it).
+    ``device_lifetime``: a buffer the device keeps as long as it lives (a helper's scratch, made on
+    first use): made during a capture too, since it outlives every recording that references it."""
     wgpu = wgpu_module()
     nbytes = int(nbytes)
     if nbytes < 0:
         raise ValueError(f"WebGPU allocation of {nbytes} bytes: the size must be >= 0")
-    device.stream.forbid_in_capture(
-        "a device allocation", "allocate every buffer before the capture and reuse it in the captured work")
+    if not device_lifetime:
+        device.stream.forbid_in_capture(
+            "a device allocation", "allocate every buffer before the capture and reuse it in the captured work")
     size = max(4, _round4(nbytes))
     if size > device.max_buffer_size:
         raise ArgumentValueError(

@@ -388,6 +388,22 @@ def test_recording_replay_and_rebind(wdev: Any, stream: Any) -> None:
         rec.launch()
 
 
+def test_a_devices_first_indirect_dispatch_may_be_captured(wdev: Any, stream: Any) -> None:
+    """The indirect helper's scratch buffer is made on the device's first indirect dispatch: inside a
+    capture that was refused as "a device allocation" the user never made (the replay test failed
+    whenever it ran before any other indirect dispatch)."""
+    from khal_runtime.backends.webgpu.recording import capture_recording
+
+    hk = plan("hits", wdev)
+    count = arr(np.array([1], np.uint32), wdev)
+    h = arr(np.zeros(64, np.uint32), wdev)
+    wdev.caches.pop("indirect", None)  # as on a device that has made no indirect dispatch yet
+    rec = capture_recording(lambda h: hk.dispatch_indirect(count, (h,)), h, device=wdev)
+    rec.launch()
+    rec.launch()
+    np.testing.assert_array_equal(h.to_numpy(), np.full(64, 2, np.uint32))
+
+
 def test_capture_refuses_host_work(wdev: Any, stream: Any) -> None:
     from khal_runtime.backends.webgpu.arrays import WgpuArray
     from khal_runtime.backends.webgpu.recording import capture
