@@ -260,3 +260,24 @@ def test_launch_attributes_record_as_their_model() -> None:
 def test_the_runtime_objects_are_records_whatever_the_path(fake: FakeDriver, tmp_path: Path) -> None:
     ks = fake_kernels(fake, tmp_path, [make_entry("fill", (storage("out", "float32", 4, writable=True),), block=128)])
     assert type(ks.manifest) is records.Manifest and type(ks.fill.entry) is records.Entry  # (no digest: validated)
+
+
+def test_equal_tuple_elements_are_one_record_and_values_keep_their_types() -> None:
+    """An entry's parameters and a Triton kernel's signature repeat across a crate's entries: equal
+    JSON objects make one (immutable) record, but 1, 1.0 and True (equal and hashing alike in
+    Python) stay apart, and a value that is itself an object or a list makes its own record."""
+    def tparam(default: Any) -> dict[str, Any]:
+        return {"name": "BLOCK", "constexpr": True, "default": default, "has_default": True}
+
+    facts = {"kernel": "k", "family": "k", "num_warps": 4, "num_stages": 3, "shared": 0, "names": ["x"],
+             "types": ["*fp32"], "cache_key": "c", "triton_version": "3.6.0"}
+    a = records.TritonFacts({**facts, "params": [tparam(1), tparam(True), tparam(1.0), tparam({"dtype": "fp32"})]})
+    b = records.TritonFacts({**facts, "params": [tparam(1), tparam(True), tparam(1.0), tparam({"dtype": "fp32"})]})
+    assert [a.params[i] is b.params[i] for i in range(4)] == [True, True, True, False]
+    assert [type(p.default) for p in a.params] == [int, bool, float, records.TritonDtype]
+    assert a.params[3] == b.params[3] and a == b
+    # each as the pydantic model reads it
+    assert a.params == models.TritonFacts.model_validate({**facts, "params": [tparam(1), tparam(True), tparam(1.0),
+                                                                             tparam({"dtype": "fp32"})]}).params
+    with pytest.raises(TypeError, match="frozen"):
+        a.params[0].name = "other"  # type: ignore[misc]
