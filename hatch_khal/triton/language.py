@@ -350,6 +350,8 @@ def _run_worker(planned: TritonPlanned, jobs: int | None = None) -> dict[str, An
     shares = _shares(targets, instances, jobs or jobs_from_env() or os.cpu_count() or 1)
     served = plan.served
     common: dict[str, Any] = {"files": files,
+                               # each source's module inside the package (its relative imports resolve there)
+                               "source_modules": list(plan.modules) if len(plan.modules) == len(files) else [],
                                "modules": list(served.modules) if served else [],
                                "allowed": list(served.packages) if served else [],
                                "served_root": str(served.root) if served else None,

@@ -55,6 +55,7 @@ import inspect
 import json
 import os
 import sys
+import types
 from typing import Any
 
 from hatch_khal.triton.audit import Audit
@@ -66,9 +67,28 @@ class _Refused(Exception):
         self.kind = kind
 
 
-def _load(path: str, index: int) -> Any:
-    name = f"_khal_triton_src_{index}_{os.path.splitext(os.path.basename(path))[0]}"
-    spec = importlib.util.spec_from_file_location(name, path)
+def _load(path: str, index: int, dotted: str | None = None) -> Any:
+    """The source at ``path``, executed as a module: as ``dotted`` (its module inside the package)
+    when it has one, so that its relative imports (``from .utils import ...``) find its siblings;
+    the package folders above it stand in as bare packages (their ``__init__`` would import the
+    kernels this build makes). Else under a name of its own."""
+    path = os.path.abspath(path)
+    is_init = os.path.basename(path) == "__init__.py"
+    name = dotted or f"_khal_triton_src_{index}_{os.path.splitext(os.path.basename(path))[0]}"
+    if dotted is not None:
+        # the parents, innermost first (pkg.ops, then pkg), each with its folder
+        folder = os.path.dirname(os.path.dirname(path) if is_init else path)
+        parts = dotted.split(".")
+        for n in range(len(parts) - 1, 0, -1):
+            parent = ".".join(parts[:n])
+            if parent not in sys.modules:
+                stand_in = types.ModuleType(parent)
+                stand_in.__path__ = [folder]
+                stand_in.__package__ = parent
+                sys.modules[parent] = stand_in
+            folder = os.path.dirname(folder)
+    spec = importlib.util.spec_from_file_location(
+        name, path, submodule_search_locations=[os.path.dirname(path)] if dotted is not None and is_init else None)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -106,10 +126,11 @@ def _compile(req: dict[str, Any]) -> dict[str, Any]:
     from hatch_khal.triton import kernelinfo  # lazy (as above)
 
     modules: dict[str, Any] = {}
+    dotted = req.get("source_modules") or [None] * len(req["files"])
     for i, path in enumerate(req["files"]):
         sys.path.insert(0, os.path.dirname(path))
         try:
-            modules[path] = _load(path, i)
+            modules[path] = _load(path, i, dotted[i])
         except Exception as exc:  # noqa: BLE001 - the author's module failed to import
             raise _Refused("SourceError", f"importing {path} failed: {type(exc).__name__}: {exc}") from None
     files = {os.path.realpath(f) for f in req["files"]}

@@ -17,6 +17,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -1450,3 +1452,43 @@ def test_an_edited_written_list_is_refused_as_an_edited_manifest(built: tuple[Pa
     (pkg / "_khal" / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ManifestError, match="entry 'add_fp32'.*the manifest was edited after the build"):
         khal_runtime.load(pkg)
+
+
+@pytest.mark.needs_triton
+def test_a_kernel_inside_the_package_may_import_its_siblings_relatively(tmp_path: Path) -> None:
+    """A Triton source inside the wheel's package is compiled as its module there (``pkg.ops.add``):
+    ``from .helpers import ...`` and ``from . import consts`` find its siblings, without running the
+    package's ``__init__`` (which would import the kernels being built)."""
+    root = tmp_path / "proj"
+    ops = root / "relpkg" / "ops"
+    ops.mkdir(parents=True)
+    (root / "relpkg" / "__init__.py").write_text("raise ImportError('the package __init__ must not run at build')\n")
+    (ops / "__init__.py").write_text("")
+    (ops / "consts.py").write_text("SCALE = 3.0\n")
+    (ops / "helpers.py").write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+                                    "def scaled(x, s):\n    return x * s\n")
+    (ops / "add.py").write_text(
+        "import triton\nimport triton.language as tl\n\nfrom . import consts\nfrom .helpers import scaled\n\n"
+        "S = tl.constexpr(consts.SCALE)\n\n\n@triton.jit\n"
+        "def add_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):\n"
+        "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n    mask = offs < n\n"
+        "    tl.store(out_ptr + offs, scaled(tl.load(x_ptr + offs, mask=mask), S), mask=mask)\n")
+    (root / "pyproject.toml").write_text(textwrap.dedent("""
+        [tool.hatch.build.targets.wheel.hooks.khal]
+        archs = ["sm_90"]
+        ptx-arch = "none"
+
+        [[tool.hatch.build.targets.wheel.hooks.khal.crates]]
+        name = "rel"
+        sources = ["relpkg/ops/add.py"]
+        package = "relpkg"
+
+        [[tool.hatch.build.targets.wheel.hooks.khal.crates.instances]]
+        kernel = "add_kernel"
+        signature = { x_ptr = "*fp32:16", out_ptr = "*fp32:16", n = "i32", BLOCK = 128 }
+    """))
+    result = _build(root, "relpkg", tmp_path / "cache")
+    (crate,) = result.packages[0].manifest.crates
+    assert {e.triton.module for e in crate.entries} == {"relpkg.ops.add"}  # type: ignore[union-attr]
+    # the helper's and the constant's files are among what the build read (their edits rebuild it)
+    assert {"relpkg/ops/helpers.py", "relpkg/ops/consts.py"} <= {s.path for s in crate.sources}
