@@ -837,8 +837,7 @@ class TritonKernel:
         directs = self._directs[which]
         for dev, plan in list(k._plans.items()):
             if dev not in directs:
-                direct = getattr(plan, "direct", None)
-                parts = direct() if direct is not None else None
+                parts = plan.direct()  # (LaunchPlan.direct: None where the backend has no direct path)
                 # (a plain tuple: the generated call unpacks it)
                 directs[dev] = (parts.function, parts.pack, parts.new_block, parts.launch, parts.failed, parts) \
                     if parts is not None else False
