@@ -56,7 +56,7 @@ from khal_runtime.triton_host import MISSING, Heuristic, Host
 from khal_runtime.triton_record import append_record, canon, lock_table, show, uncanon
 from khal_runtime.triton_spec import SpecError, as_index, int_type, pointer_type, specialize_param, spelling
 
-__all__ = ["FALLBACK_VAR", "STATS_VAR", "TritonFunction", "group_functions", "stats"]
+__all__ = ["FALLBACK_VAR", "STATS_VAR", "TritonFunction", "TritonFunctionBound", "group_functions", "stats"]
 
 #: ``KHAL_TRITON_JIT_FALLBACK``: a call no variant covers goes to Triton's JIT (on / off: overrides the crate's option)
 FALLBACK_VAR = "KHAL_TRITON_JIT_FALLBACK"
@@ -285,6 +285,32 @@ class TritonFunction:
 
     def warmup(self, *args: Any, grid: Any, **kwargs: Any) -> None:
         self.run(*args, grid=grid, warmup=True, **kwargs)
+
+    def bind(self, *args: Any, stream: Any = None, **kwargs: Any) -> TritonFunctionBound:
+        """``b = k.bind(*args, **kwargs)``, then ``b(grid)``: the call's arguments (as ``k[grid]``
+        takes them: positional or keyword, constexprs, options) specialised, checked and packed once,
+        the variant chosen as a call with them would; each ``b(grid)`` launches it (the family's bound
+        launch, :meth:`TritonKernel.bind`). ``grid``: an int, a tuple, or a callable given the meta
+        dict, as the call's. A call no built variant covers is the call's named error, now."""
+        opts = tuple(kwargs.pop(o, None) for o in OPTIONS)
+        names = [p.name for p in self.params]
+        if len(args) > len(names):
+            raise ArgumentError(f"{self.name}.bind(): {len(args)} positional arguments for {len(names)} parameters "
+                                f"({self._signature_text()})")
+        bound = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                self._bad_keywords({k: v})
+            if k in bound:
+                raise ArgumentError(f"{self.name}.bind(): argument {k!r} given twice (positionally and by keyword)")
+            bound[k] = v
+        values = tuple(bound.get(p.name, p.default if p.has_default else MISSING) for p in self.params)
+        c = self._bind(values, opts, heuristics_done=False)
+        fam = self._family(c)
+        if fam is None or not self._fits(fam, c):
+            raise self._missing_error(c, fam)
+        meta = {p.name: v for p, v in zip(self.params, c.values)}
+        return TritonFunctionBound(fam.bind(*c.runtime, stream=stream), meta, self.tuned)
 
     @property
     def source(self) -> str:
@@ -812,6 +838,33 @@ class TritonFunction:
             lines.append(f"(or let such calls go to Triton's JIT where it is installed: the crate's jit-fallback, or "
                          f"{FALLBACK_VAR}=1)")
         return TritonMissingVariantError("\n".join(lines))
+
+
+class TritonFunctionBound:
+    """A kernel's own call bound to its arguments (:meth:`TritonFunction.bind`): ``b(grid)`` launches
+    the chosen variant; a callable grid is given the call's meta dict (every argument by name, the
+    constexprs included), as ``k[grid](...)`` gives it."""
+
+    __slots__ = ("bound", "meta", "tuned")
+
+    def __init__(self, bound: Any, meta: dict[str, Any], tuned: bool) -> None:
+        #: the family's bound launch (:class:`~khal_runtime.triton.TritonBound`)
+        self.bound = bound
+        self.meta = meta
+        self.tuned = tuned
+
+    def __call__(self, grid: Any) -> None:
+        t = type(grid)
+        if t is not int and t is not tuple and callable(grid):
+            meta = self.meta
+            grid = (lambda cx: grid({**meta, **cx})) if self.tuned else grid(meta)
+        self.bound(grid)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a bound Triton call cannot be pickled: it holds device pointers; bind again")
+
+    def __repr__(self) -> str:
+        return f"<TritonFunctionBound {self.bound!r}>"
 
 
 def _option(name: str, v: Any, who: str) -> int:

@@ -122,3 +122,28 @@ def test_the_kernel_is_an_attribute_of_the_crate_and_the_package_made_on_first_u
     with pytest.raises(AttributeError, match=r"has no entry 'sub'"):
         ks.sub  # noqa: B018
     assert f.source.startswith("def plain(_khal_grid):\n    def add(x, y, out, n, BLOCK=_khal_d4, ALPHA=_khal_d5, *,")
+
+
+def test_bind_takes_the_calls_form_and_launches_the_variant_the_call_would(fake: FakeDriver, tmp_path: Path) -> None:  # noqa: F811
+    """``k.bind(...)`` as ``k[grid](...)`` takes the arguments (keywords, constexprs, options); each
+    ``b(grid)`` launches the variant the call would, a callable grid given the meta dict."""
+    ks, es = _crate(fake, tmp_path)
+    x, y, out = Tensor(0x1000), Tensor(0x2000), Tensor(0x3000)
+    b = ks.add.bind(x, y, out, n=4096, BLOCK=256)
+    n0 = len(fake.launches)
+    b((4,))
+    b(4)
+    b(lambda meta: (meta["n"] // meta["BLOCK"],))
+    assert _launched(fake) == es["b256"].name
+    assert [launch["grid"] for launch in fake.launches[n0:]] == [(4, 1, 1), (4, 1, 1), (16, 1, 1)]
+    assert slots(fake.launches[-1]) == [0x1000, 0x2000, 0x3000, 4096, 0, 0]
+    ks.add.bind(x, y, out, 4096, num_warps=8, num_stages=2)((2,))
+    assert _launched(fake) == es["w8"].name and fake.launches[-1]["block"] == (256, 1, 1)
+    with pytest.raises(TritonMissingVariantError, match=r"differs in num_warps"):
+        ks.add.bind(x, y, out, 4096, num_warps=8)
+    with pytest.raises(ArgumentError, match=r"argument 'n' given twice"):
+        ks.add.bind(x, y, out, 4096, n=4096)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        import pickle
+
+        pickle.dumps(b)
