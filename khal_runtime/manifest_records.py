@@ -121,6 +121,23 @@ _set = object.__setattr__
 _INTERNED: dict[Any, Any] = {}
 
 
+#: class -> (the last JSON list of its records a tuple field was made from, that tuple): the entries
+#: of one kernel carry equal lists one after another
+_LAST: dict[Any, tuple[Any, tuple[Any, ...]]] = {}
+
+
+def _tuple_of(cls: Any, v: list[Any], loose: tuple[str, ...]) -> tuple[Any, ...]:
+    """The records of the JSON list ``v``: the tuple made last for an equal list (and, for the
+    ``loose`` fields, values of the same types), else new (each element :func:`_interned`)."""
+    last = _LAST.get(cls)
+    if last is not None and last[0] == v and (not loose or all(
+            type(a.get(f)) is type(b.get(f)) for a, b in zip(v, last[0]) for f in loose)):
+        return last[1]
+    out = tuple([_interned(cls, y) for y in v])
+    _LAST[cls] = (v, out)
+    return out
+
+
 def _interned(cls: Any, d: dict[str, Any]) -> Any:
     try:
         key = (cls, *d.items(), *map(type, d.values()))  # types too: 1, 1.0 and True hash alike
@@ -295,7 +312,7 @@ class StructField(Record):
         v = data.get('strides', _MISSING)
         _set(self, 'strides', StructField._DEFAULTS['strides'] if v is _MISSING else tuple(v))
         v = data.get('fields', _MISSING)
-        _set(self, 'fields', StructField._DEFAULTS['fields'] if v is _MISSING else (None if v is None else tuple([_interned(StructField, y) for y in v])))
+        _set(self, 'fields', StructField._DEFAULTS['fields'] if v is _MISSING else (None if v is None else tuple([StructField(y) for y in v])))
 
 
 class StructLayout(Record):
@@ -309,7 +326,7 @@ class StructLayout(Record):
     def __init__(self, data: dict[str, Any]) -> None:
         _set(self, 'size', data['size'])
         v = data['fields']
-        _set(self, 'fields', tuple([_interned(StructField, y) for y in v]))
+        _set(self, 'fields', tuple([StructField(y) for y in v]))
 
 
 class Param(Record):
@@ -418,13 +435,13 @@ class WebGpuTarget(Record):
         _set(self, 'path', data['path'])
         _set(self, 'entry_point', data['entry_point'])
         v = data['bindings']
-        _set(self, 'bindings', tuple([_interned(Binding, y) for y in v]))
+        _set(self, 'bindings', _tuple_of(Binding, v, ()))
         v = data.get('scalars', _MISSING)
         _set(self, 'scalars', WebGpuTarget._DEFAULTS['scalars'] if v is _MISSING else v)
         v = data.get('scalar_block_size', _MISSING)
         _set(self, 'scalar_block_size', WebGpuTarget._DEFAULTS['scalar_block_size'] if v is _MISSING else v)
         v = data.get('scalar_slots', _MISSING)
-        _set(self, 'scalar_slots', WebGpuTarget._DEFAULTS['scalar_slots'] if v is _MISSING else tuple([_interned(ScalarSlot, y) for y in v]))
+        _set(self, 'scalar_slots', WebGpuTarget._DEFAULTS['scalar_slots'] if v is _MISSING else _tuple_of(ScalarSlot, v, ()))
 
 
 class LaunchFacts(Record):
@@ -621,7 +638,7 @@ build names the kernel after its compiles, so the hash covers what they found.""
         v = data.get('written', _MISSING)
         _set(self, 'written', TritonFacts._DEFAULTS['written'] if v is _MISSING else (None if v is None else tuple(v)))
         v = data.get('params', _MISSING)
-        _set(self, 'params', TritonFacts._DEFAULTS['params'] if v is _MISSING else tuple([_interned(TritonParam, y) for y in v]))
+        _set(self, 'params', TritonFacts._DEFAULTS['params'] if v is _MISSING else _tuple_of(TritonParam, v, ('default',)))
         v = data.get('nones', _MISSING)
         _set(self, 'nones', TritonFacts._DEFAULTS['nones'] if v is _MISSING else tuple(v))
         v = data.get('maxnreg', _MISSING)
@@ -685,7 +702,7 @@ class Entry(Record):
         v = data['block_size']
         _set(self, 'block_size', tuple(v))
         v = data['params']
-        _set(self, 'params', tuple([_interned(Param, y) for y in v]))
+        _set(self, 'params', _tuple_of(Param, v, ()))
         v = data.get('indirect_symbol', _MISSING)
         _set(self, 'indirect_symbol', Entry._DEFAULTS['indirect_symbol'] if v is _MISSING else v)
         v = data.get('grid_dims', _MISSING)
@@ -701,7 +718,7 @@ class Entry(Record):
         v = data.get('template_args', _MISSING)
         _set(self, 'template_args', Entry._DEFAULTS['template_args'] if v is _MISSING else (None if v is None else tuple(v)))
         v = data.get('webgpu', _MISSING)
-        _set(self, 'webgpu', Entry._DEFAULTS['webgpu'] if v is _MISSING else (None if v is None else tuple([_interned(WebGpuTarget, y) for y in v])))
+        _set(self, 'webgpu', Entry._DEFAULTS['webgpu'] if v is _MISSING else (None if v is None else tuple([WebGpuTarget(y) for y in v])))
         v = data.get('launch', _MISSING)
         _set(self, 'launch', Entry._DEFAULTS['launch'] if v is _MISSING else (None if v is None else LaunchFacts(v)))
         v = data.get('attributes', _MISSING)
@@ -899,18 +916,18 @@ class Crate(Record):
         _set(self, 'language', Crate._DEFAULTS['language'] if v is _MISSING else v)
         _set(self, 'package_dir', data['package_dir'])
         v = data['sources']
-        _set(self, 'sources', tuple([_interned(SourceFile, y) for y in v]))
+        _set(self, 'sources', _tuple_of(SourceFile, v, ()))
         _set(self, 'content_hash', data['content_hash'])
         v = data['artifacts']
-        _set(self, 'artifacts', tuple([_interned(Artifact, y) for y in v]))
+        _set(self, 'artifacts', _tuple_of(Artifact, v, ()))
         v = data['entries']
-        _set(self, 'entries', tuple([_interned(Entry, y) for y in v]))
+        _set(self, 'entries', tuple([Entry(y) for y in v]))
         v = data.get('prebuilt', _MISSING)
         _set(self, 'prebuilt', Crate._DEFAULTS['prebuilt'] if v is _MISSING else (None if v is None else Prebuilt(v)))
         v = data.get('spirv', _MISSING)
         _set(self, 'spirv', Crate._DEFAULTS['spirv'] if v is _MISSING else SpirvStatus(v))
         v = data.get('globals', _MISSING)
-        _set(self, 'globals', Crate._DEFAULTS['globals'] if v is _MISSING else (None if v is None else tuple([_interned(GlobalVar, y) for y in v])))
+        _set(self, 'globals', Crate._DEFAULTS['globals'] if v is _MISSING else (None if v is None else _tuple_of(GlobalVar, v, ())))
         v = data.get('triton', _MISSING)
         _set(self, 'triton', Crate._DEFAULTS['triton'] if v is _MISSING else (None if v is None else TritonCrate(v)))
 
@@ -978,7 +995,7 @@ class Manifest(Record):
         v = data['toolchain']
         _set(self, 'toolchain', Toolchain(v))
         v = data['crates']
-        _set(self, 'crates', tuple([_interned(Crate, y) for y in v]))
+        _set(self, 'crates', tuple([Crate(y) for y in v]))
         v = data.get('editable', _MISSING)
         _set(self, 'editable', Manifest._DEFAULTS['editable'] if v is _MISSING else (None if v is None else Editable(v)))
 

@@ -155,6 +155,23 @@ _set = object.__setattr__
 _INTERNED: dict[Any, Any] = {{}}
 
 
+#: class -> (the last JSON list of its records a tuple field was made from, that tuple): the entries
+#: of one kernel carry equal lists one after another
+_LAST: dict[Any, tuple[Any, tuple[Any, ...]]] = {{}}
+
+
+def _tuple_of(cls: Any, v: list[Any], loose: tuple[str, ...]) -> tuple[Any, ...]:
+    """The records of the JSON list ``v``: the tuple made last for an equal list (and, for the
+    ``loose`` fields, values of the same types), else new (each element :func:`_interned`)."""
+    last = _LAST.get(cls)
+    if last is not None and last[0] == v and (not loose or all(
+            type(a.get(f)) is type(b.get(f)) for a, b in zip(v, last[0]) for f in loose)):
+        return last[1]
+    out = tuple([_interned(cls, y) for y in v])
+    _LAST[cls] = (v, out)
+    return out
+
+
 def _interned(cls: Any, d: dict[str, Any]) -> Any:
     try:
         key = (cls, *d.items(), *map(type, d.values()))  # types too: 1, 1.0 and True hash alike
@@ -193,8 +210,14 @@ def _converter(tp: Any, x: str, models: dict[str, type]) -> str | None:
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             inner = _converter(args[0], "y", models)
+            if _is_model(args[0], models) and _holds_tuples_of_records(args[0], models):
+                # (entries, crates: each distinct; made one by one)
+                return f"tuple([{args[0].__name__}(y) for y in {x}])"
             if _is_model(args[0], models):
-                return f"tuple([_interned({args[0].__name__}, y) for y in {x}])"
+                loose = _loose_fields(args[0], models)
+                if loose is None:  # a loosely typed field deeper down: each element looked up alone
+                    return f"tuple([_interned({args[0].__name__}, y) for y in {x}])"
+                return f"_tuple_of({args[0].__name__}, {x}, {tuple(loose)!r})"
             return f"tuple({x})" if inner is None else f"tuple([{inner} for y in {x}])"
         if any(_converter(a, "y", models) for a in args):
             raise SystemExit(f"gen_manifest_records: cannot read a fixed tuple of models {tp!r}")
@@ -205,6 +228,47 @@ def _converter(tp: Any, x: str, models: dict[str, type]) -> str | None:
     if origin is Literal or tp in (str, int, float, bool) or tp is Any:
         return None
     raise SystemExit(f"gen_manifest_records: cannot read the annotation {tp!r}")
+
+
+def _holds_tuples_of_records(model: Any, models: dict[str, type]) -> bool:
+    """Whether ``model`` has a field holding a tuple of records (an entry, a crate)."""
+    hints = typing.get_type_hints(model, vars(sys.modules[model.__module__]))
+
+    def tuples(tp: Any) -> bool:
+        if get_origin(tp) is tuple and any(_is_model(a, models) for a in get_args(tp)):
+            return True
+        return any(tuples(a) for a in get_args(tp))
+
+    return any(tuples(tp) for name, tp in hints.items() if name in model.model_fields)
+
+
+def _loose_fields(model: Any, models: dict[str, type], seen: frozenset[str] = frozenset()) -> list[str] | None:
+    """The fields of ``model`` whose JSON value may be of several scalar types that compare equal
+    (a union of bool / int / float / str, ``Any``): JSON objects equal but for those types are not
+    one record. None when such a field is inside a nested model (no shortcut then)."""
+    hints = typing.get_type_hints(model, vars(sys.modules[model.__module__]))
+    loose: list[str] = []
+
+    def nested(tp: Any) -> bool:
+        if _is_model(tp, models):
+            if tp.__name__ in seen:
+                return False
+            inner = _loose_fields(tp, models, seen | {model.__name__})
+            return inner is None or bool(inner)
+        return any(nested(a) for a in get_args(tp))
+
+    for name, tp in hints.items():
+        if name not in model.model_fields:
+            continue
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if tp is Any or ((get_origin(tp) is Union or get_origin(tp) is types.UnionType)
+                         and sum(1 for a in args if not _is_model(a, models)) > 1):
+            loose.append(name)
+            if any(nested(a) for a in args):
+                return None
+        elif nested(tp):
+            return None
+    return loose
 
 
 def _default_source(field: Any, models: dict[str, type]) -> str:

@@ -273,7 +273,10 @@ def test_equal_tuple_elements_are_one_record_and_values_keep_their_types() -> No
              "types": ["*fp32"], "cache_key": "c", "triton_version": "3.6.0"}
     a = records.TritonFacts({**facts, "params": [tparam(1), tparam(True), tparam(1.0), tparam({"dtype": "fp32"})]})
     b = records.TritonFacts({**facts, "params": [tparam(1), tparam(True), tparam(1.0), tparam({"dtype": "fp32"})]})
-    assert [a.params[i] is b.params[i] for i in range(4)] == [True, True, True, False]
+    assert a.params is b.params  # an equal list again: the same tuple
+    # in another order: each plain element the same record, the one holding an object a new one
+    c = records.TritonFacts({**facts, "params": [tparam({"dtype": "fp32"}), tparam(1.0), tparam(True), tparam(1)]})
+    assert [c.params[3 - i] is a.params[i] for i in range(4)] == [True, True, True, False]
     assert [type(p.default) for p in a.params] == [int, bool, float, records.TritonDtype]
     assert a.params[3] == b.params[3] and a == b
     # each as the pydantic model reads it
@@ -281,3 +284,16 @@ def test_equal_tuple_elements_are_one_record_and_values_keep_their_types() -> No
                                                                              tparam({"dtype": "fp32"})]}).params
     with pytest.raises(TypeError, match="frozen"):
         a.params[0].name = "other"  # type: ignore[misc]
+
+
+def test_an_equal_list_again_is_the_same_tuple_unless_a_loose_value_changes_type() -> None:
+    """Consecutive entries of one kernel carry equal parameter lists: the second is the first's
+    tuple; a list equal but for a value's type (``default = 1`` then ``True``) is not."""
+    p = [{"name": "x", "kind": "storage", "element_type": "float32", "element_size": 4, "element_align": 4}]
+    e = {"name": "e", "symbol": "s", "hash": "0" * 16, "block_size": [64, 1, 1], "params": p}
+    assert records.Entry(dict(e, params=[dict(x) for x in p])).params is records.Entry(e).params
+    facts = {"kernel": "k", "family": "k", "num_warps": 4, "num_stages": 3, "shared": 0, "names": ["x"],
+             "types": ["*fp32"], "cache_key": "c", "triton_version": "3.6.0"}
+    one = records.TritonFacts({**facts, "params": [{"name": "B", "constexpr": True, "default": 1}]})
+    true = records.TritonFacts({**facts, "params": [{"name": "B", "constexpr": True, "default": True}]})
+    assert type(one.params[0].default) is int and type(true.params[0].default) is bool
