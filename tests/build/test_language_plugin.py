@@ -70,6 +70,7 @@ def test_neither_package_names_the_language() -> None:
         assert hits == [], f"{pkg} names the plugin language: {hits}"
 
 
+@pytest.mark.slow  # builds a wheel with pip
 def test_the_plugin_builds_a_wheel_whose_kernels_launch(built: dict[str, Path], fake: FakeDriver,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from khal_runtime import DeviceBuffer
@@ -98,6 +99,7 @@ def test_the_plugin_builds_a_wheel_whose_kernels_launch(built: dict[str, Path], 
             del sys.modules[m]
 
 
+@pytest.mark.slow  # builds a wheel with pip
 def test_the_plugin_writes_its_stub_and_inspect_lines(built: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     stub = (built["inst"] / "ew_kernels_pkg" / "_khal" / "__init__.pyi").read_text()
     assert "Crate ``ew`` (Elementwise)" in stub and "class Kernel_ew__fma1(Kernel):" in stub
@@ -114,6 +116,7 @@ def test_the_plugin_writes_its_stub_and_inspect_lines(built: dict[str, Path], mo
     assert "crate ew: Elementwise, 1 source file(s), CUDA binaries from NVRTC" in buf.getvalue()
 
 
+@pytest.mark.slow  # builds a wheel with pip
 def test_the_plugin_validates_its_own_option_and_others_refuse_it(built: dict[str, Path],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from hatch_khal.config import parse_config
