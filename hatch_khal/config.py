@@ -536,3 +536,18 @@ def parse_config(
             )
         )
     return cfg, resolved
+
+
+def __getattr__(name: str) -> Any:
+    """``LANGUAGE_SUFFIXES`` (suffix -> language) of the previous release, made from the languages'
+    own ``suffixes`` now, with a warning naming where they live."""
+    if name == "LANGUAGE_SUFFIXES":
+        import warnings
+
+        from hatch_khal.languages import all_languages  # lazy: the registry imports this module
+
+        warnings.warn("hatch_khal.config.LANGUAGE_SUFFIXES is deprecated: each language says its own suffixes "
+                      "(hatch_khal.languages.all_languages()[name].suffixes)", DeprecationWarning, stacklevel=2)
+        return {suffix: lang.name for lang in all_languages().values() for suffix in lang.suffixes}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+

@@ -175,3 +175,11 @@ def test_the_built_in_languages_are_hatch_khals_own_entry_points() -> None:
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["entry-points"]["hatch_khal.languages"] == LANGUAGES
+
+
+def test_the_previous_releases_suffix_table_still_reads_with_a_warning() -> None:
+    import hatch_khal.config as config
+
+    with pytest.warns(DeprecationWarning, match=r"all_languages\(\)\[name\].suffixes"):
+        table = config.LANGUAGE_SUFFIXES
+    assert table == {".slang": "slang", ".py": "triton"}  # as the previous release spelt it
