@@ -542,7 +542,7 @@ def __getattr__(name: str) -> Any:
     """``LANGUAGE_SUFFIXES`` (suffix -> language) of the previous release, made from the languages'
     own ``suffixes`` now, with a warning naming where they live."""
     if name == "LANGUAGE_SUFFIXES":
-        import warnings
+        import warnings  # lazy: only when the old name is read
 
         from hatch_khal.languages import all_languages  # lazy: the registry imports this module
 
