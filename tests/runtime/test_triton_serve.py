@@ -244,7 +244,8 @@ def test_a_served_module_imported_after_load_is_patched_when_it_runs(serving: Pa
     ks = sys.modules[pkg].kernels  # type: ignore[attr-defined]
     assert ops.add_kernel is ks.crates["c"].triton_functions()[(f"{pkg}.ops", "add_kernel")]
     assert type(ops.__loader__).__name__ == "SourceFileLoader" and ops.__spec__.loader is ops.__loader__
-    assert triton_serve.served_modules() == {f"{pkg}.ops": ("add_kernel",)}
+    # (other packages a test of this process loaded may be served too)
+    assert triton_serve.served_modules()[f"{pkg}.ops"] == ("add_kernel",)
 
 
 def test_the_kernel_under_its_decorators_is_found_by_its_function(serving: Path, fake: FakeDriver) -> None:
@@ -353,7 +354,7 @@ def test_a_companion_for_another_library_version_refuses_by_name(serving: Path, 
         in msg
     assert f"pip install '{lib}==1.2.0'" in msg and "rebuild" in msg
     assert isinstance(err.value, ImportError)
-    assert triton_serve.served_modules() == {}
+    assert not [m for m in triton_serve.served_modules() if m.split(".")[0] == lib]  # none of the library's
 
 
 def test_a_companion_whose_library_files_differ_refuses_by_name(serving: Path, fake: FakeDriver) -> None:
@@ -364,7 +365,7 @@ def test_a_companion_whose_library_files_differ_refuses_by_name(serving: Path, f
     companion = _companion(serving, fake, lib, "1.2.0", "0" * 64)
     with pytest.raises(TritonServeError, match=rf"{lib} 1\.2\.0 is installed, but its {lib}/ops\.py .* is not the file"):
         importlib.import_module(companion)
-    assert triton_serve.served_modules() == {}
+    assert not [m for m in triton_serve.served_modules() if m.split(".")[0] == lib]  # none of the library's
 
 
 def test_a_companion_of_a_library_not_installed_refuses_by_name(serving: Path, fake: FakeDriver) -> None:
