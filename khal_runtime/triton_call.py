@@ -292,25 +292,8 @@ class TritonFunction:
         the variant chosen as a call with them would; each ``b(grid)`` launches it (the family's bound
         launch, :meth:`TritonKernel.bind`). ``grid``: an int, a tuple, or a callable given the meta
         dict, as the call's. A call no built variant covers is the call's named error, now."""
-        opts = tuple(kwargs.pop(o, None) for o in OPTIONS)
-        names = [p.name for p in self.params]
-        if len(args) > len(names):
-            raise ArgumentError(f"{self.name}.bind(): {len(args)} positional arguments for {len(names)} parameters "
-                                f"({self._signature_text()})")
-        bound = dict(zip(names, args))
-        for k, v in kwargs.items():
-            if k not in names:
-                self._bad_keywords({k: v})
-            if k in bound:
-                raise ArgumentError(f"{self.name}.bind(): argument {k!r} given twice (positionally and by keyword)")
-            bound[k] = v
-        values = tuple(bound.get(p.name, p.default if p.has_default else MISSING) for p in self.params)
-        c = self._bind(values, opts, heuristics_done=False)
-        fam = self._family(c)
-        if fam is None or not self._fits(fam, c):
-            raise self._missing_error(c, fam)
-        meta = {p.name: v for p, v in zip(self.params, c.values)}
-        return TritonFunctionBound(fam.bind(*c.runtime, stream=stream), meta, self.tuned)
+        c, fam = self._resolve("bind()", args, kwargs)
+        return TritonFunctionBound(fam.bind(*c.runtime, stream=stream), self, c)
 
     @property
     def source(self) -> str:
@@ -654,22 +637,30 @@ class TritonFunction:
             self._count(fam, c)
 
     def _warmup(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        kwargs.pop("stream", None)
+        self._resolve("warmup()", args, kwargs)[1]._ensure_fast()
+
+    def _resolve(self, who: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Call, TritonKernel]:
+        """A call given as ``k[grid]`` takes it (``kwargs``: its keywords and options, no ``stream``),
+        bound: (the call, the family whose variant takes it); the call's named error when none does."""
         names = [p.name for p in self.params]
         opts = tuple(kwargs.pop(o, None) for o in OPTIONS)
-        kwargs.pop("stream", None)
         if len(args) > len(names):
-            raise ArgumentError(f"{self.name}.warmup(): {len(args)} positional arguments for {len(names)} parameters")
+            raise ArgumentError(f"{self.name}.{who}: {len(args)} positional arguments for {len(names)} parameters "
+                                f"({self._signature_text()})")
         bound = dict(zip(names, args))
         for k, v in kwargs.items():
             if k not in names:
                 self._bad_keywords({k: v})
+            if k in bound:
+                raise ArgumentError(f"{self.name}.{who}: argument {k!r} given twice (positionally and by keyword)")
             bound[k] = v
         values = tuple(bound.get(p.name, p.default if p.has_default else MISSING) for p in self.params)
         c = self._bind(values, opts, heuristics_done=False)
         fam = self._family(c)
         if fam is None or not self._fits(fam, c):
             raise self._missing_error(c, fam)
-        fam._ensure_fast()
+        return c, fam
 
     def _grid(self, grid: Any, c: _Call) -> Any:
         t = type(grid)
@@ -842,23 +833,18 @@ class TritonFunction:
 
 class TritonFunctionBound:
     """A kernel's own call bound to its arguments (:meth:`TritonFunction.bind`): ``b(grid)`` launches
-    the chosen variant; a callable grid is given the call's meta dict (every argument by name, the
-    constexprs included), as ``k[grid](...)`` gives it."""
+    the chosen variant; a callable grid is given the call's meta dict, as ``k[grid](...)`` gives it."""
 
-    __slots__ = ("bound", "meta", "tuned")
+    __slots__ = ("bound", "function", "call")
 
-    def __init__(self, bound: Any, meta: dict[str, Any], tuned: bool) -> None:
+    def __init__(self, bound: Any, function: TritonFunction, call: _Call) -> None:
         #: the family's bound launch (:class:`~khal_runtime.triton.TritonBound`)
         self.bound = bound
-        self.meta = meta
-        self.tuned = tuned
+        self.function = function
+        self.call = call
 
     def __call__(self, grid: Any) -> None:
-        t = type(grid)
-        if t is not int and t is not tuple and callable(grid):
-            meta = self.meta
-            grid = (lambda cx: grid({**meta, **cx})) if self.tuned else grid(meta)
-        self.bound(grid)
+        self.bound(self.function._grid(grid, self.call))
 
     def __reduce__(self) -> Any:
         raise TypeError("a bound Triton call cannot be pickled: it holds device pointers; bind again")
