@@ -6,6 +6,8 @@ crate, entry, parameter, file) and what to do about it.
 
 from __future__ import annotations
 
+from typing import Any, Callable, Iterable
+
 __all__ = [
     "ArgumentError",
     "ArgumentValueError",
@@ -27,6 +29,7 @@ __all__ = [
     "TritonAutotuneError",
     "TritonJitFallbackWarning",
     "TritonMissingVariantError",
+    "unimplemented",
     "StaleBuildError",
     "TritonServeError",
     "TritonStandInError",
@@ -193,3 +196,17 @@ class GroupLimitError(ArgumentValueError):
 class UnalignedViewError(ArgumentValueError):
     """A buffer slice cannot be bound: its offset is not a multiple of the device's
     ``min_storage_buffer_offset_alignment`` (or its size is not a multiple of 4 bytes)."""
+
+
+def unimplemented(obj: Any, members: Iterable[str], callables: Iterable[str],
+                  has: Callable[[Any, str], bool] = hasattr) -> str | None:
+    """What ``obj`` lacks of a contract (a Protocol's ``members``, of which ``callables`` must be
+    callable): ``"missing a, b; not callable: c"``, or None when it has everything. The registries
+    of backends and kernel languages check an implementation with it when they load it."""
+    missing = [m for m in members if not has(obj, m)]
+    bad = [m for m in callables if m not in missing and not callable(getattr(obj, m))]
+    if not missing and not bad:
+        return None
+    return "; ".join(filter(None, [f"missing {', '.join(missing)}" if missing else "",
+                                   f"not callable: {', '.join(bad)}" if bad else ""]))
+

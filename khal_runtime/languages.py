@@ -30,6 +30,8 @@ import functools
 import importlib
 from typing import TYPE_CHECKING, Any, Protocol
 
+from khal_runtime.errors import unimplemented
+
 if TYPE_CHECKING:
     from khal_runtime.kernels import CrateKernels
     from khal_runtime.manifest import Crate
@@ -126,12 +128,10 @@ def check_language(obj: Any, name: str, where: str) -> CrateLanguage:
     """``obj`` after checking it offers every member of :class:`CrateLanguage` and is called
     ``name``; else a TypeError naming ``where`` (the entry point and its distribution) and what is
     missing."""
-    missing = [m for m in MEMBERS if not hasattr(obj, m)]
-    bad = [m for m in CALLABLE if m not in missing and not callable(getattr(obj, m))]
-    if missing or bad:
+    lacks = unimplemented(obj, MEMBERS, CALLABLE)
+    if lacks is not None:
         raise TypeError(f"kernel language {name!r} ({where}) does not implement khal_runtime.languages.CrateLanguage: "
-                        + "; ".join(filter(None, [f"missing {', '.join(missing)}" if missing else "",
-                                                  f"not callable: {', '.join(bad)}" if bad else ""])))
+                        f"{lacks}")
     if obj.name != name:
         raise TypeError(f"kernel language {name!r} ({where}) is called {obj.name!r}: an entry point's name is "
                         "the language's")

@@ -31,7 +31,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
-from khal_runtime.errors import BackendFallbackWarning, BackendUnavailableError, BackendVarError, EnvVarError
+from khal_runtime.errors import BackendFallbackWarning, BackendUnavailableError, BackendVarError, EnvVarError, unimplemented
 
 if TYPE_CHECKING:
     from khal_runtime.device import Device, Stream
@@ -209,12 +209,9 @@ def check_plan(plan: Any, backend: str) -> LaunchPlan:
     registered): a backend missing one fails here, naming it, not at some later launch."""
     tp = type(plan)
     if tp not in _checked_plans:
-        missing = [m for m in _PLAN_MEMBERS if not _has(plan, m)]
-        bad = [m for m in _PLAN_CALLABLE if m not in missing and not callable(getattr(plan, m))]
-        if missing or bad:
-            raise TypeError(f"the {backend} backend's plan {tp.__qualname__} does not implement LaunchPlan: "
-                            + "; ".join(filter(None, [f"missing {', '.join(missing)}" if missing else "",
-                                                      f"not callable: {', '.join(bad)}" if bad else ""])))
+        lacks = unimplemented(plan, _PLAN_MEMBERS, _PLAN_CALLABLE, _has)
+        if lacks is not None:
+            raise TypeError(f"the {backend} backend's plan {tp.__qualname__} does not implement LaunchPlan: {lacks}")
         _checked_plans.add(tp)
     return plan  # type: ignore[no-any-return]
 
