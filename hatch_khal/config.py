@@ -385,7 +385,7 @@ def _language(where: str, index: int, crate: CrateConfig, extras: Mapping[str, A
     """The crate's language: option ``language``, else the one taking ``modules`` when the crate gives
     them, else its source globs' suffixes (a suffix no language claims is CUDA C++). ConfigError for
     a mix of languages or another language's option (each language says which options it takes)."""
-    from hatch_khal.languages import all_languages, get_language  # lazy: the registry imports this module
+    from hatch_khal.languages import ENTRY_POINT_GROUP, all_languages  # lazy: the registry imports this module
 
     prefix = f"{where}: crates[{index}] {crate.name!r}"
     languages = all_languages()
@@ -396,10 +396,12 @@ def _language(where: str, index: int, crate: CrateConfig, extras: Mapping[str, A
                           "library's modules whose kernels the crate serves (a companion crate), 'sources' "
                           "the project's own files")
     if crate.language is not None:
-        try:
-            language = get_language(crate.language, crate.name)
-        except ConfigError as exc:
-            raise ConfigError(f"{prefix}: option 'language': {exc}") from None
+        if crate.language not in languages:
+            raise ConfigError(f"{prefix}: option 'language' = {crate.language!r} names no language of this build "
+                              f"(it has: {', '.join(sorted(languages))}); a plugin's language is found through the "
+                              f"entry-point group {ENTRY_POINT_GROUP!r}: list its distribution in [build-system] "
+                              "requires")
+        language = languages[crate.language]
     elif crate.modules is not None:
         language = taking["modules"][0]
     else:

@@ -124,3 +124,12 @@ def test_archs_are_parsed_by_the_abi(arch: str) -> None:
 def test_suffixed_archs_sort_by_number() -> None:
     _, (crate,) = parse({"crates": [{**CRATE, "archs": ["sm_100a", "sm_90a", "sm_90", "sm_120f"]}]})
     assert crate.archs == ["sm_90", "sm_90a", "sm_100a", "sm_120f"]
+
+
+def test_a_crate_may_name_its_language_and_an_unknown_name_says_where_languages_come_from() -> None:
+    _, (c,) = parse_config({"crates": [{"name": "a", "sources": ["k/*.h"], "language": "cuda"}]}, default_package="p")
+    assert c.language == "cuda"
+    with pytest.raises(ConfigError, match=r"crates\[0\] 'a': option 'language' = 'fortran' names no language of this "
+                                          r"build \(it has: cuda, slang, triton\); .*entry-point group "
+                                          r"'hatch_khal.languages': list its distribution in \[build-system\] requires"):
+        parse_config({"crates": [{"name": "a", "sources": ["k/*.f90"], "language": "fortran"}]}, default_package="p")
