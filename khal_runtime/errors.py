@@ -29,7 +29,6 @@ __all__ = [
     "TritonAutotuneError",
     "TritonJitFallbackWarning",
     "TritonMissingVariantError",
-    "unimplemented",
     "StaleBuildError",
     "TritonServeError",
     "TritonStandInError",
